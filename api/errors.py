@@ -1,0 +1,70 @@
+"""The OpenAI error model: every failure answers {"error": {message, type, param, code}}."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tts_core.request import DeadlineExceeded, SynthesisError
+from tts_core.service import InvalidRequest, Overloaded
+
+log = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+          422: "invalid_request_error", 429: "rate_limit_exceeded", 503: "server_overloaded",
+          504: "timeout_error"}
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": _TYPES.get(status, "server_error"),
+                      "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":
+        return error_response(400, "the request body is not valid JSON", None, "invalid_json")
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = location[0] if location else None  # the top-level field, as OpenAI names it
+    message = first.get("msg", "invalid request")
+    if first.get("type") == "missing":
+        message = f"{param} is required"
+    elif param:
+        message = f"{param}: {message}"
+    return error_response(400, message, param, first.get("type"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation_error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(InvalidRequest)
+    async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
+        return error_response(400, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(Overloaded)
+    async def _overloaded(_: Request, exc: Overloaded) -> JSONResponse:
+        return error_response(503, str(exc), None, "queue_full", {"Retry-After": str(exc.retry_after_s)})
+
+    @app.exception_handler(DeadlineExceeded)
+    async def _deadline(_: Request, exc: DeadlineExceeded) -> JSONResponse:
+        return error_response(504, f"request timed out: {exc}", None, "deadline_exceeded")
+
+    @app.exception_handler(SynthesisError)
+    async def _synthesis(_: Request, exc: SynthesisError) -> JSONResponse:
+        return error_response(500, str(exc), None, "synthesis_failed")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(500, "internal server error", None, "internal_error")

@@ -1,0 +1,61 @@
+"""POST /v1/audio/speech, OpenAI-compatible."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, TypeVar
+
+from fastapi import APIRouter, Request, Response
+
+from tts_core.audio import FORMATS, encode
+from tts_core.service import InvalidRequest, SpeechService
+
+from .errors import error_response
+from .schemas import SpeechRequest
+
+router = APIRouter(tags=["speech"])
+T = TypeVar("T")
+
+AUDIO_RESPONSES = {200: {"content": {spec.content_type: {}} for spec in FORMATS.values()},
+                   400: {"description": "Invalid request (OpenAI error JSON)"},
+                   503: {"description": "Queue full; see Retry-After"}}
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await work, cancelling it (and so its queued items) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if watcher.done():
+            raise ClientGone() from None
+        raise
+    finally:
+        watcher.cancel()
+
+
+@router.post("/v1/audio/speech", response_class=Response, responses=AUDIO_RESPONSES)
+async def create_speech(body: SpeechRequest, request: Request) -> Response:
+    service: SpeechService = request.app.state.service
+    if body.stream_format == "sse":
+        raise InvalidRequest("stream_format 'sse' is not supported yet; use 'audio'", "stream_format",
+                             "unsupported_value")
+    try:
+        speech = await until_disconnect(request, service.synthesize(
+            body.input, body.voice_name, body.model, body.speed))
+    except ClientGone:
+        return error_response(499, "client closed the request", None, "client_closed")
+    data = await asyncio.to_thread(encode, speech.audio, speech.sample_rate, body.response_format)
+    headers = {"X-Chorus-Voice": speech.voice, "X-Chorus-Audio-Duration": f"{speech.duration_s:.3f}"}
+    return Response(data, media_type=FORMATS[body.response_format].content_type, headers=headers)

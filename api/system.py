@@ -1,0 +1,105 @@
+"""Catalogue, probes, status and metrics."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from tts_core import gpu
+from tts_core.service import SpeechService
+
+from .errors import error_response
+
+router = APIRouter()
+STARTED = int(time.time())
+
+
+def _service(request: Request) -> SpeechService:
+    return request.app.state.service
+
+
+def _model_card(model_id: str) -> dict:
+    return {"id": model_id, "object": "model", "created": STARTED, "owned_by": "chorus"}
+
+
+@router.get("/v1/models", tags=["catalogue"])
+async def list_models(request: Request) -> dict:
+    service = _service(request)
+    ids = service.models + sorted(service.model_aliases)
+    return {"object": "list", "data": [_model_card(model_id) for model_id in ids]}
+
+
+@router.get("/v1/models/{model_id}", tags=["catalogue"])
+async def get_model(model_id: str, request: Request):
+    service = _service(request)
+    if model_id not in service.models and model_id not in service.model_aliases:
+        return error_response(404, f"model {model_id!r} does not exist", "model", "model_not_found")
+    return _model_card(model_id)
+
+
+@router.get("/v1/audio/voices", tags=["catalogue"])
+async def list_voices(request: Request) -> dict:
+    service = _service(request)
+    aliases: dict[str, list[str]] = {}
+    for alias, target in service.voice_aliases.items():
+        aliases.setdefault(target, []).append(alias)
+    return {"object": "list", "default": service.default_voice, "data": [
+        {"id": voice.name, "object": "voice", "model": voice.model, "language": voice.language,
+         "speaker": voice.speaker, "sample_rate": voice.sample_rate,
+         "aliases": sorted(aliases.get(voice.name, []))}
+        for voice in service.voices()]}
+
+
+@router.get("/health", tags=["probes"])
+async def health() -> dict:
+    return {"status": "ok"}
+
+
+@router.get("/ready", tags=["probes"])
+async def ready(request: Request):
+    if _service(request).ready:
+        return {"status": "ready"}
+    return JSONResponse({"status": "warming_up"}, status_code=503, headers={"Retry-After": "2"})
+
+
+@router.get("/api/v1/batch/status", tags=["status"])
+async def batch_status(request: Request) -> dict:
+    service = _service(request)
+    window = service.metrics.window()
+    queued = service.queue_length()
+    return {
+        **window,
+        "queue_length": queued,
+        "pending_requests": queued + window["running_items"],
+        "gpu_free_mem_mb": gpu.free_memory_mb(),
+        "policy": service.settings.batch_policy,
+        "max_batch_size": service.settings.max_batch_size,
+        "ready": service.ready,
+        "engines": {name: {"queue_length": len(batcher.queue), "ready": batcher.ready.is_set()}
+                    for name, batcher in service.batchers.items()},
+    }
+
+
+@router.get("/metrics", tags=["status"])
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(_service(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
+fallback = APIRouter()
+
+
+@fallback.api_route("/v1/{rest:path}", methods=ALL_METHODS, include_in_schema=False)
+@fallback.api_route("/api/{rest:path}", methods=ALL_METHODS, include_in_schema=False)
+async def api_not_found(request: Request):
+    """Unknown API paths answer in the error model here, not with the UI's page (mounted at /)."""
+    path = request.url.path
+    allowed = sorted({method for route in request.app.state.api_routes if route.path_regex.match(path)
+                      for method in route.methods})
+    if allowed:
+        return error_response(405, f"{request.method} is not allowed on {path}; use {', '.join(allowed)}",
+                              headers={"Allow": ", ".join(allowed)})
+    return error_response(404, f"no such route: {path}", None, "not_found")

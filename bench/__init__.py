@@ -1,0 +1,1 @@
+"""Benchmarks: load generators and the peers Chorus is measured against."""

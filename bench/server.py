@@ -1,0 +1,61 @@
+"""Start a real Chorus server process on 127.0.0.1 (used by the benchmarks and the tests)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen
+    base_url: str
+    log_path: Path
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_server(data_dir: Path, ready_timeout_s: float = 180, **settings: str) -> ServerProcess:
+    """`python app.py` with TTS_<KEY>=value for each setting; returns once /ready answers 200."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {**os.environ, "TTS_HOST": "127.0.0.1", "TTS_PORT": str(port), "TTS_DATA_DIR": str(data_dir),
+           "TTS_LOG_LEVEL": "warning", "GRADIO_ANALYTICS_ENABLED": "False",
+           **{f"TTS_{key.upper()}": str(value) for key, value in settings.items()}}
+    log_path = data_dir / "server.log"
+    process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env,
+                               stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
+    server = ServerProcess(process, f"http://127.0.0.1:{port}", log_path)
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"{server.base_url}/ready", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    server.stop()
+    raise RuntimeError(f"server not ready within {ready_timeout_s} s:\n{log_path.read_text()}")

@@ -1,0 +1,40 @@
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from tests.fakes import FakeEngine
+from tts_core.batcher import Batcher
+from tts_core.metrics import Metrics
+from tts_core.policy import make_policy
+from tts_core.queue import RequestQueue
+from tts_core.request import SynthesisRequest
+
+
+def make_item(length: int, tag: int = 7, key="k", deadline: float = math.inf, priority: int = 0):
+    tokens = np.full(length, 7, dtype=np.int64)
+    tokens[0] = tag
+    return SynthesisRequest(tokens=tokens, voice="fake-voice", speed=1.0, key=key,
+                            deadline=deadline, priority=priority)
+
+
+@pytest.fixture
+def start_batcher():
+    started = []
+
+    def start(engine: FakeEngine, policy: str = "adaptive", max_queue: int = 64,
+              aging_horizon_s: float = 2.0, max_batch_size: int = 16, calibration_sizes=(1, 2, 8)):
+        queue = RequestQueue(max_queue, aging_horizon_s, long_tokens=400)
+        batcher = Batcher(engine, make_policy(policy, max_batch_size, 100_000), queue, Metrics(),
+                          calibration_sizes)
+        batcher.start()
+        assert batcher.ready.wait(30)
+        engine.seen.clear()
+        engine.calls_started = threading.Semaphore(0)  # count calls after warm-up only
+        started.append(batcher)
+        return batcher
+
+    yield start
+    for batcher in started:
+        batcher.stop()

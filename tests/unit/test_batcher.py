@@ -1,0 +1,82 @@
+import pytest
+
+from tests.fakes import POISON, SAMPLES_PER_TOKEN, FakeEngine, flat_cost, linear_cost
+from tests.unit.conftest import make_item
+from tts_core.request import SynthesisError
+
+
+def submit_while_busy(batcher, engine, items):
+    """Hold the engine on one blocker call, queue items behind it, then let it go."""
+    engine.gate.clear()
+    blocker = make_item(5, tag=0)
+    batcher.submit([blocker])
+    assert engine.calls_started.acquire(timeout=5)
+    batcher.submit(items)
+    return blocker
+
+
+def release(engine, blocker):
+    engine.gate.set()
+    blocker.future.result(timeout=5)
+
+
+def test_one_bad_item_fails_alone_and_the_loop_keeps_running(start_batcher):
+    engine = FakeEngine()
+    batcher = start_batcher(engine, policy="static")  # static: the 4 items surely share a batch
+    items = [make_item(20, tag=1), make_item(20, tag=POISON), make_item(20, tag=3), make_item(20, tag=4)]
+    batcher.submit(items)
+    assert items[0].future.result(timeout=5).size == 20 * SAMPLES_PER_TOKEN
+    with pytest.raises(SynthesisError, match="poisoned"):
+        items[1].future.result(timeout=5)
+    assert all(item.future.result(timeout=5) is not None for item in items[2:])
+    assert len(engine.seen[0]) == 4  # tried as one batch, then item by item
+    later = make_item(30, tag=5)
+    batcher.submit([later])
+    assert later.future.result(timeout=5).size == 30 * SAMPLES_PER_TOKEN
+
+
+def test_each_item_gets_its_own_audio(start_batcher):
+    engine = FakeEngine(cost=flat_cost)
+    batcher = start_batcher(engine)
+    items = [make_item(10 + tag, tag=tag) for tag in range(1, 20)]
+    blocker = submit_while_busy(batcher, engine, items)
+    release(engine, blocker)
+    for item in items:
+        audio = item.future.result(timeout=5)
+        assert audio.size == item.length * SAMPLES_PER_TOKEN
+        assert audio[0] == pytest.approx(item.tokens[0] / 1000)
+
+
+def test_cancelled_request_is_never_synthesized(start_batcher):
+    engine = FakeEngine()
+    batcher = start_batcher(engine)
+    gone, kept = make_item(20, tag=1), make_item(20, tag=2)
+    blocker = submit_while_busy(batcher, engine, [gone, kept])
+    assert gone.future.cancel()  # the client left while it was queued
+    release(engine, blocker)
+    kept.future.result(timeout=5)
+    assert all(1 not in call for call in engine.seen)
+
+
+@pytest.mark.parametrize("cost, expect_batching", [(flat_cost, True), (linear_cost, False)])
+def test_adaptive_batcher_learns_whether_batching_pays(start_batcher, cost, expect_batching):
+    engine = FakeEngine(cost=cost)
+    batcher = start_batcher(engine, calibration_sizes=(1, 2, 4, 8, 16))
+    items = [make_item(40 + i % 7, tag=i + 1) for i in range(24)]
+    blocker = submit_while_busy(batcher, engine, items)
+    release(engine, blocker)
+    for item in items:
+        item.future.result(timeout=10)
+    sizes = [len(call) for call in engine.seen[1:]]
+    if expect_batching:
+        assert max(sizes) == 16 and len(sizes) <= 3, engine.seen
+    else:
+        assert sizes == [1] * 24
+
+
+def test_retry_after_grows_with_the_backlog(start_batcher):
+    engine = FakeEngine(cost=lambda size, padded: 0.05)
+    batcher = start_batcher(engine, policy="sequential")
+    blocker = submit_while_busy(batcher, engine, [make_item(10) for _ in range(40)])
+    assert batcher.retry_after_s() >= 2
+    release(engine, blocker)

@@ -1,0 +1,85 @@
+import threading
+import time
+
+import pytest
+
+from tests.fakes import FakeEngine
+from tests.unit.conftest import make_item
+from tts_core.queue import QueueFull, RequestQueue
+from tts_core.request import DeadlineExceeded
+
+
+def test_shorter_items_go_first():
+    queue = RequestQueue(10, aging_horizon_s=2.0)
+    long, short, medium = make_item(300, tag=1), make_item(20, tag=2), make_item(100, tag=3)
+    queue.put_many([long, short, medium])
+    assert [item.tokens[0] for item in queue.next_candidates(10)] == [2, 3, 1]
+
+
+def test_higher_priority_goes_first():
+    queue = RequestQueue(10)
+    queue.put_many([make_item(20, tag=1), make_item(300, tag=2, priority=1)])
+    assert queue.next_candidates(10)[0].tokens[0] == 2
+
+
+def test_candidates_share_the_head_batch_key():
+    queue = RequestQueue(10)
+    queue.put_many([make_item(20, tag=1, key="a"), make_item(21, tag=2, key="b"), make_item(22, tag=3, key="a")])
+    assert [item.tokens[0] for item in queue.next_candidates(10)] == [1, 3]
+
+
+def test_aging_puts_a_long_item_ahead_of_later_short_ones():
+    queue = RequestQueue(10, aging_horizon_s=0.05)
+    long = make_item(400, tag=1)
+    queue.put_many([long])
+    time.sleep(0.06)  # past the horizon: everything arriving now ranks behind it
+    queue.put_many([make_item(10, tag=2)])
+    assert queue.next_candidates(10)[0] is long
+
+
+def test_full_queue_rejects_all_or_nothing():
+    queue = RequestQueue(3)
+    queue.put_many([make_item(10), make_item(10)])
+    with pytest.raises(QueueFull) as raised:
+        queue.put_many([make_item(10), make_item(10)], retry_after_s=4)
+    assert raised.value.retry_after_s == 4
+    assert len(queue) == 2
+
+
+def test_cancelled_items_are_dropped_and_expired_items_fail():
+    queue = RequestQueue(10)
+    cancelled, expired, live = make_item(10, tag=1), make_item(10, tag=2, deadline=0.0), make_item(10, tag=3)
+    queue.put_many([cancelled, expired, live])
+    cancelled.future.cancel()
+    assert queue.next_candidates(10) == [live]
+    assert isinstance(expired.future.exception(), DeadlineExceeded)
+    assert len(queue) == 1
+
+
+def test_long_request_wait_is_bounded_under_a_stream_of_short_ones(start_batcher):
+    # Each call costs 20 ms and a short item arrives every 20 ms, so the queue never empties and,
+    # ranked by length alone, the long item would wait forever. Aging bounds its wait.
+    engine = FakeEngine(cost=lambda size, padded: 0.02)
+    batcher = start_batcher(engine, policy="sequential", aging_horizon_s=0.3)
+    stop = threading.Event()
+
+    def flood():
+        while not stop.is_set():
+            batcher.submit([make_item(10, tag=2)])
+            time.sleep(0.02)
+
+    flooder = threading.Thread(target=flood)
+    flooder.start()
+    try:
+        time.sleep(0.1)
+        long = make_item(400, tag=1)
+        submitted = time.monotonic()
+        batcher.submit([long])
+        long.future.result(timeout=10)
+        waited = time.monotonic() - submitted
+    finally:
+        stop.set()
+        flooder.join()
+    assert waited < 1.0, waited  # the horizon, plus the backlog ahead of it and one call
+    first_long = next(i for i, call in enumerate(engine.seen) if call == [1])
+    assert first_long > 2, "short items that arrived after the long one still went first"

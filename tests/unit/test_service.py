@@ -1,0 +1,75 @@
+import asyncio
+
+import pytest
+
+from tests.fakes import SAMPLES_PER_TOKEN, FakeEngine
+from tts_core.config import Settings
+from tts_core.metrics import Metrics
+from tts_core.service import InvalidRequest, Overloaded, SpeechService
+
+
+class CountingEngine(FakeEngine):
+    tokenized = 0
+
+    def tokenize(self, text, voice):
+        self.tokenized += 1
+        return super().tokenize(text, voice)
+
+
+@pytest.fixture
+def service():
+    settings = Settings(max_queue=4, max_chars=200, batch_policy="sequential",
+                        voice_aliases={"alloy": "fake-voice", "ghost": "missing"},
+                        model_aliases={"tts-1": "fake"})
+    engine = CountingEngine()
+    service = SpeechService(settings, [engine], Metrics())
+    service.start()
+    yield service
+    service.stop()
+
+
+def test_sentences_are_scheduled_separately_and_joined_in_order(service):
+    speech = asyncio.run(service.synthesize("One two. Three four five.", "alloy", "tts-1"))
+    assert speech.chunks == 2
+    pause = int(0.12 * speech.sample_rate)
+    assert speech.audio.size == (len("One two.") + len("Three four five.")) * SAMPLES_PER_TOKEN + pause
+
+
+def test_aliases_resolve_and_broken_aliases_are_dropped(service):
+    assert service.resolve_voice("alloy")[0].name == "fake-voice"
+    assert "ghost" not in service.voice_aliases
+    with pytest.raises(InvalidRequest) as raised:
+        service.resolve_voice("ghost")
+    assert raised.value.param == "voice" and "fake-voice" in raised.value.message
+    with pytest.raises(InvalidRequest) as raised:
+        service.resolve_model("tts-2")
+    assert raised.value.param == "model"
+
+
+@pytest.mark.parametrize("text, speed, param", [
+    ("   ", 1.0, "input"), ("x" * 201, 1.0, "input"), ("bell\x07", 1.0, "input"), ("ok", 5.0, "speed"),
+])
+def test_invalid_requests_name_the_field(service, text, speed, param):
+    with pytest.raises(InvalidRequest) as raised:
+        asyncio.run(service.synthesize(text, "alloy", "tts-1", speed))
+    assert raised.value.param == param
+
+
+def test_full_queue_is_refused_before_any_work(service):
+    engine = service.batchers["fake"].engine
+    engine.gate.clear()  # hold the engine so the queue fills
+
+    async def scenario():
+        running = asyncio.ensure_future(service.synthesize("a|b|c|d", "alloy"))  # 1 runs, 3 queue
+        await asyncio.sleep(0.3)
+        filling = asyncio.ensure_future(service.synthesize("e", "alloy"))  # the 4th queued item
+        await asyncio.sleep(0.1)
+        before = engine.tokenized
+        with pytest.raises(Overloaded) as raised:
+            await service.synthesize("one more", "alloy")
+        assert raised.value.retry_after_s >= 1
+        assert engine.tokenized == before  # refused before tokenizing
+        engine.gate.set()
+        await asyncio.gather(running, filling)
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))

@@ -1,0 +1,57 @@
+import time
+
+import pytest
+
+from tts_core.text import TextError, normalize, split_chunks
+
+
+def test_normalize_collapses_space_and_keeps_lines():
+    assert normalize("  Hello \t  world.\n\n  Next   line ") == "Hello world.\nNext line"
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t\n"])
+def test_empty_text_is_refused(text):
+    with pytest.raises(TextError, match="empty"):
+        normalize(text)
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x07", "\x1b", "\x7f", "\x85", "\ud800"])
+def test_control_characters_are_refused(char):
+    with pytest.raises(TextError, match="control character"):
+        normalize(f"Hello{char} world")
+
+
+def test_nfkc():
+    assert normalize("ﬁne Ｈｅｌｌｏ") == "fine Hello"
+
+
+def test_sentences_become_chunks():
+    assert split_chunks("One. Two! Three? Four", 100) == ["One.", "Two!", "Three?", "Four"]
+
+
+def test_decimal_points_do_not_split():
+    assert split_chunks("It costs 3.50 today. Yes.", 100) == ["It costs 3.50 today.", "Yes."]
+
+
+def test_long_sentences_split_at_clauses_then_words_never_mid_word():
+    sentence = ", ".join(["word " * 6] * 10).strip() + "."
+    chunks = split_chunks(sentence, 60)
+    assert all(len(chunk) <= 60 for chunk in chunks)
+    assert " ".join(chunks).split() == sentence.split()
+
+
+def test_a_word_longer_than_the_limit_is_cut():
+    assert split_chunks("a" * 25, 10) == ["a" * 10, "a" * 10, "a" * 5]
+
+
+@pytest.mark.parametrize("text", [
+    "." * 100_000, "9" * 100_000, "(" * 50_000 + ")" * 50_000, ", " * 50_000,
+    "a." * 50_000, "word " * 20_000, "\n" * 100_000 + "x",
+])
+def test_adversarial_input_is_linear_time(text):
+    started = time.perf_counter()
+    try:
+        split_chunks(normalize(text), 400)
+    except TextError:
+        pass
+    assert time.perf_counter() - started < 2.0

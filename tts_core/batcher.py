@@ -1,0 +1,155 @@
+"""The engine loop: one thread owns each engine, takes batches from its queue, resolves futures.
+
+No timer runs while the engine is idle: the first item is dispatched at once, and what arrives
+while a batch runs is there to batch at the next dispatch (the busy time is the window).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Sequence
+
+import numpy as np
+
+from .engines.base import Engine
+from .metrics import BatchRecord, Metrics
+from .policy import BatchPolicy, padded_tokens
+from .queue import RequestQueue
+from .request import SynthesisError, SynthesisRequest
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_TEXT = (
+    "The calibration sweep measures how long this engine takes for batches of several sizes, "
+    "at a short and at a long length, so that the batch policy starts from real timings. "
+    "Every executed batch after it refines the same cost model while the server runs."
+)
+CALIBRATION_LENGTHS = (24, 96)  # tokens
+
+
+class Batcher:
+    def __init__(self, engine: Engine, policy: BatchPolicy, queue: RequestQueue, metrics: Metrics,
+                 calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16)):
+        self.engine = engine
+        self.policy = policy
+        self.queue = queue
+        self.metrics = metrics
+        self.calibration_sizes = [s for s in calibration_sizes if 1 <= s <= policy.max_batch_size]
+        self.ready = threading.Event()
+        self._candidate_limit = 2 * policy.max_batch_size
+        self._item_seconds = 0.1  # moving estimate of engine time per item, for Retry-After
+        self._thread = threading.Thread(target=self._run, name=f"batcher-{engine.name}", daemon=True)
+
+    # --- the caller's side -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.queue.close()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def submit(self, items: Sequence[SynthesisRequest]) -> None:
+        """Queue items (all or none); raises QueueFull with a Retry-After estimate."""
+        self.queue.put_many(items, retry_after_s=self.retry_after_s())
+
+    def retry_after_s(self) -> int:
+        return max(1, math.ceil(len(self.queue) * self._item_seconds))
+
+    # --- the engine thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self.warm_up()
+        except Exception:
+            log.exception("warm-up of %s failed; serving without calibration", self.engine.name)
+        finally:
+            self.ready.set()
+        while not self.queue.closed:
+            try:
+                self.step()
+            except Exception:  # the loop must outlive any bug in one dispatch
+                log.exception("batcher %s: dispatch failed", self.engine.name)
+
+    def warm_up(self) -> None:
+        """One untimed run, then (for a learning policy) the calibration sweep."""
+        voice = self.engine.voices()[0].name
+        tokens = np.concatenate(self.engine.tokenize(CALIBRATION_TEXT, voice))
+        key = self.engine.batch_key(voice, 1.0)
+
+        def timed(size: int, length: int) -> float:
+            items = [SynthesisRequest(tokens=tokens[:length], voice=voice, speed=1.0, key=key,
+                                      deadline=math.inf) for _ in range(size)]
+            started = time.perf_counter()
+            self.engine.synthesize(items)
+            return time.perf_counter() - started
+
+        timed(1, CALIBRATION_LENGTHS[0])
+        if not self.policy.learns:
+            return
+        for length in CALIBRATION_LENGTHS:
+            for size in self.calibration_sizes:
+                seconds = timed(size, length)
+                self.policy.observe(size, size * length, seconds, calibration=True)
+        log.info("%s calibrated: t = %.4f + %.5f*batch + %.6f*padded_tokens s", self.engine.name,
+                 *getattr(self.policy, "cost_model").coefficients)
+
+    def step(self) -> None:
+        """One dispatch: plan a batch from the queue and run it (or wait, as the policy says)."""
+        candidates = self.queue.next_candidates(self._candidate_limit)
+        self.metrics.queue_length.labels(self.engine.name).set(len(self.queue))
+        if not candidates:
+            self.queue.wait_for_items()
+            return
+        plan = self.policy.plan(candidates, time.monotonic())
+        if not plan.take:
+            self.queue.wait(plan.wait_s)
+            return
+        batch = [candidates[index] for index in plan.take]
+        self.queue.remove(batch)
+        live = [item for item in batch if item.future.set_running_or_notify_cancel()]
+        self.metrics.dropped.labels("cancelled").inc(len(batch) - len(live))
+        if live:
+            self._execute(live)
+
+    def _execute(self, batch: list[SynthesisRequest]) -> None:
+        try:
+            outputs = self._run_batch(batch)
+        except Exception as error:
+            if len(batch) == 1:
+                log.warning("%s failed on one item: %s", self.engine.name, error)
+                self.metrics.item_errors.labels(self.engine.name).inc()
+                batch[0].future.set_exception(SynthesisError(f"synthesis failed: {error}"))
+                return
+            # One bad item must fail alone: retry every item by itself.
+            self.metrics.batch_retries.labels(self.engine.name).inc()
+            for item in batch:
+                self._execute([item])
+            return
+        for item, audio in zip(batch, outputs):
+            item.future.set_result(audio)
+
+    def _run_batch(self, batch: list[SynthesisRequest]) -> list[np.ndarray]:
+        name = self.engine.name
+        dispatched = time.monotonic()
+        waits = [dispatched - item.enqueued_at for item in batch]
+        self.metrics.batch_started(name, len(batch))
+        record = None
+        try:
+            started = time.perf_counter()
+            outputs = self.engine.synthesize(batch)
+            seconds = time.perf_counter() - started
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(batch)} items")
+            padded = padded_tokens(batch)
+            self.policy.observe(len(batch), padded, seconds)
+            self._item_seconds = 0.8 * self._item_seconds + 0.2 * seconds / len(batch)
+            record = BatchRecord(time.monotonic(), name, len(batch), padded,
+                                 sum(item.length for item in batch), seconds, self.policy.max_batch_size)
+            return outputs
+        finally:
+            self.metrics.batch_finished(name, record, waits)

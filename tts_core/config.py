@@ -1,0 +1,60 @@
+"""All settings in one place, read from the environment with the prefix TTS_."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_VOICE = "en_US-joe-medium"
+
+OPENAI_MODEL_NAMES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+OPENAI_VOICE_NAMES = (
+    "alloy", "ash", "ballad", "coral", "echo", "fable",
+    "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar",
+)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TTS_", extra="ignore")
+
+    host: str = "0.0.0.0"
+    port: int = 7860
+    data_dir: Path = Path("data")
+    voices_dir: Path | None = None  # default: <data_dir>/voices
+    log_level: str = "info"
+
+    # Request limits
+    max_chars: int = Field(4096, ge=1)
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_chunk_chars: int = Field(400, ge=20)
+    request_timeout_s: float = Field(120.0, gt=0)
+
+    # Batching
+    batch_policy: Literal["adaptive", "sequential", "static", "window"] = "adaptive"
+    max_batch_size: int = Field(16, ge=1)
+    max_batch_tokens: int = Field(8192, ge=64)
+    max_queue: int = Field(512, ge=1)
+    aging_horizon_s: float = Field(2.0, ge=0)
+    calibration_sizes: Annotated[list[int], NoDecode] = [1, 2, 4, 8, 16]
+
+    # Engines
+    onnx_intra_op_threads: int = Field(0, ge=0)  # 0: one per physical core
+    onnx_inter_op_threads: int = Field(1, ge=0)
+    onnx_spinning: bool = False  # busy-wait idle onnxruntime threads (faster alone, slower when serving)
+    default_voice: str = DEFAULT_VOICE
+    model_aliases: dict[str, str] = {name: "piper" for name in OPENAI_MODEL_NAMES}
+    voice_aliases: dict[str, str] = {name: DEFAULT_VOICE for name in OPENAI_VOICE_NAMES}
+
+    @field_validator("calibration_sizes", mode="before")
+    @classmethod
+    def _comma_separated(cls, value):
+        if isinstance(value, str):
+            return [int(part) for part in value.strip("[] ").split(",") if part.strip()]
+        return value
+
+    @property
+    def voices_path(self) -> Path:
+        return self.voices_dir if self.voices_dir is not None else self.data_dir / "voices"

@@ -1,0 +1,16 @@
+"""Model families behind the one `Engine` interface."""
+
+from __future__ import annotations
+
+from ..config import Settings
+from .base import Engine, Voice
+
+
+def load_engines(settings: Settings) -> list[Engine]:
+    from .piper import load_piper_engines
+
+    return list(load_piper_engines(settings.voices_path, settings.onnx_intra_op_threads,
+                                   settings.onnx_inter_op_threads, settings.onnx_spinning))
+
+
+__all__ = ["Engine", "Voice", "load_engines"]

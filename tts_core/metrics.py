@@ -1,0 +1,104 @@
+"""Prometheus metrics and the rolling windows that the status endpoint and dashboard read."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    at: float
+    engine: str
+    size: int
+    padded_tokens: int
+    real_tokens: int
+    seconds: float
+    max_batch_size: int
+
+
+class Metrics:
+    """One per process (tests build several apps, so the registry is not the global one)."""
+
+    def __init__(self, window_s: float = 60.0):
+        self.registry = CollectorRegistry()
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self._batches: deque[BatchRecord] = deque()
+        self._waits: deque[tuple[float, float]] = deque()
+        self._running: dict[str, int] = {}  # engine -> size of the batch it is running now
+
+        r = self.registry
+        self.requests = Counter("tts_requests", "Speech requests answered", ["source", "status"], registry=r)
+        self.request_seconds = Histogram("tts_request_seconds", "Time to answer a speech request",
+                                         ["source"], buckets=LATENCY_BUCKETS, registry=r)
+        self.characters = Counter("tts_characters", "Characters synthesized", registry=r)
+        self.audio_seconds = Counter("tts_audio_seconds", "Seconds of audio produced", registry=r)
+        self.queue_wait_seconds = Histogram("tts_queue_wait_seconds", "Time items wait in the queue",
+                                            buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("tts_batch_size", "Items per executed batch", ["engine"],
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.batch_seconds = Histogram("tts_batch_seconds", "Engine time per batch", ["engine"],
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.padding_tokens = Counter("tts_padding_tokens", "Padded tokens that carried no input",
+                                      ["engine"], registry=r)
+        self.item_errors = Counter("tts_item_errors", "Items the engine failed on", ["engine"], registry=r)
+        self.batch_retries = Counter("tts_batch_retries", "Batches retried item by item", ["engine"],
+                                     registry=r)
+        self.dropped = Counter("tts_dropped_items", "Queued items dropped unsynthesized",
+                               ["reason"], registry=r)
+        self.queue_length = Gauge("tts_queue_length", "Items waiting", ["engine"], registry=r)
+
+    def batch_started(self, engine: str, size: int) -> None:
+        with self._lock:
+            self._running[engine] = size
+
+    def batch_finished(self, engine: str, record: BatchRecord | None, waits: list[float]) -> None:
+        """record is None when the batch raised (it is retried item by item)."""
+        if record is None:
+            with self._lock:
+                self._running.pop(engine, None)
+            return
+        self.batch_size.labels(record.engine).observe(record.size)
+        self.batch_seconds.labels(record.engine).observe(record.seconds)
+        self.padding_tokens.labels(record.engine).inc(record.padded_tokens - record.real_tokens)
+        for wait in waits:
+            self.queue_wait_seconds.observe(wait)
+        with self._lock:
+            self._running.pop(record.engine, None)
+            self._batches.append(record)
+            self._waits.extend((record.at, wait) for wait in waits)
+            self._trim(record.at)
+
+    def _trim(self, now: float) -> None:
+        horizon = now - self.window_s
+        while self._batches and self._batches[0].at < horizon:
+            self._batches.popleft()
+        while self._waits and self._waits[0][0] < horizon:
+            self._waits.popleft()
+
+    def window(self) -> dict:
+        """Recent-window figures for /api/v1/batch/status."""
+        with self._lock:
+            self._trim(time.monotonic())
+            batches = list(self._batches)
+            waits = [wait for _, wait in self._waits]
+            running = dict(self._running)
+        return {
+            "active_batches": len(running),
+            "running_items": sum(running.values()),
+            "current_batch_size": (sum(running.values()) if running
+                                   else (batches[-1].size if batches else 0)),
+            "avg_queue_time_ms": round(1000 * sum(waits) / len(waits), 2) if waits else 0.0,
+            "avg_batch_size": round(sum(b.size for b in batches) / len(batches), 2) if batches else 0.0,
+            "max_batch_utilization": max((b.size / b.max_batch_size for b in batches), default=0.0),
+            "batches_in_window": len(batches),
+            "window_s": self.window_s,
+        }

@@ -1,0 +1,183 @@
+"""Batch sizing: which of the queued items to run next, and when.
+
+The policies are pure: they see the queued items of one batch key (most urgent first) and the
+time, and answer with a `BatchPlan`. They never touch the engine; the batcher feeds each executed
+batch's timing back through `observe`, which only the adaptive policy uses.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+class Schedulable(Protocol):
+    length: int
+    deadline: float
+    enqueued_at: float
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    take: tuple[int, ...]  # indices into the queued items, in batch order; empty when waiting
+    wait_s: float = 0.0  # when nothing is taken: re-plan after this long (or on a new arrival)
+
+
+def padded_tokens(items: Sequence[Schedulable]) -> int:
+    return len(items) * max(item.length for item in items)
+
+
+def _within_budget(items: Sequence[Schedulable], max_tokens: int) -> int:
+    """How many leading items fit the padded-token budget (always at least one)."""
+    longest = 0
+    for count, item in enumerate(items, start=1):
+        longest = max(longest, item.length)
+        if count > 1 and count * longest > max_tokens:
+            return count - 1
+    return len(items)
+
+
+class CostModel:
+    """t = a + b*batch_size + c*padded_tokens, fitted by non-negative least squares.
+
+    Calibration rows are kept for good (they span batch sizes, so the fit stays well posed);
+    online rows live in a sliding window so the model follows the machine as it warms or loads.
+    """
+
+    def __init__(self, window: int = 64):
+        self._seed: list[tuple[float, float, float]] = []
+        self._recent: deque[tuple[float, float, float]] = deque(maxlen=window)
+        self.coefficients = np.zeros(3)
+
+    @property
+    def fitted(self) -> bool:
+        return len(self._seed) + len(self._recent) >= 3
+
+    def add(self, batch_size: int, padded: int, seconds: float, calibration: bool = False) -> None:
+        row = (float(batch_size), float(padded), float(seconds))
+        (self._seed.append if calibration else self._recent.append)(row)
+        if self.fitted:
+            self.coefficients = self._fit()
+
+    def predict(self, batch_size: int, padded: int) -> float:
+        a, b, c = self.coefficients
+        return a + b * batch_size + c * padded
+
+    def _fit(self) -> np.ndarray:
+        rows = np.array(self._seed + list(self._recent))
+        design = np.column_stack([np.ones(len(rows)), rows[:, 0], rows[:, 1]])
+        seconds = rows[:, 2]
+        best, best_residual = np.zeros(3), np.inf
+        # Exact non-negative least squares for three unknowns: the optimum is the unconstrained
+        # fit on some subset of the columns whose coefficients are all non-negative.
+        for size in (3, 2, 1):
+            for columns in itertools.combinations(range(3), size):
+                solution, *_ = np.linalg.lstsq(design[:, columns], seconds, rcond=None)
+                if (solution < 0).any():
+                    continue
+                residual = float(np.sum((design[:, columns] @ solution - seconds) ** 2))
+                if residual < best_residual:
+                    best_residual = residual
+                    best = np.zeros(3)
+                    best[list(columns)] = solution
+        return best
+
+
+class BatchPolicy:
+    """Base: take the most urgent item alone. Subclasses differ only in `plan`."""
+
+    name = "sequential"
+    learns = False
+
+    def __init__(self, max_batch_size: int = 1, max_batch_tokens: int = 1 << 30):
+        self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
+
+    def plan(self, queued: Sequence[Schedulable], now: float) -> BatchPlan:
+        return BatchPlan(take=(0,))
+
+    def observe(self, batch_size: int, padded: int, seconds: float, calibration: bool = False) -> None:
+        pass
+
+
+class TimeoutPolicy(BatchPolicy):
+    """The classic peer: wait until the batch is full or the oldest item has waited max_wait_s."""
+
+    def __init__(self, name: str, max_batch_size: int, max_wait_s: float, max_batch_tokens: int):
+        super().__init__(max_batch_size, max_batch_tokens)
+        self.name = name
+        self.max_wait_s = max_wait_s
+
+    def plan(self, queued: Sequence[Schedulable], now: float) -> BatchPlan:
+        oldest = min(item.enqueued_at for item in queued)
+        waited = now - oldest
+        if len(queued) < self.max_batch_size and waited < self.max_wait_s:
+            return BatchPlan(take=(), wait_s=self.max_wait_s - waited)
+        count = _within_budget(queued[: self.max_batch_size], self.max_batch_tokens)
+        return BatchPlan(take=tuple(range(count)))
+
+
+class AdaptivePolicy(BatchPolicy):
+    """Pick the batch that maximises predicted real tokens per second, deadlines permitting.
+
+    Candidates are the most urgent item plus the queued items closest to it in length (a length
+    bucket formed on the fly). The best batch must beat running the head alone by `min_gain`, so
+    when batching does not pay (per-item cost linear in batch size) the answer is size 1.
+    """
+
+    name = "adaptive"
+    learns = True
+
+    def __init__(self, max_batch_size: int, max_batch_tokens: int, min_gain: float = 0.10,
+                 cost_model: CostModel | None = None):
+        super().__init__(max_batch_size, max_batch_tokens)
+        self.min_gain = min_gain
+        self.cost_model = cost_model or CostModel()
+
+    def observe(self, batch_size: int, padded: int, seconds: float, calibration: bool = False) -> None:
+        self.cost_model.add(batch_size, padded, seconds, calibration)
+
+    def plan(self, queued: Sequence[Schedulable], now: float) -> BatchPlan:
+        if len(queued) == 1 or not self.cost_model.fitted:
+            return BatchPlan(take=(0,))
+        head_length = queued[0].length
+        order = [0] + sorted(range(1, len(queued)),
+                             key=lambda i: (abs(queued[i].length - head_length), i))
+        order = order[: self.max_batch_size]
+        best_size, best_rate, alone_rate = 1, 0.0, 0.0
+        longest, real, earliest_deadline = 0, 0, float("inf")
+        for size, index in enumerate(order, start=1):
+            item = queued[index]
+            longest = max(longest, item.length)
+            real += item.length
+            earliest_deadline = min(earliest_deadline, item.deadline)
+            padded = size * longest
+            if size > 1 and padded > self.max_batch_tokens:
+                break
+            seconds = max(self.cost_model.predict(size, padded), 1e-6)
+            if size > 1 and now + seconds > earliest_deadline:
+                break
+            rate = real / seconds
+            alone_rate = alone_rate or rate
+            if rate > best_rate:
+                best_size, best_rate = size, rate
+        if best_rate < alone_rate * (1 + self.min_gain):
+            best_size = 1
+        return BatchPlan(take=tuple(order[:best_size]))
+
+
+def make_policy(name: str, max_batch_size: int, max_batch_tokens: int) -> BatchPolicy:
+    """The policy enum of TTS_BATCH_POLICY: ours (adaptive) and the peers it is measured against."""
+    if name == "adaptive":
+        return AdaptivePolicy(max_batch_size, max_batch_tokens)
+    if name == "sequential":
+        return BatchPolicy(1, max_batch_tokens)
+    if name == "static":
+        return TimeoutPolicy("static", min(8, max_batch_size), 0.5, max_batch_tokens)
+    if name == "window":
+        return TimeoutPolicy("window", min(16, max_batch_size), 0.010, max_batch_tokens)
+    raise ValueError(f"unknown batch policy {name!r}")

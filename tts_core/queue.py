@@ -1,0 +1,103 @@
+"""The request queue of one engine: bounded, priority with aging, cancellation and deadlines.
+
+Order is by a virtual start time: the arrival time, plus a delay that grows with the item's
+length (short texts go first), minus a boost for higher priority classes. Because the length
+delay is capped at `aging_horizon_s`, anything that arrives later than that after a long item
+ranks behind it: a long request's extra wait is bounded, it is never starved.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Iterable, Sequence
+
+from .request import DeadlineExceeded, SynthesisRequest
+
+PRIORITY_STEP_S = 5.0  # one priority class is worth this much waiting
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after_s: int):
+        super().__init__(f"the queue is full; retry after {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class RequestQueue:
+    def __init__(self, max_size: int, aging_horizon_s: float = 2.0, long_tokens: int = 400):
+        self.max_size = max_size
+        self.aging_horizon_s = aging_horizon_s
+        self.long_tokens = long_tokens
+        self._items: list[SynthesisRequest] = []
+        self._changed = threading.Condition()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def rank(self, item: SynthesisRequest) -> tuple[float, int]:
+        length_delay = self.aging_horizon_s * min(1.0, item.length / self.long_tokens)
+        return (item.enqueued_at + length_delay - item.priority * PRIORITY_STEP_S, item.seq)
+
+    def has_room(self, count: int = 1) -> bool:
+        return len(self._items) + count <= self.max_size
+
+    def put_many(self, items: Sequence[SynthesisRequest], retry_after_s: int = 1) -> None:
+        """Enqueue all items or none of them."""
+        with self._changed:
+            if self._closed or not self.has_room(len(items)):
+                raise QueueFull(retry_after_s)
+            now = time.monotonic()
+            for item in items:
+                item.enqueued_at = now
+            self._items.extend(items)
+            self._changed.notify_all()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until something is put (or closed), or the timeout passes."""
+        with self._changed:
+            if not self._closed:
+                self._changed.wait(timeout)
+
+    def wait_for_items(self) -> None:
+        with self._changed:
+            while not self._items and not self._closed:
+                self._changed.wait()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def next_candidates(self, limit: int) -> list[SynthesisRequest]:
+        """The most urgent item and up to limit-1 more of its batch key, most urgent first.
+
+        Items whose caller has gone (future cancelled) are dropped here unsynthesized, and items
+        past their deadline are failed with DeadlineExceeded.
+        """
+        now = time.monotonic()
+        with self._changed:
+            live: list[SynthesisRequest] = []
+            for item in self._items:
+                if item.future.cancelled():
+                    continue
+                if now > item.deadline:
+                    item.future.set_exception(DeadlineExceeded(
+                        f"waited {now - item.enqueued_at:.1f} s in the queue, past its deadline"))
+                    continue
+                live.append(item)
+            self._items = live
+            if not live:
+                return []
+            live.sort(key=self.rank)
+            head_key = live[0].key
+            return [item for item in live if item.key == head_key][:limit]
+
+    def remove(self, items: Iterable[SynthesisRequest]) -> None:
+        taken = {id(item) for item in items}
+        with self._changed:
+            self._items = [item for item in self._items if id(item) not in taken]

@@ -1,0 +1,37 @@
+"""The unit of scheduled work: one text chunk of one caller's request."""
+
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Hashable
+
+import numpy as np
+
+_sequence = itertools.count()
+
+
+class SynthesisError(Exception):
+    """The engine failed on this item (alone, after the batch was retried item by item)."""
+
+
+class DeadlineExceeded(Exception):
+    """The item waited in the queue past its deadline and was dropped unsynthesized."""
+
+
+@dataclass(eq=False)
+class SynthesisRequest:
+    tokens: np.ndarray  # int64 model input ids
+    voice: str
+    speed: float
+    key: Hashable  # items batch together only when their keys are equal
+    deadline: float  # time.monotonic() after which the caller no longer waits
+    priority: int = 0  # higher runs earlier; 0 is the default tier
+    enqueued_at: float = 0.0
+    future: Future = field(default_factory=Future)
+    seq: int = field(default_factory=lambda: next(_sequence))
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[0])

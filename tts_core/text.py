@@ -1,0 +1,99 @@
+"""Text normalisation and chunking.
+
+Everything here is a single left-to-right scan (no backtracking regular expressions), so the
+time taken is linear in the input length whatever the input is.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+SENTENCE_ENDS = frozenset(".!?…。！？")
+CLAUSE_ENDS = frozenset(",;:—–)")
+_ALLOWED_CONTROLS = frozenset("\t\n\r")
+
+
+class TextError(ValueError):
+    """The text cannot be spoken as given; the message says why."""
+
+
+def normalize(text: str) -> str:
+    """NFKC-normalise, refuse control characters, collapse runs of spaces within each line."""
+    text = unicodedata.normalize("NFKC", text)
+    for position, char in enumerate(text):
+        category = unicodedata.category(char)
+        if (category == "Cc" and char not in _ALLOWED_CONTROLS) or category == "Cs":
+            raise TextError(
+                f"input contains a control character (U+{ord(char):04X}) at position {position}"
+            )
+    lines = (" ".join(line.split()) for line in text.splitlines())
+    text = "\n".join(line for line in lines if line)
+    if not text:
+        raise TextError("input is empty")
+    return text
+
+
+def _split_after(text: str, ends: frozenset[str]) -> list[str]:
+    """Split after each end character that is followed by white space (or the end)."""
+    pieces, start = [], 0
+    for index, char in enumerate(text):
+        at_boundary = char == "\n" or (
+            char in ends and (index + 1 == len(text) or text[index + 1].isspace())
+        )
+        if at_boundary:
+            piece = text[start : index + 1].strip()
+            if piece:
+                pieces.append(piece)
+            start = index + 1
+    tail = text[start:].strip()
+    if tail:
+        pieces.append(tail)
+    return pieces
+
+
+def _pack_words(text: str, max_chars: int) -> list[str]:
+    """Greedily pack whole words into pieces of at most max_chars (a longer word is cut)."""
+    pieces: list[str] = []
+    current = ""
+    for word in text.split():
+        while len(word) > max_chars:
+            if current:
+                pieces.append(current)
+                current = ""
+            pieces.append(word[:max_chars])
+            word = word[max_chars:]
+        if not word:
+            continue
+        if current and len(current) + 1 + len(word) > max_chars:
+            pieces.append(current)
+            current = word
+        else:
+            current = f"{current} {word}" if current else word
+    if current:
+        pieces.append(current)
+    return pieces
+
+
+def _pack(pieces: list[str], max_chars: int) -> list[str]:
+    """Join consecutive pieces while they fit in max_chars."""
+    packed: list[str] = []
+    for piece in pieces:
+        if packed and len(packed[-1]) + 1 + len(piece) <= max_chars:
+            packed[-1] = f"{packed[-1]} {piece}"
+        else:
+            packed.append(piece)
+    return packed
+
+
+def split_chunks(text: str, max_chars: int) -> list[str]:
+    """Sentences, each at most max_chars: long sentences are split at clauses, then words."""
+    chunks: list[str] = []
+    for sentence in _split_after(text, SENTENCE_ENDS):
+        if len(sentence) <= max_chars:
+            chunks.append(sentence)
+            continue
+        clauses: list[str] = []
+        for clause in _split_after(sentence, CLAUSE_ENDS):
+            clauses.extend([clause] if len(clause) <= max_chars else _pack_words(clause, max_chars))
+        chunks.extend(_pack(clauses, max_chars))
+    return chunks
