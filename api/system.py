@@ -78,7 +78,8 @@ async def batch_status(request: Request) -> dict:
         "policy": service.settings.batch_policy,
         "max_batch_size": service.settings.max_batch_size,
         "ready": service.ready,
-        "engines": {name: {"queue_length": len(batcher.queue), "ready": batcher.ready.is_set()}
+        "engines": {name: {"queue_length": len(batcher.queue), "ready": batcher.ready.is_set(),
+                           "policy": batcher.policy.describe()}
                     for name, batcher in service.batchers.items()},
     }
 

@@ -90,7 +90,7 @@ def main() -> None:
         "target_ratio": TARGET_RATIO,
     }
     print(f"workload: {len(workload)} mixed texts (20-200 chars), {args.concurrency} concurrent clients, "
-          f"policy {args.policy}")
+          f"policy {args.policy}; the raw engine uses the server's onnxruntime settings")
     print(f"raw engine, sequential : {raw_rate:6.2f} audio-s/s  ({len(workload) / raw_s:.2f} req/s)")
     print(f"served over HTTP       : {served_rate:6.2f} audio-s/s  ({len(workload) / served_s:.2f} req/s, "
           f"avg batch {status['avg_batch_size']})")

@@ -95,8 +95,7 @@ class Batcher:
             for size in self.calibration_sizes:
                 seconds = timed(size, length)
                 self.policy.observe(size, size * length, seconds, calibration=True)
-        log.info("%s calibrated: t = %.4f + %.5f*batch + %.6f*padded_tokens s", self.engine.name,
-                 *getattr(self.policy, "cost_model").coefficients)
+        log.info("%s calibrated: %s", self.engine.name, self.policy.describe())
 
     def step(self) -> None:
         """One dispatch: plan a batch from the queue and run it (or wait, as the policy says)."""

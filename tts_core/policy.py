@@ -103,6 +103,9 @@ class BatchPolicy:
     def observe(self, batch_size: int, padded: int, seconds: float, calibration: bool = False) -> None:
         pass
 
+    def describe(self) -> dict:
+        return {"name": self.name, "max_batch_size": self.max_batch_size, "max_batch_tokens": self.max_batch_tokens}
+
 
 class TimeoutPolicy(BatchPolicy):
     """The classic peer: wait until the batch is full or the oldest item has waited max_wait_s."""
@@ -140,6 +143,11 @@ class AdaptivePolicy(BatchPolicy):
 
     def observe(self, batch_size: int, padded: int, seconds: float, calibration: bool = False) -> None:
         self.cost_model.add(batch_size, padded, seconds, calibration)
+
+    def describe(self) -> dict:
+        fixed, per_item, per_token = self.cost_model.coefficients
+        return {**super().describe(), "cost_model": {
+            "fixed_s": round(fixed, 6), "per_item_s": round(per_item, 6), "per_padded_token_s": round(per_token, 8)}}
 
     def plan(self, queued: Sequence[Schedulable], now: float) -> BatchPlan:
         if len(queued) == 1 or not self.cost_model.fitted:

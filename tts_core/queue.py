@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from .request import DeadlineExceeded, SynthesisRequest
 
@@ -24,8 +24,10 @@ class QueueFull(Exception):
 
 
 class RequestQueue:
-    def __init__(self, max_size: int, aging_horizon_s: float = 2.0, long_tokens: int = 400):
+    def __init__(self, max_size: int, aging_horizon_s: float = 2.0, long_tokens: int = 400,
+                 on_drop: Callable[[str, int], None] = lambda reason, count: None):
         self.max_size = max_size
+        self.on_drop = on_drop  # told of items dropped unsynthesized: ("cancelled" | "deadline", count)
         self.aging_horizon_s = aging_horizon_s
         self.long_tokens = long_tokens
         self._items: list[SynthesisRequest] = []
@@ -82,20 +84,23 @@ class RequestQueue:
         now = time.monotonic()
         with self._changed:
             live: list[SynthesisRequest] = []
+            cancelled = expired = 0
             for item in self._items:
                 if item.future.cancelled():
-                    continue
-                if now > item.deadline:
+                    cancelled += 1
+                elif now > item.deadline:
+                    expired += 1
                     item.future.set_exception(DeadlineExceeded(
                         f"waited {now - item.enqueued_at:.1f} s in the queue, past its deadline"))
-                    continue
-                live.append(item)
-            self._items = live
-            if not live:
-                return []
+                else:
+                    live.append(item)
             live.sort(key=self.rank)
-            head_key = live[0].key
-            return [item for item in live if item.key == head_key][:limit]
+            self._items = live
+            candidates = [item for item in live if item.key == live[0].key][:limit] if live else []
+        for reason, count in (("cancelled", cancelled), ("deadline", expired)):
+            if count:
+                self.on_drop(reason, count)
+        return candidates
 
     def remove(self, items: Iterable[SynthesisRequest]) -> None:
         taken = {id(item) for item in items}

@@ -61,8 +61,8 @@ class SpeechService:
         self._voices: dict[str, tuple[Voice, Engine]] = {}
         for engine in engines:
             policy = make_policy(settings.batch_policy, settings.max_batch_size, settings.max_batch_tokens)
-            queue = RequestQueue(settings.max_queue, settings.aging_horizon_s,
-                                 long_tokens=settings.max_chunk_chars)
+            queue = RequestQueue(settings.max_queue, settings.aging_horizon_s, settings.max_chunk_chars,
+                                 on_drop=lambda reason, count: metrics.dropped.labels(reason).inc(count))
             self.batchers[engine.name] = Batcher(engine, policy, queue, metrics, settings.calibration_sizes)
             for voice in engine.voices():
                 self._voices.setdefault(voice.name, (voice, engine))

@@ -20,6 +20,8 @@ def test_probes_status_and_metrics(server, speak):
                   "avg_queue_time_ms", "max_batch_utilization", "gpu_free_mem_mb"):
         assert field in status
     assert status["gpu_free_mem_mb"] is None  # no GPU on CI; null, not an error
+    policy = status["engines"]["en_US-joe-medium"]["policy"]
+    assert policy["name"] == "adaptive" and policy["cost_model"]["per_padded_token_s"] > 0
     metrics = httpx.get(f"{server}/metrics")
     assert metrics.headers["content-type"].startswith("text/plain")
     assert 'tts_requests_total{source="api",status="200"}' in metrics.text

@@ -84,3 +84,14 @@ def test_openai_client_works_unchanged(server):
     mp3 = client.audio.speech.create(model="gpt-4o-mini-tts", voice="nova", input="Hi there.")
     assert decode(mp3.content, "mp3")[0].size > 0
     assert {"tts-1", "piper"} <= {model.id for model in client.models.list()}
+
+
+@pytest.mark.parametrize("text", ["😀 🎉", "....", "12345678901234567890", "a" * 900, "Ünïcödé façade — naïve café.",
+                                  "日本語のテキスト", "(((((nested)))))", "Hello,,,,,,,,,,,,world!!!!!!!!"])
+def test_odd_text_gets_speech_or_a_clear_400(speak, text):
+    response = speak(text)
+    assert response.status_code in (200, 400), response.text
+    if response.status_code == 400:
+        assert response.json()["error"]["param"] == "input"
+    else:
+        assert duration(response.content, "wav") > 0.1

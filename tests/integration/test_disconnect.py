@@ -1,0 +1,40 @@
+import re
+import socket
+import time
+
+import httpx
+
+
+def metric(server: str, pattern: str) -> float:
+    match = re.search(pattern + r" ([0-9.e+]+)", httpx.get(f"{server}/metrics").text)
+    return float(match.group(1)) if match else 0.0
+
+
+def queue_length(server: str) -> int:
+    return httpx.get(f"{server}/api/v1/batch/status").json()["queue_length"]
+
+
+def wait_until(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_client_that_disconnects_has_its_queued_sentences_dropped(server):
+    dropped = r'tts_dropped_items_total\{reason="cancelled"\}'
+    batches = r'tts_batch_size_count\{engine="en_US-joe-medium"\}'
+    dropped_before, batches_before = metric(server, dropped), metric(server, batches)
+    text = " ".join(f"Line {n} is here." for n in range(40))  # 40 sentences, within TTS_MAX_CHARS
+    body = ('{"model": "tts-1", "voice": "alloy", "input": "%s"}' % text).encode()
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        assert wait_until(lambda: queue_length(server) > 30, 10), "the request never queued"
+    assert wait_until(lambda: queue_length(server) == 0, 10)
+    # 40 sentences take several seconds to synthesize; almost all were dropped instead.
+    assert metric(server, dropped) - dropped_before >= 30
+    assert metric(server, batches) - batches_before <= 10
