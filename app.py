@@ -1,4 +1,4 @@
-"""Chorus composition root: settings -> engines -> batchers -> API + UI, on one port.
+"""Chorus composition root: settings -> storage -> engines -> batchers -> API + UI + admin, one port.
 
 `python app.py` serves everything on TTS_HOST:TTS_PORT (0.0.0.0:7860, as Hugging Face Spaces expect).
 """
@@ -11,28 +11,48 @@ from contextlib import asynccontextmanager
 import gradio as gr
 import uvicorn
 
+from admin.api import router as admin_router
+from admin.control import OperatorControl
+from admin.ui import build_admin_tab
 from api import build_api
+from storage import Storage
+from storage.request_log import RequestLogWriter
 from tts_core.config import Settings
-from tts_core.engines import load_engines
+from tts_core.engines import Engine, load_engines
 from tts_core.metrics import Metrics
+from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
 from ui import build_ui
 
 
-def create_app(settings: Settings | None = None):
+def create_app(settings: Settings | None = None, engines: list[Engine] | None = None):
+    """The whole app; `engines` replaces the configured ones (tests pass fake engines)."""
     settings = settings or Settings()
-    service = SpeechService(settings, load_engines(settings), Metrics())
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    storage = Storage(settings.database)
+    storage.migrate()
+    service = SpeechService(settings, engines if engines is not None else load_engines(settings), Metrics())
+    request_log = RequestLogWriter(storage)
+    control = OperatorControl(storage, service, request_log)
+    control.reload()  # stored settings apply before the first request
+    monitor = Monitor(service)
+    admin_token = settings.admin_token.get_secret_value() if settings.admin_token else None
 
     @asynccontextmanager
     async def lifespan(_app):
-        service.start()
+        for part in (service, request_log, control, monitor):
+            part.start()
         try:
             yield
         finally:
-            service.stop()
+            for part in (monitor, control, request_log, service):
+                part.stop()
 
-    api = build_api(service, lifespan)
-    return gr.mount_gradio_app(api, build_ui(service), path="/")
+    api = build_api(service, request_log, lifespan)
+    api.state.control, api.state.monitor, api.state.admin_token = control, monitor, admin_token
+    api.include_router(admin_router)
+    page = build_ui(service, request_log, [lambda: build_admin_tab(service, monitor, control, admin_token)])
+    return gr.mount_gradio_app(api, page, path="/")
 
 
 def main() -> None:

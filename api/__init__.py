@@ -6,6 +6,7 @@ import time
 
 from fastapi import FastAPI
 
+from storage.request_log import RequestLogWriter
 from tts_core.metrics import Metrics
 from tts_core.service import SpeechService
 
@@ -14,11 +15,13 @@ from .errors import install_error_handlers
 from .limits import BodySizeLimit
 
 
-class RequestMetrics:
-    """Counts speech responses by status and times them (plain ASGI: sees every outcome)."""
+class RequestAccounting:
+    """Counts and times speech responses by status and writes the request log. Plain ASGI, so it
+    sees every outcome, errors included; the route leaves its details in request.state.speech."""
 
-    def __init__(self, app, metrics: Metrics, prefix: str = "/v1/audio/speech"):
-        self.app, self.metrics, self.prefix = app, metrics, prefix
+    def __init__(self, app, metrics: Metrics, request_log: RequestLogWriter | None,
+                 prefix: str = "/v1/audio/speech"):
+        self.app, self.metrics, self.request_log, self.prefix = app, metrics, request_log, prefix
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
@@ -34,11 +37,17 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, recording_send)
         finally:
-            self.metrics.requests.labels("api", str(status)).inc()
-            self.metrics.request_seconds.labels("api").observe(time.perf_counter() - started)
+            details = scope.get("state", {}).get("speech", {})
+            self.metrics.request_answered("api", status, time.perf_counter() - started, details.get("audio_s", 0.0))
+            if self.request_log is not None:
+                self.request_log.record(
+                    client=(scope.get("client") or ("unknown",))[0], source="api", status=status,
+                    voice=details.get("voice"), characters=details.get("characters", 0),
+                    queue_ms=details.get("queue_ms"), synthesis_ms=details.get("synthesis_ms"),
+                    batch_size=details.get("batch_size"))
 
 
-def build_api(service: SpeechService, lifespan=None) -> FastAPI:
+def build_api(service: SpeechService, request_log: RequestLogWriter | None = None, lifespan=None) -> FastAPI:
     app = FastAPI(title="Chorus", version="0.1.0", lifespan=lifespan,
                   description="Self-hosted text-to-speech with an OpenAI-compatible API.")
     app.state.service = service
@@ -47,6 +56,6 @@ def build_api(service: SpeechService, lifespan=None) -> FastAPI:
     app.include_router(system.router)
     app.include_router(system.fallback)  # last: catches only what no route above matched
     app.state.api_routes = [*speech.router.routes, *system.router.routes]
-    app.add_middleware(RequestMetrics, metrics=service.metrics)
+    app.add_middleware(RequestAccounting, metrics=service.metrics, request_log=request_log)
     app.add_middleware(BodySizeLimit, max_bytes=service.settings.max_body_bytes)
     return app

@@ -54,7 +54,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Overloaded)
     async def _overloaded(_: Request, exc: Overloaded) -> JSONResponse:
-        return error_response(503, str(exc), None, "queue_full", {"Retry-After": str(exc.retry_after_s)})
+        return error_response(503, str(exc), None, exc.code, {"Retry-After": str(exc.retry_after_s)})
 
     @app.exception_handler(DeadlineExceeded)
     async def _deadline(_: Request, exc: DeadlineExceeded) -> JSONResponse:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import asdict
 from typing import Awaitable, TypeVar
 
 from fastapi import APIRouter, Request, Response
 
-from tts_core.audio import FORMATS, encode
+from tts_core.audio import FORMATS
 from tts_core.service import InvalidRequest, SpeechService
 
 from .errors import error_response
@@ -48,14 +49,18 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
 @router.post("/v1/audio/speech", response_class=Response, responses=AUDIO_RESPONSES)
 async def create_speech(body: SpeechRequest, request: Request) -> Response:
     service: SpeechService = request.app.state.service
+    request.state.speech = {"characters": len(body.input)}  # read by the request log
     if body.stream_format == "sse":
         raise InvalidRequest("stream_format 'sse' is not supported yet; use 'audio'", "stream_format",
                              "unsupported_value")
     try:
-        speech = await until_disconnect(request, service.synthesize(
-            body.input, body.voice_name, body.model, body.speed))
+        spoken = await until_disconnect(request, service.speak(
+            body.input, body.voice_name, body.model, body.speed, body.response_format))
     except ClientGone:
         return error_response(499, "client closed the request", None, "client_closed")
-    data = await asyncio.to_thread(encode, speech.audio, speech.sample_rate, body.response_format)
-    headers = {"X-Chorus-Voice": speech.voice, "X-Chorus-Audio-Duration": f"{speech.duration_s:.3f}"}
-    return Response(data, media_type=FORMATS[body.response_format].content_type, headers=headers)
+    request.state.speech.update(voice=spoken.voice, audio_s=spoken.duration_s, **asdict(spoken.timings))
+    headers = {"X-Chorus-Voice": spoken.voice, "X-Chorus-Audio-Duration": f"{spoken.duration_s:.3f}",
+               "X-Chorus-Cache": spoken.cache}
+    if spoken.degraded:
+        headers["X-Chorus-Degraded"] = ",".join(spoken.degraded)
+    return Response(spoken.data, media_type=spoken.content_type, headers=headers)

@@ -8,7 +8,6 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tts_core import gpu
 from tts_core.service import SpeechService
 
 from .errors import error_response
@@ -67,21 +66,7 @@ async def ready(request: Request):
 
 @router.get("/api/v1/batch/status", tags=["status"])
 async def batch_status(request: Request) -> dict:
-    service = _service(request)
-    window = service.metrics.window()
-    queued = service.queue_length()
-    return {
-        **window,
-        "queue_length": queued,
-        "pending_requests": queued + window["running_items"],
-        "gpu_free_mem_mb": gpu.free_memory_mb(),
-        "policy": service.settings.batch_policy,
-        "max_batch_size": service.settings.max_batch_size,
-        "ready": service.ready,
-        "engines": {name: {"queue_length": len(batcher.queue), "ready": batcher.ready.is_set(),
-                           "policy": batcher.policy.describe()}
-                    for name, batcher in service.batchers.items()},
-    }
+    return _service(request).status()
 
 
 @router.get("/metrics", tags=["status"])

@@ -149,6 +149,8 @@ class Batcher:
             self._item_seconds = 0.8 * self._item_seconds + 0.2 * seconds / len(batch)
             record = BatchRecord(time.monotonic(), name, len(batch), padded,
                                  sum(item.length for item in batch), seconds, self.policy.max_batch_size)
+            for item, wait in zip(batch, waits):
+                item.queue_s, item.batch_s, item.batch_size = wait, seconds, len(batch)
             return outputs
         finally:
             self.metrics.batch_finished(name, record, waits)

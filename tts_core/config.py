@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_VOICE = "en_US-joe-medium"
@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     data_dir: Path = Path("data")
     voices_dir: Path | None = None  # default: <data_dir>/voices
     log_level: str = "info"
+    database_url: str | None = None  # default: SQLite at <data_dir>/chorus.db
+    admin_token: SecretStr | None = None  # unset: the admin tab and API are disabled
 
     # Request limits
     max_chars: int = Field(4096, ge=1)
@@ -54,6 +56,10 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [int(part) for part in value.strip("[] ").split(",") if part.strip()]
         return value
+
+    @property
+    def database(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'chorus.db'}"
 
     @property
     def voices_path(self) -> Path:

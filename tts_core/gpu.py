@@ -26,17 +26,28 @@ def _nvml():
         return _state["module"]
 
 
-def free_memory_mb() -> float | None:
-    """Free memory of the emptiest-used GPU in MiB, or None without a GPU."""
+def readings() -> dict | None:
+    """Memory and utilisation of the GPU with the most free memory, or None without a GPU."""
     pynvml = _nvml()
     if pynvml is None:
         return None
     try:
-        frees = [
-            pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).free
-            for index in range(pynvml.nvmlDeviceGetCount())
-        ]
+        best = None
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            if best is None or memory.free > best[1].free:
+                best = (handle, memory)
+        handle, memory = best
+        utilization = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
     except Exception as error:
         log.warning("NVML reading failed: %s", error)
         return None
-    return max(frees) / 2**20
+    return {"free_mb": round(memory.free / 2**20, 1), "total_mb": round(memory.total / 2**20, 1),
+            "used_fraction": round(memory.used / memory.total, 4) if memory.total else None,
+            "utilization_pct": utilization}
+
+
+def free_memory_mb() -> float | None:
+    reading = readings()
+    return reading["free_mb"] if reading else None

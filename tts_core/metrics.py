@@ -27,13 +27,16 @@ class BatchRecord:
 class Metrics:
     """One per process (tests build several apps, so the registry is not the global one)."""
 
-    def __init__(self, window_s: float = 60.0):
+    def __init__(self, window_s: float = 60.0, series_points: int = 300):
         self.registry = CollectorRegistry()
         self.window_s = window_s
         self._lock = threading.Lock()
         self._batches: deque[BatchRecord] = deque()
         self._waits: deque[tuple[float, float]] = deque()
         self._running: dict[str, int] = {}  # engine -> size of the batch it is running now
+        self._latencies: deque[tuple[float, float]] = deque()
+        self._audio: deque[tuple[float, float]] = deque()  # (at, audio seconds) per answered request
+        self.series: deque[dict] = deque(maxlen=series_points)  # one point a second, for the dashboard
 
         r = self.registry
         self.requests = Counter("tts_requests", "Speech requests answered", ["source", "status"], registry=r)
@@ -55,6 +58,11 @@ class Metrics:
         self.dropped = Counter("tts_dropped_items", "Queued items dropped unsynthesized",
                                ["reason"], registry=r)
         self.queue_length = Gauge("tts_queue_length", "Items waiting", ["engine"], registry=r)
+        self.cache_lookups = Counter("tts_cache_lookups", "Audio cache lookups", ["result"], registry=r)
+        self.degrade_actions = Counter("tts_degrade_actions", "Requests a degrade action applied to",
+                                       ["action"], registry=r)
+        self.degrade_active = Gauge("tts_degrade_active", "1 while degrade mode is on", registry=r)
+        self.load_score = Gauge("tts_load_score", "Load score in [0, 1]", registry=r)
 
     def batch_started(self, engine: str, size: int) -> None:
         with self._lock:
@@ -77,12 +85,38 @@ class Metrics:
             self._waits.extend((record.at, wait) for wait in waits)
             self._trim(record.at)
 
+    def request_answered(self, source: str, status: int, seconds: float, audio_s: float = 0.0) -> None:
+        self.requests.labels(source, str(status)).inc()
+        self.request_seconds.labels(source).observe(seconds)
+        if status == 200:
+            now = time.monotonic()
+            with self._lock:
+                self._latencies.append((now, seconds))
+                self._audio.append((now, audio_s))
+                self._trim(now)
+
+    def latency_ms(self, quantile: float) -> float | None:
+        """A quantile of recent successful request latencies, or None when there were none."""
+        with self._lock:
+            self._trim(time.monotonic())
+            values = sorted(seconds for _, seconds in self._latencies)
+        if not values:
+            return None
+        return round(1000 * values[min(len(values) - 1, int(quantile * len(values)))], 1)
+
+    def audio_throughput(self, over_s: float = 10.0) -> float:
+        """Seconds of audio answered per second, over the last over_s seconds."""
+        since = time.monotonic() - over_s
+        with self._lock:
+            return round(sum(audio for at, audio in self._audio if at >= since) / over_s, 3)
+
     def _trim(self, now: float) -> None:
         horizon = now - self.window_s
+        for window in (self._waits, self._latencies, self._audio):
+            while window and window[0][0] < horizon:
+                window.popleft()
         while self._batches and self._batches[0].at < horizon:
             self._batches.popleft()
-        while self._waits and self._waits[0][0] < horizon:
-            self._waits.popleft()
 
     def window(self) -> dict:
         """Recent-window figures for /api/v1/batch/status."""

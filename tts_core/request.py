@@ -31,6 +31,10 @@ class SynthesisRequest:
     enqueued_at: float = 0.0
     future: Future = field(default_factory=Future)
     seq: int = field(default_factory=lambda: next(_sequence))
+    # Stamped by the batcher when the item runs:
+    queue_s: float = 0.0
+    batch_s: float = 0.0
+    batch_size: int = 0
 
     @property
     def length(self) -> int:

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .audio import join
+from . import gpu
+from .audio import FORMATS, encode, join
 from .batcher import Batcher
+from .cache import AudioCache, CachedAudio
 from .config import Settings
+from .degrade import DegradeController
 from .engines.base import Engine, Voice
 from .metrics import Metrics
 from .policy import make_policy
@@ -34,9 +37,21 @@ class InvalidRequest(ValueError):
 
 
 class Overloaded(Exception):
-    def __init__(self, retry_after_s: int):
-        super().__init__(f"the server is at capacity; retry after {retry_after_s} s")
-        self.retry_after_s = retry_after_s
+    def __init__(self, retry_after_s: int, code: str = "queue_full", message: str | None = None):
+        super().__init__(message or f"the server is at capacity; retry after {retry_after_s} s")
+        self.retry_after_s, self.code = retry_after_s, code
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_ms: float | None = None  # mean wait of the request's items in the queue
+    synthesis_ms: float | None = None  # engine time of the batches its items ran in
+    batch_size: int | None = None  # largest batch any of its items ran in
+
+    @staticmethod
+    def of(items: list[SynthesisRequest]) -> "Timings":
+        return Timings(round(1000 * sum(i.queue_s for i in items) / len(items), 2),
+                       round(1000 * sum(i.batch_s for i in items), 2), max(i.batch_size for i in items))
 
 
 @dataclass(frozen=True)
@@ -45,18 +60,35 @@ class Speech:
     sample_rate: int
     voice: str
     chunks: int
+    timings: Timings = Timings()
 
     @property
     def duration_s(self) -> float:
         return self.audio.size / self.sample_rate
 
 
+@dataclass(frozen=True)
+class SpokenAudio:
+    """Encoded speech, as the API and the UI answer it."""
+
+    data: bytes
+    content_type: str
+    voice: str
+    duration_s: float
+    cache: str  # "hit", "miss" or "off"
+    degraded: tuple[str, ...]  # degrade actions in force when it was served
+    timings: Timings = Timings()
+
+
 class SpeechService:
-    def __init__(self, settings: Settings, engines: list[Engine], metrics: Metrics):
+    def __init__(self, settings: Settings, engines: list[Engine], metrics: Metrics,
+                 degrade: DegradeController | None = None, cache: AudioCache | None = None):
         if not engines:
             raise RuntimeError("no voices could be loaded")
         self.settings = settings
         self.metrics = metrics
+        self.degrade = degrade or DegradeController()
+        self.cache = cache or AudioCache(int(self.degrade.settings.cache_max_mb * 2**20))
         self.batchers: dict[str, Batcher] = {}
         self._voices: dict[str, tuple[Voice, Engine]] = {}
         for engine in engines:
@@ -101,6 +133,23 @@ class SpeechService:
     def queue_length(self) -> int:
         return sum(len(batcher.queue) for batcher in self.batchers.values())
 
+    def status(self) -> dict:
+        """What /api/v1/batch/status answers: the batchers now and over the recent window."""
+        window = self.metrics.window()
+        queued = self.queue_length()
+        return {
+            **window,
+            "queue_length": queued,
+            "pending_requests": queued + window["running_items"],
+            "gpu_free_mem_mb": gpu.free_memory_mb(),
+            "policy": self.settings.batch_policy,
+            "max_batch_size": self.settings.max_batch_size,
+            "ready": self.ready,
+            "engines": {name: {"queue_length": len(batcher.queue), "ready": batcher.ready.is_set(),
+                               "policy": batcher.policy.describe()}
+                        for name, batcher in self.batchers.items()},
+        }
+
     def resolve_model(self, name: str) -> str:
         model = self.model_aliases.get(name, name)
         if model not in self.models:
@@ -122,19 +171,65 @@ class SpeechService:
 
     # --- synthesis -----------------------------------------------------------------------------
 
-    async def synthesize(self, text: str, voice: str | None = None, model: str | None = None,
-                         speed: float = 1.0, priority: int = 0) -> Speech:
+    def _prepare(self, text: str, voice: str | None, model: str | None, speed: float) -> tuple[str, Voice, Engine]:
+        """Validate a request; returns the normalised text, the voice and its engine."""
         model_id = self.resolve_model(model) if model is not None else None
         voice_info, engine = self.resolve_voice(voice or self.default_voice, model_id)
         if not MIN_SPEED <= speed <= MAX_SPEED:
             raise InvalidRequest(f"speed must be between {MIN_SPEED} and {MAX_SPEED}", "speed")
+        limit = self.settings.max_chars
+        if len(text) > limit:  # checked before normalising, which costs time on huge input
+            raise InvalidRequest(f"input is {len(text)} characters long; the limit is {limit}", "input",
+                                 "string_above_max_length")
         try:
             text = normalize(text)
         except TextError as error:
             raise InvalidRequest(str(error), "input") from None
-        if len(text) > self.settings.max_chars:
-            raise InvalidRequest(f"input is {len(text)} characters long; the limit is "
-                                 f"{self.settings.max_chars}", "input", "string_above_max_length")
+        if len(text) > limit:
+            raise InvalidRequest(f"input is {len(text)} characters long once normalised; the limit is {limit}",
+                                 "input", "string_above_max_length")
+        return text, voice_info, engine
+
+    async def synthesize(self, text: str, voice: str | None = None, model: str | None = None,
+                         speed: float = 1.0, priority: int = 0) -> Speech:
+        text, voice_info, engine = self._prepare(text, voice, model, speed)
+        return await self._synthesize(text, voice_info, engine, speed, priority)
+
+    async def speak(self, text: str, voice: str | None = None, model: str | None = None, speed: float = 1.0,
+                    response_format: str = "mp3", priority: int = 0) -> SpokenAudio:
+        """Synthesize and encode, with the degrade actions and the audio cache in the way."""
+        state, settings = self.degrade.state, self.degrade.settings
+        if "shed" in state.actions and priority < settings.shed_below_priority:
+            self.metrics.degrade_actions.labels("shed").inc()
+            retry = max(5, self.batchers[next(iter(self.batchers))].retry_after_s())
+            raise Overloaded(retry, "shed_low_priority",
+                             f"the server is under heavy load and is serving higher priorities only; "
+                             f"retry after {retry} s")
+        text, voice_info, engine = self._prepare(text, voice, model, speed)
+        if "cap_text" in state.actions and len(text) > settings.cap_text_chars:
+            self.metrics.degrade_actions.labels("cap_text").inc()
+            raise InvalidRequest(f"the server is under heavy load: texts are limited to "
+                                 f"{settings.cap_text_chars} characters for now (this one has {len(text)})",
+                                 "input", "degraded_text_limit")
+        use_cache = settings.cache_enabled or "cache_first" in state.actions
+        key = (engine.name, voice_info.name, speed, response_format, text)
+        if use_cache and (hit := self.cache.get(key)) is not None:
+            self.metrics.cache_lookups.labels("hit").inc()
+            if "cache_first" in state.actions:
+                self.metrics.degrade_actions.labels("cache_first").inc()
+            return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, "hit", state.actions)
+        if use_cache:
+            self.metrics.cache_lookups.labels("miss").inc()
+        speech = await self._synthesize(text, voice_info, engine, speed, priority)
+        data = await asyncio.to_thread(encode, speech.audio, speech.sample_rate, response_format)
+        content_type = FORMATS[response_format].content_type
+        if use_cache:
+            self.cache.put(key, CachedAudio(data, content_type, speech.voice, speech.duration_s))
+        return SpokenAudio(data, content_type, speech.voice, speech.duration_s, "miss" if use_cache else "off",
+                           self.degrade.state.actions, speech.timings)
+
+    async def _synthesize(self, text: str, voice_info: Voice, engine: Engine, speed: float,
+                          priority: int) -> Speech:
         batcher = self.batchers[engine.name]
         chunks = split_chunks(text, self.settings.max_chunk_chars)
         if not batcher.queue.has_room(len(chunks)):  # refuse before doing any work
@@ -161,4 +256,4 @@ class SpeechService:
         audio = join(list(pieces), engine.sample_rate)
         self.metrics.characters.inc(len(text))
         self.metrics.audio_seconds.inc(audio.size / engine.sample_rate)
-        return Speech(audio, engine.sample_rate, voice_info.name, len(items))
+        return Speech(audio, engine.sample_rate, voice_info.name, len(items), Timings.of(items))

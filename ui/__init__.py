@@ -6,11 +6,13 @@ import asyncio
 import tempfile
 import time
 import uuid
+from dataclasses import asdict
 from pathlib import Path
+from typing import Callable, Sequence
 
 import gradio as gr
 
-from tts_core.audio import encode
+from storage.request_log import RequestLogWriter
 from tts_core.request import DeadlineExceeded, SynthesisError
 from tts_core.service import MAX_SPEED, MIN_SPEED, InvalidRequest, Overloaded, SpeechService
 
@@ -25,45 +27,59 @@ def _prune(folder: Path, older_than_s: float) -> None:
             path.unlink(missing_ok=True)
 
 
-def build_ui(service: SpeechService) -> gr.Blocks:
+def build_ui(service: SpeechService, request_log: RequestLogWriter | None = None,
+             extra_tabs: Sequence[Callable[[], None]] = ()) -> gr.Blocks:
+    """The app's page: the synthesis tab, then each extra tab (the composition root adds Admin)."""
     out_dir = Path(tempfile.gettempdir()) / "chorus-ui"
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics = service.metrics
 
-    async def synthesize(text: str, voice: str, speed: float, response_format: str) -> str:
-        started = time.perf_counter()
+    async def synthesize(text: str, voice: str, speed: float, response_format: str,
+                         request: gr.Request) -> str:
+        started, status, details, audio_s = time.perf_counter(), 200, {}, 0.0
         try:
-            speech = await service.synthesize(text or "", voice, None, float(speed))
+            spoken = await service.speak(text or "", voice, None, float(speed), response_format)
+            details, audio_s = {"voice": spoken.voice, **asdict(spoken.timings)}, spoken.duration_s
+            await asyncio.to_thread(_prune, out_dir, KEEP_FILES_S)
+            path = out_dir / f"chorus-{uuid.uuid4().hex[:12]}.{response_format}"
+            path.write_bytes(spoken.data)
+            return str(path)
         except (InvalidRequest, Overloaded, DeadlineExceeded, SynthesisError) as error:
-            metrics.requests.labels("ui", "error").inc()
+            status = 400 if isinstance(error, InvalidRequest) else 503
             raise gr.Error(getattr(error, "message", str(error))) from None
-        data = await asyncio.to_thread(encode, speech.audio, speech.sample_rate, response_format)
-        await asyncio.to_thread(_prune, out_dir, KEEP_FILES_S)
-        path = out_dir / f"chorus-{uuid.uuid4().hex[:12]}.{response_format}"
-        path.write_bytes(data)
-        metrics.requests.labels("ui", "200").inc()
-        metrics.request_seconds.labels("ui").observe(time.perf_counter() - started)
-        return str(path)
+        finally:
+            metrics.request_answered("ui", status, time.perf_counter() - started, audio_s)
+            if request_log is not None:
+                client = request.client.host if request and request.client else "unknown"
+                request_log.record(client=client, source="ui", status=status, characters=len(text or ""),
+                                   **details)
 
     def readiness() -> str:
-        return "" if service.ready else "⏳ Warming up: the first request waits until calibration ends."
+        if service.ready:
+            return "", gr.Timer(active=False)
+        return "**Warming up:** requests wait until the voices are loaded and calibrated.", gr.Timer(active=True)
 
     voices = [voice.name for voice in service.voices()]
     with gr.Blocks(title="Chorus", delete_cache=(KEEP_FILES_S, KEEP_FILES_S)) as demo:
         gr.Markdown("# Chorus\nType text, pick a voice, hear it. "
                     "The same server answers the OpenAI-compatible API at `/v1/audio/speech`.")
         status = gr.Markdown()
-        with gr.Row():
-            with gr.Column(scale=3):
-                text = gr.Textbox(label="Text", lines=6, max_length=service.settings.max_chars,
-                                  placeholder="Hello! This is Chorus speaking.")
-            with gr.Column(scale=2):
-                voice = gr.Dropdown(voices, value=service.default_voice, label="Voice")
-                speed = gr.Slider(MIN_SPEED, MAX_SPEED, value=1.0, step=0.05, label="Speed")
-                response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format")
-                button = gr.Button("Synthesize", variant="primary")
-        audio = gr.Audio(label="Speech", type="filepath", interactive=False, buttons=["download"])
-        button.click(synthesize, [text, voice, speed, response_format], audio,
-                     api_name="synthesize", concurrency_limit=None)
-        demo.load(readiness, None, status)
+        with gr.Tab("Synthesize"):
+            with gr.Row():
+                with gr.Column(scale=3):
+                    text = gr.Textbox(label="Text", lines=6, max_length=service.settings.max_chars,
+                                      placeholder="Hello! This is Chorus speaking.")
+                with gr.Column(scale=2):
+                    voice = gr.Dropdown(voices, value=service.default_voice, label="Voice")
+                    speed = gr.Slider(MIN_SPEED, MAX_SPEED, value=1.0, step=0.05, label="Speed")
+                    response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format")
+                    button = gr.Button("Synthesize", variant="primary")
+            audio = gr.Audio(label="Speech", type="filepath", interactive=False, buttons=["download"])
+            button.click(synthesize, [text, voice, speed, response_format], audio,
+                         api_name="synthesize", concurrency_limit=None)
+        for render_tab in extra_tabs:
+            render_tab()
+        warm_up_timer = gr.Timer(1.0, active=False)
+        demo.load(readiness, None, [status, warm_up_timer])
+        warm_up_timer.tick(readiness, None, [status, warm_up_timer], api_visibility="private")
     return demo

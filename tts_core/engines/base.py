@@ -37,6 +37,10 @@ class Engine(ABC):
         """Items with equal keys can share one model call."""
         return (self.name, speed)
 
+    def set_low_precision(self, enabled: bool) -> bool:
+        """Switch to (or back from) a lower precision; False where the engine has none to offer."""
+        return False
+
     @abstractmethod
     def synthesize(self, batch: Sequence[SynthesisRequest]) -> list[np.ndarray]:
         """One float32 mono array in [-1, 1] per item, trimmed to that item's own length."""

@@ -1,0 +1,98 @@
+"""Operator settings: validated by tts_core, stored in the database, applied to the running process.
+
+Settings are re-read every second, so a change made through another replica (same database)
+applies here too. If the database fails, the process keeps its last known settings and the error
+is shown on the dashboard and logged; synthesis never waits on the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from storage import Storage
+from storage.request_log import RequestLogWriter
+from tts_core.degrade import OperatorSettings
+from tts_core.service import SpeechService
+
+log = logging.getLogger(__name__)
+
+
+class StorageUnavailable(RuntimeError):
+    pass
+
+
+class OperatorControl:
+    def __init__(self, storage: Storage, service: SpeechService, request_log: RequestLogWriter,
+                 refresh_s: float = 1.0):
+        self.storage = storage
+        self.service = service
+        self.request_log = request_log
+        self.refresh_s = refresh_s
+        self.storage_error: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="settings-refresh", daemon=True)
+
+    @property
+    def settings(self) -> OperatorSettings:
+        return self.service.degrade.settings
+
+    def start(self) -> None:
+        self.reload()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def apply(self, settings: OperatorSettings) -> None:
+        if settings == self.settings:
+            return
+        self.service.degrade.configure(settings)
+        self.service.cache.resize(int(settings.cache_max_mb * 2**20))
+        self.request_log.max_rows = settings.request_log_max_rows
+        log.info("operator settings applied: %s", settings.model_dump())
+
+    def reload(self) -> None:
+        try:
+            stored = self.storage.read_settings()
+        except Exception as error:
+            self._storage_failed("read", error)
+            return
+        self.storage_error = None
+        self.apply(OperatorSettings.from_stored(stored))
+
+    def update(self, changes: dict[str, Any], actor: str) -> tuple[OperatorSettings, list[dict]]:
+        """Validate (SettingsInvalid), store with an audit row each (StorageUnavailable), apply."""
+        with self._lock:
+            updated = self.settings.merged(changes)
+            stored_changes = {key: getattr(updated, key) for key in changes}
+            try:
+                entries = self.storage.write_settings(stored_changes, actor)
+            except Exception as error:
+                self._storage_failed("write", error)
+                raise StorageUnavailable(f"settings could not be saved: {error}") from None
+            self.apply(updated)
+            return updated, entries
+
+    def audit(self, limit: int = 50) -> list[dict]:
+        try:
+            return self.storage.audit(limit)
+        except Exception as error:
+            self._storage_failed("read", error)
+            return []
+
+    def health(self) -> dict:
+        return {"database": self.storage.engine.url.render_as_string(hide_password=True),
+                "settings_error": self.storage_error, "request_log_error": self.request_log.last_error,
+                "request_log_dropped": self.request_log.dropped}
+
+    def _storage_failed(self, what: str, error: Exception) -> None:
+        self.storage_error = f"{what} failed: {type(error).__name__}: {error}"
+        log.error("settings storage %s", self.storage_error)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            self.reload()

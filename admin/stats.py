@@ -1,0 +1,25 @@
+"""One snapshot of everything the dashboard shows (also GET /admin/api/stats)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from tts_core import gpu
+from tts_core.monitor import Monitor
+from tts_core.service import SpeechService
+
+from .control import OperatorControl
+
+
+def collect_stats(service: SpeechService, monitor: Monitor, control: OperatorControl, points: int = 120) -> dict:
+    return {
+        "status": service.status(),
+        "degrade": asdict(service.degrade.state),
+        "precision": dict(monitor.precision),
+        "latency_ms": {"p50": service.metrics.latency_ms(0.5), "p95": service.metrics.latency_ms(0.95)},
+        "throughput_audio_s_per_s": service.metrics.audio_throughput(),
+        "cache": service.cache.stats(),
+        "gpu": gpu.readings(),
+        "storage": control.health(),
+        "series": list(service.metrics.series)[-points:],
+    }

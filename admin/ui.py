@@ -1,0 +1,145 @@
+"""The Admin tab: live charts, degrade state, the settings form and the audit log, behind a token."""
+
+from __future__ import annotations
+
+import hmac
+from datetime import datetime
+
+import gradio as gr
+import plotly.graph_objects as go
+
+from tts_core.degrade import OperatorSettings, SettingsInvalid
+from tts_core.monitor import Monitor
+from tts_core.service import SpeechService
+
+from .control import OperatorControl, StorageUnavailable
+from .stats import collect_stats
+
+CHARTS = [  # (title, [(series key, label)], y axis title)
+    ("Batch size", [("batch_size", "average batch size")], "items"),
+    ("Queue length", [("queue_length", "queued items")], "items"),
+    ("Throughput", [("throughput_audio_s", "audio seconds per second")], "audio s / s"),
+    ("Latency", [("p50_ms", "p50"), ("p95_ms", "p95")], "ms"),
+    ("Cache hit rate", [("cache_hit_rate", "hit rate")], "fraction"),
+    ("GPU", [("gpu_used_fraction", "memory used"), ("gpu_utilization_pct", "utilisation %")], ""),
+]
+AUDIT_COLUMNS = ["time", "actor", "setting", "old value", "new value"]
+
+
+def _figure(points: list[dict], title: str, lines: list[tuple[str, str]], y_title: str) -> go.Figure:
+    figure = go.Figure()
+    times = [datetime.fromtimestamp(point["t"]) for point in points]
+    for key, label in lines:
+        figure.add_trace(go.Scatter(x=times, y=[point.get(key) for point in points], name=label, mode="lines"))
+    no_data = not points or all(point.get(key) is None for point in points for key, _ in lines)
+    if title == "GPU" and no_data:
+        figure.add_annotation(text="no GPU (NVML not available)", showarrow=False, font={"size": 16})
+        figure.update_xaxes(visible=False)
+        figure.update_yaxes(visible=False)
+    figure.update_layout(title=title, height=240, margin={"l": 40, "r": 10, "t": 40, "b": 30},
+                         yaxis_title=y_title, showlegend=len(lines) > 1)
+    return figure
+
+
+def _state_markdown(stats: dict) -> str:
+    degrade, storage = stats["degrade"], stats["storage"]
+    mode = "**DEGRADED**" if degrade["active"] else "normal"
+    actions = ", ".join(degrade["actions"]) or "none"
+    parts = ", ".join(f"{name} {value:.2f}" for name, value in degrade["parts"].items())
+    precision = ", ".join(f"{engine}: {mode_}" for engine, mode_ in stats["precision"].items()) or "full"
+    lines = [f"**Mode:** {mode} — load score **{degrade['score']:.2f}** ({parts}); actions: {actions}",
+             f"**Precision:** {precision} · **GPU:** {'none' if stats['gpu'] is None else stats['gpu']}",
+             f"**Storage:** {storage['database']}"]
+    errors = [error for error in (storage["settings_error"], storage["request_log_error"]) if error]
+    if errors:
+        lines.append("**Storage error:** " + "; ".join(errors) + " — serving with the last known settings")
+    return "\n\n".join(lines)
+
+
+def _audit_rows(entries: list[dict]) -> list[list]:
+    return [[e["at"], e["actor"], e["key"], str(e["old_value"]), str(e["new_value"])] for e in entries]
+
+
+def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorControl,
+                    admin_token: str | None) -> None:
+    """Render the tab inside the current gr.Blocks."""
+    with gr.Tab("Admin"):
+        if not admin_token:
+            gr.Markdown("### Admin is disabled\nSet `TTS_ADMIN_TOKEN` and restart to enable the dashboard.")
+            return
+        signed_in = gr.State(False)
+        with gr.Column(visible=True) as login_box:
+            token = gr.Textbox(label="Admin token", type="password")
+            login = gr.Button("Sign in", variant="primary")
+            login_message = gr.Markdown()
+        with gr.Column(visible=False) as panel:
+            state = gr.Markdown(elem_id="degrade-state")
+            plots = []
+            for row in range(0, len(CHARTS), 2):
+                with gr.Row():
+                    plots.extend(gr.Plot(show_label=False) for _ in CHARTS[row: row + 2])
+            gr.Markdown("### Degrade thresholds and actions")
+            fields = OperatorSettings.model_fields
+            inputs = {}
+            switches = [name for name, info in fields.items() if info.annotation is bool]
+            numbers = [name for name in fields if name not in switches]
+            with gr.Row():
+                for name in switches:
+                    inputs[name] = gr.Checkbox(label=name.replace("_", " "), min_width=160)
+            for row in range(0, len(numbers), 4):
+                with gr.Row():
+                    for name in numbers[row: row + 4]:
+                        info = fields[name]
+                        inputs[name] = gr.Number(label=name.replace("_", " "), info=info.description,
+                                                 precision=0 if info.annotation is int else None)
+            inputs = {name: inputs[name] for name in fields}  # the order save_settings reads them in
+            save = gr.Button("Save settings", variant="primary")
+            save_message = gr.Markdown()
+            gr.Markdown("### Audit log")
+            audit = gr.Dataframe(headers=AUDIT_COLUMNS, interactive=False)
+        timer = gr.Timer(1.0)
+
+        def form_values() -> list:
+            return [getattr(control.settings, name) for name in inputs]
+
+        def sign_in(given: str):
+            if hmac.compare_digest((given or "").encode(), admin_token.encode()):
+                return [True, gr.update(visible=False), gr.update(visible=True), "",
+                        _audit_rows(control.audit()), *form_values()]
+            return [False, gr.update(), gr.update(), "Wrong token.", gr.update(), *[gr.update()] * len(inputs)]
+
+        login.click(sign_in, [token], [signed_in, login_box, panel, login_message, audit, *inputs.values()],
+                    api_visibility="private")
+
+        def refresh(is_signed_in: bool):
+            if not is_signed_in:
+                return [gr.skip()] * (1 + len(plots))
+            stats = collect_stats(service, monitor, control)
+            return [_state_markdown(stats),
+                    *(_figure(stats["series"], *chart) for chart in CHARTS)]
+
+        timer.tick(refresh, [signed_in], [state, *plots], api_visibility="private", show_progress="hidden")
+
+        def save_settings(is_signed_in: bool, *values):
+            if not is_signed_in:
+                return "Sign in first.", gr.skip()
+            current = control.settings
+            changes = {}
+            for name, value in zip(inputs, values):
+                if value is None:
+                    return f"Not saved: {name} needs a value", gr.skip()
+                value = int(value) if fields[name].annotation is int else value
+                value = float(value) if fields[name].annotation is float else value
+                if value != getattr(current, name):
+                    changes[name] = value
+            if not changes:
+                return "Nothing changed.", gr.skip()
+            try:
+                control.update(changes, "admin-ui")
+            except SettingsInvalid as invalid:
+                return f"Not saved: {invalid.message}", gr.skip()
+            except StorageUnavailable as error:
+                return f"Not saved: {error}", gr.skip()
+            return f"Saved and applied: {', '.join(changes)}", _audit_rows(control.audit())
+
+        save.click(save_settings, [signed_in, *inputs.values()], [save_message, audit], api_visibility="private")

@@ -1,0 +1,128 @@
+"""Persistence: SQLAlchemy 2 over SQLite by default (any SQLAlchemy URL works), Alembic migrations.
+
+Small repository methods only; nothing here knows what a setting means (that is tts_core's job).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import create_engine, delete, event, func, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import sessionmaker
+
+from .models import AuditEntry, RequestLogEntry, Setting
+
+log = logging.getLogger(__name__)
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _iso(moment: datetime) -> str:
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).isoformat()
+
+
+class Storage:
+    def __init__(self, url: str):
+        self.url = url
+        self.engine: Engine = create_engine(url, pool_pre_ping=True)
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def migrate(self, revision: str = "head") -> None:
+        """Upgrade the schema (an empty database is created from scratch)."""
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        config.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
+        with self.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+
+    def revision(self) -> str | None:
+        from alembic.runtime.migration import MigrationContext
+
+        with self.engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+
+    # --- settings and audit --------------------------------------------------------------------
+
+    def read_settings(self) -> dict[str, Any]:
+        with self._session() as session:
+            return {row.key: json.loads(row.value) for row in session.scalars(select(Setting))}
+
+    def write_settings(self, changes: dict[str, Any], actor: str) -> list[dict]:
+        """Store changed values and one audit row per change, in one transaction."""
+        entries = []
+        with self._session.begin() as session:
+            for key, value in changes.items():
+                row = session.get(Setting, key)
+                old = json.loads(row.value) if row else None
+                if row is not None and old == value:
+                    continue
+                now = _now()
+                if row is None:
+                    row = Setting(key=key)
+                    session.add(row)
+                row.value, row.value_type = json.dumps(value), type(value).__name__
+                row.updated_at, row.updated_by = now, actor
+                entry = AuditEntry(at=now, actor=actor, action="setting.update", key=key,
+                                   old_value=None if old is None else json.dumps(old), new_value=json.dumps(value))
+                session.add(entry)
+                entries.append(_audit_dict(entry))
+        return entries
+
+    def audit(self, limit: int = 50) -> list[dict]:
+        with self._session() as session:
+            rows = session.scalars(select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit))
+            return [_audit_dict(row) for row in rows]
+
+    # --- request log ---------------------------------------------------------------------------
+
+    def add_request_logs(self, rows: list[dict]) -> None:
+        with self._session.begin() as session:
+            session.add_all(RequestLogEntry(**row) for row in rows)
+
+    def prune_request_log(self, keep_rows: int) -> int:
+        """Delete all but the newest keep_rows entries; returns how many were deleted."""
+        with self._session.begin() as session:
+            newest = session.scalar(select(func.max(RequestLogEntry.id))) or 0
+            result = session.execute(delete(RequestLogEntry).where(RequestLogEntry.id <= newest - keep_rows))
+            return result.rowcount or 0
+
+    def request_log(self, limit: int = 50) -> list[dict]:
+        with self._session() as session:
+            rows = session.scalars(select(RequestLogEntry).order_by(RequestLogEntry.id.desc()).limit(limit))
+            return [{"at": _iso(row.at), "client": row.client, "source": row.source, "voice": row.voice,
+                     "characters": row.characters, "queue_ms": row.queue_ms, "synthesis_ms": row.synthesis_ms,
+                     "batch_size": row.batch_size, "status": row.status} for row in rows]
+
+    def count_request_log(self) -> int:
+        with self._session() as session:
+            return session.scalar(select(func.count(RequestLogEntry.id))) or 0
+
+
+def _audit_dict(entry: AuditEntry) -> dict:
+    return {"at": _iso(entry.at), "actor": entry.actor, "action": entry.action, "key": entry.key,
+            "old_value": None if entry.old_value is None else json.loads(entry.old_value),
+            "new_value": None if entry.new_value is None else json.loads(entry.new_value)}
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()

@@ -1,0 +1,49 @@
+"""Tables. Values are stored as JSON text with their type name, so any scalar round-trips."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import DateTime, Float, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Setting(Base):
+    __tablename__ = "settings"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)  # JSON
+    value_type: Mapped[str] = mapped_column(String(16))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_by: Mapped[str] = mapped_column(String(128))
+
+
+class AuditEntry(Base):
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(String(64))
+    old_value: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+    new_value: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+
+
+class RequestLogEntry(Base):
+    __tablename__ = "request_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    client: Mapped[str] = mapped_column(String(128))
+    source: Mapped[str] = mapped_column(String(16))
+    voice: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    characters: Mapped[int] = mapped_column(Integer, default=0)
+    queue_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    synthesis_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    batch_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    status: Mapped[int] = mapped_column(Integer)

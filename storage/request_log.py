@@ -1,0 +1,69 @@
+"""Request log written by a background thread: the request path only appends to a bounded buffer,
+so a slow, locked or failing database never delays or fails synthesis."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from datetime import datetime, timezone
+
+from . import Storage
+
+log = logging.getLogger(__name__)
+
+
+class RequestLogWriter:
+    def __init__(self, storage: Storage, max_rows: int = 100_000, flush_every_s: float = 1.0,
+                 buffer_limit: int = 10_000):
+        self.storage = storage
+        self.max_rows = max_rows
+        self.flush_every_s = flush_every_s
+        self.last_error: str | None = None
+        self.dropped = 0  # rows lost because the buffer overflowed while storage was failing
+        self._buffer: deque[dict] = deque()
+        self._buffer_limit = buffer_limit
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="request-log", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.flush()
+
+    def record(self, *, client: str, source: str, status: int, voice: str | None = None,
+               characters: int = 0, queue_ms: float | None = None, synthesis_ms: float | None = None,
+               batch_size: int | None = None) -> None:
+        row = {"at": datetime.now(timezone.utc), "client": client[:128], "source": source, "voice": voice,
+               "characters": characters, "queue_ms": queue_ms, "synthesis_ms": synthesis_ms,
+               "batch_size": batch_size, "status": status}
+        with self._lock:
+            if len(self._buffer) >= self._buffer_limit:
+                self._buffer.popleft()
+                self.dropped += 1
+            self._buffer.append(row)
+
+    def flush(self) -> None:
+        with self._lock:
+            rows = list(self._buffer)
+            self._buffer.clear()
+        if not rows:
+            return
+        try:
+            self.storage.add_request_logs(rows)
+            self.storage.prune_request_log(self.max_rows)
+            self.last_error = None
+        except Exception as error:
+            self.last_error = f"{type(error).__name__}: {error}"
+            log.error("request log write failed (%d rows kept for retry): %s", len(rows), self.last_error)
+            with self._lock:
+                self._buffer.extendleft(reversed(rows[-(self._buffer_limit - len(self._buffer)):]))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_every_s):
+            self.flush()

@@ -1,0 +1,86 @@
+"""Admin API on a real server process: auth, validation, and settings that survive a restart."""
+
+import time
+
+import httpx
+import pytest
+
+from bench.server import start_server
+
+TOKEN = "s3cret-admin-token"
+ADMIN = {"Authorization": f"Bearer {TOKEN}", "X-Chorus-Actor": "ops-alice"}
+
+
+def test_admin_is_disabled_without_a_token(server):
+    response = httpx.get(f"{server}/admin/api/settings", headers={"Authorization": "Bearer anything"})
+    assert response.status_code == 403 and "disabled" in response.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("admin")
+
+
+@pytest.fixture(scope="module")
+def admin_server(data_dir):
+    server = start_server(data_dir, admin_token=TOKEN, calibration_sizes="1")
+    yield server.base_url
+    server.stop()
+
+
+@pytest.mark.parametrize("headers, status", [
+    ({}, 401), ({"Authorization": "Bearer wrong"}, 403), ({"Authorization": "Basic " + TOKEN}, 401),
+    ({"Authorization": f"Bearer {TOKEN}"}, 200),
+])
+def test_auth(admin_server, headers, status):
+    for path in ("settings", "audit", "stats"):
+        assert httpx.get(f"{admin_server}/admin/api/{path}", headers=headers).status_code == status
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"cap_text_chars": -1}, "cap_text_chars"),
+    ({"exit_threshold": 0.95}, "exit_threshold"),
+    ({"no_such_setting": 1}, "no_such_setting"),
+    ({"shed_enabled": "sometimes"}, "shed_enabled"),
+])
+def test_invalid_values_get_422_naming_the_field(admin_server, body, field):
+    response = httpx.put(f"{admin_server}/admin/api/settings", headers=ADMIN, json=body)
+    assert response.status_code == 422
+    assert response.json()["error"]["param"] == field
+
+
+def test_stats_show_the_live_state(admin_server):
+    stats = httpx.get(f"{admin_server}/admin/api/stats", headers=ADMIN).json()
+    assert stats["degrade"]["active"] is False and stats["gpu"] is None
+    assert stats["storage"]["database"].endswith("chorus.db") and stats["storage"]["settings_error"] is None
+    assert len(stats["series"]) >= 1
+
+
+def test_settings_survive_a_restart_and_are_audited(admin_server, data_dir):
+    response = httpx.put(f"{admin_server}/admin/api/settings", headers=ADMIN,
+                         json={"cap_text_chars": 222, "shed_enabled": True})
+    assert response.status_code == 200
+    assert response.json()["settings"]["cap_text_chars"] == 222
+    restarted = start_server(data_dir, admin_token=TOKEN, calibration_sizes="1")  # same SQLite file
+    try:
+        settings = httpx.get(f"{restarted.base_url}/admin/api/settings", headers=ADMIN).json()["settings"]
+        assert settings["cap_text_chars"] == 222 and settings["shed_enabled"] is True
+        audit = httpx.get(f"{restarted.base_url}/admin/api/audit", headers=ADMIN).json()["data"]
+        change = next(entry for entry in audit if entry["key"] == "cap_text_chars")
+        assert change["actor"] == "ops-alice" and change["old_value"] is None and change["new_value"] == 222
+    finally:
+        restarted.stop()
+
+
+def test_requests_are_logged(admin_server, data_dir):
+    from storage import Storage, sqlite_url
+
+    assert httpx.post(f"{admin_server}/v1/audio/speech", timeout=60,
+                      json={"model": "tts-1", "voice": "alloy", "input": "Log me."}).status_code == 200
+    assert httpx.post(f"{admin_server}/v1/audio/speech", json={"model": "tts-1", "voice": "x", "input": "Hi"}).status_code == 400
+    time.sleep(1.5)  # the writer flushes every second
+    rows = Storage(sqlite_url(data_dir / "chorus.db")).request_log(10)
+    ok = next(row for row in rows if row["status"] == 200)
+    assert ok["voice"] == "en_US-joe-medium" and ok["characters"] == 7 and ok["batch_size"] == 1
+    assert ok["queue_ms"] is not None and ok["synthesis_ms"] > 0 and ok["client"] == "127.0.0.1"
+    assert any(row["status"] == 400 for row in rows)

@@ -1,0 +1,116 @@
+"""Degrade mode end to end: a slow fake engine behind the real app and a real HTTP server."""
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from app import create_app
+from tests.fakes import FakeEngine
+from tests.serve import serve_in_thread
+from tts_core.config import Settings
+
+TOKEN = "test-admin-token"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+LONG_TEXT = "word " * 30  # 150 characters
+
+
+def speak(base: str, text: str) -> httpx.Response:
+    return httpx.post(f"{base}/v1/audio/speech", timeout=60,
+                      json={"model": "fake", "voice": "fake-voice", "input": text, "response_format": "wav"})
+
+
+def degrade_state(base: str) -> dict:
+    return httpx.get(f"{base}/admin/api/stats", headers=ADMIN).json()["degrade"]
+
+
+def wait_for(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def slow_server(tmp_path):
+    settings = Settings(data_dir=tmp_path, admin_token=TOKEN, batch_policy="sequential", max_queue=20,
+                        calibration_sizes=[1], model_aliases={}, voice_aliases={})
+    engine = FakeEngine(cost=lambda size, padded: 0.05)
+    with serve_in_thread(create_app(settings, engines=[engine])) as base:
+        yield base
+
+
+class Load:
+    """Keeps about `clients` requests in flight until stopped."""
+
+    def __init__(self, base: str, clients: int):
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(base, n)) for n in range(clients)]
+
+    def _run(self, base: str, n: int) -> None:
+        while not self.stop.is_set():
+            speak(base, f"load {n} {time.monotonic()}")
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+
+
+def test_degrade_enters_under_load_caps_text_serves_cache_and_leaves(slow_server):
+    base = slow_server
+    put = httpx.put(f"{base}/admin/api/settings", headers=ADMIN, json={
+        "enter_threshold": 0.5, "exit_threshold": 0.2, "latency_target_ms": 1e9, "cap_text_chars": 100})
+    assert put.status_code == 200, put.text
+    cached_text = "say this again"
+    first = speak(base, cached_text)
+    assert first.status_code == 200 and first.headers["x-chorus-cache"] == "miss"
+    assert speak(base, LONG_TEXT).status_code == 200  # not degraded: long text is fine
+
+    with Load(base, clients=16):
+        assert wait_for(lambda: degrade_state(base)["active"]), degrade_state(base)
+        refused = speak(base, LONG_TEXT)
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["code"] == "degraded_text_limit" and "100 characters" in error["message"]
+        hit = speak(base, cached_text)
+        assert hit.status_code == 200 and hit.headers["x-chorus-cache"] == "hit"
+        assert "cache_first" in hit.headers["x-chorus-degraded"]
+        assert hit.content == first.content
+
+        # An operator raises the thresholds: the running server leaves degrade mode within a second.
+        put = httpx.put(f"{base}/admin/api/settings", headers=ADMIN,
+                        json={"enter_threshold": 1.0, "exit_threshold": 0.99})
+        assert put.status_code == 200
+        assert wait_for(lambda: not degrade_state(base)["active"], 1.0)
+        assert speak(base, LONG_TEXT).status_code == 200
+
+        httpx.put(f"{base}/admin/api/settings", headers=ADMIN, json={"exit_threshold": 0.2, "enter_threshold": 0.5})
+        assert wait_for(lambda: degrade_state(base)["active"])
+
+    assert wait_for(lambda: not degrade_state(base)["active"]), "degrade did not end after the load"
+    assert speak(base, LONG_TEXT).status_code == 200
+    metrics = httpx.get(f"{base}/metrics").text
+    for action in ("cap_text", "cache_first"):
+        assert f'tts_degrade_actions_total{{action="{action}"}}' in metrics
+    assert 'tts_degrade_actions_total{action="lower_precision_noop"}' in metrics
+
+
+def test_shed_low_priority_answers_503_with_retry_after(slow_server):
+    base = slow_server
+    httpx.put(f"{base}/admin/api/settings", headers=ADMIN, json={
+        "enter_threshold": 0.5, "exit_threshold": 0.2, "latency_target_ms": 1e9,
+        "shed_enabled": True, "shed_below_priority": 1})
+    with Load(base, clients=16):
+        assert wait_for(lambda: degrade_state(base)["active"])
+        shed = speak(base, "anyone there")
+        assert shed.status_code == 503 and int(shed.headers["retry-after"]) >= 1
+        assert shed.json()["error"]["code"] == "shed_low_priority"

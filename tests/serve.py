@@ -1,0 +1,36 @@
+"""Run an ASGI app on a real HTTP server on 127.0.0.1, in a thread of the test process."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
+import uvicorn
+
+from bench.server import free_port
+
+
+@contextmanager
+def serve_in_thread(app, ready_path: str = "/ready"):
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(base + ready_path, timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("server did not become ready")
+        time.sleep(0.05)
+    try:
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -1,0 +1,49 @@
+import pytest
+
+from tts_core.degrade import DegradeController, LoadInputs, OperatorSettings, SettingsInvalid, load_score
+
+
+def test_load_score_is_the_worst_pressure():
+    score, parts = load_score(LoadInputs(0.2, 9000, 0.5), latency_target_ms=10_000)
+    assert score == pytest.approx(0.9) and parts == {"queue": 0.2, "latency": 0.9, "device_memory": 0.5}
+    assert load_score(LoadInputs(3.0, None, None), 10_000)[0] == 1.0
+
+
+def test_hysteresis_between_enter_and_exit():
+    controller = DegradeController(OperatorSettings(enter_threshold=0.8, exit_threshold=0.4))
+    trace = [controller.update(LoadInputs(fill, None, None)).active for fill in (0.5, 0.85, 0.6, 0.41, 0.4, 0.7)]
+    assert trace == [False, True, True, True, False, False]
+
+
+def test_actions_follow_the_switches():
+    settings = OperatorSettings(shed_enabled=True, lower_precision_enabled=False)
+    controller = DegradeController(settings)
+    assert controller.update(LoadInputs(1.0, None, None)).actions == ("cap_text", "cache_first", "shed")
+    controller.configure(settings.merged({"degrade_enabled": False}))
+    assert controller.state.actions == () and not controller.state.active
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"cap_text_chars": -5}, "cap_text_chars"),
+    ({"enter_threshold": 0.5, "exit_threshold": 0.5}, "exit_threshold"),
+    ({"exit_threshold": 0.9}, "exit_threshold"),
+    ({"turbo": True}, "turbo"),
+    ({"cache_enabled": "yes"}, "cache_enabled"),
+    ({"cap_text_chars": 12.5}, "cap_text_chars"),
+    ({"enter_threshold": 2}, "enter_threshold"),
+])
+def test_invalid_changes_name_the_field(changes, field):
+    with pytest.raises(SettingsInvalid) as raised:
+        OperatorSettings().merged(changes)
+    assert raised.value.field == field
+
+
+def test_stored_values_override_defaults_and_bad_ones_are_skipped():
+    settings = OperatorSettings.from_stored({"cap_text_chars": 120, "enter_threshold": "high", "gone": 1})
+    assert settings.cap_text_chars == 120 and settings.enter_threshold == OperatorSettings().enter_threshold
+
+
+def test_stored_values_apply_together_whatever_their_order():
+    # enter 0.5 alone would clash with the default exit 0.6; with exit 0.2 beside it, it is valid.
+    settings = OperatorSettings.from_stored({"enter_threshold": 0.5, "exit_threshold": 0.2})
+    assert (settings.enter_threshold, settings.exit_threshold) == (0.5, 0.2)

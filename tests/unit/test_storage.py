@@ -1,0 +1,101 @@
+"""Storage on real SQLite files: migrations, settings with audit, request log, failures."""
+
+import sqlite3
+
+import pytest
+
+from admin.control import OperatorControl, StorageUnavailable
+from storage import Storage, sqlite_url
+from storage.request_log import RequestLogWriter
+from tests.fakes import FakeEngine
+from tts_core.config import Settings
+from tts_core.metrics import Metrics
+from tts_core.service import SpeechService
+
+
+def tables(path) -> set[str]:
+    with sqlite3.connect(path) as connection:
+        return {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def test_empty_database_is_migrated_to_head(tmp_path):
+    storage = Storage(sqlite_url(tmp_path / "new.db"))
+    storage.migrate()
+    assert storage.revision() == "0002"
+    assert {"settings", "audit_log", "request_log", "alembic_version"} <= tables(tmp_path / "new.db")
+    with sqlite3.connect(tmp_path / "new.db") as connection:
+        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_old_database_upgrades_and_keeps_its_data(tmp_path):
+    path = tmp_path / "old.db"
+    old = Storage(sqlite_url(path))
+    old.migrate("0001")  # a database from before the request log existed
+    old.write_settings({"cap_text_chars": 111}, "operator")
+    assert "request_log" not in tables(path)
+    upgraded = Storage(sqlite_url(path))
+    upgraded.migrate()
+    assert upgraded.revision() == "0002"
+    assert upgraded.read_settings() == {"cap_text_chars": 111}
+    assert upgraded.audit()[0]["new_value"] == 111
+    upgraded.migrate()  # idempotent
+    assert upgraded.revision() == "0002"
+
+
+def test_settings_and_audit_survive_reopening(tmp_path):
+    url = sqlite_url(tmp_path / "c.db")
+    first = Storage(url)
+    first.migrate()
+    first.write_settings({"enter_threshold": 0.9}, "alice")
+    assert first.write_settings({"enter_threshold": 0.9}, "alice") == []  # unchanged: no audit row
+    first.write_settings({"enter_threshold": 0.7}, "bob")
+    again = Storage(url)
+    assert again.read_settings() == {"enter_threshold": 0.7}
+    audit = again.audit()
+    assert [(e["actor"], e["old_value"], e["new_value"]) for e in audit] == [("bob", 0.9, 0.7), ("alice", None, 0.9)]
+
+
+def test_request_log_is_written_in_the_background_and_bounded(tmp_path):
+    storage = Storage(sqlite_url(tmp_path / "c.db"))
+    storage.migrate()
+    writer = RequestLogWriter(storage, max_rows=5)
+    for n in range(8):
+        writer.record(client="127.0.0.1", source="api", status=200, voice="v", characters=n)
+    writer.flush()
+    rows = storage.request_log(10)
+    assert storage.count_request_log() == 5 and rows[0]["characters"] == 7
+
+
+@pytest.fixture
+def control(tmp_path):
+    storage = Storage(sqlite_url(tmp_path / "c.db"))
+    storage.migrate()
+    service = SpeechService(Settings(), [FakeEngine()], Metrics())
+    return OperatorControl(storage, service, RequestLogWriter(storage))
+
+
+def test_a_failing_database_keeps_the_last_settings_and_says_so(control, tmp_path):
+    control.update({"cap_text_chars": 150}, "alice")
+    broken_dir = tmp_path / "not-a-file.db"
+    broken_dir.mkdir()
+    control.storage = Storage(sqlite_url(broken_dir))  # SQLite cannot open a directory
+    control.reload()
+    assert control.settings.cap_text_chars == 150
+    assert "unable to open database file" in control.storage_error
+    with pytest.raises(StorageUnavailable):
+        control.update({"cap_text_chars": 90}, "alice")
+    assert control.settings.cap_text_chars == 150  # not applied when it could not be saved
+
+
+def test_request_log_keeps_rows_while_the_database_fails(tmp_path):
+    broken_dir = tmp_path / "broken.db"
+    broken_dir.mkdir()
+    writer = RequestLogWriter(Storage(sqlite_url(broken_dir)))
+    writer.record(client="c", source="api", status=200)
+    writer.flush()
+    assert writer.last_error and len(writer._buffer) == 1
+    storage = Storage(sqlite_url(tmp_path / "good.db"))
+    storage.migrate()
+    writer.storage = storage
+    writer.flush()
+    assert writer.last_error is None and storage.count_request_log() == 1

@@ -1,0 +1,133 @@
+"""Degrade mode: a load score in [0, 1] turns graceful-degradation actions on and off.
+
+The operator settings (thresholds, which actions, their parameters) are a typed model with
+defaults; their stored values come from the admin API and apply to the running process live.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ACTIONS = ("cap_text", "cache_first", "lower_precision", "shed")
+
+
+class SettingsInvalid(ValueError):
+    def __init__(self, field_name: str | None, message: str):
+        super().__init__(message)
+        self.field, self.message = field_name, message
+
+
+class OperatorSettings(BaseModel):
+    """Everything an operator can change at run time. Stored values override these defaults."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    degrade_enabled: bool = True
+    enter_threshold: float = Field(0.85, gt=0, le=1, description="load score that enters degrade mode")
+    exit_threshold: float = Field(0.6, ge=0, lt=1, description="load score that leaves it (below enter)")
+    latency_target_ms: float = Field(10_000, gt=0, description="p95 latency that counts as full load")
+    cap_text_enabled: bool = True
+    cap_text_chars: int = Field(300, ge=1, description="longest text accepted while degraded")
+    cache_first_enabled: bool = True
+    lower_precision_enabled: bool = True
+    shed_enabled: bool = False
+    shed_below_priority: int = Field(0, description="while degraded, refuse requests below this priority")
+    cache_enabled: bool = Field(True, description="serve repeated requests from the cache at any load")
+    cache_max_mb: float = Field(64, ge=0)
+    request_log_max_rows: int = Field(100_000, ge=0)
+
+    def merged(self, changes: dict[str, Any]) -> "OperatorSettings":
+        """These settings with changes applied, or SettingsInvalid naming the first bad field."""
+        unknown = sorted(set(changes) - set(type(self).model_fields))
+        if unknown:
+            raise SettingsInvalid(unknown[0], f"unknown setting {unknown[0]!r}")
+        try:
+            updated = type(self).model_validate({**self.model_dump(), **changes})
+        except ValidationError as error:
+            first = error.errors()[0]
+            name = str(first["loc"][0]) if first["loc"] else None
+            raise SettingsInvalid(name, f"{name}: {first['msg']}") from None
+        if updated.exit_threshold >= updated.enter_threshold:
+            raise SettingsInvalid("exit_threshold", "exit_threshold must be below enter_threshold "
+                                  f"({updated.exit_threshold} >= {updated.enter_threshold})")
+        return updated
+
+    @classmethod
+    def from_stored(cls, stored: dict[str, Any]) -> "OperatorSettings":
+        """Defaults overridden by stored values; a stored value that no longer validates is skipped."""
+        remaining = dict(stored)
+        while remaining:
+            try:
+                return cls().merged(remaining)
+            except SettingsInvalid as invalid:
+                if invalid.field not in remaining:
+                    break
+                del remaining[invalid.field]
+        return cls()
+
+
+@dataclass(frozen=True)
+class LoadInputs:
+    queue_fill: float  # queued items / queue capacity, worst engine
+    p95_latency_ms: float | None  # recent window; None when idle
+    device_memory_used: float | None  # fraction in use; None without a device
+
+
+def load_score(inputs: LoadInputs, latency_target_ms: float) -> tuple[float, dict[str, float]]:
+    """The worst of the pressures, each scaled to [0, 1]."""
+    parts = {"queue": min(1.0, inputs.queue_fill)}
+    if inputs.p95_latency_ms is not None:
+        parts["latency"] = min(1.0, inputs.p95_latency_ms / latency_target_ms)
+    if inputs.device_memory_used is not None:
+        parts["device_memory"] = min(1.0, inputs.device_memory_used)
+    return max(parts.values()), parts
+
+
+@dataclass(frozen=True)
+class DegradeState:
+    active: bool = False
+    score: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)
+    since: float = field(default_factory=time.time)
+    actions: tuple[str, ...] = ()
+
+
+class DegradeController:
+    """Hysteresis between two thresholds; thread-safe reads of the current state and settings."""
+
+    def __init__(self, settings: OperatorSettings | None = None):
+        self._lock = threading.Lock()
+        self.settings = settings or OperatorSettings()
+        self.state = DegradeState()
+
+    def configure(self, settings: OperatorSettings) -> None:
+        with self._lock:
+            self.settings = settings
+            self.state = self._next(self.state.active, self.state.score, self.state.parts)
+
+    def update(self, inputs: LoadInputs) -> DegradeState:
+        with self._lock:
+            score, parts = load_score(inputs, self.settings.latency_target_ms)
+            active = self.state.active
+            if not self.settings.degrade_enabled:
+                active = False
+            elif not active and score >= self.settings.enter_threshold:
+                active = True
+            elif active and score <= self.settings.exit_threshold:
+                active = False
+            self.state = self._next(active, score, parts)
+            return self.state
+
+    def _next(self, active: bool, score: float, parts: dict[str, float]) -> DegradeState:
+        active = active and self.settings.degrade_enabled
+        since = self.state.since if active == self.state.active else time.time()
+        s = self.settings
+        enabled = {"cap_text": s.cap_text_enabled, "cache_first": s.cache_first_enabled,
+                   "lower_precision": s.lower_precision_enabled, "shed": s.shed_enabled}
+        actions = tuple(action for action in ACTIONS if active and enabled[action])
+        return DegradeState(active, round(score, 4), parts, since, actions)

@@ -1,0 +1,83 @@
+"""The operator loop: measures load, moves degrade mode, samples the dashboard's time series."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from . import gpu
+from .degrade import LoadInputs
+from .service import SpeechService
+
+log = logging.getLogger(__name__)
+
+
+class Monitor:
+    def __init__(self, service: SpeechService, interval_s: float = 0.25, sample_every_s: float = 1.0):
+        self.service = service
+        self.interval_s = interval_s
+        self.sample_every_s = sample_every_s
+        self.precision: dict[str, str] = {}  # engine -> "full" | "low" | "low (unsupported: no-op)"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="monitor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        next_sample = 0.0
+        while not self._stop.wait(self.interval_s):
+            try:
+                device = gpu.readings()
+                self.tick(device)
+                if time.monotonic() >= next_sample:
+                    next_sample = time.monotonic() + self.sample_every_s
+                    self.sample(device)
+            except Exception:
+                log.exception("monitor tick failed")
+
+    def tick(self, device: dict | None = None) -> None:
+        service, metrics = self.service, self.service.metrics
+        fill = max(len(b.queue) / b.queue.max_size for b in service.batchers.values())
+        state = service.degrade.update(LoadInputs(fill, metrics.latency_ms(0.95),
+                                                  device["used_fraction"] if device else None))
+        metrics.load_score.set(state.score)
+        metrics.degrade_active.set(1 if state.active else 0)
+        self._set_precision("lower_precision" in state.actions)
+
+    def _set_precision(self, low: bool) -> None:
+        for name, batcher in self.service.batchers.items():
+            wanted = "low" if low else "full"
+            if self.precision.get(name, "full").startswith(wanted):
+                continue
+            supported = batcher.engine.set_low_precision(low)
+            self.precision[name] = wanted if supported or not low else "low (unsupported: no-op)"
+            if low:
+                action = "lower_precision" if supported else "lower_precision_noop"
+                self.service.metrics.degrade_actions.labels(action).inc()
+                log.info("degrade: %s precision for %s", "lower" if supported else "no lower", name)
+
+    def sample(self, device: dict | None = None) -> dict:
+        service, metrics = self.service, self.service.metrics
+        window = metrics.window()
+        state = service.degrade.state
+        point = {
+            "t": time.time(),
+            "queue_length": service.queue_length(),
+            "batch_size": window["avg_batch_size"],
+            "throughput_audio_s": metrics.audio_throughput(),
+            "p50_ms": metrics.latency_ms(0.5),
+            "p95_ms": metrics.latency_ms(0.95),
+            "cache_hit_rate": service.cache.stats()["hit_rate"],
+            "load_score": state.score,
+            "degraded": state.active,
+            "gpu_used_fraction": device["used_fraction"] if device else None,
+            "gpu_utilization_pct": device["utilization_pct"] if device else None,
+        }
+        metrics.series.append(point)
+        return point
