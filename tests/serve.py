@@ -34,3 +34,13 @@ def serve_in_thread(app, ready_path: str = "/ready"):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def wait_until(condition, timeout_s: float = 10.0, every_s: float = 0.05) -> bool:
+    """Poll condition() until it is true (True) or the time is up (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(every_s)
+    return False

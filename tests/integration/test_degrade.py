@@ -8,7 +8,7 @@ import pytest
 
 from app import create_app
 from tests.fakes import FakeEngine
-from tests.serve import serve_in_thread
+from tests.serve import serve_in_thread, wait_until
 from tts_core.config import Settings
 
 TOKEN = "test-admin-token"
@@ -23,15 +23,6 @@ def speak(base: str, text: str) -> httpx.Response:
 
 def degrade_state(base: str) -> dict:
     return httpx.get(f"{base}/admin/api/stats", headers=ADMIN).json()["degrade"]
-
-
-def wait_for(condition, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture
@@ -76,7 +67,7 @@ def test_degrade_enters_under_load_caps_text_serves_cache_and_leaves(slow_server
     assert speak(base, LONG_TEXT).status_code == 200  # not degraded: long text is fine
 
     with Load(base, clients=16):
-        assert wait_for(lambda: degrade_state(base)["active"]), degrade_state(base)
+        assert wait_until(lambda: degrade_state(base)["active"]), degrade_state(base)
         refused = speak(base, LONG_TEXT)
         assert refused.status_code == 400
         error = refused.json()["error"]
@@ -90,13 +81,13 @@ def test_degrade_enters_under_load_caps_text_serves_cache_and_leaves(slow_server
         put = httpx.put(f"{base}/admin/api/settings", headers=ADMIN,
                         json={"enter_threshold": 1.0, "exit_threshold": 0.99})
         assert put.status_code == 200
-        assert wait_for(lambda: not degrade_state(base)["active"], 1.0)
+        assert wait_until(lambda: not degrade_state(base)["active"], 1.0)
         assert speak(base, LONG_TEXT).status_code == 200
 
         httpx.put(f"{base}/admin/api/settings", headers=ADMIN, json={"exit_threshold": 0.2, "enter_threshold": 0.5})
-        assert wait_for(lambda: degrade_state(base)["active"])
+        assert wait_until(lambda: degrade_state(base)["active"])
 
-    assert wait_for(lambda: not degrade_state(base)["active"]), "degrade did not end after the load"
+    assert wait_until(lambda: not degrade_state(base)["active"]), "degrade did not end after the load"
     assert speak(base, LONG_TEXT).status_code == 200
     metrics = httpx.get(f"{base}/metrics").text
     for action in ("cap_text", "cache_first"):
@@ -110,7 +101,7 @@ def test_shed_low_priority_answers_503_with_retry_after(slow_server):
         "enter_threshold": 0.5, "exit_threshold": 0.2, "latency_target_ms": 1e9,
         "shed_enabled": True, "shed_below_priority": 1})
     with Load(base, clients=16):
-        assert wait_for(lambda: degrade_state(base)["active"])
+        assert wait_until(lambda: degrade_state(base)["active"])
         shed = speak(base, "anyone there")
         assert shed.status_code == 503 and int(shed.headers["retry-after"]) >= 1
         assert shed.json()["error"]["code"] == "shed_low_priority"

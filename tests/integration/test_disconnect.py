@@ -4,6 +4,8 @@ import time
 
 import httpx
 
+from tests.serve import wait_until
+
 
 def metric(server: str, pattern: str) -> float:
     match = re.search(pattern + r" ([0-9.e+]+)", httpx.get(f"{server}/metrics").text)
@@ -12,15 +14,6 @@ def metric(server: str, pattern: str) -> float:
 
 def queue_length(server: str) -> int:
     return httpx.get(f"{server}/api/v1/batch/status").json()["queue_length"]
-
-
-def wait_until(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_client_that_disconnects_has_its_queued_sentences_dropped(server):
