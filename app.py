@@ -15,6 +15,7 @@ from admin.api import router as admin_router
 from admin.control import OperatorControl
 from admin.ui import build_admin_tab
 from api import build_api
+from api.access import AccessControl
 from storage import Storage
 from storage.request_log import RequestLogWriter
 from tts_core.config import Settings
@@ -33,7 +34,7 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
     storage.migrate()
     service = SpeechService(settings, engines if engines is not None else load_engines(settings), Metrics())
     request_log = RequestLogWriter(storage)
-    control = OperatorControl(storage, service, request_log)
+    control = OperatorControl(storage, service, request_log, defaults=settings.operator_defaults)
     control.reload()  # stored settings apply before the first request
     monitor = Monitor(service)
     admin_token = settings.admin_token.get_secret_value() if settings.admin_token else None
@@ -48,10 +49,18 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
             for part in (monitor, control, request_log, service):
                 part.stop()
 
-    api = build_api(service, request_log, lifespan)
+    access = AccessControl(storage, settings, lambda: service.degrade.settings)
+    control.on_reload.append(access.refresh_keys)  # keys revoked through another replica stop working here too
+
+    def admit_ui(request: gr.Request):
+        return access.admit(None, request.client.host if request.client else None,
+                            request.headers.get("x-forwarded-for"))
+
+    api = build_api(service, access, request_log, lifespan)
     api.state.control, api.state.monitor, api.state.admin_token = control, monitor, admin_token
     api.include_router(admin_router)
-    page = build_ui(service, request_log, [lambda: build_admin_tab(service, monitor, control, admin_token)])
+    page = build_ui(service, admit_ui, request_log,
+                    [lambda: build_admin_tab(service, monitor, control, access, admin_token)])
     return gr.mount_gradio_app(api, page, path="/")
 
 
@@ -59,8 +68,10 @@ def main() -> None:
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # proxy_headers off: uvicorn would otherwise believe X-Forwarded-For from 127.0.0.1; Chorus
+    # decides which proxies to believe itself (TTS_TRUSTED_PROXIES).
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=settings.log_level.lower())
+                log_level=settings.log_level.lower(), proxy_headers=False)
 
 
 if __name__ == "__main__":

@@ -5,15 +5,17 @@ from __future__ import annotations
 import hmac
 import json
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from pydantic import BaseModel, Field
 
 from api.errors import error_response
+from api.schemas import error_responses
 from tts_core.degrade import OperatorSettings, SettingsInvalid
 
 from .control import OperatorControl, StorageUnavailable
 from .stats import collect_stats
 
-router = APIRouter(prefix="/admin/api", tags=["admin"])
+router = APIRouter(prefix="/admin/api", tags=["admin"], responses=error_responses(400, 401, 403, 422))
 
 
 def check_token(expected: str | None, given: str | None) -> None:
@@ -38,7 +40,9 @@ def _control(request: Request) -> OperatorControl:
 
 
 def describe_settings(settings: OperatorSettings) -> dict:
-    fields = {name: {"type": info.annotation.__name__, "default": info.default, "description": info.description}
+    defaults = OperatorSettings().model_dump()
+    fields = {name: {"type": getattr(info.annotation, "__name__", str(info.annotation)), "default": defaults[name],
+                     "description": info.description}
               for name, info in OperatorSettings.model_fields.items()}
     return {"settings": settings.model_dump(), "fields": fields}
 
@@ -48,7 +52,7 @@ async def get_settings(request: Request, _: str = Depends(require_admin)) -> dic
     return describe_settings(_control(request).settings)
 
 
-@router.put("/settings")
+@router.put("/settings", responses=error_responses(503))
 async def put_settings(request: Request, actor: str = Depends(require_admin)):
     try:
         changes = json.loads(await request.body())
@@ -73,3 +77,36 @@ async def get_audit(request: Request, limit: int = Query(50, ge=1, le=1000), _: 
 @router.get("/stats")
 async def get_stats(request: Request, _: str = Depends(require_admin)) -> dict:
     return collect_stats(request.app.state.service, request.app.state.monitor, _control(request))
+
+
+class NewKey(BaseModel):
+    name: str = Field(min_length=1, max_length=128)
+    tier: str = Field(min_length=1, max_length=64)
+
+
+def _public(record: dict) -> dict:
+    return {key: value for key, value in record.items() if key != "key_hash"}
+
+
+@router.get("/keys")
+async def list_keys(request: Request, _: str = Depends(require_admin)) -> dict:
+    return {"object": "list", "data": [_public(row) for row in request.app.state.access.storage.api_keys()]}
+
+
+@router.post("/keys", status_code=201)
+async def create_key(body: NewKey, request: Request, actor: str = Depends(require_admin)):
+    tiers = _control(request).settings.tiers
+    if body.tier not in tiers:
+        return error_response(422, f"tier {body.tier!r} does not exist; tiers: {', '.join(tiers)}", "tier",
+                              "unknown_tier")
+    key, record = request.app.state.access.create_key(body.name, body.tier, actor)
+    return {**_public(record), "key": key, "note": "store this key now: it is not shown again"}
+
+
+@router.delete("/keys/{key_id}", responses=error_responses(404))
+async def revoke_key(request: Request, key_id: int = Path(ge=1, le=2**63 - 1),
+                     actor: str = Depends(require_admin)):
+    record = request.app.state.access.revoke_key(key_id, actor)
+    if record is None:
+        return error_response(404, f"no API key with id {key_id}", "key_id", "not_found")
+    return _public(record)

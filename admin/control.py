@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from storage import Storage
 from storage.request_log import RequestLogWriter
@@ -25,12 +25,14 @@ class StorageUnavailable(RuntimeError):
 
 class OperatorControl:
     def __init__(self, storage: Storage, service: SpeechService, request_log: RequestLogWriter,
-                 refresh_s: float = 1.0):
+                 refresh_s: float = 1.0, defaults: dict[str, Any] | None = None):
         self.storage = storage
         self.service = service
         self.request_log = request_log
         self.refresh_s = refresh_s
+        self.defaults = defaults or {}  # deployment defaults (TTS_OPERATOR_DEFAULTS), under stored values
         self.storage_error: str | None = None
+        self.on_reload: list[Callable[[], None]] = []  # more state to re-read from storage each refresh
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="settings-refresh", daemon=True)
@@ -61,8 +63,14 @@ class OperatorControl:
         except Exception as error:
             self._storage_failed("read", error)
             return
+        try:
+            for reload_more in self.on_reload:
+                reload_more()
+        except Exception as error:
+            self._storage_failed("read", error)
+            return
         self.storage_error = None
-        self.apply(OperatorSettings.from_stored(stored))
+        self.apply(OperatorSettings.from_stored(stored, self.defaults))
 
     def update(self, changes: dict[str, Any], actor: str) -> tuple[OperatorSettings, list[dict]]:
         """Validate (SettingsInvalid), store with an audit row each (StorageUnavailable), apply."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import json
 from datetime import datetime
 
 import gradio as gr
@@ -11,6 +12,8 @@ import plotly.graph_objects as go
 from tts_core.degrade import OperatorSettings, SettingsInvalid
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
+
+from api.access import AccessControl
 
 from .control import OperatorControl, StorageUnavailable
 from .stats import collect_stats
@@ -24,6 +27,7 @@ CHARTS = [  # (title, [(series key, label)], y axis title)
     ("GPU", [("gpu_used_fraction", "memory used"), ("gpu_utilization_pct", "utilisation %")], ""),
 ]
 AUDIT_COLUMNS = ["time", "actor", "setting", "old value", "new value"]
+KEY_COLUMNS = ["id", "prefix", "name", "tier", "created", "revoked"]
 
 
 def _figure(points: list[dict], title: str, lines: list[tuple[str, str]], y_title: str) -> go.Figure:
@@ -60,7 +64,12 @@ def _audit_rows(entries: list[dict]) -> list[list]:
     return [[e["at"], e["actor"], e["key"], str(e["old_value"]), str(e["new_value"])] for e in entries]
 
 
-def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorControl,
+def _key_rows(access: AccessControl) -> list[list]:
+    return [[k["id"], k["prefix"] + "…", k["name"], k["tier"], k["created_at"], k["revoked_at"] or ""]
+            for k in access.storage.api_keys()]
+
+
+def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorControl, access: AccessControl,
                     admin_token: str | None) -> None:
     """Render the tab inside the current gr.Blocks."""
     with gr.Tab("Admin"):
@@ -82,7 +91,7 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
             fields = OperatorSettings.model_fields
             inputs = {}
             switches = [name for name, info in fields.items() if info.annotation is bool]
-            numbers = [name for name in fields if name not in switches]
+            numbers = [name for name, info in fields.items() if info.annotation in (int, float, str)]
             with gr.Row():
                 for name in switches:
                     inputs[name] = gr.Checkbox(label=name.replace("_", " "), min_width=160)
@@ -90,25 +99,46 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
                 with gr.Row():
                     for name in numbers[row: row + 4]:
                         info = fields[name]
-                        inputs[name] = gr.Number(label=name.replace("_", " "), info=info.description,
-                                                 precision=0 if info.annotation is int else None)
+                        label = name.replace("_", " ")
+                        inputs[name] = (gr.Textbox(label=label, info=info.description) if info.annotation is str
+                                        else gr.Number(label=label, info=info.description,
+                                                       precision=0 if info.annotation is int else None))
+            for name in fields.keys() - switches - set(numbers):  # structured values, edited as JSON
+                inputs[name] = gr.Code(label=f"{name.replace('_', ' ')} (JSON): {fields[name].description}",
+                                       language="json")
             inputs = {name: inputs[name] for name in fields}  # the order save_settings reads them in
             save = gr.Button("Save settings", variant="primary")
             save_message = gr.Markdown()
+            gr.Markdown("### API keys")
+            with gr.Row():
+                key_name = gr.Textbox(label="name", scale=2)
+                key_tier = gr.Dropdown(list(control.settings.tiers), label="tier", scale=1)
+                create_key = gr.Button("Create key", scale=1)
+            key_message = gr.Markdown()
+            keys_table = gr.Dataframe(headers=KEY_COLUMNS, interactive=False)
+            with gr.Row():
+                revoke_id = gr.Number(label="key id to revoke", precision=0, scale=2)
+                revoke = gr.Button("Revoke key", variant="stop", scale=1)
             gr.Markdown("### Audit log")
             audit = gr.Dataframe(headers=AUDIT_COLUMNS, interactive=False)
         timer = gr.Timer(1.0)
 
+        def form_value(name: str):
+            value = getattr(control.settings, name)
+            return json.dumps(control.settings.model_dump()[name], indent=2) if isinstance(value, dict) else value
+
         def form_values() -> list:
-            return [getattr(control.settings, name) for name in inputs]
+            return [form_value(name) for name in inputs]
 
         def sign_in(given: str):
             if hmac.compare_digest((given or "").encode(), admin_token.encode()):
                 return [True, gr.update(visible=False), gr.update(visible=True), "",
-                        _audit_rows(control.audit()), *form_values()]
-            return [False, gr.update(), gr.update(), "Wrong token.", gr.update(), *[gr.update()] * len(inputs)]
+                        _audit_rows(control.audit()), _key_rows(access), *form_values()]
+            return [False, gr.update(), gr.update(), "Wrong token.", gr.update(), gr.update(),
+                    *[gr.update()] * len(inputs)]
 
-        login.click(sign_in, [token], [signed_in, login_box, panel, login_message, audit, *inputs.values()],
+        login.click(sign_in, [token], [signed_in, login_box, panel, login_message, audit, keys_table,
+                                       *inputs.values()],
                     api_visibility="private")
 
         def refresh(is_signed_in: bool):
@@ -123,14 +153,18 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
         def save_settings(is_signed_in: bool, *values):
             if not is_signed_in:
                 return "Sign in first.", gr.skip()
-            current = control.settings
+            current = control.settings.model_dump()
             changes = {}
             for name, value in zip(inputs, values):
                 if value is None:
                     return f"Not saved: {name} needs a value", gr.skip()
-                value = int(value) if fields[name].annotation is int else value
-                value = float(value) if fields[name].annotation is float else value
-                if value != getattr(current, name):
+                kind = fields[name].annotation
+                try:
+                    value = {int: int, float: float}.get(kind, lambda v: v)(value) if kind in (int, float, str, bool) \
+                        else json.loads(value)
+                except ValueError as error:
+                    return f"Not saved: {name} is not valid ({error})", gr.skip()
+                if value != current[name]:
                     changes[name] = value
             if not changes:
                 return "Nothing changed.", gr.skip()
@@ -142,4 +176,20 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
                 return f"Not saved: {error}", gr.skip()
             return f"Saved and applied: {', '.join(changes)}", _audit_rows(control.audit())
 
+        def make_key(is_signed_in: bool, name: str, tier: str):
+            if not is_signed_in or not name or not tier:
+                return "Give the key a name and a tier.", gr.skip()
+            key, record = access.create_key(name, tier, "admin-ui")
+            return (f"Key **{record['id']}** for {name} ({tier}): `{key}` (copy it now: it is not shown again)",
+                    _key_rows(access))
+
+        def drop_key(is_signed_in: bool, key_id):
+            if not is_signed_in or key_id is None:
+                return "Give the id of the key to revoke.", gr.skip()
+            record = access.revoke_key(int(key_id), "admin-ui")
+            message = f"Key {int(key_id)} revoked." if record else f"No key with id {int(key_id)}."
+            return message, _key_rows(access)
+
+        create_key.click(make_key, [signed_in, key_name, key_tier], [key_message, keys_table], api_visibility="private")
+        revoke.click(drop_key, [signed_in, revoke_id], [key_message, keys_table], api_visibility="private")
         save.click(save_settings, [signed_in, *inputs.values()], [save_message, audit], api_visibility="private")

@@ -11,6 +11,7 @@ from tts_core.metrics import Metrics
 from tts_core.service import SpeechService
 
 from . import speech, system
+from .access import AccessControl
 from .errors import install_error_handlers
 from .limits import BodySizeLimit
 
@@ -41,16 +42,19 @@ class RequestAccounting:
             self.metrics.request_answered("api", status, time.perf_counter() - started, details.get("audio_s", 0.0))
             if self.request_log is not None:
                 self.request_log.record(
-                    client=(scope.get("client") or ("unknown",))[0], source="api", status=status,
+                    client=details.get("client") or (scope.get("client") or ("unknown",))[0],
+                    source="api", status=status,
                     voice=details.get("voice"), characters=details.get("characters", 0),
                     queue_ms=details.get("queue_ms"), synthesis_ms=details.get("synthesis_ms"),
                     batch_size=details.get("batch_size"))
 
 
-def build_api(service: SpeechService, request_log: RequestLogWriter | None = None, lifespan=None) -> FastAPI:
+def build_api(service: SpeechService, access: AccessControl, request_log: RequestLogWriter | None = None,
+              lifespan=None) -> FastAPI:
     app = FastAPI(title="Chorus", version="0.1.0", lifespan=lifespan,
                   description="Self-hosted text-to-speech with an OpenAI-compatible API.")
     app.state.service = service
+    app.state.access = access
     install_error_handlers(app)
     app.include_router(speech.router)
     app.include_router(system.router)

@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tts_core.access import RateLimited, Unauthorized
 from tts_core.request import DeadlineExceeded, SynthesisError
 from tts_core.service import InvalidRequest, Overloaded
 
@@ -27,10 +28,12 @@ def error_response(status: int, message: str, param: str | None = None, code: st
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    # OpenAI answers invalid requests with 400; the admin API uses 422 for invalid values.
+    status = 422 if request.url.path.startswith("/admin/") else 400
     first = exc.errors()[0] if exc.errors() else {}
     if first.get("type") == "json_invalid":
-        return error_response(400, "the request body is not valid JSON", None, "invalid_json")
+        return error_response(status, "the request body is not valid JSON", None, "invalid_json")
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = location[0] if location else None  # the top-level field, as OpenAI names it
     message = first.get("msg", "invalid request")
@@ -38,7 +41,7 @@ def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         message = f"{param} is required"
     elif param:
         message = f"{param}: {message}"
-    return error_response(400, message, param, first.get("type"))
+    return error_response(status, message, param, first.get("type"))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -51,6 +54,15 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidRequest)
     async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
         return error_response(400, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(Unauthorized)
+    async def _unauthorized(_: Request, exc: Unauthorized) -> JSONResponse:
+        return error_response(401, exc.message, None, "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(RateLimited)
+    async def _rate_limited(_: Request, exc: RateLimited) -> JSONResponse:
+        return error_response(429, str(exc), None, "rate_limit_exceeded",
+                              {"Retry-After": str(exc.retry_after_s), **exc.state.headers()})
 
     @app.exception_handler(Overloaded)
     async def _overloaded(_: Request, exc: Overloaded) -> JSONResponse:

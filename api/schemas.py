@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from tts_core.audio import FORMATS
 
 ResponseFormat = Literal[tuple(FORMATS)]  # type: ignore[valid-type]
 
 
+# A voice is looked up by name, never opened as a path: names with separators or controls are refused.
+VoiceName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^/\\\x00-\x1f\x7f]+$")]
+
+
 class VoiceRef(BaseModel):
     """OpenAI also accepts a voice as an object: {"id": "..."}."""
 
-    id: str = Field(min_length=1, max_length=128)
+    id: VoiceName
 
 
 class SpeechRequest(BaseModel):
@@ -22,7 +26,7 @@ class SpeechRequest(BaseModel):
 
     model: str = Field(min_length=1, max_length=128, description="A model id or alias (see /v1/models)")
     input: str = Field(min_length=1, description="The text to speak")
-    voice: str | VoiceRef = Field(description="A voice name or alias (see /v1/audio/voices)")
+    voice: VoiceName | VoiceRef = Field(description="A voice name or alias (see /v1/audio/voices)")
     response_format: ResponseFormat = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0)
     instructions: str | None = Field(None, max_length=4096,
@@ -32,3 +36,30 @@ class SpeechRequest(BaseModel):
     @property
     def voice_name(self) -> str:
         return self.voice if isinstance(self.voice, str) else self.voice.id
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: OpenAI's error shape."""
+
+    error: ErrorDetail
+
+
+ERROR_MEANINGS = {
+    400: "Invalid request (the field at fault, if any, is in error.param)", 401: "Missing, invalid or revoked key",
+    403: "Wrong admin token, or admin disabled", 404: "No such resource", 413: "Request body too large",
+    422: "Invalid setting value", 429: "Rate limit exceeded; see Retry-After and X-RateLimit-*",
+    500: "Synthesis failed", 503: "At capacity or shedding load; see Retry-After",
+    504: "Waited in the queue past its deadline",
+}
+
+
+def error_responses(*statuses: int) -> dict:
+    """OpenAPI `responses` documenting the error answers a route can give."""
+    return {status: {"model": ErrorBody, "description": ERROR_MEANINGS[status]} for status in statuses}

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tts_core.service import SpeechService
 
 from .errors import error_response
+from .schemas import error_responses
 
 router = APIRouter()
 STARTED = int(time.time())
@@ -31,7 +32,7 @@ async def list_models(request: Request) -> dict:
     return {"object": "list", "data": [_model_card(model_id) for model_id in ids]}
 
 
-@router.get("/v1/models/{model_id}", tags=["catalogue"])
+@router.get("/v1/models/{model_id}", tags=["catalogue"], responses=error_responses(404))
 async def get_model(model_id: str, request: Request):
     service = _service(request)
     if model_id not in service.models and model_id not in service.model_aliases:
@@ -57,7 +58,7 @@ async def health() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/ready", tags=["probes"])
+@router.get("/ready", tags=["probes"], responses={503: {"description": "Warming up"}})
 async def ready(request: Request):
     if _service(request).ready:
         return {"status": "ready"}
@@ -69,7 +70,9 @@ async def batch_status(request: Request) -> dict:
     return _service(request).status()
 
 
-@router.get("/metrics", tags=["status"])
+@router.get("/metrics", tags=["status"], response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+                             "description": "Prometheus text format"}})
 async def metrics(request: Request) -> Response:
     return Response(generate_latest(_service(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, delete, event, func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 
-from .models import AuditEntry, RequestLogEntry, Setting
+from .models import ApiKey, AuditEntry, RequestLogEntry, Setting
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -113,6 +113,39 @@ class Storage:
     def count_request_log(self) -> int:
         with self._session() as session:
             return session.scalar(select(func.count(RequestLogEntry.id))) or 0
+
+
+    # --- API keys (hashes only) -----------------------------------------------------------------
+
+    def add_api_key(self, prefix: str, key_hash: str, name: str, tier: str, actor: str) -> dict:
+        with self._session.begin() as session:
+            row = ApiKey(prefix=prefix, key_hash=key_hash, name=name, tier=tier, created_at=_now())
+            session.add(row)
+            session.flush()
+            session.add(AuditEntry(at=row.created_at, actor=actor, action="api_key.create", key=f"api_key:{row.id}",
+                                   old_value=None, new_value=json.dumps({"name": name, "tier": tier, "prefix": prefix})))
+            return _key_dict(row)
+
+    def revoke_api_key(self, key_id: int, actor: str) -> dict | None:
+        with self._session.begin() as session:
+            row = session.get(ApiKey, key_id)
+            if row is None:
+                return None
+            if row.revoked_at is None:
+                row.revoked_at = _now()
+                session.add(AuditEntry(at=row.revoked_at, actor=actor, action="api_key.revoke",
+                                       key=f"api_key:{row.id}", old_value=json.dumps("active"),
+                                       new_value=json.dumps("revoked")))
+            return _key_dict(row)
+
+    def api_keys(self) -> list[dict]:
+        with self._session() as session:
+            return [_key_dict(row) for row in session.scalars(select(ApiKey).order_by(ApiKey.id))]
+
+
+def _key_dict(row: ApiKey) -> dict:
+    return {"id": row.id, "prefix": row.prefix, "key_hash": row.key_hash, "name": row.name, "tier": row.tier,
+            "created_at": _iso(row.created_at), "revoked_at": _iso(row.revoked_at) if row.revoked_at else None}
 
 
 def _audit_dict(entry: AuditEntry) -> dict:

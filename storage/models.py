@@ -47,3 +47,15 @@ class RequestLogEntry(Base):
     synthesis_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     batch_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
     status: Mapped[int] = mapped_column(Integer)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # shown to operators to tell keys apart
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex; the key itself is never stored
+    name: Mapped[str] = mapped_column(String(128))
+    tier: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -53,9 +53,9 @@ class Batcher:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def submit(self, items: Sequence[SynthesisRequest]) -> None:
+    def submit(self, items: Sequence[SynthesisRequest], tier_limit: int | None = None) -> None:
         """Queue items (all or none); raises QueueFull with a Retry-After estimate."""
-        self.queue.put_many(items, retry_after_s=self.retry_after_s())
+        self.queue.put_many(items, retry_after_s=self.retry_after_s(), tier_limit=tier_limit)
 
     def retry_after_s(self) -> int:
         return max(1, math.ceil(len(self.queue) * self._item_seconds))

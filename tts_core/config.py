@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -27,6 +27,10 @@ class Settings(BaseSettings):
     log_level: str = "info"
     database_url: str | None = None  # default: SQLite at <data_dir>/chorus.db
     admin_token: SecretStr | None = None  # unset: the admin tab and API are disabled
+    operator_defaults: dict[str, Any] = {}  # JSON: operator settings used until an admin stores others
+    require_api_key: bool = False
+    trusted_proxies: Annotated[list[str], NoDecode] = []  # proxies whose X-Forwarded-For is believed
+    ratelimit_storage: str = "memory://"  # or redis://host:port/db to share counters between replicas
 
     # Request limits
     max_chars: int = Field(4096, ge=1)
@@ -52,9 +56,16 @@ class Settings(BaseSettings):
 
     @field_validator("calibration_sizes", mode="before")
     @classmethod
-    def _comma_separated(cls, value):
+    def _comma_separated_ints(cls, value):
         if isinstance(value, str):
             return [int(part) for part in value.strip("[] ").split(",") if part.strip()]
+        return value
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _comma_separated(cls, value):
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
     @property

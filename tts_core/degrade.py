@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .access import DEFAULT_TIERS, Tier
+
 ACTIONS = ("cap_text", "cache_first", "lower_precision", "shed")
 
 
@@ -35,11 +37,13 @@ class OperatorSettings(BaseModel):
     cap_text_chars: int = Field(300, ge=1, description="longest text accepted while degraded")
     cache_first_enabled: bool = True
     lower_precision_enabled: bool = True
-    shed_enabled: bool = False
-    shed_below_priority: int = Field(0, description="while degraded, refuse requests below this priority")
+    shed_enabled: bool = Field(False, description="while degraded, refuse callers of sheddable tiers")
     cache_enabled: bool = Field(True, description="serve repeated requests from the cache at any load")
     cache_max_mb: float = Field(64, ge=0)
     request_log_max_rows: int = Field(100_000, ge=0)
+    tiers: dict[str, Tier] = Field(default_factory=lambda: dict(DEFAULT_TIERS),
+                                   description="caller tiers: rate limit, priority, limits")
+    anonymous_tier: str = Field("free", description="tier of callers without an API key")
 
     def merged(self, changes: dict[str, Any]) -> "OperatorSettings":
         """These settings with changes applied, or SettingsInvalid naming the first bad field."""
@@ -52,23 +56,30 @@ class OperatorSettings(BaseModel):
             first = error.errors()[0]
             name = str(first["loc"][0]) if first["loc"] else None
             raise SettingsInvalid(name, f"{name}: {first['msg']}") from None
+        if updated.anonymous_tier not in updated.tiers:
+            raise SettingsInvalid("anonymous_tier", f"anonymous_tier {updated.anonymous_tier!r} is not one of "
+                                  f"the tiers ({', '.join(updated.tiers)})")
         if updated.exit_threshold >= updated.enter_threshold:
             raise SettingsInvalid("exit_threshold", "exit_threshold must be below enter_threshold "
                                   f"({updated.exit_threshold} >= {updated.enter_threshold})")
         return updated
 
     @classmethod
-    def from_stored(cls, stored: dict[str, Any]) -> "OperatorSettings":
-        """Defaults overridden by stored values; a stored value that no longer validates is skipped."""
-        remaining = dict(stored)
-        while remaining:
-            try:
-                return cls().merged(remaining)
-            except SettingsInvalid as invalid:
-                if invalid.field not in remaining:
+    def from_stored(cls, stored: dict[str, Any], defaults: dict[str, Any] | None = None) -> "OperatorSettings":
+        """Built-in defaults, then deployment defaults (TTS_OPERATOR_DEFAULTS), then stored values;
+        a value that does not validate is skipped (and logged by the caller)."""
+        settings = cls()
+        for layer in (defaults or {}, stored):
+            remaining = dict(layer)
+            while remaining:
+                try:
+                    settings = settings.merged(remaining)
                     break
-                del remaining[invalid.field]
-        return cls()
+                except SettingsInvalid as invalid:
+                    if invalid.field not in remaining:
+                        break
+                    del remaining[invalid.field]
+        return settings
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ PRIORITY_STEP_S = 5.0  # one priority class is worth this much waiting
 
 
 class QueueFull(Exception):
-    def __init__(self, retry_after_s: int):
-        super().__init__(f"the queue is full; retry after {retry_after_s} s")
+    def __init__(self, retry_after_s: int, reason: str = "the queue is full"):
+        super().__init__(f"{reason}; retry after {retry_after_s} s")
         self.retry_after_s = retry_after_s
 
 
@@ -44,11 +44,18 @@ class RequestQueue:
     def has_room(self, count: int = 1) -> bool:
         return len(self._items) + count <= self.max_size
 
-    def put_many(self, items: Sequence[SynthesisRequest], retry_after_s: int = 1) -> None:
-        """Enqueue all items or none of them."""
+    def put_many(self, items: Sequence[SynthesisRequest], retry_after_s: int = 1,
+                 tier_limit: int | None = None) -> None:
+        """Enqueue all items or none of them. tier_limit caps how many items of the items' tier
+        may wait at once (a tier's share of the queue)."""
         with self._changed:
             if self._closed or not self.has_room(len(items)):
                 raise QueueFull(retry_after_s)
+            if tier_limit is not None:
+                tier = items[0].tier
+                if sum(1 for item in self._items if item.tier == tier) + len(items) > tier_limit:
+                    raise QueueFull(retry_after_s, f"tier {tier!r} holds its full share of the queue "
+                                                   f"({tier_limit} items)")
             now = time.monotonic()
             for item in items:
                 item.enqueued_at = now

@@ -28,6 +28,7 @@ class SynthesisRequest:
     key: Hashable  # items batch together only when their keys are equal
     deadline: float  # time.monotonic() after which the caller no longer waits
     priority: int = 0  # higher runs earlier; 0 is the default tier
+    tier: str = ""  # the caller's tier, for its share of the queue
     enqueued_at: float = 0.0
     future: Future = field(default_factory=Future)
     seq: int = field(default_factory=lambda: next(_sequence))

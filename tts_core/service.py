@@ -16,6 +16,7 @@ from . import gpu
 from .audio import FORMATS, encode, join
 from .batcher import Batcher
 from .cache import AudioCache, CachedAudio
+from .access import Caller, Tier
 from .config import Settings
 from .degrade import DegradeController
 from .engines.base import Engine, Voice
@@ -191,21 +192,25 @@ class SpeechService:
         return text, voice_info, engine
 
     async def synthesize(self, text: str, voice: str | None = None, model: str | None = None,
-                         speed: float = 1.0, priority: int = 0) -> Speech:
+                         speed: float = 1.0, caller: Caller | None = None) -> Speech:
         text, voice_info, engine = self._prepare(text, voice, model, speed)
-        return await self._synthesize(text, voice_info, engine, speed, priority)
+        return await self._synthesize(text, voice_info, engine, speed, caller)
 
     async def speak(self, text: str, voice: str | None = None, model: str | None = None, speed: float = 1.0,
-                    response_format: str = "mp3", priority: int = 0) -> SpokenAudio:
-        """Synthesize and encode, with the degrade actions and the audio cache in the way."""
+                    response_format: str = "mp3", caller: Caller | None = None) -> SpokenAudio:
+        """Synthesize and encode, with the caller's tier, the degrade actions and the cache in the way."""
         state, settings = self.degrade.state, self.degrade.settings
-        if "shed" in state.actions and priority < settings.shed_below_priority:
+        tier = caller.tier if caller else Tier()
+        if "shed" in state.actions and tier.sheddable:
             self.metrics.degrade_actions.labels("shed").inc()
             retry = max(5, self.batchers[next(iter(self.batchers))].retry_after_s())
             raise Overloaded(retry, "shed_low_priority",
                              f"the server is under heavy load and is serving higher priorities only; "
                              f"retry after {retry} s")
         text, voice_info, engine = self._prepare(text, voice, model, speed)
+        if len(text) > tier.max_chars:
+            raise InvalidRequest(f"input is {len(text)} characters long; the {caller.tier_name} tier allows "
+                                 f"{tier.max_chars}", "input", "tier_text_limit")
         if "cap_text" in state.actions and len(text) > settings.cap_text_chars:
             self.metrics.degrade_actions.labels("cap_text").inc()
             raise InvalidRequest(f"the server is under heavy load: texts are limited to "
@@ -220,7 +225,7 @@ class SpeechService:
             return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, "hit", state.actions)
         if use_cache:
             self.metrics.cache_lookups.labels("miss").inc()
-        speech = await self._synthesize(text, voice_info, engine, speed, priority)
+        speech = await self._synthesize(text, voice_info, engine, speed, caller)
         data = await asyncio.to_thread(encode, speech.audio, speech.sample_rate, response_format)
         content_type = FORMATS[response_format].content_type
         if use_cache:
@@ -229,7 +234,8 @@ class SpeechService:
                            self.degrade.state.actions, speech.timings)
 
     async def _synthesize(self, text: str, voice_info: Voice, engine: Engine, speed: float,
-                          priority: int) -> Speech:
+                          caller: Caller | None) -> Speech:
+        tier = caller.tier if caller else Tier()
         batcher = self.batchers[engine.name]
         chunks = split_chunks(text, self.settings.max_chunk_chars)
         if not batcher.queue.has_room(len(chunks)):  # refuse before doing any work
@@ -239,14 +245,16 @@ class SpeechService:
         token_lists = [tokens for tokens in token_lists if tokens.size]
         if not token_lists:
             raise InvalidRequest("input has nothing that can be spoken", "input")
-        deadline = time.monotonic() + self.settings.request_timeout_s
+        deadline = time.monotonic() + min(self.settings.request_timeout_s, tier.request_timeout_s)
         key = engine.batch_key(voice_info.name, speed)
-        items = [SynthesisRequest(tokens=tokens, voice=voice_info.name, speed=speed, key=key,
-                                  deadline=deadline, priority=priority) for tokens in token_lists]
+        items = [SynthesisRequest(tokens=tokens, voice=voice_info.name, speed=speed, key=key, deadline=deadline,
+                                  priority=tier.priority, tier=caller.tier_name if caller else "")
+                 for tokens in token_lists]
+        share = None if tier.max_queue_share >= 1 else max(1, int(tier.max_queue_share * batcher.queue.max_size))
         try:
-            batcher.submit(items)
+            batcher.submit(items, share)
         except QueueFull as full:
-            raise Overloaded(full.retry_after_s) from None
+            raise Overloaded(full.retry_after_s, "queue_full", str(full)) from None
         try:
             pieces = await asyncio.gather(*(asyncio.wrap_future(item.future) for item in items))
         except BaseException:  # caller gone, deadline or engine error: nothing else runs for it

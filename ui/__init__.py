@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import gradio as gr
 
 from storage.request_log import RequestLogWriter
+from tts_core.access import Caller, RateLimited, Unauthorized
 from tts_core.request import DeadlineExceeded, SynthesisError
 from tts_core.service import MAX_SPEED, MIN_SPEED, InvalidRequest, Overloaded, SpeechService
 
@@ -27,7 +28,10 @@ def _prune(folder: Path, older_than_s: float) -> None:
             path.unlink(missing_ok=True)
 
 
-def build_ui(service: SpeechService, request_log: RequestLogWriter | None = None,
+Admit = Callable[[gr.Request], tuple[Caller, object]]  # identifies and rate-limits a UI caller
+
+
+def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter | None = None,
              extra_tabs: Sequence[Callable[[], None]] = ()) -> gr.Blocks:
     """The app's page: the synthesis tab, then each extra tab (the composition root adds Admin)."""
     out_dir = Path(tempfile.gettempdir()) / "chorus-ui"
@@ -37,20 +41,22 @@ def build_ui(service: SpeechService, request_log: RequestLogWriter | None = None
     async def synthesize(text: str, voice: str, speed: float, response_format: str,
                          request: gr.Request) -> str:
         started, status, details, audio_s = time.perf_counter(), 200, {}, 0.0
+        client = request.client.host if request and request.client else "unknown"
         try:
-            spoken = await service.speak(text or "", voice, None, float(speed), response_format)
+            caller, _ = admit(request)
+            client = caller.identity
+            spoken = await service.speak(text or "", voice, None, float(speed), response_format, caller)
             details, audio_s = {"voice": spoken.voice, **asdict(spoken.timings)}, spoken.duration_s
             await asyncio.to_thread(_prune, out_dir, KEEP_FILES_S)
             path = out_dir / f"chorus-{uuid.uuid4().hex[:12]}.{response_format}"
             path.write_bytes(spoken.data)
             return str(path)
-        except (InvalidRequest, Overloaded, DeadlineExceeded, SynthesisError) as error:
-            status = 400 if isinstance(error, InvalidRequest) else 503
+        except (InvalidRequest, Overloaded, DeadlineExceeded, SynthesisError, RateLimited, Unauthorized) as error:
+            status = {InvalidRequest: 400, RateLimited: 429, Unauthorized: 401}.get(type(error), 503)
             raise gr.Error(getattr(error, "message", str(error))) from None
         finally:
             metrics.request_answered("ui", status, time.perf_counter() - started, audio_s)
             if request_log is not None:
-                client = request.client.host if request and request.client else "unknown"
                 request_log.record(client=client, source="ui", status=status, characters=len(text or ""),
                                    **details)
 

@@ -82,5 +82,5 @@ def test_requests_are_logged(admin_server, data_dir):
     rows = Storage(sqlite_url(data_dir / "chorus.db")).request_log(10)
     ok = next(row for row in rows if row["status"] == 200)
     assert ok["voice"] == "en_US-joe-medium" and ok["characters"] == 7 and ok["batch_size"] == 1
-    assert ok["queue_ms"] is not None and ok["synthesis_ms"] > 0 and ok["client"] == "127.0.0.1"
+    assert ok["queue_ms"] is not None and ok["synthesis_ms"] > 0 and ok["client"] == "ip:127.0.0.1"
     assert any(row["status"] == 400 for row in rows)

@@ -1,7 +1,7 @@
 """The admin tab in a real headless browser (Debian chromium + chromedriver, driven by selenium).
 
 The screenshot is kept as a test artifact (TTS_TEST_ARTIFACTS, default ./artifacts) and is the
-one the README shows. .ci/run installs the browser and sets CHORUS_REQUIRE_BROWSER=1, so in CI a
+one the README shows. .ci/run installs the browser and sets CHORUS_REQUIRE_TOOLS=1, so in CI a
 missing browser fails the test instead of skipping it.
 """
 
@@ -23,7 +23,7 @@ ARTIFACTS = Path(os.environ.get("TTS_TEST_ARTIFACTS", ROOT / "artifacts"))
 @pytest.fixture(scope="module")
 def browser():
     if not (CHROMIUM and CHROMEDRIVER):
-        if os.environ.get("CHORUS_REQUIRE_BROWSER"):
+        if os.environ.get("CHORUS_REQUIRE_TOOLS"):
             pytest.fail("chromium and chromedriver are required (apt-get install chromium chromium-driver)")
         pytest.skip("no chromium/chromedriver on this machine")
     from selenium import webdriver

@@ -28,7 +28,9 @@ def degrade_state(base: str) -> dict:
 @pytest.fixture
 def slow_server(tmp_path):
     settings = Settings(data_dir=tmp_path, admin_token=TOKEN, batch_policy="sequential", max_queue=20,
-                        calibration_sizes=[1], model_aliases={}, voice_aliases={})
+                        calibration_sizes=[1], model_aliases={}, voice_aliases={},
+                        operator_defaults={"tiers": {"open": {"rate_limit": None, "sheddable": True}},
+                                           "anonymous_tier": "open"})
     engine = FakeEngine(cost=lambda size, padded: 0.05)
     with serve_in_thread(create_app(settings, engines=[engine])) as base:
         yield base
@@ -99,7 +101,7 @@ def test_shed_low_priority_answers_503_with_retry_after(slow_server):
     base = slow_server
     httpx.put(f"{base}/admin/api/settings", headers=ADMIN, json={
         "enter_threshold": 0.5, "exit_threshold": 0.2, "latency_target_ms": 1e9,
-        "shed_enabled": True, "shed_below_priority": 1})
+        "shed_enabled": True})  # the anonymous tier here is sheddable
     with Load(base, clients=16):
         assert wait_until(lambda: degrade_state(base)["active"])
         shed = speak(base, "anyone there")
