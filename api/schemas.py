@@ -31,7 +31,9 @@ class SpeechRequest(BaseModel):
     speed: float = Field(1.0, ge=0.25, le=4.0)
     instructions: str | None = Field(None, max_length=4096,
                                      description="Accepted for compatibility; Piper voices ignore it")
-    stream_format: Literal["audio", "sse"] | None = None
+    stream: bool = Field(False, description="send audio as it is synthesized (chunked transfer)")
+    stream_format: Literal["audio", "sse"] | None = Field(
+        None, description="'audio': stream raw audio; 'sse': server-sent events with base64 audio deltas")
 
     @property
     def voice_name(self) -> str:

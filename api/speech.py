@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import logging
 from dataclasses import asdict
-from typing import Awaitable, TypeVar
+from typing import AsyncIterator, Awaitable, TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import StreamingResponse
 
 from tts_core.access import Caller, RateLimitState
 from tts_core.audio import FORMATS
-from tts_core.service import InvalidRequest, SpeechService
+from tts_core.service import SpeechService
 
 from .errors import error_response
 from .schemas import SpeechRequest, error_responses
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["speech"])
 T = TypeVar("T")
 
-AUDIO_RESPONSES = {200: {"content": {spec.content_type: {"schema": {"type": "string", "format": "binary"}}
-                               for spec in FORMATS.values()}, "description": "The audio"},
+AUDIO_RESPONSES = {200: {"content": {**{spec.content_type: {"schema": {"type": "string", "format": "binary"}}
+                                  for spec in FORMATS.values()}, "text/event-stream": {"schema": {"type": "string"}}},
+                         "description": "The audio, whole or streamed; or server-sent events"},
                    **error_responses(400, 401, 413, 429, 500, 503, 504)}
 
 
@@ -58,15 +64,32 @@ def admitted(request: Request) -> tuple[Caller, RateLimitState | None]:
     return caller, limit
 
 
+async def server_sent_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """OpenAI's speech SSE: speech.audio.delta events with base64 audio, then speech.audio.done."""
+    try:
+        async for data in chunks:
+            yield "data: " + json.dumps({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}) + "\n\n"
+    except Exception as error:  # the status line is sent already: report the failure as an event
+        log.warning("stream failed: %s", error)
+        yield "data: " + json.dumps({"type": "error", "error": {"message": str(error), "type": "server_error"}}) + "\n\n"
+        return
+    yield "data: " + json.dumps({"type": "speech.audio.done"}) + "\n\n"
+
+
 @router.post("/v1/audio/speech", response_class=Response, responses=AUDIO_RESPONSES)
 async def create_speech(body: SpeechRequest, request: Request,
                         admission: tuple[Caller, RateLimitState | None] = Depends(admitted)) -> Response:
     service: SpeechService = request.app.state.service
     caller, limit = admission
     request.state.speech["characters"] = len(body.input)
-    if body.stream_format == "sse":
-        raise InvalidRequest("stream_format 'sse' is not supported yet; use 'audio'", "stream_format",
-                             "unsupported_value")
+    if body.stream or body.stream_format is not None:
+        voice, chunks = await service.speak_stream(body.input, body.voice_name, body.model, body.speed,
+                                                   body.response_format, caller)
+        headers = {"X-Chorus-Voice": voice.name, **(limit.headers() if limit else {})}
+        request.state.speech["voice"] = voice.name
+        if body.stream_format == "sse":
+            return StreamingResponse(server_sent_events(chunks), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(chunks, media_type=FORMATS[body.response_format].content_type, headers=headers)
     try:
         spoken = await until_disconnect(request, service.speak(
             body.input, body.voice_name, body.model, body.speed, body.response_format, caller))

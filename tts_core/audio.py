@@ -63,3 +63,68 @@ def join(chunks: list[np.ndarray], sample_rate: int) -> np.ndarray:
             pieces.append(pause)
         pieces.append(chunk)
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+
+
+STREAMABLE = ("pcm", "wav", "mp3", "opus", "aac")  # FLAC writes its header last: not streamable
+
+
+class StreamEncoder:
+    """Encodes audio piece by piece into one stream whose concatenated bytes decode as one file.
+
+    One container is kept open for the whole stream; after each piece, what it has written is
+    drained and returned. WAV goes out with an unknown-size header, as streaming players expect.
+    """
+
+    def __init__(self, format_name: str, sample_rate: int):
+        if format_name not in STREAMABLE:
+            raise ValueError(f"{format_name} cannot be streamed")
+        self.format_name = format_name
+        self._spec = FORMATS["pcm" if format_name == "wav" else format_name]
+        self._rate = sample_rate
+        self._out_rate = sample_rate if format_name == "wav" else (self._spec.sample_rate or sample_rate)
+        self._buffer = io.BytesIO()
+        # The MP3 muxer would seek back at the end to fill in a Xing header: not in a stream.
+        # Ogg pages are cut every 100 ms rather than every second, so the first audio leaves early.
+        options = {"mp3": {"write_xing": "0"}, "opus": {"page_duration": "100000"}}.get(format_name, {})
+        self._container = av.open(self._buffer, "w", format=self._spec.container, options=options)
+        self._stream = self._container.add_stream(self._spec.codec, rate=self._out_rate, layout="mono")
+        self._started = False
+
+    def _drain(self) -> bytes:
+        data = self._buffer.getvalue()
+        self._buffer.seek(0)
+        self._buffer.truncate()
+        return data
+
+    def _wav_header(self) -> bytes:
+        unknown = 0xFFFFFFFF
+        byte_rate = self._out_rate * 2
+        return (b"RIFF" + unknown.to_bytes(4, "little") + b"WAVEfmt " + (16).to_bytes(4, "little")
+                + (1).to_bytes(2, "little") + (1).to_bytes(2, "little") + self._out_rate.to_bytes(4, "little")
+                + byte_rate.to_bytes(4, "little") + (2).to_bytes(2, "little") + (16).to_bytes(2, "little")
+                + b"data" + unknown.to_bytes(4, "little"))
+
+    def encode(self, audio: np.ndarray) -> bytes:
+        head = b""
+        if not self._started:
+            self._started = True
+            head = self._wav_header() if self.format_name == "wav" else b""
+        if audio.size:
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(audio, dtype=np.float32)[None, :],
+                                               format="flt", layout="mono")
+            frame.sample_rate = self._rate
+            for packet in self._stream.encode(frame):
+                self._container.mux(packet)
+        return head + self._drain()
+
+    def finish(self) -> bytes:
+        head = self.encode(np.zeros(0, dtype=np.float32)) if not self._started else b""
+        for packet in self._stream.encode(None):
+            self._container.mux(packet)
+        self._container.close()
+        return head + self._drain()
+
+
+def edge_faded(chunk: np.ndarray, sample_rate: int, pause_before: bool) -> np.ndarray:
+    """One piece of a join: faded edges, with the inter-sentence pause in front unless it is first."""
+    return join([np.zeros(0, dtype=np.float32), chunk] if pause_before else [chunk], sample_rate)

@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     # Engines
     onnx_intra_op_threads: int = Field(0, ge=0)  # 0: one per physical core
     onnx_inter_op_threads: int = Field(1, ge=0)
+    piper_noise_scale: float | None = Field(None, ge=0)  # None: the voice's own; 0 with noise_w 0: deterministic
+    piper_noise_w: float | None = Field(None, ge=0)
     onnx_spinning: bool = False  # busy-wait idle onnxruntime threads (faster alone, slower when serving)
     default_voice: str = DEFAULT_VOICE
     model_aliases: dict[str, str] = {name: "piper" for name in OPENAI_MODEL_NAMES}

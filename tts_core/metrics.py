@@ -63,6 +63,11 @@ class Metrics:
                                        ["action"], registry=r)
         self.degrade_active = Gauge("tts_degrade_active", "1 while degrade mode is on", registry=r)
         self.load_score = Gauge("tts_load_score", "Load score in [0, 1]", registry=r)
+        self.time_to_first_audio = Histogram("tts_time_to_first_audio_seconds",
+                                             "Streamed requests: arrival to first audio bytes",
+                                             buckets=LATENCY_BUCKETS, registry=r)
+        self.chunks_per_request = Histogram("tts_chunks_per_request", "Streamed requests: sentences per request",
+                                            buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
 
     def batch_started(self, engine: str, size: int) -> None:
         with self._lock:

@@ -9,11 +9,12 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import AsyncIterator
 
 import numpy as np
 
 from . import gpu
-from .audio import FORMATS, encode, join
+from .audio import FORMATS, STREAMABLE, StreamEncoder, edge_faded, encode, join
 from .batcher import Batcher
 from .cache import AudioCache, CachedAudio
 from .access import Caller, Tier
@@ -196,9 +197,9 @@ class SpeechService:
         text, voice_info, engine = self._prepare(text, voice, model, speed)
         return await self._synthesize(text, voice_info, engine, speed, caller)
 
-    async def speak(self, text: str, voice: str | None = None, model: str | None = None, speed: float = 1.0,
-                    response_format: str = "mp3", caller: Caller | None = None) -> SpokenAudio:
-        """Synthesize and encode, with the caller's tier, the degrade actions and the cache in the way."""
+    def _admit(self, text: str, voice: str | None, model: str | None, speed: float,
+               caller: Caller | None) -> tuple[str, Voice, Engine]:
+        """Validation, the caller's tier and the degrade actions that refuse work up front."""
         state, settings = self.degrade.state, self.degrade.settings
         tier = caller.tier if caller else Tier()
         if "shed" in state.actions and tier.sheddable:
@@ -216,6 +217,13 @@ class SpeechService:
             raise InvalidRequest(f"the server is under heavy load: texts are limited to "
                                  f"{settings.cap_text_chars} characters for now (this one has {len(text)})",
                                  "input", "degraded_text_limit")
+        return text, voice_info, engine
+
+    async def speak(self, text: str, voice: str | None = None, model: str | None = None, speed: float = 1.0,
+                    response_format: str = "mp3", caller: Caller | None = None) -> SpokenAudio:
+        """Synthesize and encode, with the caller's tier, the degrade actions and the cache in the way."""
+        text, voice_info, engine = self._admit(text, voice, model, speed, caller)
+        state, settings = self.degrade.state, self.degrade.settings
         use_cache = settings.cache_enabled or "cache_first" in state.actions
         key = (engine.name, voice_info.name, speed, response_format, text)
         if use_cache and (hit := self.cache.get(key)) is not None:
@@ -233,8 +241,40 @@ class SpeechService:
         return SpokenAudio(data, content_type, speech.voice, speech.duration_s, "miss" if use_cache else "off",
                            self.degrade.state.actions, speech.timings)
 
-    async def _synthesize(self, text: str, voice_info: Voice, engine: Engine, speed: float,
-                          caller: Caller | None) -> Speech:
+    async def speak_stream(self, text: str, voice: str | None = None, model: str | None = None,
+                           speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None
+                           ) -> tuple[Voice, AsyncIterator[bytes]]:
+        """Queue every sentence now; the iterator yields encoded audio as each one is ready, in order.
+        Refusals (validation, limits, a full queue) raise here, before any byte is sent."""
+        if response_format not in STREAMABLE:
+            raise InvalidRequest(f"{response_format} cannot be streamed; use one of {', '.join(STREAMABLE)}",
+                                 "response_format", "unsupported_value")
+        started = time.monotonic()
+        text, voice_info, engine = self._admit(text, voice, model, speed, caller)
+        items = await self._submit(text, voice_info, engine, speed, caller)
+        return voice_info, self._stream(items, engine.sample_rate, response_format, started)
+
+    async def _stream(self, items: list[SynthesisRequest], sample_rate: int, response_format: str,
+                      started: float) -> AsyncIterator[bytes]:
+        encoder = StreamEncoder(response_format, sample_rate)
+        try:
+            for index, item in enumerate(items):
+                audio = await asyncio.wrap_future(item.future)
+                data = await asyncio.to_thread(encoder.encode, edge_faded(audio, sample_rate, index > 0))
+                if index == 0:
+                    self.metrics.time_to_first_audio.observe(time.monotonic() - started)
+                self.metrics.audio_seconds.inc(audio.size / sample_rate)
+                if data:
+                    yield data
+            yield await asyncio.to_thread(encoder.finish)
+            self.metrics.chunks_per_request.observe(len(items))
+        finally:  # the client left or something failed: the rest of its sentences leave the queue
+            for item in items:
+                item.future.cancel()
+
+    async def _submit(self, text: str, voice_info: Voice, engine: Engine, speed: float,
+                      caller: Caller | None) -> list[SynthesisRequest]:
+        """Chunk, tokenize and queue a text; the items' futures resolve to their audio in order."""
         tier = caller.tier if caller else Tier()
         batcher = self.batchers[engine.name]
         chunks = split_chunks(text, self.settings.max_chunk_chars)
@@ -255,6 +295,12 @@ class SpeechService:
             batcher.submit(items, share)
         except QueueFull as full:
             raise Overloaded(full.retry_after_s, "queue_full", str(full)) from None
+        self.metrics.characters.inc(len(text))
+        return items
+
+    async def _synthesize(self, text: str, voice_info: Voice, engine: Engine, speed: float,
+                          caller: Caller | None) -> Speech:
+        items = await self._submit(text, voice_info, engine, speed, caller)
         try:
             pieces = await asyncio.gather(*(asyncio.wrap_future(item.future) for item in items))
         except BaseException:  # caller gone, deadline or engine error: nothing else runs for it
@@ -262,6 +308,5 @@ class SpeechService:
                 item.future.cancel()
             raise
         audio = join(list(pieces), engine.sample_rate)
-        self.metrics.characters.inc(len(text))
         self.metrics.audio_seconds.inc(audio.size / engine.sample_rate)
         return Speech(audio, engine.sample_rate, voice_info.name, len(items), Timings.of(items))

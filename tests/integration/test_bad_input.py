@@ -23,7 +23,8 @@ GOOD = {"model": "tts-1", "input": "Hello.", "voice": "alloy"}
     ({"speed": "fast"}, 400, "speed"),
     ({"input": 42}, 400, "input"),
     ({"voice": None}, 400, "voice"),
-    ({"stream_format": "sse"}, 400, "stream_format"),
+    ({"stream_format": "video"}, 400, "stream_format"),
+    ({"stream": True, "response_format": "flac"}, 400, "response_format"),
 ])
 def test_bad_fields(server, change, status, param):
     response = httpx.post(f"{server}/v1/audio/speech", json={**GOOD, **change}, timeout=30)

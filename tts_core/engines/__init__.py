@@ -10,7 +10,8 @@ def load_engines(settings: Settings) -> list[Engine]:
     from .piper import load_piper_engines
 
     return list(load_piper_engines(settings.voices_path, settings.onnx_intra_op_threads,
-                                   settings.onnx_inter_op_threads, settings.onnx_spinning))
+                                   settings.onnx_inter_op_threads, settings.onnx_spinning,
+                                   settings.piper_noise_scale, settings.piper_noise_w))
 
 
 __all__ = ["Engine", "Voice", "load_engines"]

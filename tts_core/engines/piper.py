@@ -126,13 +126,14 @@ def _peak_normalize(audio: np.ndarray) -> np.ndarray:
 
 
 def load_piper_engines(voices_dir: Path, intra_op_threads: int = 0, inter_op_threads: int = 1,
-                       spinning: bool = False) -> list[PiperEngine]:
+                       spinning: bool = False, noise_scale: float | None = None,
+                       noise_w: float | None = None) -> list[PiperEngine]:
     """The bundled voice, then every voice in voices_dir (a file named like the bundled one wins)."""
     paths = {path.name: path for path in [bundled_voice_path(), *find_voice_files(voices_dir)]}
     engines = []
     for path in paths.values():
         try:
-            engines.append(PiperEngine(path, intra_op_threads, inter_op_threads, spinning))
+            engines.append(PiperEngine(path, intra_op_threads, inter_op_threads, spinning, noise_scale, noise_w))
         except Exception as error:  # one broken voice file must not stop the server
             log.error("skipping Piper voice %s: %s", path, error)
     return engines
