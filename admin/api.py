@@ -76,7 +76,8 @@ async def get_audit(request: Request, limit: int = Query(50, ge=1, le=1000), _: 
 
 @router.get("/stats")
 async def get_stats(request: Request, _: str = Depends(require_admin)) -> dict:
-    return collect_stats(request.app.state.service, request.app.state.monitor, _control(request))
+    return collect_stats(request.app.state.service, request.app.state.monitor, _control(request),
+                         request.app.state.access)
 
 
 class NewKey(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from api.access import AccessControl
 from tts_core import gpu
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
@@ -11,7 +12,8 @@ from tts_core.service import SpeechService
 from .control import OperatorControl
 
 
-def collect_stats(service: SpeechService, monitor: Monitor, control: OperatorControl, points: int = 120) -> dict:
+def collect_stats(service: SpeechService, monitor: Monitor, control: OperatorControl, access: AccessControl,
+                  points: int = 120) -> dict:
     return {
         "status": service.status(),
         "degrade": asdict(service.degrade.state),
@@ -20,6 +22,6 @@ def collect_stats(service: SpeechService, monitor: Monitor, control: OperatorCon
         "throughput_audio_s_per_s": service.metrics.audio_throughput(),
         "cache": service.cache.stats(),
         "gpu": gpu.readings(),
-        "storage": control.health(),
+        "storage": {**control.health(), "rate_limit_error": access.storage_error},
         "series": list(service.metrics.series)[-points:],
     }

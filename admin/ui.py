@@ -57,6 +57,8 @@ def _state_markdown(stats: dict) -> str:
     errors = [error for error in (storage["settings_error"], storage["request_log_error"]) if error]
     if errors:
         lines.append("**Storage error:** " + "; ".join(errors) + " — serving with the last known settings")
+    if storage["rate_limit_error"]:
+        lines.append(f"**Rate-limit store error:** {storage['rate_limit_error']} — serving without rate limits")
     return "\n\n".join(lines)
 
 
@@ -144,7 +146,7 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
         def refresh(is_signed_in: bool):
             if not is_signed_in:
                 return [gr.skip()] * (1 + len(plots))
-            stats = collect_stats(service, monitor, control)
+            stats = collect_stats(service, monitor, control, access)
             return [_state_markdown(stats),
                     *(_figure(stats["series"], *chart) for chart in CHARTS)]
 

@@ -36,7 +36,7 @@ class AccessControl:
         self.trusted_proxies = settings.trusted_proxies
         self.limiter = Limiter(key_func=lambda request: "", storage_uri=settings.ratelimit_storage,
                                strategy="fixed-window")
-        self.storage_error: str | None = None
+        self.storage_error: str | None = None  # the counter store's last failure, shown on the dashboard
         self._keys: dict[str, dict] = {}
         self.refresh_keys()
 

@@ -40,3 +40,27 @@ def test_a_tier_holds_at_most_its_share_of_the_queue():
     other.tier = "pro"
     queue.put_many([other], tier_limit=3)  # another tier is not counted
     assert len(queue) == 4
+
+
+def test_a_dead_rate_limit_store_fails_open_and_says_so(tmp_path):
+    from admin.control import OperatorControl
+    from admin.stats import collect_stats
+    from api.access import AccessControl
+    from storage import Storage, sqlite_url
+    from storage.request_log import RequestLogWriter
+    from tests.fakes import FakeEngine
+    from tts_core.config import Settings
+    from tts_core.degrade import OperatorSettings
+    from tts_core.metrics import Metrics
+    from tts_core.monitor import Monitor
+    from tts_core.service import SpeechService
+
+    storage = Storage(sqlite_url(tmp_path / "c.db"))
+    storage.migrate()
+    access = AccessControl(storage, Settings(ratelimit_storage="redis://127.0.0.1:1/0"), OperatorSettings)
+    caller, limit = access.admit(None, "192.0.2.1", None)  # the free tier has a limit, but no store answers
+    assert caller.tier_name == "free" and limit is None
+    assert "Connection" in access.storage_error
+    service = SpeechService(Settings(), [FakeEngine()], Metrics())
+    stats = collect_stats(service, Monitor(service), OperatorControl(storage, service, RequestLogWriter(storage)), access)
+    assert stats["storage"]["rate_limit_error"] == access.storage_error
