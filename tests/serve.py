@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from contextlib import contextmanager
@@ -45,3 +46,9 @@ def wait_until(condition, timeout_s: float = 10.0, every_s: float = 0.05) -> boo
             return True
         time.sleep(every_s)
     return False
+
+
+def metric(server: str, pattern: str) -> float:
+    """The value of the first /metrics sample matching the regular expression pattern (0 if none)."""
+    match = re.search(pattern + r" ([0-9.e+]+)", httpx.get(f"{server}/metrics").text)
+    return float(match.group(1)) if match else 0.0

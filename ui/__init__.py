@@ -19,6 +19,7 @@ from tts_core.service import MAX_SPEED, MIN_SPEED, InvalidRequest, Overloaded, S
 
 UI_FORMATS = ["mp3", "wav", "opus", "flac", "aac"]  # pcm has no header, so browsers cannot play it
 KEEP_FILES_S = 3600
+PRUNE_EVERY_S = 60  # sweeping the folder on every request would cost a directory scan each time
 
 
 def _prune(folder: Path, older_than_s: float) -> None:
@@ -37,9 +38,11 @@ def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter
     out_dir = Path(tempfile.gettempdir()) / "chorus-ui"
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics = service.metrics
+    next_prune = 0.0
 
     async def synthesize(text: str, voice: str, speed: float, response_format: str,
                          request: gr.Request) -> str:
+        nonlocal next_prune
         started, status, details, audio_s = time.perf_counter(), 200, {}, 0.0
         client = request.client.host if request and request.client else "unknown"
         try:
@@ -47,7 +50,9 @@ def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter
             client = caller.identity
             spoken = await service.speak(text or "", voice, None, float(speed), response_format, caller)
             details, audio_s = {"voice": spoken.voice, **asdict(spoken.timings)}, spoken.duration_s
-            await asyncio.to_thread(_prune, out_dir, KEEP_FILES_S)
+            if time.monotonic() >= next_prune:
+                next_prune = time.monotonic() + PRUNE_EVERY_S
+                await asyncio.to_thread(_prune, out_dir, KEEP_FILES_S)
             path = out_dir / f"chorus-{uuid.uuid4().hex[:12]}.{response_format}"
             path.write_bytes(spoken.data)
             return str(path)

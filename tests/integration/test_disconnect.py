@@ -1,15 +1,9 @@
-import re
 import socket
 import time
 
 import httpx
 
-from tests.serve import wait_until
-
-
-def metric(server: str, pattern: str) -> float:
-    match = re.search(pattern + r" ([0-9.e+]+)", httpx.get(f"{server}/metrics").text)
-    return float(match.group(1)) if match else 0.0
+from tests.serve import metric, wait_until
 
 
 def queue_length(server: str) -> int:

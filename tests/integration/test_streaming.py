@@ -9,8 +9,7 @@ import pytest
 
 from bench.server import start_server
 from tests.audio_check import duration
-from tests.integration.test_disconnect import metric
-from tests.serve import wait_until
+from tests.serve import metric, wait_until
 
 TEXT = ("Streaming sends the first sentence as soon as it is ready. The second one follows. "
         "And then a third, a little longer than the others, closes the text.")
