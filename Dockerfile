@@ -8,6 +8,9 @@ ENV PYTHONUNBUFFERED=1 \
     TTS_HOST=0.0.0.0 \
     TTS_PORT=7860
 
+# ffmpeg: Gradio encodes the UI's streaming player with it (without it the UI plays whole files).
+RUN apt-get update && apt-get install -y --no-install-recommends ffmpeg && rm -rf /var/lib/apt/lists/*
+
 # Spaces run the container as user 1000; so do we everywhere.
 RUN useradd --create-home --uid 1000 user
 WORKDIR /home/user/app

@@ -19,6 +19,7 @@ def collect_stats(service: SpeechService, monitor: Monitor, control: OperatorCon
         "degrade": asdict(service.degrade.state),
         "precision": dict(monitor.precision),
         "latency_ms": {"p50": service.metrics.latency_ms(0.5), "p95": service.metrics.latency_ms(0.95)},
+        "first_audio_ms": {"p50": service.metrics.first_audio_ms(0.5), "p95": service.metrics.first_audio_ms(0.95)},
         "throughput_audio_s_per_s": service.metrics.audio_throughput(),
         "cache": service.cache.stats(),
         "gpu": gpu.readings(),

@@ -23,6 +23,7 @@ CHARTS = [  # (title, [(series key, label)], y axis title)
     ("Queue length", [("queue_length", "queued items")], "items"),
     ("Throughput", [("throughput_audio_s", "audio seconds per second")], "audio s / s"),
     ("Latency", [("p50_ms", "p50"), ("p95_ms", "p95")], "ms"),
+    ("Streams: time to first audio", [("first_audio_p50_ms", "p50"), ("first_audio_p95_ms", "p95")], "ms"),
     ("Cache hit rate", [("cache_hit_rate", "hit rate")], "fraction"),
     ("GPU", [("gpu_used_fraction", "memory used"), ("gpu_utilization_pct", "utilisation %")], ""),
 ]

@@ -10,7 +10,7 @@ from storage.request_log import RequestLogWriter
 from tts_core.metrics import Metrics
 from tts_core.service import SpeechService
 
-from . import speech, system
+from . import speech, speech_socket, system
 from .access import AccessControl
 from .errors import install_error_handlers
 from .limits import BodySizeLimit
@@ -55,8 +55,10 @@ def build_api(service: SpeechService, access: AccessControl, request_log: Reques
                   description="Self-hosted text-to-speech with an OpenAI-compatible API.")
     app.state.service = service
     app.state.access = access
+    app.state.request_log = request_log
     install_error_handlers(app)
     app.include_router(speech.router)
+    app.include_router(speech_socket.router)
     app.include_router(system.router)
     app.include_router(system.fallback)  # last: catches only what no route above matched
     app.state.api_routes = [*speech.router.routes, *system.router.routes]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,11 +22,50 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           504: "timeout_error"}
 
 
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param,
+                      "code": code}}
+
+
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": _TYPES.get(status, "server_error"),
-                      "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+
+
+@dataclass(frozen=True)
+class ApiError:
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] | None = None
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.message, self.param, self.code, self.headers)
+
+
+def api_error(exc: Exception) -> ApiError | None:
+    """What a refusal or failure of the service answers; None for an unexpected exception."""
+    if isinstance(exc, InvalidRequest):
+        return ApiError(400, exc.message, exc.param, exc.code)
+    if isinstance(exc, Unauthorized):
+        return ApiError(401, exc.message, None, "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+    if isinstance(exc, RateLimited):
+        return ApiError(429, str(exc), None, "rate_limit_exceeded",
+                        {"Retry-After": str(exc.retry_after_s), **exc.state.headers()})
+    if isinstance(exc, Overloaded):
+        return ApiError(503, str(exc), None, exc.code, {"Retry-After": str(exc.retry_after_s)})
+    if isinstance(exc, DeadlineExceeded):
+        return ApiError(504, f"request timed out: {exc}", None, "deadline_exceeded")
+    if isinstance(exc, SynthesisError):
+        return ApiError(500, str(exc), None, "synthesis_failed")
+    return None
+
+
+SERVICE_ERRORS = (InvalidRequest, Unauthorized, RateLimited, Overloaded, DeadlineExceeded, SynthesisError)
 
 
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -51,30 +91,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
-    @app.exception_handler(InvalidRequest)
-    async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
-        return error_response(400, exc.message, exc.param, exc.code)
+    async def _service_error(_: Request, exc: Exception) -> JSONResponse:
+        return api_error(exc).response()
 
-    @app.exception_handler(Unauthorized)
-    async def _unauthorized(_: Request, exc: Unauthorized) -> JSONResponse:
-        return error_response(401, exc.message, None, "invalid_api_key", {"WWW-Authenticate": "Bearer"})
-
-    @app.exception_handler(RateLimited)
-    async def _rate_limited(_: Request, exc: RateLimited) -> JSONResponse:
-        return error_response(429, str(exc), None, "rate_limit_exceeded",
-                              {"Retry-After": str(exc.retry_after_s), **exc.state.headers()})
-
-    @app.exception_handler(Overloaded)
-    async def _overloaded(_: Request, exc: Overloaded) -> JSONResponse:
-        return error_response(503, str(exc), None, exc.code, {"Retry-After": str(exc.retry_after_s)})
-
-    @app.exception_handler(DeadlineExceeded)
-    async def _deadline(_: Request, exc: DeadlineExceeded) -> JSONResponse:
-        return error_response(504, f"request timed out: {exc}", None, "deadline_exceeded")
-
-    @app.exception_handler(SynthesisError)
-    async def _synthesis(_: Request, exc: SynthesisError) -> JSONResponse:
-        return error_response(500, str(exc), None, "synthesis_failed")
+    for error_class in SERVICE_ERRORS:
+        app.add_exception_handler(error_class, _service_error)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints
 
 from tts_core.audio import FORMATS
 
@@ -38,6 +38,20 @@ class SpeechRequest(BaseModel):
     @property
     def voice_name(self) -> str:
         return self.voice if isinstance(self.voice, str) else self.voice.id
+
+
+class SocketMessage(BaseModel):
+    """One client message on the speech WebSocket: text to buffer and/or settings for what follows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["speech"] = "speech"
+    text: str | None = Field(None, validation_alias=AliasChoices("text", "input"))
+    voice: VoiceName | None = None
+    model: str | None = Field(None, min_length=1, max_length=128)
+    speed: float | None = Field(None, ge=0.25, le=4.0)
+    response_format: ResponseFormat | None = None
+    flush: bool = Field(True, description="speak the buffered text now")
 
 
 class ErrorDetail(BaseModel):

@@ -64,6 +64,19 @@ def admitted(request: Request) -> tuple[Caller, RateLimitState | None]:
     return caller, limit
 
 
+async def audio_bytes(encoded: AsyncIterator[tuple[bytes, float]], details: dict) -> AsyncIterator[bytes]:
+    """The encoded stream's bytes; the audio seconds sent so far are kept in the request's details
+    (for the request log and the dashboard, which read them when the response ends)."""
+    details["audio_s"] = 0.0
+    try:
+        async for data, seconds in encoded:
+            details["audio_s"] += seconds
+            if data:
+                yield data
+    finally:
+        await encoded.aclose()
+
+
 async def server_sent_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
     """OpenAI's speech SSE: speech.audio.delta events with base64 audio, then speech.audio.done."""
     try:
@@ -83,10 +96,11 @@ async def create_speech(body: SpeechRequest, request: Request,
     caller, limit = admission
     request.state.speech["characters"] = len(body.input)
     if body.stream or body.stream_format is not None:
-        voice, chunks = await service.speak_stream(body.input, body.voice_name, body.model, body.speed,
-                                                   body.response_format, caller)
-        headers = {"X-Chorus-Voice": voice.name, **(limit.headers() if limit else {})}
-        request.state.speech["voice"] = voice.name
+        stream = await service.speak_stream(body.input, body.voice_name, body.model, body.speed,
+                                            body.response_format, caller)
+        headers = {"X-Chorus-Voice": stream.voice.name, **(limit.headers() if limit else {})}
+        request.state.speech["voice"] = stream.voice.name
+        chunks = audio_bytes(stream.encoded(body.response_format), request.state.speech)
         if body.stream_format == "sse":
             return StreamingResponse(server_sent_events(chunks), media_type="text/event-stream", headers=headers)
         return StreamingResponse(chunks, media_type=FORMATS[body.response_format].content_type, headers=headers)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from datetime import datetime, timezone
 

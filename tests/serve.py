@@ -1,13 +1,17 @@
-"""Run an ASGI app on a real HTTP server on 127.0.0.1, in a thread of the test process."""
+"""Test helpers: an ASGI app on a real HTTP server on 127.0.0.1 (in a thread of the test process),
+metrics reading, waiting, and the Debian tools some tests drive."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import threading
 import time
 from contextlib import contextmanager
 
 import httpx
+import pytest
 import uvicorn
 
 from bench.server import free_port
@@ -52,3 +56,14 @@ def metric(server: str, pattern: str) -> float:
     """The value of the first /metrics sample matching the regular expression pattern (0 if none)."""
     match = re.search(pattern + r" ([0-9.e+]+)", httpx.get(f"{server}/metrics").text)
     return float(match.group(1)) if match else 0.0
+
+
+def require_tools(*commands: str, install: str) -> None:
+    """Skip the test when a command is missing, or fail it where CI promised the tools
+    (CHORUS_REQUIRE_TOOLS=1, set by .ci/run after installing them)."""
+    missing = [command for command in commands if shutil.which(command) is None]
+    if not missing:
+        return
+    if os.environ.get("CHORUS_REQUIRE_TOOLS"):
+        pytest.fail(f"{', '.join(missing)} required ({install})")
+    pytest.skip(f"no {', '.join(missing)} on this machine")

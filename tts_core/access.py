@@ -14,7 +14,7 @@ class Tier(BaseModel):
 
     rate_limit: str | None = Field(None, description='e.g. "10/minute" or "100/hour;1000/day"; null: unlimited')
     priority: int = Field(0, description="higher runs earlier in the queue")
-    max_chars: int = Field(4096, ge=1, description="longest text this tier may send")
+    max_chars: int = Field(5000, ge=1, description="longest text this tier may send")
     sheddable: bool = Field(True, description="refused first while degrade mode sheds load")
     max_queue_share: float = Field(1.0, gt=0, le=1, description="most of the queue this tier may hold")
     request_timeout_s: float = Field(120.0, gt=0, description="deadline for its queued work")
@@ -33,9 +33,9 @@ class Tier(BaseModel):
 DEFAULT_TIERS = {
     "free": Tier(rate_limit="10/minute", priority=0, max_chars=1000, sheddable=True, max_queue_share=0.5,
                  request_timeout_s=60.0),
-    "pro": Tier(rate_limit="120/minute", priority=1, max_chars=4096, sheddable=False, max_queue_share=0.8,
+    "pro": Tier(rate_limit="120/minute", priority=1, max_chars=5000, sheddable=False, max_queue_share=0.8,
                 request_timeout_s=120.0),
-    "enterprise": Tier(rate_limit=None, priority=2, max_chars=4096, sheddable=False, max_queue_share=1.0,
+    "enterprise": Tier(rate_limit=None, priority=2, max_chars=5000, sheddable=False, max_queue_share=1.0,
                        request_timeout_s=300.0),
 }
 

@@ -41,6 +41,7 @@ class Batcher:
         self.ready = threading.Event()
         self._candidate_limit = 2 * policy.max_batch_size
         self._item_seconds = 0.1  # moving estimate of engine time per item, for Retry-After
+        self.audio_s_per_token = 0.0  # moving estimate of audio produced per input token (at speed 1)
         self._thread = threading.Thread(target=self._run, name=f"batcher-{engine.name}", daemon=True)
 
     # --- the caller's side -------------------------------------------------------------------
@@ -85,8 +86,10 @@ class Batcher:
             items = [SynthesisRequest(tokens=tokens[:length], voice=voice, speed=1.0, key=key,
                                       deadline=math.inf) for _ in range(size)]
             started = time.perf_counter()
-            self.engine.synthesize(items)
-            return time.perf_counter() - started
+            outputs = self.engine.synthesize(items)
+            seconds = time.perf_counter() - started
+            self._learn_audio_rate(items, outputs)
+            return seconds
 
         timed(1, CALIBRATION_LENGTHS[0])
         if not self.policy.learns:
@@ -129,8 +132,14 @@ class Batcher:
             for item in batch:
                 self._execute([item])
             return
+        self._learn_audio_rate(batch, outputs)
         for item, audio in zip(batch, outputs):
             item.future.set_result(audio)
+
+    def _learn_audio_rate(self, batch: list[SynthesisRequest], outputs: list[np.ndarray]) -> None:
+        audio_s = sum(audio.size * item.speed for item, audio in zip(batch, outputs)) / self.engine.sample_rate
+        rate = audio_s / max(1, sum(item.length for item in batch))
+        self.audio_s_per_token = rate if not self.audio_s_per_token else 0.8 * self.audio_s_per_token + 0.2 * rate
 
     def _run_batch(self, batch: list[SynthesisRequest]) -> list[np.ndarray]:
         name = self.engine.name

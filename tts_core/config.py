@@ -33,9 +33,10 @@ class Settings(BaseSettings):
     ratelimit_storage: str = "memory://"  # or redis://host:port/db to share counters between replicas
 
     # Request limits
-    max_chars: int = Field(4096, ge=1)
+    max_chars: int = Field(5000, ge=1)
     max_body_bytes: int = Field(1_048_576, ge=1024)
     max_chunk_chars: int = Field(400, ge=20)
+    stream_first_chunk_chars: int = Field(24, ge=0)  # streams start with a chunk this short; 0: whole sentences
     request_timeout_s: float = Field(120.0, gt=0)
 
     # Batching

@@ -36,6 +36,7 @@ class Metrics:
         self._running: dict[str, int] = {}  # engine -> size of the batch it is running now
         self._latencies: deque[tuple[float, float]] = deque()
         self._audio: deque[tuple[float, float]] = deque()  # (at, audio seconds) per answered request
+        self._first_audio: deque[tuple[float, float]] = deque()  # (at, seconds to first audio) per stream
         self.series: deque[dict] = deque(maxlen=series_points)  # one point a second, for the dashboard
 
         r = self.registry
@@ -100,11 +101,26 @@ class Metrics:
                 self._audio.append((now, audio_s))
                 self._trim(now)
 
+    def first_audio(self, seconds: float) -> None:
+        """A stream's first audio is ready, `seconds` after its request arrived."""
+        self.time_to_first_audio.observe(seconds)
+        now = time.monotonic()
+        with self._lock:
+            self._first_audio.append((now, seconds))
+            self._trim(now)
+
     def latency_ms(self, quantile: float) -> float | None:
         """A quantile of recent successful request latencies, or None when there were none."""
+        return self._quantile_ms(self._latencies, quantile)
+
+    def first_audio_ms(self, quantile: float) -> float | None:
+        """A quantile of recent streams' times to first audio, or None when there were none."""
+        return self._quantile_ms(self._first_audio, quantile)
+
+    def _quantile_ms(self, window: deque[tuple[float, float]], quantile: float) -> float | None:
         with self._lock:
             self._trim(time.monotonic())
-            values = sorted(seconds for _, seconds in self._latencies)
+            values = sorted(seconds for _, seconds in window)
         if not values:
             return None
         return round(1000 * values[min(len(values) - 1, int(quantile * len(values)))], 1)
@@ -117,7 +133,7 @@ class Metrics:
 
     def _trim(self, now: float) -> None:
         horizon = now - self.window_s
-        for window in (self._waits, self._latencies, self._audio):
+        for window in (self._waits, self._latencies, self._audio, self._first_audio):
             while window and window[0][0] < horizon:
                 window.popleft()
         while self._batches and self._batches[0].at < horizon:

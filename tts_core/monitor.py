@@ -73,6 +73,8 @@ class Monitor:
             "throughput_audio_s": metrics.audio_throughput(),
             "p50_ms": metrics.latency_ms(0.5),
             "p95_ms": metrics.latency_ms(0.95),
+            "first_audio_p50_ms": metrics.first_audio_ms(0.5),
+            "first_audio_p95_ms": metrics.first_audio_ms(0.95),
             "cache_hit_rate": service.cache.stats()["hit_rate"],
             "load_score": state.score,
             "degraded": state.active,

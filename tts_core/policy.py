@@ -128,8 +128,10 @@ class AdaptivePolicy(BatchPolicy):
     """Pick the batch that maximises predicted real tokens per second, deadlines permitting.
 
     Candidates are the most urgent item plus the queued items closest to it in length (a length
-    bucket formed on the fly). The best batch must beat running the head alone by `min_gain`, so
-    when batching does not pay (per-item cost linear in batch size) the answer is size 1.
+    bucket formed on the fly). A batch is only a candidate when it is predicted to beat running
+    its own items one after the other by `min_gain`; so when batching does not pay (per-item cost
+    linear in batch size, or padding eats the gain) the answer is size 1: never slower than
+    sequential by the model's own account.
     """
 
     name = "adaptive"
@@ -156,12 +158,13 @@ class AdaptivePolicy(BatchPolicy):
         order = [0] + sorted(range(1, len(queued)),
                              key=lambda i: (abs(queued[i].length - head_length), i))
         order = order[: self.max_batch_size]
-        best_size, best_rate, alone_rate = 1, 0.0, 0.0
-        longest, real, earliest_deadline = 0, 0, float("inf")
+        best_size, best_rate = 1, 0.0
+        longest, real, one_by_one, earliest_deadline = 0, 0, 0.0, float("inf")
         for size, index in enumerate(order, start=1):
             item = queued[index]
             longest = max(longest, item.length)
             real += item.length
+            one_by_one += self.cost_model.predict(1, item.length)
             earliest_deadline = min(earliest_deadline, item.deadline)
             padded = size * longest
             if size > 1 and padded > self.max_batch_tokens:
@@ -169,12 +172,9 @@ class AdaptivePolicy(BatchPolicy):
             seconds = max(self.cost_model.predict(size, padded), 1e-6)
             if size > 1 and now + seconds > earliest_deadline:
                 break
-            rate = real / seconds
-            alone_rate = alone_rate or rate
-            if rate > best_rate:
-                best_size, best_rate = size, rate
-        if best_rate < alone_rate * (1 + self.min_gain):
-            best_size = 1
+            pays = size == 1 or one_by_one >= seconds * (1 + self.min_gain)
+            if pays and real / seconds > best_rate:
+                best_size, best_rate = size, real / seconds
         return BatchPlan(take=tuple(order[:best_size]))
 
 

@@ -1,7 +1,9 @@
 """The request queue of one engine: bounded, priority with aging, cancellation and deadlines.
 
 Order is by a virtual start time: the arrival time, plus a delay that grows with the item's
-length (short texts go first), minus a boost for higher priority classes. Because the length
+length (short texts go first), minus a boost for higher priority classes. A stream's later
+chunks also count from when their audio will be needed (`due_s`): what plays in a minute does
+not go before another caller's first words. Because the length
 delay is capped at `aging_horizon_s`, anything that arrives later than that after a long item
 ranks behind it: a long request's extra wait is bounded, it is never starved.
 """
@@ -39,7 +41,7 @@ class RequestQueue:
 
     def rank(self, item: SynthesisRequest) -> tuple[float, int]:
         length_delay = self.aging_horizon_s * min(1.0, item.length / self.long_tokens)
-        return (item.enqueued_at + length_delay - item.priority * PRIORITY_STEP_S, item.seq)
+        return (item.enqueued_at + item.due_s + length_delay - item.priority * PRIORITY_STEP_S, item.seq)
 
     def has_room(self, count: int = 1) -> bool:
         return len(self._items) + count <= self.max_size

@@ -29,6 +29,7 @@ class SynthesisRequest:
     deadline: float  # time.monotonic() after which the caller no longer waits
     priority: int = 0  # higher runs earlier; 0 is the default tier
     tier: str = ""  # the caller's tier, for its share of the queue
+    due_s: float = 0.0  # a stream's later chunk: how long after the stream's first audio it is needed
     enqueued_at: float = 0.0
     future: Future = field(default_factory=Future)
     seq: int = field(default_factory=lambda: next(_sequence))

@@ -25,11 +25,12 @@ from .metrics import Metrics
 from .policy import make_policy
 from .queue import QueueFull, RequestQueue
 from .request import SynthesisRequest
-from .text import TextError, normalize, split_chunks
+from .text import TextError, normalize, ramp_up, split_chunks
 
 log = logging.getLogger(__name__)
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
+STREAM_DUE_MARGIN = 0.8  # a stream's chunk is scheduled as if due at 80% of its estimated play time
 
 
 class InvalidRequest(ValueError):
@@ -243,41 +244,31 @@ class SpeechService:
 
     async def speak_stream(self, text: str, voice: str | None = None, model: str | None = None,
                            speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None
-                           ) -> tuple[Voice, AsyncIterator[bytes]]:
-        """Queue every sentence now; the iterator yields encoded audio as each one is ready, in order.
-        Refusals (validation, limits, a full queue) raise here, before any byte is sent."""
+                           ) -> "SentenceStream":
+        """stream_pieces for a streamed encoded response: the format is checked first."""
         if response_format not in STREAMABLE:
             raise InvalidRequest(f"{response_format} cannot be streamed; use one of {', '.join(STREAMABLE)}",
                                  "response_format", "unsupported_value")
+        return await self.stream_pieces(text, voice, model, speed, caller)
+
+    async def stream_pieces(self, text: str, voice: str | None = None, model: str | None = None,
+                            speed: float = 1.0, caller: Caller | None = None) -> "SentenceStream":
+        """Queue every sentence now and return their audio as a SentenceStream. Refusals (validation,
+        limits, a full queue) raise here, before any audio exists."""
         started = time.monotonic()
         text, voice_info, engine = self._admit(text, voice, model, speed, caller)
-        items = await self._submit(text, voice_info, engine, speed, caller)
-        return voice_info, self._stream(items, engine.sample_rate, response_format, started)
-
-    async def _stream(self, items: list[SynthesisRequest], sample_rate: int, response_format: str,
-                      started: float) -> AsyncIterator[bytes]:
-        encoder = StreamEncoder(response_format, sample_rate)
-        try:
-            for index, item in enumerate(items):
-                audio = await asyncio.wrap_future(item.future)
-                data = await asyncio.to_thread(encoder.encode, edge_faded(audio, sample_rate, index > 0))
-                if index == 0:
-                    self.metrics.time_to_first_audio.observe(time.monotonic() - started)
-                self.metrics.audio_seconds.inc(audio.size / sample_rate)
-                if data:
-                    yield data
-            yield await asyncio.to_thread(encoder.finish)
-            self.metrics.chunks_per_request.observe(len(items))
-        finally:  # the client left or something failed: the rest of its sentences leave the queue
-            for item in items:
-                item.future.cancel()
+        items = await self._submit(text, voice_info, engine, speed, caller, streaming=True)
+        return SentenceStream(voice_info, engine.sample_rate, items, started, self.metrics)
 
     async def _submit(self, text: str, voice_info: Voice, engine: Engine, speed: float,
-                      caller: Caller | None) -> list[SynthesisRequest]:
-        """Chunk, tokenize and queue a text; the items' futures resolve to their audio in order."""
+                      caller: Caller | None, streaming: bool = False) -> list[SynthesisRequest]:
+        """Chunk, tokenize and queue a text; the items' futures resolve to their audio in order.
+        A stream's first chunks are cut shorter, so its first audio comes sooner."""
         tier = caller.tier if caller else Tier()
         batcher = self.batchers[engine.name]
         chunks = split_chunks(text, self.settings.max_chunk_chars)
+        if streaming and self.settings.stream_first_chunk_chars:
+            chunks = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)
         if not batcher.queue.has_room(len(chunks)):  # refuse before doing any work
             raise Overloaded(batcher.retry_after_s())
         token_lists = await asyncio.to_thread(
@@ -290,6 +281,12 @@ class SpeechService:
         items = [SynthesisRequest(tokens=tokens, voice=voice_info.name, speed=speed, key=key, deadline=deadline,
                                   priority=tier.priority, tier=caller.tier_name if caller else "")
                  for tokens in token_lists]
+        if streaming:  # each chunk is needed once the ones before it have played (estimated low)
+            played = 0.0
+            for item in items:
+                item.due_s = STREAM_DUE_MARGIN * played
+                item.deadline += item.due_s
+                played += item.length * batcher.audio_s_per_token / speed
         share = None if tier.max_queue_share >= 1 else max(1, int(tier.max_queue_share * batcher.queue.max_size))
         try:
             batcher.submit(items, share)
@@ -310,3 +307,44 @@ class SpeechService:
         audio = join(list(pieces), engine.sample_rate)
         self.metrics.audio_seconds.inc(audio.size / engine.sample_rate)
         return Speech(audio, engine.sample_rate, voice_info.name, len(items), Timings.of(items))
+
+
+class SentenceStream:
+    """The audio of one queued text, sentence by sentence, strictly in order, each piece ready to
+    concatenate (edges faded, the pause in front). Closing it, or leaving a loop over it early,
+    takes the sentences not yet synthesized out of the queue."""
+
+    def __init__(self, voice: Voice, sample_rate: int, items: list[SynthesisRequest], started: float,
+                 metrics: Metrics):
+        self.voice, self.sample_rate, self.items = voice, sample_rate, items
+        self._started, self._metrics = started, metrics
+
+    async def __aiter__(self) -> AsyncIterator[np.ndarray]:
+        try:
+            for index, item in enumerate(self.items):
+                audio = await asyncio.wrap_future(item.future)
+                if index == 0:
+                    self._metrics.first_audio(time.monotonic() - self._started)
+                self._metrics.audio_seconds.inc(audio.size / self.sample_rate)
+                yield edge_faded(audio, self.sample_rate, index > 0)
+            self._metrics.chunks_per_request.observe(len(self.items))
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for item in self.items:
+            item.future.cancel()
+
+    async def encoded(self, response_format: str) -> AsyncIterator[tuple[bytes, float]]:
+        """The stream encoded as one file in a streamable format: (bytes, seconds of audio they
+        add); the last pair flushes the encoder."""
+        encoder = StreamEncoder(response_format, self.sample_rate)
+        try:
+            pieces = aiter(self)
+            async for audio in pieces:
+                data = await asyncio.to_thread(encoder.encode, audio)
+                yield data, audio.size / self.sample_rate
+            yield await asyncio.to_thread(encoder.finish), 0.0
+        finally:
+            self.close()
+

@@ -97,3 +97,21 @@ def split_chunks(text: str, max_chars: int) -> list[str]:
             clauses.extend([clause] if len(clause) <= max_chars else _pack_words(clause, max_chars))
         chunks.extend(_pack(clauses, max_chars))
     return chunks
+
+
+def ramp_up(chunks: list[str], first_chars: int, max_chars: int) -> list[str]:
+    """For streaming: the first chunk at most first_chars long, each next one at most twice the
+    one before, up to max_chars. The first audio is then ready after a short synthesis, and each
+    chunk is synthesized while the shorter one before it plays. Cuts fall at clauses, then words."""
+    ramped: list[str] = []
+    limit = first_chars
+    for chunk in chunks:
+        while limit < max_chars and len(chunk) > limit:
+            pieces = _pack([part for clause in _split_after(chunk, CLAUSE_ENDS)
+                            for part in _pack_words(clause, limit)], limit)
+            ramped.append(pieces[0])
+            chunk = " ".join(pieces[1:])
+            limit *= 2
+        ramped.append(chunk)
+        limit *= 2
+    return ramped

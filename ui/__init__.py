@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
 import gradio as gr
+import numpy as np
 
 from storage.request_log import RequestLogWriter
 from tts_core.access import Caller, RateLimited, Unauthorized
+from tts_core.audio import encode
 from tts_core.request import DeadlineExceeded, SynthesisError
 from tts_core.service import MAX_SPEED, MIN_SPEED, InvalidRequest, Overloaded, SpeechService
 
+log = logging.getLogger(__name__)
 UI_FORMATS = ["mp3", "wav", "opus", "flac", "aac"]  # pcm has no header, so browsers cannot play it
 KEEP_FILES_S = 3600
 PRUNE_EVERY_S = 60  # sweeping the folder on every request would cost a directory scan each time
@@ -35,27 +39,38 @@ Admit = Callable[[gr.Request], tuple[Caller, object]]  # identifies and rate-lim
 def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter | None = None,
              extra_tabs: Sequence[Callable[[], None]] = ()) -> gr.Blocks:
     """The app's page: the synthesis tab, then each extra tab (the composition root adds Admin)."""
+    # Gradio encodes a streaming player's audio with ffmpeg; without it the player gets the whole file.
+    streaming = shutil.which("ffmpeg") is not None
+    if not streaming:
+        log.warning("ffmpeg is not on PATH: the UI plays speech once it is complete instead of streaming it")
     out_dir = Path(tempfile.gettempdir()) / "chorus-ui"
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics = service.metrics
     next_prune = 0.0
 
-    async def synthesize(text: str, voice: str, speed: float, response_format: str,
-                         request: gr.Request) -> str:
+    async def synthesize(text: str, voice: str, speed: float, response_format: str, request: gr.Request):
+        """Plays each sentence as it is synthesized, then offers the whole text as a file."""
         nonlocal next_prune
         started, status, details, audio_s = time.perf_counter(), 200, {}, 0.0
         client = request.client.host if request and request.client else "unknown"
         try:
             caller, _ = admit(request)
             client = caller.identity
-            spoken = await service.speak(text or "", voice, None, float(speed), response_format, caller)
-            details, audio_s = {"voice": spoken.voice, **asdict(spoken.timings)}, spoken.duration_s
+            stream = await service.stream_pieces(text or "", voice, None, float(speed), caller)
+            details, pieces = {"voice": stream.voice.name}, []
+            async for piece in stream:
+                pieces.append(piece)
+                if streaming:
+                    yield await asyncio.to_thread(encode, piece, stream.sample_rate, "wav"), gr.skip()
+            audio = np.concatenate(pieces)
+            audio_s = audio.size / stream.sample_rate
+            data = await asyncio.to_thread(encode, audio, stream.sample_rate, response_format)
             if time.monotonic() >= next_prune:
                 next_prune = time.monotonic() + PRUNE_EVERY_S
                 await asyncio.to_thread(_prune, out_dir, KEEP_FILES_S)
             path = out_dir / f"chorus-{uuid.uuid4().hex[:12]}.{response_format}"
-            path.write_bytes(spoken.data)
-            return str(path)
+            path.write_bytes(data)
+            yield gr.skip() if streaming else str(path), str(path)
         except (InvalidRequest, Overloaded, DeadlineExceeded, SynthesisError, RateLimited, Unauthorized) as error:
             status = {InvalidRequest: 400, RateLimited: 429, Unauthorized: 401}.get(type(error), 503)
             raise gr.Error(getattr(error, "message", str(error))) from None
@@ -85,8 +100,10 @@ def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter
                     speed = gr.Slider(MIN_SPEED, MAX_SPEED, value=1.0, step=0.05, label="Speed")
                     response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format")
                     button = gr.Button("Synthesize", variant="primary")
-            audio = gr.Audio(label="Speech", type="filepath", interactive=False, buttons=["download"])
-            button.click(synthesize, [text, voice, speed, response_format], audio,
+            player = gr.Audio(label="Speech", streaming=streaming, autoplay=True, interactive=False,
+                              type="filepath")
+            download = gr.File(label="The whole text, in the chosen format", interactive=False)
+            button.click(synthesize, [text, voice, speed, response_format], [player, download],
                          api_name="synthesize", concurrency_limit=None)
         for render_tab in extra_tabs:
             render_tab()

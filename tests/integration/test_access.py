@@ -1,8 +1,6 @@
 """API keys, tiers and rate limits on real server processes."""
 
 import json
-import os
-import shutil
 import subprocess
 import time
 
@@ -11,6 +9,7 @@ import pytest
 from gradio_client import Client
 
 from bench.server import free_port, start_server
+from tests.serve import require_tools
 
 TOKEN = "access-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -109,10 +108,7 @@ def test_require_api_key_mode(tmp_path):
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
-    if not shutil.which("redis-server"):
-        if os.environ.get("CHORUS_REQUIRE_TOOLS"):
-            pytest.fail("redis-server is required (apt-get install redis-server)")
-        pytest.skip("no redis-server on this machine")
+    require_tools("redis-server", install="apt-get install redis-server")
     port = free_port()
     process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                 "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis"))],

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from bench.server import ROOT, start_server
+from tests.serve import require_tools
 
 TOKEN = "browser-admin-token"
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -22,10 +23,7 @@ ARTIFACTS = Path(os.environ.get("TTS_TEST_ARTIFACTS", ROOT / "artifacts"))
 
 @pytest.fixture(scope="module")
 def browser():
-    if not (CHROMIUM and CHROMEDRIVER):
-        if os.environ.get("CHORUS_REQUIRE_TOOLS"):
-            pytest.fail("chromium and chromedriver are required (apt-get install chromium chromium-driver)")
-        pytest.skip("no chromium/chromedriver on this machine")
+    require_tools("chromium", "chromedriver", install="apt-get install chromium chromium-driver")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from tts_core.text import TextError, normalize, split_chunks
+from tts_core.text import TextError, normalize, ramp_up, split_chunks
 
 
 def test_normalize_collapses_space_and_keeps_lines():
@@ -55,3 +55,13 @@ def test_adversarial_input_is_linear_time(text):
     except TextError:
         pass
     assert time.perf_counter() - started < 2.0
+
+
+def test_ramp_up_starts_short_and_doubles_without_losing_or_cutting_words():
+    text = " ".join(["Alpha beta gamma delta, epsilon zeta eta theta iota kappa lambda mu nu xi omicron."] * 6)
+    chunks = ramp_up(split_chunks(text, 120), 24, 120)
+    assert " ".join(chunks).split() == text.split()
+    assert len(chunks[0]) <= 24 and len(chunks[1]) <= 48 and len(chunks[2]) <= 96
+    assert all(len(chunk) <= 120 for chunk in chunks)
+    assert chunks[0] == "Alpha beta gamma delta,"  # cut at the clause, not mid-word
+    assert ramp_up(["Short."], 24, 120) == ["Short."]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from ..config import Settings
+from typing import TYPE_CHECKING
+
 from .base import Engine, Voice
+
+if TYPE_CHECKING:  # engines load without the settings package (bench/gpu_check runs on bare machines)
+    from ..config import Settings
 
 
 def load_engines(settings: Settings) -> list[Engine]:

@@ -44,3 +44,12 @@ class Engine(ABC):
     @abstractmethod
     def synthesize(self, batch: Sequence[SynthesisRequest]) -> list[np.ndarray]:
         """One float32 mono array in [-1, 1] per item, trimmed to that item's own length."""
+
+
+def peak_normalize(audio: np.ndarray) -> np.ndarray:
+    """Scale to peak 1.0, as Piper does for each sentence it synthesizes (every engine does, so
+    sentences of one text are equally loud)."""
+    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+    if peak < 1e-8:
+        return np.zeros_like(audio, dtype=np.float32)
+    return np.clip(audio / peak, -1.0, 1.0).astype(np.float32)

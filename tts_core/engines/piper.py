@@ -20,7 +20,7 @@ from piper.config import PiperConfig
 from piper.voice import PiperVoice
 
 from ..request import SynthesisRequest
-from .base import Engine, Voice
+from .base import Engine, Voice, peak_normalize
 
 log = logging.getLogger(__name__)
 
@@ -114,15 +114,7 @@ class PiperEngine(Engine):
         audio, durations = self._session.run(None, inputs)
         audio = audio.reshape(len(batch), -1)
         samples = durations.reshape(len(batch), -1).sum(axis=1) * self.config.hop_length
-        return [_peak_normalize(audio[row, : int(samples[row])]) for row in range(len(batch))]
-
-
-def _peak_normalize(audio: np.ndarray) -> np.ndarray:
-    """Scale to peak 1.0, as Piper does for each sentence it synthesizes."""
-    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
-    if peak < 1e-8:
-        return np.zeros_like(audio, dtype=np.float32)
-    return np.clip(audio / peak, -1.0, 1.0).astype(np.float32)
+        return [peak_normalize(audio[row, : int(samples[row])]) for row in range(len(batch))]
 
 
 def load_piper_engines(voices_dir: Path, intra_op_threads: int = 0, inter_op_threads: int = 1,
