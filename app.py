@@ -19,7 +19,7 @@ from api.access import AccessControl
 from storage import Storage
 from storage.request_log import RequestLogWriter
 from tts_core.config import Settings
-from tts_core.engines import Engine, load_engines
+from tts_core.engines import Engine, EngineUnavailable, model_specs
 from tts_core.metrics import Metrics
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
@@ -32,7 +32,7 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     storage = Storage(settings.database)
     storage.migrate()
-    service = SpeechService(settings, engines if engines is not None else load_engines(settings), Metrics())
+    service = SpeechService(settings, engines if engines is not None else model_specs(settings), Metrics())
     request_log = RequestLogWriter(storage)
     control = OperatorControl(storage, service, request_log, defaults=settings.operator_defaults)
     control.reload()  # stored settings apply before the first request
@@ -70,8 +70,13 @@ def main() -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # proxy_headers off: uvicorn would otherwise believe X-Forwarded-For from 127.0.0.1; Chorus
     # decides which proxies to believe itself (TTS_TRUSTED_PROXIES).
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=settings.log_level.lower(), proxy_headers=False)
+    try:
+        app = create_app(settings)
+    except EngineUnavailable as error:  # a configured model is missing: say which, no traceback
+        logging.getLogger("chorus").error("cannot start: %s", error)
+        raise SystemExit(2) from None
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                proxy_headers=False)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""Admin REST API: /admin/api/settings, /admin/api/audit, /admin/api/stats, behind a bearer token."""
+"""Admin REST API: /admin/api/settings, audit, stats, keys and voices/reload, behind a bearer token."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 
@@ -11,6 +12,8 @@ from pydantic import BaseModel, Field
 from api.errors import error_response
 from api.schemas import error_responses
 from tts_core.degrade import OperatorSettings, SettingsInvalid
+from tts_core.engines import EngineUnavailable, registry_specs
+from tts_core.service import InvalidRequest
 
 from .control import OperatorControl, StorageUnavailable
 from .stats import collect_stats
@@ -111,3 +114,22 @@ async def revoke_key(request: Request, key_id: int = Path(ge=1, le=2**63 - 1),
     if record is None:
         return error_response(404, f"no API key with id {key_id}", "key_id", "not_found")
     return _public(record)
+
+
+@router.post("/voices/reload", responses=error_responses(409))
+async def reload_voices(request: Request, actor: str = Depends(require_admin)):
+    """Read TTS_VOICES_FILE again: new models are added, removed or changed ones unloaded once idle."""
+    service = request.app.state.service
+    taken = {name for name, slot in service.pool.slots.items() if not slot.spec.registry}
+    try:
+        specs = await asyncio.to_thread(registry_specs, service.settings, taken)
+        summary = await asyncio.to_thread(service.reload_registry, specs)
+    except EngineUnavailable as error:
+        return error_response(422, str(error), "voices_file", "invalid_registry")
+    except InvalidRequest as busy:
+        return error_response(409, busy.message, None, busy.code)
+    try:
+        request.app.state.access.storage.add_audit(actor, "voices.reload", "voices_file", summary)
+    except Exception as error:  # the reload happened; a failing audit write must not hide that
+        summary = {**summary, "audit_error": str(error)}
+    return {**summary, "voices": [voice.name for voice in service.voices()]}

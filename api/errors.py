@@ -17,7 +17,7 @@ from tts_core.service import InvalidRequest, Overloaded
 log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+          404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error", 413: "invalid_request_error",
           422: "invalid_request_error", 429: "rate_limit_exceeded", 503: "server_overloaded",
           504: "timeout_error"}
 

@@ -157,10 +157,8 @@ async def _take(socket: WebSocket, service: SpeechService, access, caller: Calle
             400, f"{message.response_format} cannot be streamed; use one of {', '.join(STREAMABLE)}",
             "response_format", "unsupported_value")))
         return
-    model = message.model or session.model
     try:  # a voice or model that does not exist is refused before it becomes the session's
-        model_id = service.resolve_model(model) if model else None
-        service.resolve_voice(message.voice or session.voice or service.default_voice, model_id)
+        service.resolve(message.voice or session.voice, message.model or session.model)
     except SERVICE_ERRORS as error:
         await socket.send_json(_error_event(api_error(error)))
         return

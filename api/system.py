@@ -47,10 +47,11 @@ async def list_voices(request: Request) -> dict:
     for alias, target in service.voice_aliases.items():
         aliases.setdefault(target, []).append(alias)
     return {"object": "list", "default": service.default_voice, "data": [
-        {"id": voice.name, "object": "voice", "model": voice.model, "language": voice.language,
-         "speaker": voice.speaker, "sample_rate": voice.sample_rate,
+        {"id": voice.name, "object": "voice", "model": voice.model, "engine": engine,
+         "language": voice.language, "speaker": voice.speaker, "sample_rate": voice.sample_rate,
+         "speed": voice.speed,
          "aliases": sorted(aliases.get(voice.name, []))}
-        for voice in service.voices()]}
+        for voice, engine in service.voices_with_engines()]}
 
 
 @router.get("/health", tags=["probes"])

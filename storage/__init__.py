@@ -85,6 +85,15 @@ class Storage:
                 entries.append(_audit_dict(entry))
         return entries
 
+    def add_audit(self, actor: str, action: str, key: str, new_value: Any) -> dict:
+        """An audit row for an operator action that is not a setting change (e.g. a registry reload)."""
+        with self._session.begin() as session:
+            entry = AuditEntry(at=_now(), actor=actor, action=action, key=key, old_value=None,
+                               new_value=json.dumps(new_value))
+            session.add(entry)
+            session.flush()
+            return _audit_dict(entry)
+
     def audit(self, limit: int = 50) -> list[dict]:
         with self._session() as session:
             rows = session.scalars(select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit))

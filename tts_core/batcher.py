@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from .engines.base import Engine
+from .memory import MemoryBudget
 from .metrics import BatchRecord, Metrics
 from .policy import BatchPolicy, padded_tokens
 from .queue import RequestQueue
@@ -32,8 +33,13 @@ CALIBRATION_LENGTHS = (24, 96)  # tokens
 
 class Batcher:
     def __init__(self, engine: Engine, policy: BatchPolicy, queue: RequestQueue, metrics: Metrics,
-                 calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16)):
+                 calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16), min_free_memory_mb: int = 2048,
+                 empty_cache_every: int = 100):
         self.engine = engine
+        self.memory = MemoryBudget(engine, min_free_memory_mb * 2**20)
+        self.empty_cache_every = empty_cache_every  # batches between handing cached device memory back
+        self._batches_run = 0
+        self._in_flight = False
         self.policy = policy
         self.queue = queue
         self.metrics = metrics
@@ -57,6 +63,11 @@ class Batcher:
     def submit(self, items: Sequence[SynthesisRequest], tier_limit: int | None = None) -> None:
         """Queue items (all or none); raises QueueFull with a Retry-After estimate."""
         self.queue.put_many(items, retry_after_s=self.retry_after_s(), tier_limit=tier_limit)
+
+    @property
+    def busy(self) -> bool:
+        """Work is queued or running."""
+        return self._in_flight or len(self.queue) > 0
 
     def retry_after_s(self) -> int:
         return max(1, math.ceil(len(self.queue) * self._item_seconds))
@@ -92,6 +103,7 @@ class Batcher:
             return seconds
 
         timed(1, CALIBRATION_LENGTHS[0])
+        self.engine.measure_memory(tokens[: CALIBRATION_LENGTHS[-1]])
         if not self.policy.learns:
             return
         for length in CALIBRATION_LENGTHS:
@@ -107,7 +119,7 @@ class Batcher:
         if not candidates:
             self.queue.wait_for_items()
             return
-        plan = self.policy.plan(candidates, time.monotonic())
+        plan = self.policy.plan(candidates, time.monotonic(), self.memory.tokens())
         if not plan.take:
             self.queue.wait(plan.wait_s)
             return
@@ -116,25 +128,56 @@ class Batcher:
         live = [item for item in batch if item.future.set_running_or_notify_cancel()]
         self.metrics.dropped.labels("cancelled").inc(len(batch) - len(live))
         if live:
-            self._execute(live)
+            self._in_flight = True
+            try:
+                self._execute(live)
+            finally:
+                self._in_flight = False
 
-    def _execute(self, batch: list[SynthesisRequest]) -> None:
+    def _execute(self, batch: list[SynthesisRequest], retried_alone: bool = False) -> None:
         try:
             outputs = self._run_batch(batch)
+        except self.engine.out_of_memory_errors:
+            self._out_of_memory(batch, retried_alone)
+            return
         except Exception as error:
             if len(batch) == 1:
-                log.warning("%s failed on one item: %s", self.engine.name, error)
-                self.metrics.item_errors.labels(self.engine.name).inc()
-                batch[0].future.set_exception(SynthesisError(f"synthesis failed: {error}"))
+                self._fail(batch[0], f"synthesis failed: {error}")
                 return
             # One bad item must fail alone: retry every item by itself.
             self.metrics.batch_retries.labels(self.engine.name).inc()
             for item in batch:
                 self._execute([item])
             return
+        self.memory.succeeded()
+        self._batches_run += 1
+        if self.empty_cache_every and self._batches_run % self.empty_cache_every == 0:
+            self.engine.release_memory()
         self._learn_audio_rate(batch, outputs)
         for item, audio in zip(batch, outputs):
             item.future.set_result(audio)
+
+    def _out_of_memory(self, batch: list[SynthesisRequest], retried_alone: bool) -> None:
+        """Lower the memory budget and run the batch again in halves; an item fails only when it
+        does not fit even alone, with the cache released."""
+        log.warning("%s ran out of memory on %d items (%d padded tokens)", self.engine.name, len(batch),
+                    padded_tokens(batch))
+        self.metrics.out_of_memory.labels(self.engine.name).inc()
+        self.memory.out_of_memory(padded_tokens(batch))
+        self.engine.release_memory()
+        if len(batch) > 1:
+            half = len(batch) // 2
+            self._execute(batch[:half])
+            self._execute(batch[half:])
+        elif not retried_alone:
+            self._execute(batch, retried_alone=True)
+        else:
+            self._fail(batch[0], "synthesis failed: the item does not fit in device memory even alone")
+
+    def _fail(self, item: SynthesisRequest, message: str) -> None:
+        log.warning("%s failed on one item: %s", self.engine.name, message)
+        self.metrics.item_errors.labels(self.engine.name).inc()
+        item.future.set_exception(SynthesisError(message))
 
     def _learn_audio_rate(self, batch: list[SynthesisRequest], outputs: list[np.ndarray]) -> None:
         audio_s = sum(audio.size * item.speed for item, audio in zip(batch, outputs)) / self.engine.sample_rate

@@ -53,6 +53,13 @@ class Settings(BaseSettings):
     piper_noise_scale: float | None = Field(None, ge=0)  # None: the voice's own; 0 with noise_w 0: deterministic
     piper_noise_w: float | None = Field(None, ge=0)
     onnx_spinning: bool = False  # busy-wait idle onnxruntime threads (faster alone, slower when serving)
+    voices_file: Path | None = None  # YAML voice registry (transformers VITS models, named Piper voices)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # for transformers models
+    dtype: Literal["fp32", "fp16", "bf16"] = "fp32"  # for transformers models; fp16/bf16 need CUDA
+    min_free_mem_mb: int = Field(2048, ge=0)  # device memory batches leave free
+    max_loaded_models: int = Field(4, ge=0)  # models kept loaded at once (pinned ones count); 0: no limit
+    model_memory_mb: int = Field(0, ge=0)  # memory the loaded models' weights may take; 0: no limit
+    empty_cache_every: int = Field(100, ge=0)  # batches between releases of cached device memory; 0: never
     default_voice: str = DEFAULT_VOICE
     model_aliases: dict[str, str] = {name: "piper" for name in OPENAI_MODEL_NAMES}
     voice_aliases: dict[str, str] = {name: DEFAULT_VOICE for name in OPENAI_VOICE_NAMES}

@@ -56,6 +56,15 @@ class Metrics:
         self.item_errors = Counter("tts_item_errors", "Items the engine failed on", ["engine"], registry=r)
         self.batch_retries = Counter("tts_batch_retries", "Batches retried item by item", ["engine"],
                                      registry=r)
+        self.out_of_memory = Counter("tts_out_of_memory", "Batches that ran out of device memory (run again in halves)",
+                                     ["engine"], registry=r)
+        self.gpu_free_memory = Gauge("tts_gpu_free_memory_bytes", "Free memory of the GPU (NVML; stays 0 without one)",
+                                     registry=r)
+        self.gpu_used_fraction = Gauge("tts_gpu_memory_used_fraction", "Used share of GPU memory (NVML)", registry=r)
+        self.gpu_utilization = Gauge("tts_gpu_utilization_percent", "GPU utilisation (NVML)", registry=r)
+        self.model_loads = Counter("tts_model_loads", "Model loads", ["model", "result"], registry=r)
+        self.model_evictions = Counter("tts_model_evictions", "Models unloaded", ["model", "reason"], registry=r)
+        self.models_loaded = Gauge("tts_models_loaded", "Models loaded now", registry=r)
         self.dropped = Counter("tts_dropped_items", "Queued items dropped unsynthesized",
                                ["reason"], registry=r)
         self.queue_length = Gauge("tts_queue_length", "Items waiting", ["engine"], registry=r)
@@ -69,6 +78,15 @@ class Metrics:
                                              buckets=LATENCY_BUCKETS, registry=r)
         self.chunks_per_request = Histogram("tts_chunks_per_request", "Streamed requests: sentences per request",
                                             buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+
+    def device_reading(self, reading: dict | None) -> None:
+        """The latest NVML reading (gpu.readings()); None (no GPU) leaves the gauges unset."""
+        if reading is None:
+            return
+        self.gpu_free_memory.set(reading["free_mb"] * 2**20)
+        if reading["used_fraction"] is not None:
+            self.gpu_used_fraction.set(reading["used_fraction"])
+        self.gpu_utilization.set(reading["utilization_pct"])
 
     def batch_started(self, engine: str, size: int) -> None:
         with self._lock:

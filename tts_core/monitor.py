@@ -34,6 +34,7 @@ class Monitor:
         while not self._stop.wait(self.interval_s):
             try:
                 device = gpu.readings()
+                self.service.metrics.device_reading(device)
                 self.tick(device)
                 if time.monotonic() >= next_sample:
                     next_sample = time.monotonic() + self.sample_every_s

@@ -97,8 +97,13 @@ class BatchPolicy:
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
 
-    def plan(self, queued: Sequence[Schedulable], now: float) -> BatchPlan:
+    def plan(self, queued: Sequence[Schedulable], now: float, memory_tokens: int | None = None) -> BatchPlan:
+        """memory_tokens: the device memory's padded-token budget now (None: no limit but ours)."""
         return BatchPlan(take=(0,))
+
+    def token_budget(self, memory_tokens: int | None) -> int:
+        """The smaller of the configured budget and the memory's answer."""
+        return self.max_batch_tokens if memory_tokens is None else min(self.max_batch_tokens, memory_tokens)
 
     def observe(self, batch_size: int, padded: int, seconds: float, calibration: bool = False) -> None:
         pass
@@ -115,12 +120,12 @@ class TimeoutPolicy(BatchPolicy):
         self.name = name
         self.max_wait_s = max_wait_s
 
-    def plan(self, queued: Sequence[Schedulable], now: float) -> BatchPlan:
+    def plan(self, queued: Sequence[Schedulable], now: float, memory_tokens: int | None = None) -> BatchPlan:
         oldest = min(item.enqueued_at for item in queued)
         waited = now - oldest
         if len(queued) < self.max_batch_size and waited < self.max_wait_s:
             return BatchPlan(take=(), wait_s=self.max_wait_s - waited)
-        count = _within_budget(queued[: self.max_batch_size], self.max_batch_tokens)
+        count = _within_budget(queued[: self.max_batch_size], self.token_budget(memory_tokens))
         return BatchPlan(take=tuple(range(count)))
 
 
@@ -151,14 +156,14 @@ class AdaptivePolicy(BatchPolicy):
         return {**super().describe(), "cost_model": {
             "fixed_s": round(fixed, 6), "per_item_s": round(per_item, 6), "per_padded_token_s": round(per_token, 8)}}
 
-    def plan(self, queued: Sequence[Schedulable], now: float) -> BatchPlan:
+    def plan(self, queued: Sequence[Schedulable], now: float, memory_tokens: int | None = None) -> BatchPlan:
         if len(queued) == 1 or not self.cost_model.fitted:
             return BatchPlan(take=(0,))
         head_length = queued[0].length
         order = [0] + sorted(range(1, len(queued)),
                              key=lambda i: (abs(queued[i].length - head_length), i))
         order = order[: self.max_batch_size]
-        best_size, best_rate = 1, 0.0
+        best_size, best_rate, budget = 1, 0.0, self.token_budget(memory_tokens)
         longest, real, one_by_one, earliest_deadline = 0, 0, 0.0, float("inf")
         for size, index in enumerate(order, start=1):
             item = queued[index]
@@ -167,7 +172,7 @@ class AdaptivePolicy(BatchPolicy):
             one_by_one += self.cost_model.predict(1, item.length)
             earliest_deadline = min(earliest_deadline, item.deadline)
             padded = size * longest
-            if size > 1 and padded > self.max_batch_tokens:
+            if size > 1 and padded > budget:
                 break
             seconds = max(self.cost_model.predict(size, padded), 1e-6)
             if size > 1 and now + seconds > earliest_deadline:

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Sequence
 
 import numpy as np
 
@@ -20,9 +20,10 @@ from .cache import AudioCache, CachedAudio
 from .access import Caller, Tier
 from .config import Settings
 from .degrade import DegradeController
-from .engines.base import Engine, Voice
+from .engines import Engine, EngineUnavailable, ModelSpec, Voice
 from .metrics import Metrics
 from .policy import make_policy
+from .pool import ModelPool, PoolFull
 from .queue import QueueFull, RequestQueue
 from .request import SynthesisRequest
 from .text import TextError, normalize, ramp_up, split_chunks
@@ -84,28 +85,40 @@ class SpokenAudio:
 
 
 class SpeechService:
-    def __init__(self, settings: Settings, engines: list[Engine], metrics: Metrics,
+    def __init__(self, settings: Settings, models: Sequence[Engine | ModelSpec], metrics: Metrics,
                  degrade: DegradeController | None = None, cache: AudioCache | None = None):
-        if not engines:
+        """models: loaded engines (always kept) or model specs (the pool loads them as configured)."""
+        if not models:
             raise RuntimeError("no voices could be loaded")
         self.settings = settings
         self.metrics = metrics
         self.degrade = degrade or DegradeController()
         self.cache = cache or AudioCache(int(self.degrade.settings.cache_max_mb * 2**20))
-        self.batchers: dict[str, Batcher] = {}
-        self._voices: dict[str, tuple[Voice, Engine]] = {}
-        for engine in engines:
-            policy = make_policy(settings.batch_policy, settings.max_batch_size, settings.max_batch_tokens)
-            queue = RequestQueue(settings.max_queue, settings.aging_horizon_s, settings.max_chunk_chars,
-                                 on_drop=lambda reason, count: metrics.dropped.labels(reason).inc(count))
-            self.batchers[engine.name] = Batcher(engine, policy, queue, metrics, settings.calibration_sizes)
-            for voice in engine.voices():
-                self._voices.setdefault(voice.name, (voice, engine))
-        self.models = sorted({voice.model for voice, _ in self._voices.values()})
+        specs = [model if isinstance(model, ModelSpec) else ModelSpec.loaded(model) for model in models]
+        self.pool = ModelPool(specs, self._make_batcher, metrics, settings.max_loaded_models,
+                              settings.model_memory_mb * 2**20)
+        self._index_voices()
         self.model_aliases = self._valid_aliases(settings.model_aliases, set(self.models), "model")
         self.voice_aliases = self._valid_aliases(settings.voice_aliases, set(self._voices), "voice")
         self.default_voice = (settings.default_voice if settings.default_voice in self._voices
                               else next(iter(self._voices)))
+
+    def _make_batcher(self, engine: Engine) -> Batcher:
+        settings, metrics = self.settings, self.metrics
+        policy = make_policy(settings.batch_policy, settings.max_batch_size, settings.max_batch_tokens)
+        queue = RequestQueue(settings.max_queue, settings.aging_horizon_s, settings.max_chunk_chars,
+                             on_drop=lambda reason, count: metrics.dropped.labels(reason).inc(count))
+        return Batcher(engine, policy, queue, metrics, settings.calibration_sizes, settings.min_free_mem_mb,
+                       settings.empty_cache_every)
+
+    def _index_voices(self) -> None:
+        """Voice name -> (voice, name of the model speaking it), over the models offered now."""
+        self._voices: dict[str, tuple[Voice, str]] = {}
+        for name, slot in self.pool.slots.items():
+            if not slot.retired:
+                for voice in slot.spec.voices:
+                    self._voices.setdefault(voice.name, (voice, name))
+        self.models = sorted({voice.model for voice, _ in self._voices.values()})
 
     @staticmethod
     def _valid_aliases(aliases: dict[str, str], targets: set[str], kind: str) -> dict[str, str]:
@@ -117,21 +130,49 @@ class SpeechService:
     # --- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        for batcher in self.batchers.values():
-            batcher.start()
+        self.pool.start()
 
     def stop(self) -> None:
-        for batcher in self.batchers.values():
-            batcher.stop()
+        self.pool.stop()
+
+    @property
+    def batchers(self) -> dict[str, Batcher]:
+        """The loaded models' batchers."""
+        return self.pool.loaded()
 
     @property
     def ready(self) -> bool:
-        return all(batcher.ready.is_set() for batcher in self.batchers.values())
+        """The pinned models are warm (others warm up when they are first loaded)."""
+        return all(slot.batcher is not None and slot.batcher.ready.is_set()
+                   for slot in self.pool.slots.values() if slot.spec.pinned)
+
+    def reload_registry(self, specs: Sequence[ModelSpec]) -> dict[str, list[str]]:
+        """Offer the registry's models as now configured: unchanged ones stay (loaded or not),
+        removed or changed ones are unloaded once idle, new ones are added (pinned ones load now)."""
+        registry = {name: slot for name, slot in self.pool.slots.items() if slot.spec.registry and not slot.retired}
+        wanted = {(spec.name, spec.source): spec for spec in specs}
+        kept = [name for name, slot in registry.items() if (name, slot.spec.source) in wanted]
+        removed = [name for name in registry if name not in kept]
+        added = [spec for spec in specs if spec.name not in kept]
+        for spec in added:
+            slot = self.pool.slots.get(spec.name)
+            if slot is not None and (spec.name not in removed or (slot.batcher is not None and slot.batcher.busy)):
+                raise InvalidRequest(f"model {spec.name!r} is busy or still being unloaded; retry", "voices",
+                                     "model_busy")
+        for name in removed:
+            self.pool.retire(name)
+        self.pool.add(added)
+        self._index_voices()
+        return {"kept": kept, "removed": removed, "added": [spec.name for spec in added]}
 
     # --- catalogue -----------------------------------------------------------------------------
 
     def voices(self) -> list[Voice]:
         return [voice for voice, _ in self._voices.values()]
+
+    def voices_with_engines(self) -> list[tuple[Voice, str]]:
+        """Each voice with the name of the model (engine) that speaks it."""
+        return list(self._voices.values())
 
     def queue_length(self) -> int:
         return sum(len(batcher.queue) for batcher in self.batchers.values())
@@ -148,10 +189,19 @@ class SpeechService:
             "policy": self.settings.batch_policy,
             "max_batch_size": self.settings.max_batch_size,
             "ready": self.ready,
-            "engines": {name: {"queue_length": len(batcher.queue), "ready": batcher.ready.is_set(),
-                               "policy": batcher.policy.describe()}
-                        for name, batcher in self.batchers.items()},
+            "engines": {name: self._engine_status(slot.batcher, slot.spec.pinned)
+                        for name, slot in self.pool.slots.items() if not slot.retired},
+            "models_loaded": len(self.batchers),
+            "model_memory_mb": round(self.pool.memory_bytes() / 2**20, 1),
         }
+
+    @staticmethod
+    def _engine_status(batcher: Batcher | None, pinned: bool) -> dict:
+        if batcher is None:
+            return {"loaded": False, "pinned": pinned, "queue_length": 0, "ready": False}
+        return {"loaded": True, "pinned": pinned, "queue_length": len(batcher.queue),
+                "ready": batcher.ready.is_set(), "policy": batcher.policy.describe(),
+                "memory_token_budget": batcher.memory.tokens(), "out_of_memory": batcher.memory.out_of_memory_count}
 
     def resolve_model(self, name: str) -> str:
         model = self.model_aliases.get(name, name)
@@ -161,7 +211,8 @@ class SpeechService:
                                  "model_not_found")
         return model
 
-    def resolve_voice(self, name: str, model: str | None = None) -> tuple[Voice, Engine]:
+    def resolve_voice(self, name: str, model: str | None = None) -> tuple[Voice, str]:
+        """The voice and the name of the model that speaks it."""
         found = self._voices.get(self.voice_aliases.get(name, name))
         if found is None:
             known = ", ".join(sorted(self._voices) + sorted(self.voice_aliases))
@@ -174,10 +225,23 @@ class SpeechService:
 
     # --- synthesis -----------------------------------------------------------------------------
 
-    def _prepare(self, text: str, voice: str | None, model: str | None, speed: float) -> tuple[str, Voice, Engine]:
-        """Validate a request; returns the normalised text, the voice and its engine."""
+    async def _batcher(self, model_name: str) -> Batcher:
+        try:
+            return await self.pool.batcher(model_name)
+        except PoolFull as full:
+            raise Overloaded(5, "models_busy", f"{full}; retry after 5 s") from None
+        except EngineUnavailable as error:
+            raise Overloaded(30, "model_unavailable", f"{error}; retry after 30 s") from None
+
+    def resolve(self, voice: str | None, model: str | None = None) -> tuple[Voice, str]:
+        """The voice a request names (or the default) and the name of its model. A model alias (OpenAI's
+        names) accepts any voice; a model named as itself, only its own voices."""
         model_id = self.resolve_model(model) if model is not None else None
-        voice_info, engine = self.resolve_voice(voice or self.default_voice, model_id)
+        return self.resolve_voice(voice or self.default_voice, None if model in self.model_aliases else model_id)
+
+    def _prepare(self, text: str, voice: str | None, model: str | None, speed: float) -> tuple[str, Voice, str]:
+        """Validate a request; returns the normalised text, the voice and its model's name."""
+        voice_info, model_name = self.resolve(voice, model)
         if not MIN_SPEED <= speed <= MAX_SPEED:
             raise InvalidRequest(f"speed must be between {MIN_SPEED} and {MAX_SPEED}", "speed")
         limit = self.settings.max_chars
@@ -191,15 +255,15 @@ class SpeechService:
         if len(text) > limit:
             raise InvalidRequest(f"input is {len(text)} characters long once normalised; the limit is {limit}",
                                  "input", "string_above_max_length")
-        return text, voice_info, engine
+        return text, voice_info, model_name
 
     async def synthesize(self, text: str, voice: str | None = None, model: str | None = None,
                          speed: float = 1.0, caller: Caller | None = None) -> Speech:
-        text, voice_info, engine = self._prepare(text, voice, model, speed)
-        return await self._synthesize(text, voice_info, engine, speed, caller)
+        text, voice_info, model_name = self._prepare(text, voice, model, speed)
+        return await self._synthesize(text, voice_info, model_name, speed, caller)
 
     def _admit(self, text: str, voice: str | None, model: str | None, speed: float,
-               caller: Caller | None) -> tuple[str, Voice, Engine]:
+               caller: Caller | None) -> tuple[str, Voice, str]:
         """Validation, the caller's tier and the degrade actions that refuse work up front."""
         state, settings = self.degrade.state, self.degrade.settings
         tier = caller.tier if caller else Tier()
@@ -209,7 +273,7 @@ class SpeechService:
             raise Overloaded(retry, "shed_low_priority",
                              f"the server is under heavy load and is serving higher priorities only; "
                              f"retry after {retry} s")
-        text, voice_info, engine = self._prepare(text, voice, model, speed)
+        text, voice_info, model_name = self._prepare(text, voice, model, speed)
         if len(text) > tier.max_chars:
             raise InvalidRequest(f"input is {len(text)} characters long; the {caller.tier_name} tier allows "
                                  f"{tier.max_chars}", "input", "tier_text_limit")
@@ -218,15 +282,15 @@ class SpeechService:
             raise InvalidRequest(f"the server is under heavy load: texts are limited to "
                                  f"{settings.cap_text_chars} characters for now (this one has {len(text)})",
                                  "input", "degraded_text_limit")
-        return text, voice_info, engine
+        return text, voice_info, model_name
 
     async def speak(self, text: str, voice: str | None = None, model: str | None = None, speed: float = 1.0,
                     response_format: str = "mp3", caller: Caller | None = None) -> SpokenAudio:
         """Synthesize and encode, with the caller's tier, the degrade actions and the cache in the way."""
-        text, voice_info, engine = self._admit(text, voice, model, speed, caller)
+        text, voice_info, model_name = self._admit(text, voice, model, speed, caller)
         state, settings = self.degrade.state, self.degrade.settings
         use_cache = settings.cache_enabled or "cache_first" in state.actions
-        key = (engine.name, voice_info.name, speed, response_format, text)
+        key = (model_name, voice_info.name, speed, response_format, text)
         if use_cache and (hit := self.cache.get(key)) is not None:
             self.metrics.cache_lookups.labels("hit").inc()
             if "cache_first" in state.actions:
@@ -234,7 +298,7 @@ class SpeechService:
             return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, "hit", state.actions)
         if use_cache:
             self.metrics.cache_lookups.labels("miss").inc()
-        speech = await self._synthesize(text, voice_info, engine, speed, caller)
+        speech = await self._synthesize(text, voice_info, model_name, speed, caller)
         data = await asyncio.to_thread(encode, speech.audio, speech.sample_rate, response_format)
         content_type = FORMATS[response_format].content_type
         if use_cache:
@@ -256,16 +320,19 @@ class SpeechService:
         """Queue every sentence now and return their audio as a SentenceStream. Refusals (validation,
         limits, a full queue) raise here, before any audio exists."""
         started = time.monotonic()
-        text, voice_info, engine = self._admit(text, voice, model, speed, caller)
-        items = await self._submit(text, voice_info, engine, speed, caller, streaming=True)
-        return SentenceStream(voice_info, engine.sample_rate, items, started, self.metrics)
+        text, voice_info, model_name = self._admit(text, voice, model, speed, caller)
+        items = await self._submit(text, voice_info, model_name, speed, caller, streaming=True)
+        return SentenceStream(voice_info, voice_info.sample_rate, items, started, self.metrics)
 
-    async def _submit(self, text: str, voice_info: Voice, engine: Engine, speed: float,
+    async def _submit(self, text: str, voice_info: Voice, model_name: str, speed: float,
                       caller: Caller | None, streaming: bool = False) -> list[SynthesisRequest]:
-        """Chunk, tokenize and queue a text; the items' futures resolve to their audio in order.
-        A stream's first chunks are cut shorter, so its first audio comes sooner."""
+        """Chunk, tokenize and queue a text (loading its model first if need be); the items' futures
+        resolve to their audio in order. A stream's first chunks are cut shorter, so its first audio
+        comes sooner."""
         tier = caller.tier if caller else Tier()
-        batcher = self.batchers[engine.name]
+        batcher = await self._batcher(model_name)
+        engine = batcher.engine
+        speed *= voice_info.speed  # the voice's default speed, times the request's
         chunks = split_chunks(text, self.settings.max_chunk_chars)
         if streaming and self.settings.stream_first_chunk_chars:
             chunks = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)
@@ -288,25 +355,29 @@ class SpeechService:
                 item.deadline += item.due_s
                 played += item.length * batcher.audio_s_per_token / speed
         share = None if tier.max_queue_share >= 1 else max(1, int(tier.max_queue_share * batcher.queue.max_size))
-        try:
-            batcher.submit(items, share)
-        except QueueFull as full:
-            raise Overloaded(full.retry_after_s, "queue_full", str(full)) from None
+        for attempt in (1, 2):
+            try:
+                batcher.submit(items, share)
+                break
+            except QueueFull as full:
+                if not batcher.queue.closed or attempt == 2:
+                    raise Overloaded(full.retry_after_s, "queue_full", str(full)) from None
+                batcher = await self._batcher(model_name)  # it was unloaded just now: load it again
         self.metrics.characters.inc(len(text))
         return items
 
-    async def _synthesize(self, text: str, voice_info: Voice, engine: Engine, speed: float,
+    async def _synthesize(self, text: str, voice_info: Voice, model_name: str, speed: float,
                           caller: Caller | None) -> Speech:
-        items = await self._submit(text, voice_info, engine, speed, caller)
+        items = await self._submit(text, voice_info, model_name, speed, caller)
         try:
             pieces = await asyncio.gather(*(asyncio.wrap_future(item.future) for item in items))
         except BaseException:  # caller gone, deadline or engine error: nothing else runs for it
             for item in items:
                 item.future.cancel()
             raise
-        audio = join(list(pieces), engine.sample_rate)
-        self.metrics.audio_seconds.inc(audio.size / engine.sample_rate)
-        return Speech(audio, engine.sample_rate, voice_info.name, len(items), Timings.of(items))
+        audio = join(list(pieces), voice_info.sample_rate)
+        self.metrics.audio_seconds.inc(audio.size / voice_info.sample_rate)
+        return Speech(audio, voice_info.sample_rate, voice_info.name, len(items), Timings.of(items))
 
 
 class SentenceStream:

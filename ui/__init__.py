@@ -85,7 +85,10 @@ def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter
             return "", gr.Timer(active=False)
         return "**Warming up:** requests wait until the voices are loaded and calibrated.", gr.Timer(active=True)
 
-    voices = [voice.name for voice in service.voices()]
+    def voice_choices() -> list[tuple[str, str]]:
+        return [(f"{voice.name} ({voice.language}, {engine})", voice.name)
+                for voice, engine in service.voices_with_engines()]
+
     with gr.Blocks(title="Chorus", delete_cache=(KEEP_FILES_S, KEEP_FILES_S)) as demo:
         gr.Markdown("# Chorus\nType text, pick a voice, hear it. "
                     "The same server answers the OpenAI-compatible API at `/v1/audio/speech`.")
@@ -96,7 +99,7 @@ def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter
                     text = gr.Textbox(label="Text", lines=6, max_length=service.settings.max_chars,
                                       placeholder="Hello! This is Chorus speaking.")
                 with gr.Column(scale=2):
-                    voice = gr.Dropdown(voices, value=service.default_voice, label="Voice")
+                    voice = gr.Dropdown(voice_choices(), value=service.default_voice, label="Voice")
                     speed = gr.Slider(MIN_SPEED, MAX_SPEED, value=1.0, step=0.05, label="Speed")
                     response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format")
                     button = gr.Button("Synthesize", variant="primary")
@@ -109,5 +112,6 @@ def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter
             render_tab()
         warm_up_timer = gr.Timer(1.0, active=False)
         demo.load(readiness, None, [status, warm_up_timer])
+        demo.load(lambda: gr.Dropdown(choices=voice_choices()), None, voice)  # the registry may have been reloaded
         warm_up_timer.tick(readiness, None, [status, warm_up_timer], api_visibility="private")
     return demo

@@ -1,21 +1,84 @@
-"""Model families behind the one `Engine` interface."""
+"""Model families behind the one `Engine` interface, and what is configured to load."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
-from .base import Engine, Voice
+from .base import Engine, EngineUnavailable, Voice, VoiceSpec
 
 if TYPE_CHECKING:  # engines load without the settings package (bench/gpu_check runs on bare machines)
     from ..config import Settings
 
+log = logging.getLogger(__name__)
 
-def load_engines(settings: Settings) -> list[Engine]:
+
+@dataclass(eq=False)
+class ModelSpec:
+    """A configured model: its name, the voices it speaks (known before it is loaded), how to load
+    it, and whether it stays loaded (pinned) or loads when first asked for."""
+
+    name: str
+    voices: list[Voice]
+    load: Callable[[], Engine]
+    pinned: bool = True
+    source: tuple = field(default=())  # what it was configured from: equal sources, same model
+    registry: bool = False  # from the registry file (reloadable), not the voices folder
+
+    @staticmethod
+    def loaded(engine: Engine) -> "ModelSpec":
+        return ModelSpec(engine.name, engine.voices(), lambda: engine, pinned=True, source=(id(engine),))
+
+
+def model_specs(settings: Settings) -> list[ModelSpec]:
+    """The bundled Piper voice and the voices folder (loaded now, always kept), then the registry's
+    models (TTS_VOICES_FILE), read but loaded only when pinned or first asked for. A registry model
+    that is not there stops the start with a message that names it."""
     from .piper import load_piper_engines
 
-    return list(load_piper_engines(settings.voices_path, settings.onnx_intra_op_threads,
-                                   settings.onnx_inter_op_threads, settings.onnx_spinning,
-                                   settings.piper_noise_scale, settings.piper_noise_w))
+    folder = load_piper_engines(settings.voices_path, **_piper_options(settings))
+    return [ModelSpec.loaded(engine) for engine in folder] + registry_specs(settings, {e.name for e in folder})
 
 
-__all__ = ["Engine", "Voice", "load_engines"]
+def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
+    from ..registry import read_registry
+    from .piper import PiperEngine, describe_piper
+
+    specs, names = [], set(taken)
+    for (kind, model), entries in read_registry(settings.voices_file).by_model().items():
+        voices = [VoiceSpec(name, entry.language, entry.speaker, entry.speed) for name, entry in entries.items()]
+        name = _unique(model.rstrip("/").rsplit("/", 1)[-1].removesuffix(".onnx"), names)
+        names.add(name)
+        pinned = any(entry.pinned for entry in entries.values())
+        source = (kind, model, tuple(entries.items()))
+        if kind == "piper":
+            described = describe_piper(model, voices, name)
+            load = _bind(PiperEngine, model, named_voices=voices, name=name, **_piper_options(settings))
+        else:
+            from .vits import VitsEngine, describe_vits
+
+            described = describe_vits(model, voices)
+            load = _bind(VitsEngine, model, voices, settings.device, settings.dtype, name=name)
+        specs.append(ModelSpec(name, described, load, pinned, source, registry=True))
+    return specs
+
+
+def _bind(factory, *args, **kwargs) -> Callable[[], Engine]:
+    return lambda: factory(*args, **kwargs)
+
+
+def _piper_options(settings: Settings) -> dict:
+    return dict(intra_op_threads=settings.onnx_intra_op_threads, inter_op_threads=settings.onnx_inter_op_threads,
+                spinning=settings.onnx_spinning, noise_scale=settings.piper_noise_scale,
+                noise_w=settings.piper_noise_w)
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, number = name, 2
+    while candidate in taken:
+        candidate, number = f"{name}-{number}", number + 1
+    return candidate
+
+
+__all__ = ["Engine", "EngineUnavailable", "ModelSpec", "Voice", "VoiceSpec", "model_specs", "registry_specs"]

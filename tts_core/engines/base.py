@@ -11,6 +11,10 @@ import numpy as np
 from ..request import SynthesisRequest
 
 
+class EngineUnavailable(RuntimeError):
+    """A configured model cannot be loaded; the message names it and says why."""
+
+
 @dataclass(frozen=True)
 class Voice:
     name: str  # what callers pass as `voice`
@@ -18,6 +22,17 @@ class Voice:
     language: str
     sample_rate: int
     speaker: str | None = None
+    speed: float = 1.0  # this voice's default speed; a request's speed multiplies it
+
+
+@dataclass(frozen=True)
+class VoiceSpec:
+    """A voice the registry names on a model: language, speaker id and default speed."""
+
+    name: str
+    language: str | None = None  # None: the model's own
+    speaker: int | None = None  # None: the model's default speaker
+    speed: float = 1.0
 
 
 class Engine(ABC):
@@ -25,6 +40,8 @@ class Engine(ABC):
 
     name: str  # unique per loaded model, used in metrics and batch keys
     sample_rate: int
+    out_of_memory_errors: tuple[type[BaseException], ...] = (MemoryError,)  # what `synthesize` raises when full
+    bytes_per_padded_token: float | None = None  # device memory a batch needs per padded token, if measured
 
     @abstractmethod
     def voices(self) -> list[Voice]: ...
@@ -44,6 +61,22 @@ class Engine(ABC):
     @abstractmethod
     def synthesize(self, batch: Sequence[SynthesisRequest]) -> list[np.ndarray]:
         """One float32 mono array in [-1, 1] per item, trimmed to that item's own length."""
+
+    # Device memory: engines on a device with memory to manage override these.
+
+    def measure_memory(self, tokens: np.ndarray) -> None:
+        """At warm-up: measure bytes_per_padded_token with these input ids."""
+
+    def free_memory_bytes(self) -> int | None:
+        """Device memory this engine could still use; None where it has none to manage."""
+        return None
+
+    def release_memory(self) -> None:
+        """Hand cached, unused device memory back."""
+
+    def memory_bytes(self) -> int:
+        """What the loaded model holds (weights), for the budget of loaded models."""
+        return 0
 
 
 def peak_normalize(audio: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from piper.config import PiperConfig
 from piper.voice import PiperVoice
 
 from ..request import SynthesisRequest
-from .base import Engine, Voice, peak_normalize
+from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +53,11 @@ def _load_with_durations(model_path: Path) -> bytes:
 
 class PiperEngine(Engine):
     def __init__(self, model_path: Path, intra_op_threads: int = 0, inter_op_threads: int = 1,
-                 spinning: bool = False, noise_scale: float | None = None, noise_w: float | None = None):
+                 spinning: bool = False, noise_scale: float | None = None, noise_w: float | None = None,
+                 named_voices: Sequence[VoiceSpec] = (), name: str | None = None):
+        """named_voices: the registry's names for this file's voices; none: the file's own names."""
         model_path = Path(model_path)
-        self.name = model_path.name.removesuffix(".onnx")
+        self.name = name or model_path.name.removesuffix(".onnx")
         with open(model_path.with_name(model_path.name + ".json"), encoding="utf-8") as file:
             self.config = PiperConfig.from_dict(json.load(file))
         options = onnxruntime.SessionOptions()
@@ -64,8 +66,9 @@ class PiperEngine(Engine):
         # Idle onnxruntime threads spin by default, taking the cores that the event loop, the
         # front end and the encoders of other requests need between batches.
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        session = onnxruntime.InferenceSession(
-            _load_with_durations(model_path), sess_options=options, providers=["CPUExecutionProvider"])
+        graph = _load_with_durations(model_path)
+        self._model_bytes = len(graph)
+        session = onnxruntime.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
         self._session = session
         # PiperVoice is used for its front end only (espeak-ng phonemes -> ids); the session
         # is ours, and synthesis below runs whole batches.
@@ -73,18 +76,14 @@ class PiperEngine(Engine):
         self.sample_rate = self.config.sample_rate
         self.noise_scale = self.config.noise_scale if noise_scale is None else noise_scale
         self.noise_w = self.config.noise_w_scale if noise_w is None else noise_w
-        self._speakers = dict(self.config.speaker_id_map) if self.config.num_speakers > 1 else {}
-        self._voices = self._list_voices()
-
-    def _list_voices(self) -> list[Voice]:
-        language = self.config.espeak_voice
-        if not self._speakers:
-            return [Voice(self.name, "piper", language, self.sample_rate)]
-        return [Voice(f"{self.name}:{speaker}", "piper", language, self.sample_rate, speaker)
-                for speaker in self._speakers]
+        self._multi_speaker = self.config.num_speakers > 1
+        self._voices, self._speaker_ids = _piper_voices(self.name, self.config, named_voices)
 
     def voices(self) -> list[Voice]:
         return list(self._voices)
+
+    def memory_bytes(self) -> int:
+        return self._model_bytes
 
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
         sentences = self._front_end.phonemize(text)
@@ -92,8 +91,7 @@ class PiperEngine(Engine):
                 for phonemes in sentences if phonemes]
 
     def _speaker_id(self, voice: str) -> int:
-        _, _, speaker = voice.partition(":")
-        return self._speakers.get(speaker, self.config.default_speaker_id)
+        return self._speaker_ids.get(voice, self.config.default_speaker_id)
 
     def synthesize(self, batch: Sequence[SynthesisRequest]) -> list[np.ndarray]:
         speeds = {item.speed for item in batch}
@@ -109,12 +107,41 @@ class PiperEngine(Engine):
             "scales": np.array([self.noise_scale, self.config.length_scale / speeds.pop(), self.noise_w],
                                dtype=np.float32),
         }
-        if self._speakers:
+        if self._multi_speaker:
             inputs["sid"] = np.array([self._speaker_id(item.voice) for item in batch], dtype=np.int64)
         audio, durations = self._session.run(None, inputs)
         audio = audio.reshape(len(batch), -1)
         samples = durations.reshape(len(batch), -1).sum(axis=1) * self.config.hop_length
         return [peak_normalize(audio[row, : int(samples[row])]) for row in range(len(batch))]
+
+
+def _piper_voices(name: str, config: PiperConfig, named_voices: Sequence[VoiceSpec]
+                  ) -> tuple[list[Voice], dict[str, int]]:
+    """The voices of a Piper file, under the registry's names if it gives any, and each voice's
+    speaker id (multi-speaker files)."""
+    speakers = dict(config.speaker_id_map) if config.num_speakers > 1 else {}
+    language, default = config.espeak_voice, config.default_speaker_id
+    if named_voices:
+        by_id = {speaker_id: speaker for speaker, speaker_id in speakers.items()}
+        voices = [Voice(spec.name, "piper", spec.language or language, config.sample_rate,
+                        by_id.get(spec.speaker if spec.speaker is not None else default), spec.speed)
+                  for spec in named_voices]
+        return voices, {spec.name: spec.speaker if spec.speaker is not None else default for spec in named_voices}
+    if speakers:
+        return ([Voice(f"{name}:{speaker}", "piper", language, config.sample_rate, speaker) for speaker in speakers],
+                {f"{name}:{speaker}": speaker_id for speaker, speaker_id in speakers.items()})
+    return [Voice(name, "piper", language, config.sample_rate)], {}
+
+
+def describe_piper(model_path: Path, named_voices: Sequence[VoiceSpec], name: str) -> list[Voice]:
+    """A Piper file's voices, read from its .onnx.json without loading the model."""
+    model_path = Path(model_path)
+    try:
+        with open(model_path.with_name(model_path.name + ".json"), encoding="utf-8") as file:
+            config = PiperConfig.from_dict(json.load(file))
+    except (OSError, ValueError, KeyError) as error:
+        raise EngineUnavailable(f"Piper voice {str(model_path)!r} could not be read: {error}") from None
+    return _piper_voices(name, config, named_voices)[0]
 
 
 def load_piper_engines(voices_dir: Path, intra_op_threads: int = 0, inter_op_threads: int = 1,

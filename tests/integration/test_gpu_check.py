@@ -1,0 +1,19 @@
+"""The GPU check's CPU smoke run: the harness works end to end and its JSON is complete (speed is
+not checked here; the figures that matter come from a GPU)."""
+
+import json
+import subprocess
+
+from bench.server import ROOT
+
+
+def test_gpu_check_runs_on_the_cpu_and_writes_complete_json(tmp_path):
+    run = subprocess.run(["bash", "bench/gpu_check.sh", "--device", "cpu", "--quick", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [row["batch_size"] for row in result["sweep"]] == [1, 2, 4, 8]
+    assert all(row["audio_s_per_s"] > 0 and row["seconds_per_batch"] > 0 for row in result["sweep"])
+    assert [row["policy"] for row in result["served"]] == ["sequential", "static", "adaptive"]
+    assert all(row["requests"] > 0 and row["p95_ms"] >= row["p50_ms"] > 0 for row in result["served"])
+    assert set(result["ratios"]) == {"adaptive_vs_static", "adaptive_vs_sequential", "adaptive_vs_ceiling"}

@@ -1,0 +1,93 @@
+"""Device-memory-aware batching: the memory budget, and surviving out-of-memory."""
+
+import pytest
+import torch
+
+from tests.fakes import FakeEngine
+from tests.unit.conftest import make_item
+from tts_core.config import Settings
+from tts_core.memory import MemoryBudget
+from tts_core.metrics import Metrics
+from tts_core.policy import make_policy
+from tts_core.service import SpeechService
+
+LIMIT = 400  # padded tokens the fake device holds
+
+
+class SmallDeviceEngine(FakeEngine):
+    """Raises CUDA's out-of-memory error for any call above LIMIT padded tokens."""
+
+    out_of_memory_errors = (torch.cuda.OutOfMemoryError,)
+    released = 0
+
+    def synthesize(self, batch):
+        if len(batch) * max(item.length for item in batch) > LIMIT:
+            self.seen.append([int(item.tokens[0]) for item in batch])
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return super().synthesize(batch)
+
+    def release_memory(self):
+        self.released += 1
+
+
+def test_out_of_memory_splits_the_batch_lowers_the_budget_and_loses_nothing(start_batcher):
+    engine = SmallDeviceEngine()
+    batcher = start_batcher(engine, policy="static", max_batch_size=8)  # always tries 8 at once
+    items = [make_item(100, tag=index + 1) for index in range(16)]
+    batcher.submit(items)
+    audio = [item.future.result(timeout=10) for item in items]
+    assert [round(float(chunk[0]) * 1000) for chunk in audio] == list(range(1, 17))  # every one, its own
+    assert batcher.memory.out_of_memory_count >= 1 and engine.released >= 1
+    assert batcher.memory.tokens() <= LIMIT  # the budget shrank below what failed
+    later = [make_item(100, tag=50 + index) for index in range(8)]
+    batcher.submit(later)
+    for item in later:
+        item.future.result(timeout=10)
+    assert all(len(batch) * 100 <= LIMIT for batch in engine.seen[-2:])  # planned within the budget now
+
+
+def test_an_item_too_large_even_alone_fails_alone_with_a_clear_error(start_batcher):
+    engine = SmallDeviceEngine()
+    batcher = start_batcher(engine, policy="sequential")
+    huge, small = make_item(LIMIT + 1, tag=1), make_item(10, tag=2)
+    batcher.submit([huge, small])
+    assert small.future.result(timeout=10) is not None
+    with pytest.raises(Exception, match="does not fit in device memory even alone"):
+        huge.future.result(timeout=10)
+
+
+def test_the_budget_comes_from_free_memory_less_the_reserve_and_the_policy_takes_the_smaller():
+    engine = FakeEngine()
+    engine.bytes_per_padded_token = 1000.0
+    engine.free_memory_bytes = lambda: 3_000_000
+    budget = MemoryBudget(engine, reserve_bytes=1_000_000)
+    assert budget.tokens() == 2000
+    budget.out_of_memory(1600)
+    assert budget.tokens() == 800  # the cap (half the failed batch) is now the smaller
+    policy = make_policy("window", 16, 100_000)
+    queued = [make_item(100) for _ in range(16)]
+    assert len(policy.plan(queued, now=1e9).take) == 16
+    assert len(policy.plan(queued, now=1e9, memory_tokens=budget.tokens()).take) == 8
+
+
+def test_cpu_engines_have_no_memory_budget():
+    assert MemoryBudget(FakeEngine(), reserve_bytes=2**31).tokens() is None
+
+
+def test_status_reports_the_budget_and_out_of_memory_count():
+    service = SpeechService(Settings(voice_aliases={}, model_aliases={}), [SmallDeviceEngine()], Metrics())
+    engine_status = service.status()["engines"]["fake"]
+    assert engine_status["memory_token_budget"] is None and engine_status["out_of_memory"] == 0
+
+
+def test_nvml_readings_become_gauges_and_no_gpu_leaves_them_unset():
+    from prometheus_client import generate_latest
+
+    from tts_core.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.device_reading(None)
+    assert "tts_gpu_free_memory_bytes 0.0" in generate_latest(metrics.registry).decode()
+    metrics.device_reading({"free_mb": 1024.0, "total_mb": 4096.0, "used_fraction": 0.75, "utilization_pct": 40})
+    text = generate_latest(metrics.registry).decode()
+    assert "tts_gpu_free_memory_bytes 1.073741824e+09" in text and "tts_gpu_utilization_percent 40.0" in text

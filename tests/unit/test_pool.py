@@ -1,0 +1,155 @@
+"""The model pool: lazy loading, LRU unloading by count and by memory, pinned models, reloads."""
+
+import asyncio
+import time
+
+import pytest
+
+from tests.fakes import FakeEngine
+from tts_core.config import Settings
+from tts_core.engines import EngineUnavailable, ModelSpec, Voice
+from tts_core.metrics import Metrics
+from tts_core.service import Overloaded, SpeechService
+
+
+class SizedEngine(FakeEngine):
+    def __init__(self, name: str, megabytes: int = 100):
+        super().__init__(name=name)
+        self.megabytes = megabytes
+
+    def voices(self):
+        return [Voice(f"{self.name}-voice", "fake", "en", self.sample_rate)]
+
+    def memory_bytes(self):
+        return self.megabytes * 2**20
+
+
+def spec(name: str, pinned: bool = False, megabytes: int = 100, loads: list | None = None,
+         load_seconds: float = 0.0, fails: bool = False) -> ModelSpec:
+    def load():
+        time.sleep(load_seconds)
+        if fails:
+            raise EngineUnavailable(f"model {name!r} could not be loaded: gone")
+        if loads is not None:
+            loads.append(name)
+        return SizedEngine(name, megabytes)
+
+    return ModelSpec(name, SizedEngine(name).voices(), load, pinned, source=("fake", name), registry=True)
+
+
+def make_service(specs, **settings) -> SpeechService:
+    service = SpeechService(Settings(batch_policy="sequential", calibration_sizes=[1], voice_aliases={},
+                                     model_aliases={}, **settings), specs, Metrics())
+    service.start()
+    return service
+
+
+def speak(service, voice: str):
+    return asyncio.run(asyncio.wait_for(service.synthesize("hello", voice), 10))
+
+
+def test_models_load_when_first_asked_for_and_pinned_ones_at_start():
+    loads = []
+    service = make_service([spec("a", pinned=True, loads=loads), spec("b", loads=loads)])
+    try:
+        assert loads == ["a"] and set(service.batchers) == {"a"}
+        assert {voice.name for voice in service.voices()} == {"a-voice", "b-voice"}  # listed before loading
+        speak(service, "b-voice")
+        assert loads == ["a", "b"] and set(service.batchers) == {"a", "b"}
+        assert service.status()["engines"]["b"]["loaded"] is True
+    finally:
+        service.stop()
+
+
+def test_the_least_recently_used_idle_model_is_unloaded_to_keep_the_count():
+    loads = []
+    service = make_service([spec("pin", pinned=True), spec("a", loads=loads), spec("b", loads=loads),
+                            spec("c", loads=loads)], max_loaded_models=3)
+    try:
+        speak(service, "a-voice")
+        speak(service, "b-voice")
+        speak(service, "a-voice")  # b is now the least recently used
+        speak(service, "c-voice")
+        assert set(service.batchers) == {"pin", "a", "c"}  # b went, the pinned one never goes
+        assert service.metrics.model_evictions.labels("b", "count")._value.get() == 1
+        speak(service, "b-voice")  # and comes back when asked for
+        assert loads == ["a", "b", "c", "b"]
+    finally:
+        service.stop()
+
+
+def test_a_busy_model_is_not_unloaded_and_a_full_pool_answers_503():
+    held = spec("a")
+    service = make_service([spec("pin", pinned=True), held, spec("b")], max_loaded_models=2)
+    try:
+        speak(service, "a-voice")
+        engine = service.batchers["a"].engine
+        engine.gate.clear()  # a's next synthesis blocks: a is busy
+
+        async def scenario():
+            busy = asyncio.ensure_future(service.synthesize("hold", "a-voice"))
+            await asyncio.sleep(0.3)
+            with pytest.raises(Overloaded) as raised:
+                await service.synthesize("hello", "b-voice")
+            assert raised.value.code == "models_busy"
+            engine.gate.set()
+            await busy
+
+        asyncio.run(asyncio.wait_for(scenario(), 10))
+    finally:
+        service.stop()
+
+
+def test_the_memory_budget_unloads_idle_models_beyond_it():
+    service = make_service([spec("a", megabytes=300), spec("b", megabytes=300), spec("c", megabytes=300)],
+                           model_memory_mb=700)
+    try:
+        for voice in ("a-voice", "b-voice", "c-voice"):
+            speak(service, voice)
+        assert set(service.batchers) == {"b", "c"} and service.pool.memory_bytes() == 600 * 2**20
+    finally:
+        service.stop()
+
+
+def test_one_load_serves_every_caller_waiting_for_it_and_others_are_not_held_up():
+    loads = []
+    service = make_service([spec("fast", pinned=True), spec("slow", loads=loads, load_seconds=1.0)])
+    try:
+        async def scenario():
+            waiting = [asyncio.ensure_future(service.synthesize("hi", "slow-voice")) for _ in range(3)]
+            await asyncio.sleep(0.1)
+            started = time.perf_counter()
+            await service.synthesize("hi", "fast-voice")  # while slow loads
+            assert time.perf_counter() - started < 0.5
+            await asyncio.gather(*waiting)
+
+        asyncio.run(asyncio.wait_for(scenario(), 10))
+        assert loads == ["slow"]
+    finally:
+        service.stop()
+
+
+def test_a_model_that_fails_to_load_answers_503_naming_it():
+    service = make_service([spec("pin", pinned=True), spec("broken", fails=True)])
+    try:
+        with pytest.raises(Overloaded) as raised:
+            speak(service, "broken-voice")
+        assert raised.value.code == "model_unavailable" and "broken" in str(raised.value)
+        assert service.metrics.model_loads.labels("broken", "failed")._value.get() == 1
+    finally:
+        service.stop()
+
+
+def test_reloading_the_registry_keeps_unchanged_models_adds_new_and_removes_gone_ones():
+    service = make_service([spec("pin", pinned=True), spec("a"), spec("b")])
+    try:
+        speak(service, "a-voice")
+        a_batcher = service.batchers["a"]
+        summary = service.reload_registry([spec("pin", pinned=True), spec("a"), spec("c", pinned=True)])
+        assert summary == {"kept": ["pin", "a"], "removed": ["b"], "added": ["c"]}
+        assert service.batchers["a"] is a_batcher and "c" in service.batchers  # pinned: loaded at once
+        assert {voice.name for voice in service.voices()} == {"pin-voice", "a-voice", "c-voice"}
+        with pytest.raises(Exception, match="does not exist"):
+            speak(service, "b-voice")
+    finally:
+        service.stop()

@@ -1,0 +1,59 @@
+"""The voice registry file, and loading the engines it names."""
+
+import pytest
+
+from bench.random_vits import TINY, save_random_vits
+from tts_core.config import Settings
+from tts_core.engines import model_specs
+from tts_core.engines.base import EngineUnavailable
+from tts_core.engines.piper import bundled_voice_path
+from tts_core.registry import RegistryError, read_registry
+
+
+def test_voices_of_one_model_share_one_engine(tmp_path):
+    path = tmp_path / "voices.yaml"
+    path.write_text("voices:\n"
+                    "  a: {engine: vits, model: m1, language: en}\n"
+                    "  b: {engine: vits, model: m1, speaker: 2, speed: 1.2}\n"
+                    "  c: {engine: piper, model: /v/x.onnx}\n")
+    grouped = read_registry(path).by_model()
+    assert set(grouped) == {("vits", "m1"), ("piper", "/v/x.onnx")}
+    assert grouped[("vits", "m1")]["b"].speaker == 2 and grouped[("vits", "m1")]["b"].speed == 1.2
+
+
+@pytest.mark.parametrize("text, fault", [
+    ("voices: [unclosed", "not valid YAML"),
+    ("voices:\n  a: {engine: tacotron, model: m}\n", "voices.a.engine"),
+    ("voices:\n  a: {engine: vits, model: m, colour: red}\n", "voices.a.colour"),
+    ("voices:\n  a: {engine: vits, model: m, speed: 9}\n", "voices.a.speed"),
+])
+def test_a_bad_registry_names_the_file_and_the_fault(tmp_path, text, fault):
+    path = tmp_path / "voices.yaml"
+    path.write_text(text)
+    with pytest.raises(RegistryError) as raised:
+        read_registry(path)
+    assert str(path) in str(raised.value) and fault in str(raised.value)
+
+
+def test_load_engines_adds_the_registry_voices_beside_the_bundled_one(tmp_path):
+    model = save_random_vits(tmp_path / "tiny-vits", **TINY)
+    path = tmp_path / "voices.yaml"
+    path.write_text(f"voices:\n"
+                    f"  tiny: {{engine: vits, model: '{model}', language: en}}\n"
+                    f"  joe: {{engine: piper, model: '{bundled_voice_path()}', speed: 1.1}}\n")
+    specs = model_specs(Settings(voices_file=path, data_dir=tmp_path, device="cpu"))
+    voices = {voice.name: (spec, voice) for spec in specs for voice in spec.voices}
+    assert voices["tiny"][0].name == "tiny-vits" and voices["tiny"][1].language == "en"
+    assert voices["tiny"][1].sample_rate == 16000 and not voices["tiny"][0].pinned  # read, not loaded
+    assert voices["joe"][0].name == "en_US-joe-medium-2" and voices["joe"][1].speed == 1.1  # its own engine
+    assert voices["en_US-joe-medium"][0].pinned  # the bundled voice is still there, loaded
+    engine = voices["tiny"][0].load()
+    assert engine.voices() == [voices["tiny"][1]]  # what was read is what loads
+
+
+def test_a_registry_model_that_cannot_load_stops_the_start_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = tmp_path / "voices.yaml"
+    path.write_text("voices:\n  ghost: {engine: vits, model: facebook/mms-tts-ghost}\n")
+    with pytest.raises(EngineUnavailable, match="facebook/mms-tts-ghost"):
+        model_specs(Settings(voices_file=path, data_dir=tmp_path, device="cpu"))

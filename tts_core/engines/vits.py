@@ -1,0 +1,194 @@
+"""Hugging Face VITS models (the MMS-TTS family: facebook/mms-tts-*) through transformers.
+
+Batches are padded with the tokenizer's pad id and an attention mask; the model reports each
+item's length in samples (`sequence_lengths`), so every item is trimmed to its own audio. The
+model masks padding everywhere but in its vocoder, whose convolutions would let the padded
+frames leak into the last ~20 ms of a shorter item; `_VocoderMask` zeroes them before every
+convolution, so a batched item decodes exactly as it does alone.
+`speaking_rate` is one number per forward call and the speaker one id, so both are part of the
+batch key. On CUDA the engine keeps a memory model (peak bytes per padded token, measured at
+warm-up) that the batcher asks for a token budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+from typing import Hashable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import VitsConfig, VitsModel, VitsTokenizer
+
+from ..request import SynthesisRequest
+from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
+
+log = logging.getLogger(__name__)
+
+LOW_PRECISION = {"cuda": torch.float16}  # what the degrade mode's precision action switches to
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+
+
+@contextmanager
+def _loading(source: str) -> Iterator[None]:
+    """Any failure to read a model becomes one clear error that names it."""
+    try:
+        yield
+    except Exception as error:  # missing files, a wrong folder, a hub id not in the cache when offline
+        hint = " (HF_HUB_OFFLINE is set: only the local cache is searched)" if _offline() else ""
+        raise EngineUnavailable(f"model {source!r} could not be loaded{hint}: {error}") from None
+
+
+def _vits_voices(specs: Sequence[VoiceSpec], sample_rate: int) -> list[Voice]:
+    return [Voice(spec.name, "vits", spec.language or "und", sample_rate,
+                  None if spec.speaker is None else str(spec.speaker), spec.speed) for spec in specs]
+
+
+def describe_vits(source: str, specs: Sequence[VoiceSpec]) -> list[Voice]:
+    """A model's voices from its config alone (no weights loaded): this also checks, at start-up,
+    that every configured model is there."""
+    with _loading(source):
+        config = VitsConfig.from_pretrained(source, local_files_only=_offline())
+    return _vits_voices(specs, int(config.sampling_rate))
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise EngineUnavailable("TTS_DEVICE=cuda, but CUDA is not available on this machine")
+    return device
+
+
+class _VocoderMask:
+    """Before each convolution of the vocoder, zero the activations past each item's last frame,
+    as a lone item's zero padding would be (the spectrogram is already zero there: the model
+    masks it, which is also how its lengths are read here)."""
+
+    def __init__(self, vocoder: nn.Module):
+        self.lengths: torch.Tensor | None = None
+        self.frames = 0
+        vocoder.register_forward_pre_hook(self._start)
+        for module in vocoder.modules():
+            if isinstance(module, (nn.Conv1d, nn.ConvTranspose1d)):
+                module.register_forward_pre_hook(self._mask)
+
+    def _start(self, _module: nn.Module, args: tuple) -> None:
+        spectrogram = args[0]
+        self.frames = spectrogram.shape[-1]
+        if spectrogram.shape[0] == 1:
+            self.lengths = None
+            return
+        voiced = spectrogram.abs().sum(dim=1) > 0
+        positions = torch.arange(1, self.frames + 1, device=spectrogram.device)
+        self.lengths = (voiced * positions).amax(dim=1)
+
+    def _mask(self, _module: nn.Module, args: tuple) -> tuple | None:
+        hidden = args[0]
+        steps = hidden.shape[-1]
+        if self.lengths is None or steps < self.frames or steps % self.frames:
+            return None  # alone, or not on the time axis (the speaker conditioning)
+        keep = torch.arange(steps, device=hidden.device)[None, :] < (self.lengths * (steps // self.frames))[:, None]
+        return (hidden * keep[:, None, :].to(hidden.dtype), *args[1:])
+
+
+class VitsEngine(Engine):
+    out_of_memory_errors = (MemoryError, torch.cuda.OutOfMemoryError)
+
+    def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
+                 noise_scale: float | None = None, noise_scale_duration: float | None = None,
+                 name: str | None = None):
+        """source: a hub id or a local folder; voices: the registry's voices on this model."""
+        self.source = source
+        self.name = name or source.rstrip("/").rsplit("/", 1)[-1]
+        self.device = resolve_device(device)
+        self.dtype = DTYPES[dtype]
+        if self.dtype != torch.float32 and self.device == "cpu":
+            raise EngineUnavailable(f"{self.name}: {dtype} needs CUDA; use fp32 on the CPU")
+        with _loading(source):
+            self.tokenizer = VitsTokenizer.from_pretrained(source, local_files_only=_offline())
+            self.model = VitsModel.from_pretrained(source, local_files_only=_offline())
+        self.model.to(self.device, self.dtype).eval()
+        self._wanted_dtype = self.dtype
+        _VocoderMask(self.model.decoder)
+        if noise_scale is not None:
+            self.model.noise_scale = noise_scale
+        if noise_scale_duration is not None:
+            self.model.noise_scale_duration = noise_scale_duration
+        self.sample_rate = int(self.model.config.sampling_rate)
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+        self._speakers = {spec.name: spec.speaker for spec in voices}
+        self._voices = _vits_voices(voices, self.sample_rate)
+
+    def voices(self) -> list[Voice]:
+        return list(self._voices)
+
+    def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
+        ids = self.tokenizer(text)["input_ids"]
+        return [np.asarray(ids, dtype=np.int64)] if len(ids) else []
+
+    def batch_key(self, voice: str, speed: float) -> Hashable:
+        return (self.name, self._speakers.get(voice), speed)
+
+    def set_low_precision(self, enabled: bool) -> bool:
+        """Called from the monitor's thread: the switch happens on the engine's thread, before its
+        next batch, never under a running one."""
+        low = LOW_PRECISION.get(self.device)
+        if low is None:
+            return False
+        self._wanted_dtype = low if enabled else self.dtype
+        return True
+
+    @torch.inference_mode()
+    def synthesize(self, batch: Sequence[SynthesisRequest]) -> list[np.ndarray]:
+        if self._wanted_dtype != self.model.dtype:
+            self.model.to(dtype=self._wanted_dtype)
+        longest = max(item.length for item in batch)
+        input_ids = torch.full((len(batch), longest), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for row, item in enumerate(batch):
+            input_ids[row, : item.length] = torch.from_numpy(item.tokens)
+            attention_mask[row, : item.length] = 1
+        output = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
+                            speaker_id=self._speakers.get(batch[0].voice), speaking_rate=batch[0].speed)
+        waveform = output.waveform.float().cpu().numpy()
+        lengths = output.sequence_lengths.cpu().numpy()
+        return [peak_normalize(waveform[row, : int(lengths[row])]) for row in range(len(batch))]
+
+    # --- device memory ---------------------------------------------------------------------------
+
+    def measure_memory(self, tokens: np.ndarray, sizes: Sequence[int] = (1, 4)) -> None:
+        """Peak bytes per padded token over a few batch sizes (CUDA only): the memory model."""
+        if self.device != "cuda":
+            return
+        per_token = []
+        for size in sizes:
+            items = [SynthesisRequest(tokens=tokens, voice=self._voices[0].name, speed=1.0, key=None,
+                                      deadline=float("inf")) for _ in range(size)]
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            self.synthesize(items)
+            torch.cuda.synchronize()
+            per_token.append((torch.cuda.max_memory_allocated() - before) / (size * tokens.size))
+        self.bytes_per_padded_token = max(per_token)
+
+    def free_memory_bytes(self) -> int | None:
+        if self.device != "cuda":
+            return None
+        free, _ = torch.cuda.mem_get_info()
+        return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()  # the cache is ours to reuse
+
+    def release_memory(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+
+    def memory_bytes(self) -> int:
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)

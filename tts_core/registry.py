@@ -1,0 +1,75 @@
+"""The voice registry: a YAML file (TTS_VOICES_FILE) naming voices beside the voices folder.
+
+    voices:
+      mms-eng:
+        engine: vits                 # transformers VITS (facebook/mms-tts-*) ...
+        model: facebook/mms-tts-eng  # a hub id (from the local cache when offline) or a folder
+        language: en
+        pinned: true                 # loaded and warmed at start-up, never unloaded
+      mms-fra:
+        engine: vits
+        model: /models/mms-tts-fra
+        language: fr
+        speed: 1.1                   # this voice's default speed (a request's speed multiplies it)
+      joe:
+        engine: piper                # ... or a Piper voice file, under a name of your choosing
+        model: /voices/en_US-joe-medium.onnx
+
+Voices that name the same model share one loaded engine (and one batcher). Models that are not
+pinned load when first asked for and are unloaded, least recently used first, to keep within
+TTS_MAX_LOADED_MODELS and TTS_MODEL_MEMORY_MB.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .engines.base import EngineUnavailable
+
+
+class RegistryError(EngineUnavailable):
+    """The registry file cannot be used; the message names the file and the fault."""
+
+
+class VoiceEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engine: Literal["vits", "piper"]
+    model: str = Field(min_length=1, description="hub id or local path")
+    language: str | None = Field(None, description="language code; default: the model's own")
+    speaker: int | None = Field(None, ge=0, description="speaker id of a multi-speaker model")
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="default speed")
+    pinned: bool = Field(False, description="load and warm at start-up and never unload")
+
+
+class Registry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    voices: dict[str, VoiceEntry] = {}
+
+    def by_model(self) -> dict[tuple[str, str], dict[str, VoiceEntry]]:
+        """(engine, model) -> its voices: one loaded engine each."""
+        grouped: dict[tuple[str, str], dict[str, VoiceEntry]] = {}
+        for name, entry in self.voices.items():
+            grouped.setdefault((entry.engine, entry.model), {})[name] = entry
+        return grouped
+
+
+def read_registry(path: Path | None) -> Registry:
+    if path is None:
+        return Registry()
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        return Registry.model_validate(data)
+    except OSError as error:
+        raise RegistryError(f"voices file {path}: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        raise RegistryError(f"voices file {path} is not valid YAML: {error}") from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise RegistryError(f"voices file {path}: {where}: {first['msg']}") from None
