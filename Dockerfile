@@ -16,7 +16,9 @@ RUN useradd --create-home --uid 1000 user
 WORKDIR /home/user/app
 
 COPY --chown=user requirements.txt .
-RUN pip install -r requirements.txt
+# torch from PyTorch's CPU index first (PyPI's default build brings several GB of CUDA); for a GPU
+# image, drop the index URL so the CUDA build is installed.
+RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 && pip install -r requirements.txt
 
 COPY --chown=user . .
 USER user

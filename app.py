@@ -16,6 +16,7 @@ from admin.control import OperatorControl
 from admin.ui import build_admin_tab
 from api import build_api
 from api.access import AccessControl
+from jobs import JobRunner
 from storage import Storage
 from storage.request_log import RequestLogWriter
 from tts_core.config import Settings
@@ -37,15 +38,18 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
     control = OperatorControl(storage, service, request_log, defaults=settings.operator_defaults)
     control.reload()  # stored settings apply before the first request
     monitor = Monitor(service)
+    job_runner = JobRunner(storage, service, settings, lambda: service.degrade.settings)
     admin_token = settings.admin_token.get_secret_value() if settings.admin_token else None
 
     @asynccontextmanager
     async def lifespan(_app):
         for part in (service, request_log, control, monitor):
             part.start()
+        await job_runner.start()
         try:
             yield
         finally:
+            await job_runner.stop()
             for part in (monitor, control, request_log, service):
                 part.stop()
 
@@ -58,6 +62,7 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
 
     api = build_api(service, access, request_log, lifespan)
     api.state.control, api.state.monitor, api.state.admin_token = control, monitor, admin_token
+    api.state.jobs = job_runner
     api.include_router(admin_router)
     page = build_ui(service, admit_ui, request_log,
                     [lambda: build_admin_tab(service, monitor, control, access, admin_token)])

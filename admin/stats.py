@@ -22,6 +22,7 @@ def collect_stats(service: SpeechService, monitor: Monitor, control: OperatorCon
         "first_audio_ms": {"p50": service.metrics.first_audio_ms(0.5), "p95": service.metrics.first_audio_ms(0.95)},
         "throughput_audio_s_per_s": service.metrics.audio_throughput(),
         "cache": service.cache.stats(),
+        "jobs": dict(zip(("queued", "running", "oldest_queued_s"), service.metrics.job_backlog)),
         "gpu": gpu.readings(),
         "storage": {**control.health(), "rate_limit_error": access.storage_error},
         "series": list(service.metrics.series)[-points:],

@@ -25,6 +25,7 @@ CHARTS = [  # (title, [(series key, label)], y axis title)
     ("Latency", [("p50_ms", "p50"), ("p95_ms", "p95")], "ms"),
     ("Streams: time to first audio", [("first_audio_p50_ms", "p50"), ("first_audio_p95_ms", "p95")], "ms"),
     ("Cache hit rate", [("cache_hit_rate", "hit rate")], "fraction"),
+    ("Job backlog", [("jobs_queued", "queued jobs"), ("jobs_oldest_s", "oldest waiting (s)")], ""),
     ("GPU", [("gpu_used_fraction", "memory used"), ("gpu_utilization_pct", "utilisation %")], ""),
 ]
 AUDIT_COLUMNS = ["time", "actor", "setting", "old value", "new value"]

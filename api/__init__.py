@@ -10,7 +10,7 @@ from storage.request_log import RequestLogWriter
 from tts_core.metrics import Metrics
 from tts_core.service import SpeechService
 
-from . import speech, speech_socket, system
+from . import jobs, speech, speech_socket, system
 from .access import AccessControl
 from .errors import install_error_handlers
 from .limits import BodySizeLimit
@@ -59,9 +59,10 @@ def build_api(service: SpeechService, access: AccessControl, request_log: Reques
     install_error_handlers(app)
     app.include_router(speech.router)
     app.include_router(speech_socket.router)
+    app.include_router(jobs.router)
     app.include_router(system.router)
     app.include_router(system.fallback)  # last: catches only what no route above matched
-    app.state.api_routes = [*speech.router.routes, *system.router.routes]
+    app.state.api_routes = [*speech.router.routes, *jobs.router.routes, *system.router.routes]
     app.add_middleware(RequestAccounting, metrics=service.metrics, request_log=request_log)
     app.add_middleware(BodySizeLimit, max_bytes=service.settings.max_body_bytes)
     return app

@@ -40,6 +40,23 @@ class SpeechRequest(BaseModel):
         return self.voice if isinstance(self.voice, str) else self.voice.id
 
 
+class JobRequest(SpeechRequest):
+    """POST /v1/audio/jobs: a speech request to run in the background."""
+
+    priority: int = Field(0, ge=-10, le=10, description="order among the caller's own jobs (higher first); "
+                                                         "never above the caller's tier")
+
+
+class BatchRequest(BaseModel):
+    """POST /v1/audio/speech/batch. Items are checked one by one: a bad item fails alone."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[dict] = Field(min_length=1, description="speech request bodies, as for /v1/audio/speech")
+    mode: Literal["zip", "jobs"] = Field("zip", description="'zip': the audio files in one zip with a manifest; "
+                                                            "'jobs': one job per item")
+
+
 class SocketMessage(BaseModel):
     """One client message on the speech WebSocket: text to buffer and/or settings for what follows."""
 
@@ -69,7 +86,8 @@ class ErrorBody(BaseModel):
 
 ERROR_MEANINGS = {
     400: "Invalid request (the field at fault, if any, is in error.param)", 401: "Missing, invalid or revoked key",
-    403: "Wrong admin token, or admin disabled", 404: "No such resource", 409: "Busy; retry", 413: "Request body too large",
+    403: "Wrong admin token, or admin disabled", 404: "No such resource",
+    409: "Not possible in the current state (busy, not ready or already ended)", 410: "Gone: the result has expired", 413: "Request body too large",
     422: "Invalid setting value", 429: "Rate limit exceeded; see Retry-After and X-RateLimit-*",
     500: "Synthesis failed", 503: "At capacity or shedding load; see Retry-After",
     504: "Waited in the queue past its deadline",

@@ -13,11 +13,11 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine, delete, event, func, select
+from sqlalchemy import create_engine, delete, event, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 
-from .models import ApiKey, AuditEntry, RequestLogEntry, Setting
+from .models import ApiKey, AuditEntry, Job, RequestLogEntry, Setting
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -150,6 +150,88 @@ class Storage:
     def api_keys(self) -> list[dict]:
         with self._session() as session:
             return [_key_dict(row) for row in session.scalars(select(ApiKey).order_by(ApiKey.id))]
+
+    # --- jobs ----------------------------------------------------------------------------------
+
+    def add_job(self, job_id: str, owner: str, tier: str, priority: int, request: dict) -> dict:
+        now = _now()
+        with self._session.begin() as session:
+            row = Job(id=job_id, owner=owner, tier=tier, priority=priority, status="queued",
+                      request=json.dumps(request), attempts=0, created_at=now, not_before=now)
+            session.add(row)
+            return _job_dict(row)
+
+    def job(self, job_id: str) -> dict | None:
+        with self._session() as session:
+            row = session.get(Job, job_id)
+            return _job_dict(row) if row else None
+
+    def jobs(self, owner: str, limit: int = 100, status: str | None = None) -> list[dict]:
+        query = select(Job).where(Job.owner == owner)
+        if status is not None:
+            query = query.where(Job.status == status)
+        with self._session() as session:
+            return [_job_dict(row) for row in session.scalars(query.order_by(Job.created_at.desc()).limit(limit))]
+
+    def claim_jobs(self, limit: int) -> list[dict]:
+        """Queued jobs that are due, highest priority then oldest first, marked running (attempt + 1)."""
+        now = _now()
+        with self._session.begin() as session:
+            rows = list(session.scalars(select(Job).where(Job.status == "queued", Job.not_before <= now)
+                                        .order_by(Job.priority.desc(), Job.created_at).limit(limit)))
+            for row in rows:
+                row.status, row.started_at, row.attempts = "running", now, row.attempts + 1
+            return [_job_dict(row) for row in rows]
+
+    def finish_job(self, job_id: str, status: str, **fields: Any) -> dict | None:
+        """Move a running (or, for cancelled, queued) job to its end state or back to queued."""
+        allowed = {"queued", "running"} if status == "cancelled" else {"running"}
+        with self._session.begin() as session:
+            row = session.get(Job, job_id)
+            if row is None or row.status not in allowed:
+                return None
+            row.status = status
+            if status != "queued":
+                row.finished_at = _now()
+            for name, value in fields.items():
+                setattr(row, name, value)
+            return _job_dict(row)
+
+    def requeue_interrupted(self) -> int:
+        """At start-up: jobs left running by a process that died go back to the queue."""
+        with self._session.begin() as session:
+            return session.execute(update(Job).where(Job.status == "running").values(status="queued")).rowcount
+
+    def backlog(self) -> tuple[int, int, float | None]:
+        """Queued jobs, running jobs, and the age in seconds of the oldest queued one."""
+        with self._session() as session:
+            counts = dict(session.execute(select(Job.status, func.count()).where(Job.status.in_(("queued", "running")))
+                                          .group_by(Job.status)).all())
+            oldest = session.scalar(select(func.min(Job.created_at)).where(Job.status == "queued"))
+        age = None if oldest is None else (_now() - _aware(oldest)).total_seconds()
+        return counts.get("queued", 0), counts.get("running", 0), age
+
+    def expired_results(self) -> list[dict]:
+        """Finished jobs whose result files have outlived their retention."""
+        with self._session() as session:
+            rows = session.scalars(select(Job).where(Job.result_path.is_not(None), Job.expires_at <= _now()))
+            return [_job_dict(row) for row in rows]
+
+    def forget_result(self, job_id: str) -> None:
+        with self._session.begin() as session:
+            session.execute(update(Job).where(Job.id == job_id).values(result_path=None))
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _job_dict(row: Job) -> dict:
+    moments = ("created_at", "not_before", "started_at", "finished_at", "expires_at")
+    return {"id": row.id, "owner": row.owner, "tier": row.tier, "priority": row.priority, "status": row.status,
+            "request": json.loads(row.request), "attempts": row.attempts, "error": row.error,
+            **{name: _aware(getattr(row, name)) if getattr(row, name) else None for name in moments},
+            "result_path": row.result_path, "content_type": row.content_type, "audio_s": row.audio_s}
 
 
 def _key_dict(row: ApiKey) -> dict:

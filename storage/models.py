@@ -59,3 +59,26 @@ class ApiKey(Base):
     tier: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class Job(Base):
+    """An asynchronous speech job. Its result is a file (result_path) kept until expires_at."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(128), index=True)  # the caller's identity: key:<id> or ip:<address>
+    tier: Mapped[str] = mapped_column(String(64))
+    priority: Mapped[int] = mapped_column(Integer)  # claim order: higher first (the tier's, then the caller's)
+    status: Mapped[str] = mapped_column(String(16), index=True)  # queued running succeeded failed cancelled
+    request: Mapped[str] = mapped_column(Text)  # JSON: input, voice, model, speed, response_format
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    not_before: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # retry backoff
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    result_path: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    content_type: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    audio_s: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -39,12 +39,20 @@ class Settings(BaseSettings):
     stream_first_chunk_chars: int = Field(24, ge=0)  # streams start with a chunk this short; 0: whole sentences
     request_timeout_s: float = Field(120.0, gt=0)
 
+    # Jobs (POST /v1/audio/jobs, /v1/audio/speech/batch)
+    max_batch_items: int = Field(32, ge=1)  # items in one /v1/audio/speech/batch call
+    result_ttl_s: float = Field(3600.0, gt=0)  # how long job results are kept
+    job_max_attempts: int = Field(3, ge=1)
+    max_job_backlog: int = Field(1000, ge=1)  # queued jobs beyond which submissions answer 503
+    job_concurrency: int = Field(4, ge=1)  # jobs in the batcher at once
+
     # Batching
     batch_policy: Literal["adaptive", "sequential", "static", "window"] = "adaptive"
     max_batch_size: int = Field(16, ge=1)
     max_batch_tokens: int = Field(8192, ge=64)
     max_queue: int = Field(512, ge=1)
     aging_horizon_s: float = Field(2.0, ge=0)
+    queue_order: Literal["fair", "fifo"] = "fair"  # fifo: arrival order only (the benchmark's peers)
     calibration_sizes: Annotated[list[int], NoDecode] = [1, 2, 4, 8, 16]
 
     # Engines

@@ -51,6 +51,8 @@ class Metrics:
                                     buckets=BATCH_BUCKETS, registry=r)
         self.batch_seconds = Histogram("tts_batch_seconds", "Engine time per batch", ["engine"],
                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.tokens = Counter("tts_tokens", "Input tokens synthesized (not counting padding)", ["engine"],
+                              registry=r)
         self.padding_tokens = Counter("tts_padding_tokens", "Padded tokens that carried no input",
                                       ["engine"], registry=r)
         self.item_errors = Counter("tts_item_errors", "Items the engine failed on", ["engine"], registry=r)
@@ -62,6 +64,12 @@ class Metrics:
                                      registry=r)
         self.gpu_used_fraction = Gauge("tts_gpu_memory_used_fraction", "Used share of GPU memory (NVML)", registry=r)
         self.gpu_utilization = Gauge("tts_gpu_utilization_percent", "GPU utilisation (NVML)", registry=r)
+        self.jobs_queued = Gauge("tts_jobs_queued", "Jobs waiting", registry=r)
+        self.jobs_running = Gauge("tts_jobs_running", "Jobs running", registry=r)
+        self.jobs_oldest_queued = Gauge("tts_jobs_oldest_queued_seconds", "Age of the oldest waiting job",
+                                        registry=r)
+        self.jobs_finished = Counter("tts_jobs_finished", "Jobs ended", ["status"], registry=r)
+        self.job_backlog: tuple[int, int, float | None] = (0, 0, None)  # for the dashboard
         self.model_loads = Counter("tts_model_loads", "Model loads", ["model", "result"], registry=r)
         self.model_evictions = Counter("tts_model_evictions", "Models unloaded", ["model", "reason"], registry=r)
         self.models_loaded = Gauge("tts_models_loaded", "Models loaded now", registry=r)
@@ -78,6 +86,12 @@ class Metrics:
                                              buckets=LATENCY_BUCKETS, registry=r)
         self.chunks_per_request = Histogram("tts_chunks_per_request", "Streamed requests: sentences per request",
                                             buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+
+    def jobs_state(self, queued: int, running: int, oldest_queued_s: float | None) -> None:
+        self.job_backlog = (queued, running, oldest_queued_s)
+        self.jobs_queued.set(queued)
+        self.jobs_running.set(running)
+        self.jobs_oldest_queued.set(oldest_queued_s or 0.0)
 
     def device_reading(self, reading: dict | None) -> None:
         """The latest NVML reading (gpu.readings()); None (no GPU) leaves the gauges unset."""
@@ -100,6 +114,7 @@ class Metrics:
             return
         self.batch_size.labels(record.engine).observe(record.size)
         self.batch_seconds.labels(record.engine).observe(record.seconds)
+        self.tokens.labels(record.engine).inc(record.real_tokens)
         self.padding_tokens.labels(record.engine).inc(record.padded_tokens - record.real_tokens)
         for wait in waits:
             self.queue_wait_seconds.observe(wait)

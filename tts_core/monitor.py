@@ -76,6 +76,8 @@ class Monitor:
             "p95_ms": metrics.latency_ms(0.95),
             "first_audio_p50_ms": metrics.first_audio_ms(0.5),
             "first_audio_p95_ms": metrics.first_audio_ms(0.95),
+            "jobs_queued": metrics.job_backlog[0],
+            "jobs_oldest_s": metrics.job_backlog[2],
             "cache_hit_rate": service.cache.stats()["hit_rate"],
             "load_score": state.score,
             "degraded": state.active,

@@ -27,8 +27,9 @@ class QueueFull(Exception):
 
 class RequestQueue:
     def __init__(self, max_size: int, aging_horizon_s: float = 2.0, long_tokens: int = 400,
-                 on_drop: Callable[[str, int], None] = lambda reason, count: None):
+                 on_drop: Callable[[str, int], None] = lambda reason, count: None, fifo: bool = False):
         self.max_size = max_size
+        self.fifo = fifo  # arrival order only: how the peers Chorus is benchmarked against queue
         self.on_drop = on_drop  # told of items dropped unsynthesized: ("cancelled" | "deadline", count)
         self.aging_horizon_s = aging_horizon_s
         self.long_tokens = long_tokens
@@ -40,6 +41,8 @@ class RequestQueue:
         return len(self._items)
 
     def rank(self, item: SynthesisRequest) -> tuple[float, int]:
+        if self.fifo:
+            return (item.enqueued_at, item.seq)
         length_delay = self.aging_horizon_s * min(1.0, item.length / self.long_tokens)
         return (item.enqueued_at + item.due_s + length_delay - item.priority * PRIORITY_STEP_S, item.seq)
 

@@ -107,7 +107,8 @@ class SpeechService:
         settings, metrics = self.settings, self.metrics
         policy = make_policy(settings.batch_policy, settings.max_batch_size, settings.max_batch_tokens)
         queue = RequestQueue(settings.max_queue, settings.aging_horizon_s, settings.max_chunk_chars,
-                             on_drop=lambda reason, count: metrics.dropped.labels(reason).inc(count))
+                             on_drop=lambda reason, count: metrics.dropped.labels(reason).inc(count),
+                             fifo=settings.queue_order == "fifo")
         return Batcher(engine, policy, queue, metrics, settings.calibration_sizes, settings.min_free_mem_mb,
                        settings.empty_cache_every)
 
@@ -262,9 +263,20 @@ class SpeechService:
         text, voice_info, model_name = self._prepare(text, voice, model, speed)
         return await self._synthesize(text, voice_info, model_name, speed, caller)
 
+    def validate(self, text: str, voice: str | None, model: str | None, speed: float,
+                 caller: Caller | None) -> tuple[str, Voice, str]:
+        """What a request is checked for whatever the load: voice, model, speed, text and the
+        caller's tier limit. Returns the normalised text, the voice and its model's name."""
+        text, voice_info, model_name = self._prepare(text, voice, model, speed)
+        tier = caller.tier if caller else Tier()
+        if len(text) > tier.max_chars:
+            raise InvalidRequest(f"input is {len(text)} characters long; the {caller.tier_name} tier allows "
+                                 f"{tier.max_chars}", "input", "tier_text_limit")
+        return text, voice_info, model_name
+
     def _admit(self, text: str, voice: str | None, model: str | None, speed: float,
                caller: Caller | None) -> tuple[str, Voice, str]:
-        """Validation, the caller's tier and the degrade actions that refuse work up front."""
+        """validate(), and the degrade actions that refuse work up front."""
         state, settings = self.degrade.state, self.degrade.settings
         tier = caller.tier if caller else Tier()
         if "shed" in state.actions and tier.sheddable:
@@ -273,10 +285,7 @@ class SpeechService:
             raise Overloaded(retry, "shed_low_priority",
                              f"the server is under heavy load and is serving higher priorities only; "
                              f"retry after {retry} s")
-        text, voice_info, model_name = self._prepare(text, voice, model, speed)
-        if len(text) > tier.max_chars:
-            raise InvalidRequest(f"input is {len(text)} characters long; the {caller.tier_name} tier allows "
-                                 f"{tier.max_chars}", "input", "tier_text_limit")
+        text, voice_info, model_name = self.validate(text, voice, model, speed, caller)
         if "cap_text" in state.actions and len(text) > settings.cap_text_chars:
             self.metrics.degrade_actions.labels("cap_text").inc()
             raise InvalidRequest(f"the server is under heavy load: texts are limited to "

@@ -89,9 +89,7 @@ def short_request_latencies(fifo: bool) -> tuple[list[float], float]:
     """Four long streams of ten 200-token sentences queued at once, then five short requests
     arriving while they run. Returns the short requests' latencies and when the streams finished."""
     engine = FakeEngine(cost=lambda size, padded: 0.0002 * padded)  # 40 ms a long sentence, 4 ms a short one
-    service = running_service(engine, max_chunk_chars=400)
-    if fifo:  # the peer: first come, first served
-        service.batchers[engine.name].queue.rank = lambda item: (item.enqueued_at, item.seq)
+    service = running_service(engine, max_chunk_chars=400, queue_order="fifo" if fifo else "fair")
     long_text = " ".join(["y" * 199 + "."] * 10)
 
     async def stream_all() -> None:

@@ -21,8 +21,8 @@ def tables(path) -> set[str]:
 def test_empty_database_is_migrated_to_head(tmp_path):
     storage = Storage(sqlite_url(tmp_path / "new.db"))
     storage.migrate()
-    assert storage.revision() == "0003"
-    assert {"settings", "audit_log", "request_log", "api_keys", "alembic_version"} <= tables(tmp_path / "new.db")
+    assert storage.revision() == "0004"
+    assert {"settings", "audit_log", "request_log", "api_keys", "jobs", "alembic_version"} <= tables(tmp_path / "new.db")
     with sqlite3.connect(tmp_path / "new.db") as connection:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
@@ -35,11 +35,11 @@ def test_old_database_upgrades_and_keeps_its_data(tmp_path):
     assert "request_log" not in tables(path)
     upgraded = Storage(sqlite_url(path))
     upgraded.migrate()
-    assert upgraded.revision() == "0003"
+    assert upgraded.revision() == "0004"
     assert upgraded.read_settings() == {"cap_text_chars": 111}
     assert upgraded.audit()[0]["new_value"] == 111
     upgraded.migrate()  # idempotent
-    assert upgraded.revision() == "0003"
+    assert upgraded.revision() == "0004"
 
 
 def test_settings_and_audit_survive_reopening(tmp_path):

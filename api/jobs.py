@@ -1,0 +1,205 @@
+"""Asynchronous jobs (/v1/audio/jobs) and batch submission (/v1/audio/speech/batch)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import zipfile
+from datetime import datetime
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import ValidationError
+
+from jobs import JobRunner
+from tts_core.access import Caller, RateLimitState
+from tts_core.audio import FORMATS
+
+from .errors import SERVICE_ERRORS, ApiError, api_error, error_response
+from .schemas import BatchRequest, JobRequest, SpeechRequest, error_responses
+from .speech import admitted
+
+router = APIRouter(tags=["jobs"])
+JobId = Path(min_length=1, max_length=40, pattern=r"^job_[0-9a-f]+$")
+
+
+def _runner(request: Request) -> JobRunner:
+    return request.app.state.jobs
+
+
+def _unix(moment: datetime | None) -> int | None:
+    return int(moment.timestamp()) if moment else None
+
+
+def public_job(job: dict) -> dict:
+    """A job as its owner sees it (the owner and storage details stay inside)."""
+    request, expired = job["request"], job["status"] == "succeeded" and job["result_path"] is None
+    started, finished, created = job["started_at"], job["finished_at"], job["created_at"]
+    return {
+        "id": job["id"], "object": "audio.job", "status": job["status"], "attempts": job["attempts"],
+        "error": job["error"], "created_at": _unix(created), "started_at": _unix(started),
+        "finished_at": _unix(finished), "expires_at": _unix(job["expires_at"]),
+        "timings": {"queued_s": round((started - created).total_seconds(), 3) if started else None,
+                    "run_s": round((finished - started).total_seconds(), 3) if started and finished else None},
+        "request": {key: request[key] for key in ("voice", "model", "speed", "response_format")}
+                   | {"characters": len(request["input"])},
+        "audio_s": job["audio_s"], "expired": expired,
+        "audio_url": f"/v1/audio/jobs/{job['id']}/audio" if job["status"] == "succeeded" and not expired else None,
+    }
+
+
+def _own_job(request: Request, job_id: str, caller: Caller) -> dict | None:
+    job = _runner(request).storage.job(job_id)
+    return job if job is not None and job["owner"] == caller.identity else None  # others' jobs do not exist
+
+
+def _not_found(job_id: str) -> JSONResponse:
+    return error_response(404, f"no job {job_id!r}", "job_id", "job_not_found")
+
+
+def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int = 0) -> dict:
+    """Validate now (a bad request fails at once, not in the background), then queue."""
+    service = request.app.state.service
+    if body.stream or body.stream_format is not None:
+        raise ApiError(400, "jobs are not streamed; leave out stream and stream_format", "stream", "unsupported_value")
+    text, voice, _ = service.validate(body.input, body.voice_name, body.model, body.speed, caller)
+    return _runner(request).submit(caller, {"input": text, "voice": voice.name, "model": body.model,
+                                            "speed": body.speed, "response_format": body.response_format}, priority)
+
+
+@router.post("/v1/audio/jobs", status_code=202, responses=error_responses(400, 401, 429, 503))
+async def create_job(body: JobRequest, request: Request, response: Response,
+                     admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
+    caller, limit = admission
+    try:
+        job = await asyncio.to_thread(_queue, request, body, caller, body.priority)
+    except ApiError as error:
+        return error.response()
+    response.headers["Location"] = f"/v1/audio/jobs/{job['id']}"
+    response.headers.update(limit.headers() if limit else {})
+    return public_job(job)
+
+
+@router.get("/v1/audio/jobs", responses=error_responses(400, 401))
+async def list_jobs(request: Request, limit: int = Query(100, ge=1, le=1000),
+                    status: str | None = Query(None, pattern="^(queued|running|succeeded|failed|cancelled)$"),
+                    admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
+    rows = await asyncio.to_thread(_runner(request).storage.jobs, admission[0].identity, limit, status)
+    return {"object": "list", "data": [public_job(job) for job in rows]}
+
+
+@router.get("/v1/audio/jobs/{job_id}", responses=error_responses(400, 401, 404))
+async def get_job(request: Request, job_id: str = JobId,
+                  admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
+    job = await asyncio.to_thread(_own_job, request, job_id, admission[0])
+    return public_job(job) if job else _not_found(job_id)
+
+
+@router.get("/v1/audio/jobs/{job_id}/audio", response_class=Response, responses={
+    200: {"content": {spec.content_type: {} for spec in FORMATS.values()}, "description": "The job's audio"},
+    **error_responses(400, 401, 404, 409, 410)})
+async def get_job_audio(request: Request, job_id: str = JobId,
+                        admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
+    job = await asyncio.to_thread(_own_job, request, job_id, admission[0])
+    if job is None:
+        return _not_found(job_id)
+    if job["status"] != "succeeded":
+        return error_response(409, f"job {job_id} is {job['status']}; its audio exists once it has succeeded",
+                              "job_id", "job_not_ready", {"Retry-After": "2"} if job["status"] in ("queued", "running")
+                              else None)
+    if job["result_path"] is None:
+        return error_response(410, f"the audio of job {job_id} has expired (results are kept for "
+                                   f"{int(_runner(request).ttl_s)} s after they are ready)", "job_id", "job_expired")
+    return FileResponse(job["result_path"], media_type=job["content_type"],
+                        headers={"X-Chorus-Audio-Duration": f"{job['audio_s']:.3f}"})
+
+
+@router.delete("/v1/audio/jobs/{job_id}", responses=error_responses(400, 401, 404, 409))
+async def cancel_job(request: Request, job_id: str = JobId,
+                     admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
+    job = await asyncio.to_thread(_own_job, request, job_id, admission[0])
+    if job is None:
+        return _not_found(job_id)
+    cancelled = _runner(request).cancel(job_id)
+    if cancelled is None:
+        return error_response(409, f"job {job_id} has already ended ({job['status']})", "job_id", "job_finished")
+    return public_job(cancelled)
+
+
+# --- batch submission ---------------------------------------------------------------------------------
+
+def _item_error(index: int, error: ApiError) -> dict:
+    return {"index": index, **error.body()}
+
+
+def _invalid_item(error: ValidationError) -> ApiError:
+    first = error.errors()[0]
+    param = ".".join(str(part) for part in first["loc"]) or None
+    message = f"{param} is required" if first["type"] == "missing" else f"{param}: {first['msg']}"
+    return ApiError(400, message, param, first["type"])
+
+
+@router.post("/v1/audio/speech/batch", responses={
+    200: {"content": {"application/zip": {}}, "description": "mode 'zip': the audio and manifest.json"},
+    202: {"description": "mode 'jobs': a job or an error per item"}, **error_responses(400, 401, 429)})
+async def speech_batch(body: BatchRequest, request: Request,
+                       admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
+    caller, _ = admission
+    service, access = request.app.state.service, request.app.state.access
+    limit = service.settings.max_batch_items
+    if len(body.items) > limit:
+        return error_response(400, f"{len(body.items)} items; at most {limit} per call (TTS_MAX_BATCH_ITEMS)",
+                              "items", "too_many_items")
+    items: list[tuple[int, SpeechRequest | ApiError]] = []
+    for index, raw in enumerate(body.items):
+        try:
+            if index:  # the call itself counted the first item against the rate limit
+                access.hit(caller)
+            items.append((index, SpeechRequest.model_validate(raw)))
+        except ValidationError as invalid:
+            items.append((index, _invalid_item(invalid)))
+        except SERVICE_ERRORS as refused:
+            items.append((index, api_error(refused)))
+    if body.mode == "jobs":
+        return JSONResponse({"object": "list", "data": [await _job_item(request, index, item, caller)
+                                                        for index, item in items]}, status_code=202)
+    return await _zip(service, items, caller)
+
+
+async def _job_item(request: Request, index: int, item: SpeechRequest | ApiError, caller: Caller) -> dict:
+    if isinstance(item, ApiError):
+        return _item_error(index, item)
+    try:
+        return {"index": index, "job": public_job(await asyncio.to_thread(_queue, request, item, caller))}
+    except ApiError as error:
+        return _item_error(index, error)
+    except SERVICE_ERRORS as refused:
+        return _item_error(index, api_error(refused))
+
+
+async def _zip(service, items: list[tuple[int, SpeechRequest | ApiError]], caller: Caller) -> Response:
+    """Every valid item synthesized at once (so they batch together); one zip with a manifest."""
+    async def speak(item: SpeechRequest):
+        return await service.speak(item.input, item.voice_name, item.model, item.speed, item.response_format, caller)
+
+    valid = [(index, item) for index, item in items if not isinstance(item, ApiError)]
+    spoken = await asyncio.gather(*(speak(item) for _, item in valid), return_exceptions=True)
+    outcomes = dict(zip((index for index, _ in valid), spoken))
+    manifest, buffer = [], io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for index, item in items:
+            result = item if isinstance(item, ApiError) else outcomes[index]
+            if isinstance(result, BaseException) and not isinstance(result, ApiError):
+                result = api_error(result) if isinstance(result, SERVICE_ERRORS) else ApiError(
+                    500, "synthesis failed", None, "internal_error")
+            if isinstance(result, ApiError):
+                manifest.append(_item_error(index, result))
+                continue
+            name = f"item-{index:03d}.{item.response_format}"
+            archive.writestr(name, result.data)
+            manifest.append({"index": index, "file": name, "voice": result.voice,
+                             "audio_s": round(result.duration_s, 3)})
+        archive.writestr("manifest.json", json.dumps({"items": manifest}, indent=2))
+    return Response(buffer.getvalue(), media_type="application/zip",
+                    headers={"Content-Disposition": 'attachment; filename="speech.zip"'})

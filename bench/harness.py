@@ -1,0 +1,321 @@
+"""The batcher against its peers, side by side in one run: `python -m bench [--quick] [--docs]`.
+
+Every peer is the same server (a separate process on 127.0.0.1) with the same engine; only the
+batching policy and the queue order differ:
+
+  sequential  one request at a time, first come first served (Kokoro-FastAPI, openedai-speech)
+  static      batches of 8, 500 ms timeout, FIFO (the usual config-file baseline)
+  window      batches of up to 16, 10 ms wait, FIFO (Ray Serve @serve.batch, Triton max_queue_delay)
+  chorus      the adaptive policy and the fair queue: the real server configuration
+
+and the engine ceiling: the same texts run in this process, in the best length-sorted batches,
+with no server at all. Degrade mode and the audio cache are off for every peer (they would
+measure something else than batching); the anonymous caller is unlimited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import math
+import platform
+import re
+import statistics
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+from bench.load import closed_loop, open_loop, summarize
+from bench.report import write_docs, write_html
+from bench.server import ROOT, start_server
+from bench.workload import texts
+from tts_core.config import Settings
+from tts_core.engines import model_specs
+from tts_core.request import SynthesisRequest
+
+PEERS = {
+    "sequential": {"batch_policy": "sequential", "queue_order": "fifo"},
+    "static": {"batch_policy": "static", "queue_order": "fifo"},
+    "window": {"batch_policy": "window", "queue_order": "fifo"},
+    "chorus": {"batch_policy": "adaptive", "queue_order": "fair"},
+}
+PLANS = {
+    "full": {"workloads": ["short", "mixed", "long", "realistic"], "texts": 64, "closed_s": 25.0, "clients": 8,
+             "open_fractions": [0.3, 0.6, 0.9, 1.2], "open_s": 15.0, "streams": 4, "stream_s": 20.0,
+             "idle_requests": 10, "max_requests": 5000, "ceiling_texts": 24, "ceiling_sizes": [1, 4, 16],
+             "calibration_sizes": "1,2,4,8,16"},
+    "quick": {"workloads": ["mixed"], "texts": 8, "closed_s": 3.0, "clients": 4, "open_fractions": [0.5, 1.2],
+              "open_s": 2.0, "streams": 2, "stream_s": 2.0, "idle_requests": 3, "max_requests": 400,
+              "ceiling_texts": 8, "ceiling_sizes": [1, 4], "calibration_sizes": "1,2"},
+}
+CPU_TARGETS = {"chorus_vs_sequential": 1.0, "chorus_vs_static": 1.1, "chorus_vs_ceiling": 0.9,
+               "short_p95_vs_sequential": 0.5, "idle_ms_over_raw": 10.0}
+GPU_TARGETS = {"chorus_vs_static": 1.4, "chorus_vs_ceiling": 0.8}
+OPERATOR = {"anonymous_tier": "enterprise", "degrade_enabled": False, "cache_enabled": False}
+
+
+# --- the engine alone ------------------------------------------------------------------------------
+
+def engine_alone(voice: str, voices_file: Path | None, workloads: list[str], plan: dict) -> dict:
+    """The ceiling per workload (best length-sorted batches, no server) and the raw engine's
+    latency for one short text at a time (front end included)."""
+    settings = Settings(voices_file=voices_file, voice_aliases={}, model_aliases={})
+    spec = next(spec for spec in model_specs(settings) if voice in {v.name for v in spec.voices})
+    engine = spec.load()
+
+    def run(token_lists: list) -> float:
+        items = [SynthesisRequest(tokens=tokens, voice=voice, speed=1.0, key=None, deadline=math.inf)
+                 for tokens in token_lists]
+        return sum(audio.size for audio in engine.synthesize(items)) / engine.sample_rate
+
+    run(engine.tokenize("Warm up the engine first.", voice))
+    ceilings = {}
+    for workload in workloads:
+        batch = texts(workload, plan["texts"])[: plan["ceiling_texts"]]
+        started = time.perf_counter()
+        token_lists = sorted((tokens for text in batch for tokens in engine.tokenize(text, voice)), key=len)
+        front_end_s = time.perf_counter() - started
+        best = None
+        for size in plan["ceiling_sizes"]:
+            started = time.perf_counter()
+            audio = sum(run(batch) for batch in _batches(token_lists, size, settings.max_batch_tokens))
+            seconds = time.perf_counter() - started + front_end_s
+            if best is None or audio / seconds > best["audio_s_per_s"]:
+                best = {"batch_size": size, "audio_s_per_s": round(audio / seconds, 3),
+                        "requests_per_s": round(len(batch) / seconds, 3)}
+        ceilings[workload] = best
+    idle = []
+    for text in texts("short", plan["idle_requests"], seed=99):
+        started = time.perf_counter()
+        run(engine.tokenize(text, voice))
+        idle.append(time.perf_counter() - started)
+    return {"ceiling": ceilings, "idle_p50_ms": round(1000 * statistics.median(idle), 1)}
+
+
+def _batches(token_lists: list, size: int, max_tokens: int) -> list[list]:
+    """Consecutive batches of up to size items whose padded tokens stay within the server's budget."""
+    batches: list[list] = []
+    for tokens in token_lists:
+        last = batches[-1] if batches else None
+        if last and len(last) < size and (len(last) + 1) * max(len(tokens), *map(len, last)) <= max_tokens:
+            last.append(tokens)
+        else:
+            batches.append([tokens])
+    return batches
+
+
+# --- the server side ---------------------------------------------------------------------------------
+
+_SAMPLE = re.compile(r'^(tts_\w+?)(?:\{(.*)\})? (\S+)$')
+
+
+def scrape(base_url: str) -> dict:
+    """The server's counters that the report needs: batch sizes, tokens, padding, GPU use."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    buckets: dict[str, float] = {}
+    totals = {"tokens": 0.0, "padding": 0.0, "items": 0.0, "batches": 0.0, "gpu_utilization": None}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        name, labels, value = match.group(1), match.group(2) or "", float(match.group(3))
+        if name == "tts_batch_size_bucket":
+            bound = re.search(r'le="([^"]+)"', labels).group(1)
+            buckets[bound] = buckets.get(bound, 0.0) + value
+        elif name == "tts_batch_size_sum":
+            totals["items"] += value
+        elif name == "tts_batch_size_count":
+            totals["batches"] += value
+        elif name == "tts_tokens_total":
+            totals["tokens"] += value
+        elif name == "tts_padding_tokens_total":
+            totals["padding"] += value
+        elif name == "tts_gpu_utilization_percent":
+            totals["gpu_utilization"] = value
+    return {"batch_size_buckets": buckets, **totals}
+
+
+def server_delta(before: dict, after: dict) -> dict:
+    """Batch sizes (count per size range) and padding waste between two scrapes."""
+    cumulative = {bound: after["batch_size_buckets"].get(bound, 0) - before["batch_size_buckets"].get(bound, 0)
+                  for bound in after["batch_size_buckets"]}
+    bounds = sorted((bound for bound in cumulative if bound != "+Inf"), key=float) + ["+Inf"]
+    distribution, previous = {}, 0.0
+    for bound in bounds:
+        distribution[bound] = round(cumulative.get(bound, 0) - previous)
+        previous = cumulative.get(bound, 0)
+    tokens = after["tokens"] - before["tokens"]
+    padding = after["padding"] - before["padding"]
+    batches = after["batches"] - before["batches"]
+    return {"batches": round(batches), "batch_size_distribution": distribution,
+            "items_per_batch": round((after["items"] - before["items"]) / batches, 2) if batches else 0.0,
+            "padding_waste": round(padding / (tokens + padding), 4) if tokens + padding else 0.0,
+            "gpu_utilization_pct": after["gpu_utilization"]}
+
+
+async def run_peer(base_url: str, plan: dict, rates: list[float], voice: str) -> dict:
+    result: dict = {}
+    idle, _ = await closed_loop(base_url, texts("short", plan["idle_requests"], seed=99), 1, 120.0,
+                                plan["idle_requests"], voice)
+    result["idle_p50_ms"] = round(1000 * statistics.median(o.latency_s for o in idle), 1)
+    result["closed"] = {}
+    for workload in plan["workloads"]:
+        before = await asyncio.to_thread(scrape, base_url)
+        outcomes, elapsed = await closed_loop(base_url, texts(workload, plan["texts"]), plan["clients"],
+                                              plan["closed_s"], plan["max_requests"], voice)
+        after = await asyncio.to_thread(scrape, base_url)
+        result["closed"][workload] = {**summarize(outcomes, elapsed), "server": server_delta(before, after)}
+    result["open"] = []
+    for rate in rates:
+        outcomes, elapsed, completed = await open_loop(
+            base_url, texts("mixed", plan["texts"], seed=1), rate, plan["open_s"], plan["max_requests"],
+            drain_s=max(30.0, 2 * plan["open_s"]), voice=voice)
+        result["open"].append({"offered_per_s": round(rate, 3), "completed_per_s": completed,
+                               **summarize(outcomes, elapsed)})
+    outcomes, elapsed = await closed_loop(base_url, texts("realistic", plan["texts"], seed=2), plan["streams"],
+                                          plan["stream_s"], plan["max_requests"], voice, stream=True)
+    result["streams"] = summarize(outcomes, elapsed)
+    return result
+
+
+# --- the run -----------------------------------------------------------------------------------------
+
+def ratios(results: dict, ceiling: dict, raw_idle_ms: float) -> dict:
+    peers = results["peers"]
+    mixed = {name: peer["closed"]["mixed"] for name, peer in peers.items() if "mixed" in peer["closed"]}
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a and b else None
+
+    return {
+        "chorus_vs_sequential": ratio(mixed["chorus"]["audio_s_per_s"], mixed["sequential"]["audio_s_per_s"]),
+        "chorus_vs_static": ratio(mixed["chorus"]["audio_s_per_s"], mixed["static"]["audio_s_per_s"]),
+        "chorus_vs_window": ratio(mixed["chorus"]["audio_s_per_s"], mixed["window"]["audio_s_per_s"]),
+        "chorus_vs_ceiling": ratio(mixed["chorus"]["audio_s_per_s"], ceiling["mixed"]["audio_s_per_s"]),
+        "short_p95_vs_sequential": ratio(mixed["chorus"]["short_p95_ms"], mixed["sequential"]["short_p95_ms"]),
+        "idle_ms_over_raw": round(peers["chorus"]["idle_p50_ms"] - raw_idle_ms, 1),
+    }
+
+
+def verdicts(measured: dict, targets: dict) -> dict:
+    lower_is_better = {"short_p95_vs_sequential", "idle_ms_over_raw"}
+    out = {}
+    for name, target in targets.items():
+        value = measured.get(name)
+        if value is None:
+            out[name] = "not measured"
+        else:
+            met = value <= target if name in lower_is_better else value >= target
+            out[name] = "met" if met else "MISSED"
+    return out
+
+
+def machine() -> dict:
+    info = {"python": platform.python_version(), "platform": platform.platform(), "cpus": _cpu_count()}
+    try:
+        from tts_core import gpu
+
+        info["gpu"] = gpu.readings()
+    except Exception:  # NVML missing is normal
+        info["gpu"] = None
+    return info
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def print_table(results: dict) -> None:
+    print(f"\n{'peer':12s} {'workload':10s} {'req/s':>7s} {'audio s/s':>9s} {'p50 ms':>8s} {'p95 ms':>8s} "
+          f"{'p99 ms':>8s} {'short p95':>9s} {'batch':>6s} {'pad %':>6s} {'errors':>6s}")
+    for name, peer in results["peers"].items():
+        for workload, row in peer["closed"].items():
+            server = row["server"]
+            print(f"{name:12s} {workload:10s} {row['requests_per_s']:7.2f} {row['audio_s_per_s']:9.2f} "
+                  f"{row['p50_ms'] or 0:8.0f} {row['p95_ms'] or 0:8.0f} {row['p99_ms'] or 0:8.0f} "
+                  f"{row['short_p95_ms'] or 0:9.0f} {server['items_per_batch']:6.2f} "
+                  f"{100 * server['padding_waste']:6.1f} {sum(row['errors'].values()):6d}")
+    for workload, row in results["engine"]["ceiling"].items():
+        print(f"{'ceiling':12s} {workload:10s} {row['requests_per_s']:7.2f} {row['audio_s_per_s']:9.2f}   "
+              f"(offline, batch {row['batch_size']}, length-sorted)")
+    print("\nopen loop (mixed), completed req/s and p95 ms at each offered rate:")
+    for name, peer in results["peers"].items():
+        cells = "  ".join(f"{row['offered_per_s']:.2f}->{row['completed_per_s']:.2f}/{row['p95_ms'] or 0:.0f}"
+                          for row in peer["open"])
+        print(f"  {name:12s} {cells}")
+    print("\nstreams (realistic), time to first audio p50 / p95 ms:")
+    for name, peer in results["peers"].items():
+        print(f"  {name:12s} {peer['streams']['first_audio_p50_ms']} / {peer['streams']['first_audio_p95_ms']}")
+    print(f"\nidle single request p50: raw engine {results['engine']['idle_p50_ms']} ms; "
+          + ", ".join(f"{name} {peer['idle_p50_ms']} ms" for name, peer in results["peers"].items()))
+    print("\ntargets (" + results["target_set"] + "):")
+    for name, target in results["targets"].items():
+        print(f"  {name:26s} measured {results['ratios'].get(name)!s:>8s}  target {target}  "
+              f"{results['verdicts'][name]}")
+    print(f"  {'chorus_vs_window':26s} measured {results['ratios']['chorus_vs_window']!s:>8s}  (no target)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a smoke run of every part (under 2 minutes)")
+    parser.add_argument("--out", type=Path, help="folder for results.json and report.html "
+                                                 "(default bench/results/<time>)")
+    parser.add_argument("--docs", action="store_true", help="regenerate docs/benchmarks.md and its chart")
+    parser.add_argument("--voice", default="en_US-joe-medium", help="the voice every request uses")
+    parser.add_argument("--voices-file", type=Path, help="TTS_VOICES_FILE for the servers and the ceiling")
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of peers to run")
+    args = parser.parse_args()
+    plan_name = "quick" if args.quick else "full"
+    plan = PLANS[plan_name]
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = args.out or ROOT / "bench" / "results" / stamp
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    workloads = list(dict.fromkeys([*plan["workloads"], "mixed"]))
+
+    print(f"engine alone ({args.voice}): ceiling and raw latency ...", flush=True)
+    engine = engine_alone(args.voice, args.voices_file, workloads, plan)
+    capacity = engine["ceiling"]["mixed"]["requests_per_s"]
+    rates = [round(fraction * capacity, 3) for fraction in plan["open_fractions"]]
+    results = {"plan": plan_name, "settings": plan, "machine": machine(), "voice": args.voice,
+               "started_at": stamp, "engine": engine, "offered_rates": rates, "peers": {}}
+    ray = importlib.util.find_spec("ray") is not None
+    results["ray_serve"] = "not run: this harness does not drive Ray Serve yet" if ray else "not installed"
+
+    for name in args.peers.split(","):
+        print(f"peer {name}: starting a server ...", flush=True)
+        settings = {**PEERS[name], "calibration_sizes": plan["calibration_sizes"],
+                    "operator_defaults": json.dumps(OPERATOR), "max_queue": "4096"}
+        if args.voices_file:
+            settings["voices_file"] = str(args.voices_file)
+        with tempfile.TemporaryDirectory() as data_dir:
+            server = start_server(Path(data_dir), **settings)
+            try:
+                results["peers"][name] = asyncio.run(run_peer(server.base_url, plan, rates, args.voice))
+                results["peers"][name]["status"] = httpx.get(f"{server.base_url}/api/v1/batch/status").json()
+            finally:
+                server.stop()
+        mixed = results["peers"][name]["closed"]["mixed"]
+        print(f"  mixed: {mixed['audio_s_per_s']} audio-s/s, p95 {mixed['p95_ms']} ms", flush=True)
+
+    on_gpu = bool(results["machine"]["gpu"])
+    results["target_set"] = "GPU" if on_gpu else "CPU"
+    results["targets"] = GPU_TARGETS if on_gpu else CPU_TARGETS
+    if set(PEERS) <= set(results["peers"]):
+        results["ratios"] = ratios(results, engine["ceiling"], engine["idle_p50_ms"])
+        results["verdicts"] = verdicts(results["ratios"], results["targets"])
+    results["total_s"] = round(time.perf_counter() - started, 1)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    write_html(results, out / "report.html")
+    if "ratios" in results:
+        print_table(results)
+    if args.docs:
+        write_docs(results, ROOT / "docs", " ".join(["python -m bench", *(["--quick"] if args.quick else [])]))
+    print(f"\nwrote {out / 'results.json'} and {out / 'report.html'} in {results['total_s']} s")

@@ -1,0 +1,30 @@
+"""`python -m bench --quick`: the peer benchmark's smoke run. It checks that the harness runs end
+to end and its JSON is complete, not the speed (that is what the full run and docs/ are for)."""
+
+import json
+import subprocess
+import sys
+
+from bench.harness import PEERS
+from bench.server import ROOT
+
+
+def test_quick_benchmark_runs_every_peer_and_writes_complete_results(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["peers"]) == set(PEERS)
+    for name, peer in results["peers"].items():
+        mixed = peer["closed"]["mixed"]
+        assert mixed["ok"] > 0 and mixed["audio_s_per_s"] > 0 and mixed["p99_ms"] >= mixed["p50_ms"] > 0, name
+        assert mixed["server"]["batches"] > 0 and sum(mixed["server"]["batch_size_distribution"].values()) > 0
+        assert len(peer["open"]) == 2 and all(row["offered_per_s"] > 0 and row["completed_per_s"] >= 0
+                                              for row in peer["open"])
+        assert peer["streams"]["first_audio_p50_ms"] > 0 and peer["idle_p50_ms"] > 0
+    assert results["engine"]["ceiling"]["mixed"]["audio_s_per_s"] > 0
+    assert set(results["ratios"]) >= {"chorus_vs_sequential", "chorus_vs_static", "chorus_vs_ceiling",
+                                      "short_p95_vs_sequential", "idle_ms_over_raw"}
+    assert set(results["verdicts"]) == set(results["targets"])
+    assert (tmp_path / "report.html").stat().st_size > 10_000
+    assert "targets (CPU)" in run.stdout
