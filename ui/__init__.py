@@ -102,7 +102,7 @@ def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter
                     voice = gr.Dropdown(voice_choices(), value=service.default_voice, label="Voice")
                     speed = gr.Slider(MIN_SPEED, MAX_SPEED, value=1.0, step=0.05, label="Speed")
                     response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format")
-                    button = gr.Button("Synthesize", variant="primary")
+                    button = gr.Button("Synthesize", variant="primary", elem_id="synthesize")
             player = gr.Audio(label="Speech", streaming=streaming, autoplay=True, interactive=False,
                               type="filepath")
             download = gr.File(label="The whole text, in the chosen format", interactive=False)

@@ -59,12 +59,13 @@ def test_admin_tab_renders_live_charts(browser, admin_server):
     token = wait.until(ready.visibility_of_element_located((By.CSS_SELECTOR, "input[type='password']")))
     token.send_keys(TOKEN)
     browser.find_element(By.XPATH, "//button[contains(., 'Sign in')]").click()
-    wait.until(lambda driver: len(driver.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")) >= 6)
+    wait.until(lambda driver: len(driver.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")) >= 8)
     wait.until(ready.text_to_be_present_in_element((By.ID, "degrade-state"), "load score"))
     time.sleep(2)  # let a few timer ticks draw the series
     titles = browser.execute_script(
         "return [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent)")
-    assert {"Batch size", "Queue length", "Throughput", "Latency", "Cache hit rate", "GPU"} <= set(titles)
+    assert {"Batch size", "Queue length", "Throughput", "Latency", "Streams: time to first audio", "Cache hit rate",
+            "Job backlog", "GPU"} <= set(titles)
     assert "normal" in browser.find_element(By.ID, "degrade-state").text
 
     # The form changes a threshold in the running server, and the audit log shows it.
@@ -78,3 +79,21 @@ def test_admin_tab_renders_live_charts(browser, admin_server):
     wait.until(lambda driver: "admin-ui" in driver.page_source)  # the audit table
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "admin.png"))
+
+
+def test_synthesis_tab_streams_and_offers_the_file(browser, admin_server):
+    """The page a user sees: type, synthesize, the player streams, the whole file is offered."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    require_tools("ffmpeg", install="apt-get install ffmpeg")
+    wait = WebDriverWait(browser, 60)
+    browser.get(admin_server + "/")
+    box = wait.until(ready.visibility_of_element_located((By.CSS_SELECTOR, "textarea")))
+    box.send_keys("Chorus reads this aloud as it is synthesized. The second sentence follows the first.")
+    browser.find_element(By.ID, "synthesize").click()
+    wait.until(lambda driver: "chorus-" in driver.page_source and ".mp3" in driver.page_source)  # the file
+    assert browser.find_elements(By.CSS_SELECTOR, "audio")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(ARTIFACTS / "ui.png"))

@@ -146,3 +146,16 @@ def test_sigkill_with_jobs_queued_and_running_loses_and_duplicates_nothing(tmp_p
             assert job["audio_s"] == pytest.approx(float(direct.headers["x-chorus-audio-duration"]), abs=0.05)
     finally:
         process.stop()
+
+
+def test_tiers_and_rate_limits_apply_to_job_submission(tmp_path):
+    process = start_server(tmp_path, calibration_sizes="1", operator_defaults=json.dumps({"anonymous_tier": "free"}))
+    try:
+        too_long = httpx.post(f"{process.base_url}/v1/audio/jobs", json=body("word " * 250))
+        assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "tier_text_limit"
+        answers = [httpx.post(f"{process.base_url}/v1/audio/jobs", json=body(f"Job {n}.")) for n in range(10)]
+        assert [answer.status_code for answer in answers].count(202) == 9  # free: 10 a minute, one spent above
+        limited = answers[-1]
+        assert limited.status_code == 429 and int(limited.headers["retry-after"]) > 0
+    finally:
+        process.stop()
