@@ -1,7 +1,8 @@
 """The batcher against its peers, side by side in one run: `python -m bench [--quick] [--docs]`.
 
 Every peer is the same server (a separate process on 127.0.0.1) with the same engine; only the
-batching policy and the queue order differ:
+batching policy and the queue order differ. All peers' servers are up at once and each scenario
+runs on each peer in turn, so drift over the run affects them alike:
 
   sequential  one request at a time, first come first served (Kokoro-FastAPI, openedai-speech)
   static      batches of 8, 500 ms timeout, FIFO (the usual config-file baseline)
@@ -158,29 +159,36 @@ def server_delta(before: dict, after: dict) -> dict:
             "gpu_utilization_pct": after["gpu_utilization"]}
 
 
-async def run_peer(base_url: str, plan: dict, rates: list[float], voice: str) -> dict:
-    result: dict = {}
-    idle, _ = await closed_loop(base_url, texts("short", plan["idle_requests"], seed=99), 1, 120.0,
-                                plan["idle_requests"], voice)
-    result["idle_p50_ms"] = round(1000 * statistics.median(o.latency_s for o in idle), 1)
-    result["closed"] = {}
+async def run_peers(servers: dict[str, str], plan: dict, rates: list[float], voice: str) -> dict:
+    """Every scenario on every peer in turn (all servers up at once), so that a machine that
+    drifts over the run (heat, other load) shifts all peers alike instead of the last ones."""
+    results: dict = {name: {"closed": {}, "open": []} for name in servers}
+    for name, url in servers.items():
+        idle, _ = await closed_loop(url, texts("short", plan["idle_requests"], seed=99), 1, 120.0,
+                                    plan["idle_requests"], voice)
+        results[name]["idle_p50_ms"] = round(1000 * statistics.median(o.latency_s for o in idle), 1)
     for workload in plan["workloads"]:
-        before = await asyncio.to_thread(scrape, base_url)
-        outcomes, elapsed = await closed_loop(base_url, texts(workload, plan["texts"]), plan["clients"],
-                                              plan["closed_s"], plan["max_requests"], voice)
-        after = await asyncio.to_thread(scrape, base_url)
-        result["closed"][workload] = {**summarize(outcomes, elapsed), "server": server_delta(before, after)}
-    result["open"] = []
+        for name, url in servers.items():
+            before = await asyncio.to_thread(scrape, url)
+            outcomes, elapsed = await closed_loop(url, texts(workload, plan["texts"]), plan["clients"],
+                                                  plan["closed_s"], plan["max_requests"], voice)
+            after = await asyncio.to_thread(scrape, url)
+            results[name]["closed"][workload] = {**summarize(outcomes, elapsed), "server": server_delta(before, after)}
+            if workload == "mixed":
+                row = results[name]["closed"]["mixed"]
+                print(f"  {name}: mixed {row['audio_s_per_s']} audio-s/s, p95 {row['p95_ms']} ms", flush=True)
     for rate in rates:
-        outcomes, elapsed, completed = await open_loop(
-            base_url, texts("mixed", plan["texts"], seed=1), rate, plan["open_s"], plan["max_requests"],
-            drain_s=max(30.0, 2 * plan["open_s"]), voice=voice)
-        result["open"].append({"offered_per_s": round(rate, 3), "completed_per_s": completed,
-                               **summarize(outcomes, elapsed)})
-    outcomes, elapsed = await closed_loop(base_url, texts("realistic", plan["texts"], seed=2), plan["streams"],
-                                          plan["stream_s"], plan["max_requests"], voice, stream=True)
-    result["streams"] = summarize(outcomes, elapsed)
-    return result
+        for name, url in servers.items():
+            outcomes, elapsed, completed = await open_loop(
+                url, texts("mixed", plan["texts"], seed=1), rate, plan["open_s"], plan["max_requests"],
+                drain_s=max(30.0, 2 * plan["open_s"]), voice=voice)
+            results[name]["open"].append({"offered_per_s": round(rate, 3), "completed_per_s": completed,
+                                          **summarize(outcomes, elapsed)})
+    for name, url in servers.items():
+        outcomes, elapsed = await closed_loop(url, texts("realistic", plan["texts"], seed=2), plan["streams"],
+                                              plan["stream_s"], plan["max_requests"], voice, stream=True)
+        results[name]["streams"] = summarize(outcomes, elapsed)
+    return results
 
 
 # --- the run -----------------------------------------------------------------------------------------
@@ -289,21 +297,25 @@ def main() -> None:
     ray = importlib.util.find_spec("ray") is not None
     results["ray_serve"] = "not run: this harness does not drive Ray Serve yet" if ray else "not installed"
 
-    for name in args.peers.split(","):
-        print(f"peer {name}: starting a server ...", flush=True)
-        settings = {**PEERS[name], "calibration_sizes": plan["calibration_sizes"],
-                    "operator_defaults": json.dumps(OPERATOR), "max_queue": "4096"}
-        if args.voices_file:
-            settings["voices_file"] = str(args.voices_file)
-        with tempfile.TemporaryDirectory() as data_dir:
-            server = start_server(Path(data_dir), **settings)
-            try:
-                results["peers"][name] = asyncio.run(run_peer(server.base_url, plan, rates, args.voice))
-                results["peers"][name]["status"] = httpx.get(f"{server.base_url}/api/v1/batch/status").json()
-            finally:
-                server.stop()
-        mixed = results["peers"][name]["closed"]["mixed"]
-        print(f"  mixed: {mixed['audio_s_per_s']} audio-s/s, p95 {mixed['p95_ms']} ms", flush=True)
+    servers, folders = {}, []
+    try:
+        for name in args.peers.split(","):
+            print(f"peer {name}: starting a server ...", flush=True)
+            settings = {**PEERS[name], "calibration_sizes": plan["calibration_sizes"],
+                        "operator_defaults": json.dumps(OPERATOR), "max_queue": "4096"}
+            if args.voices_file:
+                settings["voices_file"] = str(args.voices_file)
+            folders.append(tempfile.TemporaryDirectory())
+            servers[name] = start_server(Path(folders[-1].name), **settings)
+        results["peers"] = asyncio.run(run_peers({name: server.base_url for name, server in servers.items()},
+                                                 plan, rates, args.voice))
+        for name, server in servers.items():
+            results["peers"][name]["status"] = httpx.get(f"{server.base_url}/api/v1/batch/status").json()
+    finally:
+        for server in servers.values():
+            server.stop()
+        for folder in folders:
+            folder.cleanup()
 
     on_gpu = bool(results["machine"]["gpu"])
     results["target_set"] = "GPU" if on_gpu else "CPU"

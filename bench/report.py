@@ -162,9 +162,10 @@ def write_docs(results: dict, docs: Path, command: str) -> None:
         "speed. Fixed-size and timeout batchers pay padding and waiting on such a machine. On a GPU, where "
         "a batch costs little more than one item, the same policy grows batches as far as the gain lasts.",
         "",
-        "The peers run one after another, each for a few minutes, and on a small machine the load generator "
-        "shares the cores with the server: repeat runs of the same configuration here have differed by more "
-        "than 10%, so read differences smaller than that as noise, and compare peers within one run.",
+        "All peers' servers are up together and each scenario runs on every peer in turn, so slow drift "
+        "of the machine touches them alike. On a small machine the load generator still shares the cores "
+        "with the server, and repeat runs of the same configuration here have differed by more than 10%: "
+        "read differences smaller than that as noise, and compare peers within one run.",
         "",
         "Where Chorus lost in this run:",
         "",
