@@ -70,12 +70,11 @@ def api_error(exc: Exception) -> ApiError | None:
 SERVICE_ERRORS = (InvalidRequest, Unauthorized, RateLimited, Overloaded, DeadlineExceeded, SynthesisError)
 
 
-def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    # OpenAI answers invalid requests with 400; the admin API uses 422 for invalid values.
-    status = 422 if request.url.path.startswith("/admin/") else 400
-    first = exc.errors()[0] if exc.errors() else {}
+def invalid_input(errors: list[dict], status: int = 400) -> ApiError:
+    """The first of pydantic's validation errors, in OpenAI's shape (routes, batch items, socket messages)."""
+    first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
-        return error_response(status, "the request body is not valid JSON", None, "invalid_json")
+        return ApiError(status, "the request body is not valid JSON", None, "invalid_json")
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = location[0] if location else None  # the top-level field, as OpenAI names it
     message = first.get("msg", "invalid request")
@@ -83,7 +82,12 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
         message = f"{param} is required"
     elif param:
         message = f"{param}: {message}"
-    return error_response(status, message, param, first.get("type"))
+    return ApiError(status, message, param, first.get("type"))
+
+
+def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    # OpenAI answers invalid requests with 400; the admin API uses 422 for invalid values.
+    return invalid_input(exc.errors(), 422 if request.url.path.startswith("/admin/") else 400).response()
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -16,7 +16,7 @@ from jobs import JobRunner
 from tts_core.access import Caller, RateLimitState
 from tts_core.audio import FORMATS
 
-from .errors import SERVICE_ERRORS, ApiError, api_error, error_response
+from .errors import SERVICE_ERRORS, ApiError, api_error, error_response, invalid_input
 from .schemas import BatchRequest, JobRequest, SpeechRequest, error_responses
 from .speech import admitted
 
@@ -133,13 +133,6 @@ def _item_error(index: int, error: ApiError) -> dict:
     return {"index": index, **error.body()}
 
 
-def _invalid_item(error: ValidationError) -> ApiError:
-    first = error.errors()[0]
-    param = ".".join(str(part) for part in first["loc"]) or None
-    message = f"{param} is required" if first["type"] == "missing" else f"{param}: {first['msg']}"
-    return ApiError(400, message, param, first["type"])
-
-
 @router.post("/v1/audio/speech/batch", responses={
     200: {"content": {"application/zip": {}}, "description": "mode 'zip': the audio and manifest.json"},
     202: {"description": "mode 'jobs': a job or an error per item"}, **error_responses(400, 401, 429)})
@@ -158,7 +151,7 @@ async def speech_batch(body: BatchRequest, request: Request,
                 access.hit(caller)
             items.append((index, SpeechRequest.model_validate(raw)))
         except ValidationError as invalid:
-            items.append((index, _invalid_item(invalid)))
+            items.append((index, invalid_input(invalid.errors())))
         except SERVICE_ERRORS as refused:
             items.append((index, api_error(refused)))
     if body.mode == "jobs":

@@ -23,10 +23,10 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from tts_core.access import Caller
-from tts_core.audio import FORMATS, STREAMABLE
-from tts_core.service import SentenceStream, SpeechService
+from tts_core.audio import FORMATS
+from tts_core.service import SentenceStream, SpeechService, check_streamable
 
-from .errors import SERVICE_ERRORS, ApiError, api_error, error_body
+from .errors import SERVICE_ERRORS, ApiError, api_error, error_body, invalid_input
 from .schemas import SocketMessage
 
 log = logging.getLogger(__name__)
@@ -142,22 +142,16 @@ async def _take(socket: WebSocket, service: SpeechService, access, caller: Calle
     try:
         message = SocketMessage.model_validate(raw)
     except ValidationError as invalid:
-        first = invalid.errors()[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
-        await socket.send_json(_error_event(ApiError(400, f"{param}: {first['msg']}" if param else first["msg"],
-                                                     param, first["type"])))
+        await socket.send_json(_error_event(invalid_input(invalid.errors())))
         return
     if session.buffered_chars + len(message.text or "") > service.settings.max_chars:
         await socket.send_json(_error_event(ApiError(
             400, f"buffered text would exceed {service.settings.max_chars} characters; flush first",
             "text", "string_above_max_length")))
         return
-    if message.response_format is not None and message.response_format not in STREAMABLE:
-        await socket.send_json(_error_event(ApiError(
-            400, f"{message.response_format} cannot be streamed; use one of {', '.join(STREAMABLE)}",
-            "response_format", "unsupported_value")))
-        return
-    try:  # a voice or model that does not exist is refused before it becomes the session's
+    try:  # a format, voice or model that cannot serve is refused before it becomes the session's
+        if message.response_format is not None:
+            check_streamable(message.response_format)
         service.resolve(message.voice or session.voice, message.model or session.model)
     except SERVICE_ERRORS as error:
         await socket.send_json(_error_event(api_error(error)))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.load import percentile
 from bench.server import start_server
 from bench.workload import texts
 
@@ -51,11 +52,6 @@ def first_audio_s(client: httpx.Client, text: str, stop: threading.Event | None 
 def drained(client: httpx.Client) -> None:
     while client.get("/api/v1/batch/status").json()["pending_requests"]:
         time.sleep(0.05)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def summary(seconds: list[float]) -> dict:

@@ -46,6 +46,12 @@ class Overloaded(Exception):
         self.retry_after_s, self.code = retry_after_s, code
 
 
+def check_streamable(response_format: str) -> None:
+    if response_format not in STREAMABLE:
+        raise InvalidRequest(f"{response_format} cannot be streamed; use one of {', '.join(STREAMABLE)}",
+                             "response_format", "unsupported_value")
+
+
 @dataclass(frozen=True)
 class Timings:
     queue_ms: float | None = None  # mean wait of the request's items in the queue
@@ -319,9 +325,7 @@ class SpeechService:
                            speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None
                            ) -> "SentenceStream":
         """stream_pieces for a streamed encoded response: the format is checked first."""
-        if response_format not in STREAMABLE:
-            raise InvalidRequest(f"{response_format} cannot be streamed; use one of {', '.join(STREAMABLE)}",
-                                 "response_format", "unsupported_value")
+        check_streamable(response_format)
         return await self.stream_pieces(text, voice, model, speed, caller)
 
     async def stream_pieces(self, text: str, voice: str | None = None, model: str | None = None,
