@@ -104,7 +104,7 @@ async def speech_socket(socket: WebSocket) -> None:
     session = Session()
     first = {name: query[name] for name in ("text", "input", "voice", "model", "speed", "response_format")
              if name in query}
-    pending: asyncio.Queue[Utterance | None] = asyncio.Queue(MAX_PENDING)
+    pending: asyncio.Queue[Utterance] = asyncio.Queue(MAX_PENDING)
     writer = asyncio.ensure_future(_write(socket, caller, pending))
     ids = itertools.count(1)
     try:
@@ -132,8 +132,7 @@ async def speech_socket(socket: WebSocket) -> None:
         writer.cancel()
         await asyncio.gather(writer, return_exceptions=True)
         while not pending.empty():  # accepted but never started: out of the queue
-            if (utterance := pending.get_nowait()) is not None:
-                utterance.stream.close()
+            pending.get_nowait().stream.close()
 
 
 async def _take(socket: WebSocket, service: SpeechService, access, caller: Caller, session: Session,
