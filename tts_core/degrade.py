@@ -32,6 +32,8 @@ class OperatorSettings(BaseModel):
     degrade_enabled: bool = True
     enter_threshold: float = Field(0.85, gt=0, le=1, description="load score that enters degrade mode")
     exit_threshold: float = Field(0.6, ge=0, lt=1, description="load score that leaves it (below enter)")
+    exit_hold_s: float = Field(5.0, ge=0, description="seconds the score must stay at or below exit "
+                               "before leaving (keeps shedding from flapping the mode)")
     latency_target_ms: float = Field(10_000, gt=0, description="p95 latency that counts as full load")
     cap_text_enabled: bool = True
     cap_text_chars: int = Field(300, ge=1, description="longest text accepted while degraded")
@@ -109,27 +111,37 @@ class DegradeState:
 
 
 class DegradeController:
-    """Hysteresis between two thresholds; thread-safe reads of the current state and settings."""
+    """Hysteresis between two thresholds, plus a hold before leaving; thread-safe reads of the
+    current state and settings. An operator's change of settings applies at once, hold or not."""
 
-    def __init__(self, settings: OperatorSettings | None = None):
+    def __init__(self, settings: OperatorSettings | None = None, clock=time.monotonic):
         self._lock = threading.Lock()
+        self._clock = clock
+        self._calm_since: float | None = None  # when the score last went to or below exit_threshold
         self.settings = settings or OperatorSettings()
         self.state = DegradeState()
 
     def configure(self, settings: OperatorSettings) -> None:
         with self._lock:
             self.settings = settings
-            self.state = self._next(self.state.active, self.state.score, self.state.parts)
+            active = self.state.active and self.state.score > settings.exit_threshold
+            self.state = self._next(active, self.state.score, self.state.parts)
 
     def update(self, inputs: LoadInputs) -> DegradeState:
         with self._lock:
             score, parts = load_score(inputs, self.settings.latency_target_ms)
+            now = self._clock()
+            calm = score <= self.settings.exit_threshold
+            if not calm:
+                self._calm_since = None
+            elif self._calm_since is None:
+                self._calm_since = now
             active = self.state.active
             if not self.settings.degrade_enabled:
                 active = False
             elif not active and score >= self.settings.enter_threshold:
                 active = True
-            elif active and score <= self.settings.exit_threshold:
+            elif active and calm and now - self._calm_since >= self.settings.exit_hold_s:
                 active = False
             self.state = self._next(active, score, parts)
             return self.state

@@ -10,9 +10,29 @@ def test_load_score_is_the_worst_pressure():
 
 
 def test_hysteresis_between_enter_and_exit():
-    controller = DegradeController(OperatorSettings(enter_threshold=0.8, exit_threshold=0.4))
+    controller = DegradeController(OperatorSettings(enter_threshold=0.8, exit_threshold=0.4, exit_hold_s=0))
     trace = [controller.update(LoadInputs(fill, None, None)).active for fill in (0.5, 0.85, 0.6, 0.41, 0.4, 0.7)]
     assert trace == [False, True, True, True, False, False]
+
+
+def test_leaving_waits_for_the_score_to_stay_calm_for_the_hold():
+    now = [0.0]
+    controller = DegradeController(OperatorSettings(enter_threshold=0.8, exit_threshold=0.4, exit_hold_s=5),
+                                   clock=lambda: now[0])
+    trace = []
+    for t, fill in ((0, 0.9), (1, 0.0), (3, 0.6), (4, 0.1), (8, 0.0), (9, 0.2)):
+        now[0] = t
+        trace.append(controller.update(LoadInputs(fill, None, None)).active)
+    # calm at 1 s is broken at 3 s; calm again from 4 s, so it ends at 9 s, not 6 s
+    assert trace == [True, True, True, True, True, False]
+
+
+def test_an_operator_change_applies_at_once_without_the_hold():
+    settings = OperatorSettings(enter_threshold=0.8, exit_threshold=0.4, exit_hold_s=60)
+    controller = DegradeController(settings)
+    assert controller.update(LoadInputs(0.85, None, None)).active
+    controller.configure(settings.merged({"enter_threshold": 1.0, "exit_threshold": 0.9}))
+    assert not controller.state.active
 
 
 def test_actions_follow_the_switches():
