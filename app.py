@@ -66,7 +66,16 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
     api.include_router(admin_router)
     page = build_ui(service, admit_ui, request_log,
                     [lambda: build_admin_tab(service, monitor, control, access, admin_token)])
-    return gr.mount_gradio_app(api, page, path="/")
+    app = gr.mount_gradio_app(api, page, path="/")
+    calm_gradio_queue(page)
+    return app
+
+
+def calm_gradio_queue(page: gr.Blocks) -> None:
+    """Gradio's queue looks for new UI events every 1 ms while idle: about 7% of a core per
+    process doing nothing, on the event loop the API shares. 20 ms still starts a click at once."""
+    page._queue.sleep_when_free = 0.02
+    page._queue.progress_update_sleep_when_free = 0.1
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ import re
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -46,14 +47,15 @@ PEERS = {
     "chorus": {"batch_policy": "adaptive", "queue_order": "fair"},
 }
 PLANS = {
-    "full": {"workloads": ["short", "mixed", "long", "realistic"], "texts": 64, "closed_s": 25.0, "clients": 8,
+    "full": {"workloads": ["short", "mixed", "long", "realistic"], "texts": 32, "closed_s": 25.0, "clients": 8,
              "open_fractions": [0.3, 0.6, 0.9, 1.2], "open_s": 15.0, "streams": 4, "stream_s": 20.0,
-             "idle_requests": 10, "max_requests": 5000, "ceiling_texts": 24, "ceiling_sizes": [1, 4, 16],
+             "idle_requests": 10, "max_requests": 5000, "ceiling_sizes": [1, 4, 16], "rounds": 3,
              "calibration_sizes": "1,2,4,8,16"},
-    "quick": {"workloads": ["mixed"], "texts": 8, "closed_s": 3.0, "clients": 4, "open_fractions": [0.5, 1.2],
+    "quick": {"workloads": ["mixed"], "texts": 8, "closed_s": 2.0, "clients": 4, "open_fractions": [0.5, 1.2],
               "open_s": 2.0, "streams": 2, "stream_s": 2.0, "idle_requests": 3, "max_requests": 400,
-              "ceiling_texts": 8, "ceiling_sizes": [1, 4], "calibration_sizes": "1,2"},
+              "ceiling_sizes": [1, 4], "rounds": 2, "calibration_sizes": "1,2"},
 }
+CONTROL = "sequential-again"  # a second sequential server: the A/A control of the mixed rounds
 CPU_TARGETS = {"chorus_vs_sequential": 1.0, "chorus_vs_static": 1.1, "chorus_vs_ceiling": 0.9,
                "short_p95_vs_sequential": 0.5, "idle_ms_over_raw": 10.0}
 GPU_TARGETS = {"chorus_vs_static": 1.4, "chorus_vs_ceiling": 0.8}
@@ -62,40 +64,66 @@ OPERATOR = {"anonymous_tier": "enterprise", "degrade_enabled": False, "cache_ena
 
 # --- the engine alone ------------------------------------------------------------------------------
 
-def engine_alone(voice: str, voices_file: Path | None, workloads: list[str], plan: dict) -> dict:
-    """The ceiling per workload (best length-sorted batches, no server) and the raw engine's
-    latency for one short text at a time (front end included)."""
-    settings = Settings(voices_file=voices_file, voice_aliases={}, model_aliases={})
-    spec = next(spec for spec in model_specs(settings) if voice in {v.name for v in spec.voices})
-    engine = spec.load()
+class EngineAlone:
+    """The voice's engine in this process: no server, queue, HTTP or encoding."""
 
-    def run(token_lists: list) -> float:
-        items = [SynthesisRequest(tokens=tokens, voice=voice, speed=1.0, key=None, deadline=math.inf)
+    def __init__(self, voice: str, voices_file: Path | None):
+        settings = Settings(voices_file=voices_file, voice_aliases={}, model_aliases={})
+        spec = next(spec for spec in model_specs(settings) if voice in {v.name for v in spec.voices})
+        self.voice, self.engine, self.max_batch_tokens = voice, spec.load(), settings.max_batch_tokens
+        self.speak("Warm up the engine first.")
+
+    def run(self, token_lists: list) -> float:
+        """Synthesizes one batch; returns its audio seconds."""
+        items = [SynthesisRequest(tokens=tokens, voice=self.voice, speed=1.0, key=None, deadline=math.inf)
                  for tokens in token_lists]
-        return sum(audio.size for audio in engine.synthesize(items)) / engine.sample_rate
+        return sum(audio.size for audio in self.engine.synthesize(items)) / self.engine.sample_rate
 
-    run(engine.tokenize("Warm up the engine first.", voice))
-    ceilings = {}
-    for workload in workloads:
-        batch = texts(workload, plan["texts"])[: plan["ceiling_texts"]]
-        started = time.perf_counter()
-        token_lists = sorted((tokens for text in batch for tokens in engine.tokenize(text, voice)), key=len)
-        front_end_s = time.perf_counter() - started
-        best = None
-        for size in plan["ceiling_sizes"]:
+    def speak(self, text: str) -> float:
+        """One text as a server would run it one item at a time (front end included)."""
+        return sum(self.run([tokens]) for tokens in self.engine.tokenize(text, self.voice))
+
+    def ceilings(self, workloads: list[str], plan: dict) -> dict:
+        """Per workload, the same texts the served peers get, sorted by length and run in the
+        best of plan["ceiling_sizes"]: the most this engine can do on this machine."""
+        ceilings = {}
+        for workload in workloads:
+            batch = texts(workload, plan["texts"])
             started = time.perf_counter()
-            audio = sum(run(batch) for batch in _batches(token_lists, size, settings.max_batch_tokens))
-            seconds = time.perf_counter() - started + front_end_s
-            if best is None or audio / seconds > best["audio_s_per_s"]:
-                best = {"batch_size": size, "audio_s_per_s": round(audio / seconds, 3),
-                        "requests_per_s": round(len(batch) / seconds, 3)}
-        ceilings[workload] = best
-    idle = []
-    for text in texts("short", plan["idle_requests"], seed=99):
-        started = time.perf_counter()
-        run(engine.tokenize(text, voice))
-        idle.append(time.perf_counter() - started)
-    return {"ceiling": ceilings, "idle_p50_ms": round(1000 * statistics.median(idle), 1)}
+            token_lists = sorted((tokens for text in batch for tokens in self.engine.tokenize(text, self.voice)),
+                                 key=len)
+            front_end_s = time.perf_counter() - started
+            best = None
+            for size in plan["ceiling_sizes"]:
+                started = time.perf_counter()
+                audio = sum(self.run(batch) for batch in _batches(token_lists, size, self.max_batch_tokens))
+                seconds = time.perf_counter() - started + front_end_s
+                if best is None or audio / seconds > best["audio_s_per_s"]:
+                    best = {"batch_size": size, "audio_s_per_s": round(audio / seconds, 3),
+                            "requests_per_s": round(len(batch) / seconds, 3)}
+            ceilings[workload] = best
+        return ceilings
+
+
+def idle_latencies(engine: EngineAlone, servers: dict[str, str], plan: dict, voice: str) -> dict[str, float]:
+    """p50 ms of one short request at a time: the engine alone and every server, text by text in
+    turn, so that they are measured side by side under the same conditions."""
+    timings: dict[str, list[float]] = {"engine": [], **{name: [] for name in servers}}
+    clients = {name: httpx.Client(base_url=url, timeout=120) for name, url in servers.items()}
+    try:
+        for text in texts("short", plan["idle_requests"], seed=99):
+            started = time.perf_counter()
+            engine.speak(text)
+            timings["engine"].append(time.perf_counter() - started)
+            for name, client in clients.items():
+                started = time.perf_counter()
+                client.post("/v1/audio/speech", json={"model": "tts-1", "voice": voice, "input": text,
+                                                      "response_format": "pcm"}).raise_for_status()
+                timings[name].append(time.perf_counter() - started)
+    finally:
+        for client in clients.values():
+            client.close()
+    return {name: round(1000 * statistics.median(values), 1) for name, values in timings.items()}
 
 
 def _batches(token_lists: list, size: int, max_tokens: int) -> list[list]:
@@ -159,24 +187,37 @@ def server_delta(before: dict, after: dict) -> dict:
             "gpu_utilization_pct": after["gpu_utilization"]}
 
 
-async def run_peers(servers: dict[str, str], plan: dict, rates: list[float], voice: str) -> dict:
+async def run_peers(servers: dict[str, str], control: str, plan: dict, rates: list[float], voice: str) -> dict:
     """Every scenario on every peer in turn (all servers up at once), so that a machine that
-    drifts over the run (heat, other load) shifts all peers alike instead of the last ones."""
+    drifts over the run (heat, other load) shifts all peers alike instead of the last ones.
+    The mixed closed loop, which the throughput targets compare, runs plan["rounds"] times, each
+    round in a rotated order, and also on `control`: a second server configured exactly like
+    `sequential`, whose ratio to it shows how far two identical servers differ on this machine."""
     results: dict = {name: {"closed": {}, "open": []} for name in servers}
-    for name, url in servers.items():
-        idle, _ = await closed_loop(url, texts("short", plan["idle_requests"], seed=99), 1, 120.0,
-                                    plan["idle_requests"], voice)
-        results[name]["idle_p50_ms"] = round(1000 * statistics.median(o.latency_s for o in idle), 1)
+    rounds: dict[str, list[float]] = {name: [] for name in [*servers, CONTROL]}
+    everyone = {**servers, CONTROL: control}
     for workload in plan["workloads"]:
-        for name, url in servers.items():
+        for name, url in (everyone if workload == "mixed" else servers).items():
             before = await asyncio.to_thread(scrape, url)
             outcomes, elapsed = await closed_loop(url, texts(workload, plan["texts"]), plan["clients"],
                                                   plan["closed_s"], plan["max_requests"], voice)
             after = await asyncio.to_thread(scrape, url)
-            results[name]["closed"][workload] = {**summarize(outcomes, elapsed), "server": server_delta(before, after)}
+            row = {**summarize(outcomes, elapsed), "server": server_delta(before, after)}
             if workload == "mixed":
-                row = results[name]["closed"]["mixed"]
+                rounds[name].append(row["audio_s_per_s"])
                 print(f"  {name}: mixed {row['audio_s_per_s']} audio-s/s, p95 {row['p95_ms']} ms", flush=True)
+            if name in servers:
+                results[name]["closed"][workload] = row
+    names = list(everyone)
+    for round_index in range(1, plan["rounds"]):
+        for name in names[round_index % len(names):] + names[: round_index % len(names)]:
+            outcomes, elapsed = await closed_loop(everyone[name], texts("mixed", plan["texts"]), plan["clients"],
+                                                  plan["closed_s"], plan["max_requests"], voice)
+            rounds[name].append(summarize(outcomes, elapsed)["audio_s_per_s"])
+        print(f"  round {round_index + 1}: " + ", ".join(f"{name} {values[-1]}" for name, values in rounds.items()),
+              flush=True)
+    for name in servers:
+        results[name]["mixed_rounds"] = rounds[name]
     for rate in rates:
         for name, url in servers.items():
             outcomes, elapsed, completed = await open_loop(
@@ -188,26 +229,36 @@ async def run_peers(servers: dict[str, str], plan: dict, rates: list[float], voi
         outcomes, elapsed = await closed_loop(url, texts("realistic", plan["texts"], seed=2), plan["streams"],
                                               plan["stream_s"], plan["max_requests"], voice, stream=True)
         results[name]["streams"] = summarize(outcomes, elapsed)
-    return results
+    return {"peers": results, "control_rounds": rounds[CONTROL]}
 
 
 # --- the run -----------------------------------------------------------------------------------------
 
-def ratios(results: dict, ceiling: dict, raw_idle_ms: float) -> dict:
+def ratios(results: dict) -> tuple[dict, dict]:
+    """The measured values of the targets, and for the throughput ratios their range over the
+    rounds (each ratio is the median of the rounds' own ratios: peers in one round ran minutes apart,
+    not the whole run apart)."""
     peers = results["peers"]
-    mixed = {name: peer["closed"]["mixed"] for name, peer in peers.items() if "mixed" in peer["closed"]}
+    rounds = {name: peer["mixed_rounds"] for name, peer in peers.items()}
+    ceiling = results["engine"]["ceiling"]["mixed"]["audio_s_per_s"]
 
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 3) if a and b else None
+    def per_round(a: list[float], b: list[float]) -> list[float]:
+        return [x / y for x, y in zip(a, b) if x and y]
 
-    return {
-        "chorus_vs_sequential": ratio(mixed["chorus"]["audio_s_per_s"], mixed["sequential"]["audio_s_per_s"]),
-        "chorus_vs_static": ratio(mixed["chorus"]["audio_s_per_s"], mixed["static"]["audio_s_per_s"]),
-        "chorus_vs_window": ratio(mixed["chorus"]["audio_s_per_s"], mixed["window"]["audio_s_per_s"]),
-        "chorus_vs_ceiling": ratio(mixed["chorus"]["audio_s_per_s"], ceiling["mixed"]["audio_s_per_s"]),
-        "short_p95_vs_sequential": ratio(mixed["chorus"]["short_p95_ms"], mixed["sequential"]["short_p95_ms"]),
-        "idle_ms_over_raw": round(peers["chorus"]["idle_p50_ms"] - raw_idle_ms, 1),
+    throughput = {
+        "chorus_vs_sequential": per_round(rounds["chorus"], rounds["sequential"]),
+        "chorus_vs_static": per_round(rounds["chorus"], rounds["static"]),
+        "chorus_vs_window": per_round(rounds["chorus"], rounds["window"]),
+        "chorus_vs_ceiling": [value / ceiling for value in rounds["chorus"]],
+        "control_vs_sequential": per_round(results["control_rounds"], rounds["sequential"]),
     }
+    measured = {name: round(statistics.median(values), 3) if values else None for name, values in throughput.items()}
+    chorus, sequential = peers["chorus"]["closed"]["mixed"], peers["sequential"]["closed"]["mixed"]
+    measured["short_p95_vs_sequential"] = (round(chorus["short_p95_ms"] / sequential["short_p95_ms"], 3)
+                                           if chorus["short_p95_ms"] and sequential["short_p95_ms"] else None)
+    measured["idle_ms_over_raw"] = round(peers["chorus"]["idle_p50_ms"] - results["engine"]["idle_p50_ms"], 1)
+    ranges = {name: [round(min(values), 3), round(max(values), 3)] for name, values in throughput.items() if values}
+    return measured, ranges
 
 
 def verdicts(measured: dict, targets: dict) -> dict:
@@ -263,11 +314,16 @@ def print_table(results: dict) -> None:
         print(f"  {name:12s} {peer['streams']['first_audio_p50_ms']} / {peer['streams']['first_audio_p95_ms']}")
     print(f"\nidle single request p50: raw engine {results['engine']['idle_p50_ms']} ms; "
           + ", ".join(f"{name} {peer['idle_p50_ms']} ms" for name, peer in results["peers"].items()))
-    print("\ntargets (" + results["target_set"] + "):")
-    for name, target in results["targets"].items():
-        print(f"  {name:26s} measured {results['ratios'].get(name)!s:>8s}  target {target}  "
-              f"{results['verdicts'][name]}")
-    print(f"  {'chorus_vs_window':26s} measured {results['ratios']['chorus_vs_window']!s:>8s}  (no target)")
+    rounds = len(results["control_rounds"])
+    print(f"\nmixed closed loop, audio-s/s in each of {rounds} rounds: "
+          + "; ".join(f"{name} {peer['mixed_rounds']}" for name, peer in results["peers"].items())
+          + f"; {CONTROL} {results['control_rounds']}")
+    print("\ntargets (" + results["target_set"] + "; throughput ratios: median of the rounds [range]):")
+    for name in [*results["targets"], "chorus_vs_window", "control_vs_sequential"]:
+        spread = results["ratio_ranges"].get(name)
+        wanted = f"target {results['targets'][name]}  {results['verdicts'][name]}" if name in results["targets"] \
+            else "(no target)" if name != "control_vs_sequential" else "(A/A: two identical servers)"
+        print(f"  {name:26s} measured {results['ratios'].get(name)!s:>8s} {str(spread or ''):16s} {wanted}")
 
 
 def main() -> None:
@@ -288,29 +344,40 @@ def main() -> None:
     started = time.perf_counter()
     workloads = list(dict.fromkeys([*plan["workloads"], "mixed"]))
 
-    print(f"engine alone ({args.voice}): ceiling and raw latency ...", flush=True)
-    engine = engine_alone(args.voice, args.voices_file, workloads, plan)
-    capacity = engine["ceiling"]["mixed"]["requests_per_s"]
-    rates = [round(fraction * capacity, 3) for fraction in plan["open_fractions"]]
+    print(f"engine alone ({args.voice}): the ceiling ...", flush=True)
+    engine = EngineAlone(args.voice, args.voices_file)
+    ceiling = engine.ceilings(workloads, plan)
+    rates = [round(fraction * ceiling["mixed"]["requests_per_s"], 3) for fraction in plan["open_fractions"]]
     results = {"plan": plan_name, "settings": plan, "machine": machine(), "voice": args.voice,
-               "started_at": stamp, "engine": engine, "offered_rates": rates, "peers": {}}
+               "started_at": stamp, "engine": {"ceiling": ceiling}, "offered_rates": rates, "peers": {}}
     ray = importlib.util.find_spec("ray") is not None
     results["ray_serve"] = "not run: this harness does not drive Ray Serve yet" if ray else "not installed"
 
     servers, folders = {}, []
     try:
-        for name in args.peers.split(","):
-            print(f"peer {name}: starting a server ...", flush=True)
-            settings = {**PEERS[name], "calibration_sizes": plan["calibration_sizes"],
-                        "operator_defaults": json.dumps(OPERATOR), "max_queue": "4096"}
-            if args.voices_file:
-                settings["voices_file"] = str(args.voices_file)
-            folders.append(tempfile.TemporaryDirectory())
-            servers[name] = start_server(Path(folders[-1].name), **settings)
-        results["peers"] = asyncio.run(run_peers({name: server.base_url for name, server in servers.items()},
-                                                 plan, rates, args.voice))
-        for name, server in servers.items():
-            results["peers"][name]["status"] = httpx.get(f"{server.base_url}/api/v1/batch/status").json()
+        names = [*args.peers.split(","), CONTROL]
+        print(f"starting {len(names)} servers: {', '.join(names)} ...", flush=True)
+        with ThreadPoolExecutor(len(names)) as pool:
+            starts = {}
+            for name in names:
+                settings = {**PEERS.get(name, PEERS["sequential"]), "calibration_sizes": plan["calibration_sizes"],
+                            "operator_defaults": json.dumps(OPERATOR), "max_queue": "4096"}
+                if args.voices_file:
+                    settings["voices_file"] = str(args.voices_file)
+                folders.append(tempfile.TemporaryDirectory())
+                starts[name] = pool.submit(start_server, Path(folders[-1].name), **settings)
+        failures = [start.exception() for start in starts.values() if start.exception()]
+        servers.update({name: start.result() for name, start in starts.items() if not start.exception()})
+        if failures:
+            raise failures[0]
+        urls = {name: server.base_url for name, server in servers.items() if name != CONTROL}
+        print("idle latency: the engine alone and every server, text by text in turn ...", flush=True)
+        idle = idle_latencies(engine, urls, plan, args.voice)
+        results.update(asyncio.run(run_peers(urls, servers[CONTROL].base_url, plan, rates, args.voice)))
+        results["engine"]["idle_p50_ms"] = idle["engine"]
+        for name, url in urls.items():
+            results["peers"][name]["idle_p50_ms"] = idle[name]
+            results["peers"][name]["status"] = httpx.get(f"{url}/api/v1/batch/status").json()
     finally:
         for server in servers.values():
             server.stop()
@@ -321,7 +388,7 @@ def main() -> None:
     results["target_set"] = "GPU" if on_gpu else "CPU"
     results["targets"] = GPU_TARGETS if on_gpu else CPU_TARGETS
     if set(PEERS) <= set(results["peers"]):
-        results["ratios"] = ratios(results, engine["ceiling"], engine["idle_p50_ms"])
+        results["ratios"], results["ratio_ranges"] = ratios(results)
         results["verdicts"] = verdicts(results["ratios"], results["targets"])
     results["total_s"] = round(time.perf_counter() - started, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2))

@@ -22,9 +22,14 @@ def test_quick_benchmark_runs_every_peer_and_writes_complete_results(tmp_path):
         assert len(peer["open"]) == 2 and all(row["offered_per_s"] > 0 and row["completed_per_s"] >= 0
                                               for row in peer["open"])
         assert peer["streams"]["first_audio_p50_ms"] > 0 and peer["idle_p50_ms"] > 0
+        assert len(peer["mixed_rounds"]) == 2 and all(value > 0 for value in peer["mixed_rounds"]), name
+    assert len(results["control_rounds"]) == 2 and all(value > 0 for value in results["control_rounds"])
+    assert results["engine"]["idle_p50_ms"] > 0
     assert results["engine"]["ceiling"]["mixed"]["audio_s_per_s"] > 0
     assert set(results["ratios"]) >= {"chorus_vs_sequential", "chorus_vs_static", "chorus_vs_ceiling",
-                                      "short_p95_vs_sequential", "idle_ms_over_raw"}
+                                      "short_p95_vs_sequential", "idle_ms_over_raw", "control_vs_sequential"}
+    for name, (low, high) in results["ratio_ranges"].items():
+        assert 0 < low <= results["ratios"][name] <= high, name
     assert set(results["verdicts"]) == set(results["targets"])
     assert (tmp_path / "report.html").stat().st_size > 10_000
-    assert "targets (CPU)" in run.stdout
+    assert "targets (CPU" in run.stdout
