@@ -34,7 +34,7 @@ import httpx
 
 from bench.load import closed_loop, open_loop, summarize
 from bench.report import write_docs, write_html
-from bench.server import ROOT, start_server
+from bench.server import ROOT, start_ray_peer, start_server
 from bench.workload import texts
 from tts_core.config import Settings
 from tts_core.engines import model_specs
@@ -55,6 +55,7 @@ PLANS = {
               "open_s": 2.0, "streams": 2, "stream_s": 2.0, "idle_requests": 3, "max_requests": 400,
               "ceiling_sizes": [1, 4], "rounds": 2, "calibration_sizes": "1,2"},
 }
+RAY_PEER = "ray-serve"  # the external peer, run when Ray is installed (bench/ray_peer.py)
 CONTROL = "sequential-again"  # a second sequential server: the A/A control of the mixed rounds
 CPU_TARGETS = {"chorus_vs_sequential": 1.0, "chorus_vs_static": 1.1, "chorus_vs_ceiling": 0.9,
                "short_p95_vs_sequential": 0.5, "idle_ms_over_raw": 10.0}
@@ -145,7 +146,8 @@ _SAMPLE = re.compile(r'^(tts_\w+?)(?:\{(.*)\})? (\S+)$')
 
 def scrape(base_url: str) -> dict:
     """The server's counters that the report needs: batch sizes, tokens, padding, GPU use."""
-    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    response = httpx.get(f"{base_url}/metrics", timeout=10)
+    text = response.text if response.status_code == 200 else ""  # the Ray Serve peer has none
     buckets: dict[str, float] = {}
     totals = {"tokens": 0.0, "padding": 0.0, "items": 0.0, "batches": 0.0, "gpu_utilization": None}
     for line in text.splitlines():
@@ -181,9 +183,9 @@ def server_delta(before: dict, after: dict) -> dict:
     tokens = after["tokens"] - before["tokens"]
     padding = after["padding"] - before["padding"]
     batches = after["batches"] - before["batches"]
-    return {"batches": round(batches), "batch_size_distribution": distribution,
-            "items_per_batch": round((after["items"] - before["items"]) / batches, 2) if batches else 0.0,
-            "padding_waste": round(padding / (tokens + padding), 4) if tokens + padding else 0.0,
+    return {"batches": round(batches), "batch_size_distribution": distribution,  # None: a peer without metrics
+            "items_per_batch": round((after["items"] - before["items"]) / batches, 2) if batches else None,
+            "padding_waste": round(padding / (tokens + padding), 4) if tokens + padding else None,
             "gpu_utilization_pct": after["gpu_utilization"]}
 
 
@@ -245,13 +247,10 @@ def ratios(results: dict) -> tuple[dict, dict]:
     def per_round(a: list[float], b: list[float]) -> list[float]:
         return [x / y for x, y in zip(a, b) if x and y]
 
-    throughput = {
-        "chorus_vs_sequential": per_round(rounds["chorus"], rounds["sequential"]),
-        "chorus_vs_static": per_round(rounds["chorus"], rounds["static"]),
-        "chorus_vs_window": per_round(rounds["chorus"], rounds["window"]),
-        "chorus_vs_ceiling": [value / ceiling for value in rounds["chorus"]],
-        "control_vs_sequential": per_round(results["control_rounds"], rounds["sequential"]),
-    }
+    throughput = {f"chorus_vs_{name}": per_round(rounds["chorus"], values)
+                  for name, values in rounds.items() if name != "chorus"}
+    throughput["chorus_vs_ceiling"] = [value / ceiling for value in rounds["chorus"]]
+    throughput["control_vs_sequential"] = per_round(results["control_rounds"], rounds["sequential"])
     measured = {name: round(statistics.median(values), 3) if values else None for name, values in throughput.items()}
     chorus, sequential = peers["chorus"]["closed"]["mixed"], peers["sequential"]["closed"]["mixed"]
     measured["short_p95_vs_sequential"] = (round(chorus["short_p95_ms"] / sequential["short_p95_ms"], 3)
@@ -291,6 +290,10 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def _maybe(value: float | None, scale: float = 1.0) -> str:
+    return "n/a" if value is None else f"{scale * value:.2f}"
+
+
 def print_table(results: dict) -> None:
     print(f"\n{'peer':12s} {'workload':10s} {'req/s':>7s} {'audio s/s':>9s} {'p50 ms':>8s} {'p95 ms':>8s} "
           f"{'p99 ms':>8s} {'short p95':>9s} {'batch':>6s} {'pad %':>6s} {'errors':>6s}")
@@ -299,8 +302,8 @@ def print_table(results: dict) -> None:
             server = row["server"]
             print(f"{name:12s} {workload:10s} {row['requests_per_s']:7.2f} {row['audio_s_per_s']:9.2f} "
                   f"{row['p50_ms'] or 0:8.0f} {row['p95_ms'] or 0:8.0f} {row['p99_ms'] or 0:8.0f} "
-                  f"{row['short_p95_ms'] or 0:9.0f} {server['items_per_batch']:6.2f} "
-                  f"{100 * server['padding_waste']:6.1f} {sum(row['errors'].values()):6d}")
+                  f"{row['short_p95_ms'] or 0:9.0f} {_maybe(server['items_per_batch']):>6s} "
+                  f"{_maybe(server['padding_waste'], 100):>6s} {sum(row['errors'].values()):6d}")
     for workload, row in results["engine"]["ceiling"].items():
         print(f"{'ceiling':12s} {workload:10s} {row['requests_per_s']:7.2f} {row['audio_s_per_s']:9.2f}   "
               f"(offline, batch {row['batch_size']}, length-sorted)")
@@ -319,7 +322,7 @@ def print_table(results: dict) -> None:
           + "; ".join(f"{name} {peer['mixed_rounds']}" for name, peer in results["peers"].items())
           + f"; {CONTROL} {results['control_rounds']}")
     print("\ntargets (" + results["target_set"] + "; throughput ratios: median of the rounds [range]):")
-    for name in [*results["targets"], "chorus_vs_window", "control_vs_sequential"]:
+    for name in [*results["targets"], *(name for name in results["ratios"] if name not in results["targets"])]:
         spread = results["ratio_ranges"].get(name)
         wanted = f"target {results['targets'][name]}  {results['verdicts'][name]}" if name in results["targets"] \
             else "(no target)" if name != "control_vs_sequential" else "(A/A: two identical servers)"
@@ -335,6 +338,7 @@ def main() -> None:
     parser.add_argument("--voice", default="en_US-joe-medium", help="the voice every request uses")
     parser.add_argument("--voices-file", type=Path, help="TTS_VOICES_FILE for the servers and the ceiling")
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of peers to run")
+    parser.add_argument("--no-ray", action="store_true", help="leave out the Ray Serve peer even if Ray is installed")
     args = parser.parse_args()
     plan_name = "quick" if args.quick else "full"
     plan = PLANS[plan_name]
@@ -350,15 +354,19 @@ def main() -> None:
     rates = [round(fraction * ceiling["mixed"]["requests_per_s"], 3) for fraction in plan["open_fractions"]]
     results = {"plan": plan_name, "settings": plan, "machine": machine(), "voice": args.voice,
                "started_at": stamp, "engine": {"ceiling": ceiling}, "offered_rates": rates, "peers": {}}
-    ray = importlib.util.find_spec("ray") is not None
-    results["ray_serve"] = "not run: this harness does not drive Ray Serve yet" if ray else "not installed"
+    ray = importlib.util.find_spec("ray") is not None and not args.no_ray
+    results["ray_serve"] = (f"run as the peer {RAY_PEER!r}: the same engine, Ray's @serve.batch (16 texts, 10 ms)"
+                            if ray else "not run (--no-ray)" if args.no_ray else "not installed")
 
     servers, folders = {}, []
     try:
         names = [*args.peers.split(","), CONTROL]
-        print(f"starting {len(names)} servers: {', '.join(names)} ...", flush=True)
-        with ThreadPoolExecutor(len(names)) as pool:
+        print(f"starting {len(names) + ray} servers: {', '.join(names + [RAY_PEER] * ray)} ...", flush=True)
+        with ThreadPoolExecutor(len(names) + 1) as pool:
             starts = {}
+            if ray:
+                folders.append(tempfile.TemporaryDirectory())
+                starts[RAY_PEER] = pool.submit(start_ray_peer, Path(folders[-1].name), args.voice, args.voices_file)
             for name in names:
                 settings = {**PEERS.get(name, PEERS["sequential"]), "calibration_sizes": plan["calibration_sizes"],
                             "operator_defaults": json.dumps(OPERATOR), "max_queue": "4096"}
@@ -370,14 +378,15 @@ def main() -> None:
         servers.update({name: start.result() for name, start in starts.items() if not start.exception()})
         if failures:
             raise failures[0]
-        urls = {name: server.base_url for name, server in servers.items() if name != CONTROL}
+        urls = {name: servers[name].base_url for name in [*args.peers.split(","), *[RAY_PEER] * ray]}
         print("idle latency: the engine alone and every server, text by text in turn ...", flush=True)
         idle = idle_latencies(engine, urls, plan, args.voice)
         results.update(asyncio.run(run_peers(urls, servers[CONTROL].base_url, plan, rates, args.voice)))
         results["engine"]["idle_p50_ms"] = idle["engine"]
         for name, url in urls.items():
             results["peers"][name]["idle_p50_ms"] = idle[name]
-            results["peers"][name]["status"] = httpx.get(f"{url}/api/v1/batch/status").json()
+            if name != RAY_PEER:
+                results["peers"][name]["status"] = httpx.get(f"{url}/api/v1/batch/status").json()
     finally:
         for server in servers.values():
             server.stop()

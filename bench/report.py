@@ -13,7 +13,8 @@ from plotly.subplots import make_subplots
 
 log = logging.getLogger(__name__)
 
-COLOURS = {"sequential": "#7f7f7f", "static": "#1f77b4", "window": "#2ca02c", "chorus": "#d62728"}
+COLOURS = {"sequential": "#7f7f7f", "static": "#1f77b4", "window": "#2ca02c", "chorus": "#d62728",
+           "ray-serve": "#9467bd"}
 
 
 def _throughput_vs_load(results: dict) -> go.Figure:
@@ -67,6 +68,10 @@ def write_html(results: dict, path: Path) -> None:
                     + "".join(parts) + "</body></html>", encoding="utf-8")
 
 
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
 def _table(results: dict) -> list[str]:
     lines = ["| peer | workload | req/s | audio s/s | p50 ms | p95 ms | p99 ms | short p95 ms | items/batch "
              "| padding | errors |", "|" + " --- |" * 11]
@@ -75,7 +80,7 @@ def _table(results: dict) -> list[str]:
             server = row["server"]
             lines.append(f"| {name} | {workload} | {row['requests_per_s']:.2f} | {row['audio_s_per_s']:.2f} | "
                          f"{row['p50_ms']} | {row['p95_ms']} | {row['p99_ms']} | {row['short_p95_ms']} | "
-                         f"{server['items_per_batch']} | {100 * server['padding_waste']:.1f}% | "
+                         f"{server['items_per_batch'] or 'n/a'} | {_percent(server['padding_waste'])} | "
                          f"{sum(row['errors'].values())} |")
     for workload, row in results["engine"]["ceiling"].items():
         lines.append(f"| engine ceiling | {workload} | {row['requests_per_s']:.2f} | {row['audio_s_per_s']:.2f} | "

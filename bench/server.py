@@ -49,9 +49,22 @@ def start_server(data_dir: Path, ready_timeout_s: float = 180, **settings: str) 
     env = {**os.environ, "TTS_HOST": "127.0.0.1", "TTS_PORT": str(port), "TTS_DATA_DIR": str(data_dir),
            "TTS_LOG_LEVEL": "warning", "GRADIO_ANALYTICS_ENABLED": "False",
            **{f"TTS_{key.upper()}": str(value) for key, value in settings.items()}}
+    return _start([sys.executable, "app.py"], env, port, data_dir, ready_timeout_s)
+
+
+def start_ray_peer(data_dir: Path, voice: str, voices_file: Path | None = None,
+                   ready_timeout_s: float = 300) -> ServerProcess:
+    """`python -m bench.ray_peer` (the same engine behind Ray Serve); returns once /ready answers 200."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = [sys.executable, "-m", "bench.ray_peer", "--port", str(port), "--voice", voice,
+               *(["--voices-file", str(voices_file)] if voices_file else [])]
+    return _start(command, {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}, port, data_dir, ready_timeout_s)
+
+
+def _start(command: list[str], env: dict, port: int, data_dir: Path, ready_timeout_s: float) -> ServerProcess:
     log_path = data_dir / "server.log"
-    process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env,
-                               stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
     server = ServerProcess(process, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:

@@ -1,0 +1,101 @@
+"""The benchmark's external peer: the same engine behind a real Ray Serve deployment whose requests
+are batched by Ray's own `@serve.batch` (up to 16 texts, 10 ms wait), as a Ray Serve user would
+write it. Needs `pip install "ray[serve]"`; `python -m bench` runs it when Ray is installed.
+
+    python -m bench.ray_peer --port 8000 [--voice en_US-joe-medium] [--voices-file voices.yaml]
+
+serves `POST /v1/audio/speech` (OpenAI's body; answers raw 16-bit PCM whatever the format asked)
+and `GET /ready` on 127.0.0.1 until it is stopped (SIGTERM or SIGINT).
+"""
+
+import argparse
+import asyncio
+import math
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+import ray
+from ray import serve
+
+from tts_core.audio import encode, join
+from tts_core.config import Settings
+from tts_core.engines import model_specs
+from tts_core.metrics import BatchRecord, Metrics
+from tts_core.request import SynthesisRequest
+from tts_core.text import split_chunks
+
+MAX_BATCH_SIZE = 16  # the same as the "window" peer, Chorus's own fixed-window policy
+BATCH_WAIT_S = 0.01
+
+ingress = FastAPI()
+
+
+@serve.deployment(max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
+@serve.ingress(ingress)
+class RaySpeech:
+    def __init__(self, voice: str, voices_file: str | None):
+        settings = Settings(voices_file=Path(voices_file) if voices_file else None, voice_aliases={},
+                            model_aliases={})
+        spec = next(spec for spec in model_specs(settings) if voice in {v.name for v in spec.voices})
+        self.engine, self.voice, self.max_chunk_chars = spec.load(), voice, settings.max_chunk_chars
+        self.metrics = Metrics()  # batch sizes and padding under Chorus's names, for the harness
+
+    @ingress.get("/metrics")
+    def prometheus(self) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @ingress.get("/ready")
+    def ready(self) -> dict:
+        return {"ready": True}
+
+    @ingress.post("/v1/audio/speech")
+    async def speech(self, request: Request) -> Response:
+        body = await request.json()
+        audio = await self.speak(body["input"])
+        return Response(encode(audio, self.engine.sample_rate, "pcm"), media_type="audio/pcm")
+
+    @serve.batch(max_batch_size=MAX_BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
+    async def speak(self, texts: list[str]) -> list[np.ndarray]:
+        return await asyncio.to_thread(self._synthesize, texts)
+
+    def _synthesize(self, texts: list[str]) -> list[np.ndarray]:
+        """Every sentence of every text in one padded model call; each text's audio joined."""
+        per_text = [[tokens for chunk in split_chunks(text, self.max_chunk_chars)
+                     for tokens in self.engine.tokenize(chunk, self.voice)] for text in texts]
+        items = [SynthesisRequest(tokens=tokens, voice=self.voice, speed=1.0, key=None, deadline=math.inf)
+                 for token_lists in per_text for tokens in token_lists]
+        started = time.perf_counter()
+        audio = iter(self.engine.synthesize(items))
+        lengths = [item.length for item in items]
+        self.metrics.batch_finished(self.engine.name, BatchRecord(
+            time.monotonic(), self.engine.name, len(items), len(items) * max(lengths), sum(lengths),
+            time.perf_counter() - started, MAX_BATCH_SIZE), [])
+        return [join([next(audio) for _ in token_lists], self.engine.sample_rate) for token_lists in per_text]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--voice", default="en_US-joe-medium")
+    parser.add_argument("--voices-file")
+    args = parser.parse_args()
+    ray.init(include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": args.port})
+    try:
+        serve.run(RaySpeech.bind(args.voice, args.voices_file), route_prefix="/")
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):  # after Ray's start-up, which sets its own
+            signal.signal(signum, lambda *_: stop.set())
+        stop.wait()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

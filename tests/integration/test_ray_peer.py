@@ -1,0 +1,27 @@
+"""The benchmark's Ray Serve peer (bench/ray_peer.py): a real Ray Serve deployment with the same
+engine answers speech of the right length. Runs where Ray is installed (it is optional)."""
+
+import httpx
+import pytest
+
+pytest.importorskip("ray")
+
+from bench.harness import EngineAlone  # noqa: E402
+from bench.server import start_ray_peer  # noqa: E402
+
+TEXT = "The quick brown fox jumps over the lazy dog near the river bank"
+
+
+def test_ray_serve_peer_speaks_with_the_same_engine(tmp_path):
+    server = start_ray_peer(tmp_path, "en_US-joe-medium")
+    try:
+        answers = [httpx.post(f"{server.base_url}/v1/audio/speech", timeout=120,
+                              json={"model": "tts-1", "voice": "alloy", "input": TEXT, "response_format": "pcm"})
+                   for _ in range(2)]
+    finally:
+        server.stop()
+    alone_s = EngineAlone("en_US-joe-medium", None).speak(TEXT)
+    for answer in answers:
+        assert answer.status_code == 200 and answer.headers["content-type"] == "audio/pcm"
+        seconds = len(answer.content) / 2 / 22050
+        assert abs(seconds - alone_s) < 0.15 * alone_s, (seconds, alone_s)
