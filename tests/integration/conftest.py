@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -10,9 +12,15 @@ from bench.server import start_server
 MAX_CHARS = 1000
 
 
+# The tests that share this server flood it on purpose (backpressure) and right after expect plain
+# answers; degrade mode, which such a flood turns on for a while, has tests and servers of its own.
+OPERATOR_DEFAULTS = {"anonymous_tier": "enterprise", "degrade_enabled": False}
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> str:
-    process = start_server(tmp_path_factory.mktemp("chorus"), max_chars=str(MAX_CHARS))
+    process = start_server(tmp_path_factory.mktemp("chorus"), max_chars=str(MAX_CHARS),
+                           operator_defaults=json.dumps(OPERATOR_DEFAULTS))
     yield process.base_url
     process.stop()
 
