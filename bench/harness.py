@@ -49,11 +49,11 @@ PEERS = {
 PLANS = {
     "full": {"workloads": ["short", "mixed", "long", "realistic"], "texts": 32, "closed_s": 25.0, "clients": 8,
              "open_fractions": [0.3, 0.6, 0.9, 1.2], "open_s": 15.0, "streams": 4, "stream_s": 20.0,
-             "idle_requests": 10, "max_requests": 5000, "ceiling_sizes": [1, 4, 16], "rounds": 3,
-             "calibration_sizes": "1,2,4,8,16"},
+             "stream_workload": "realistic", "idle_requests": 10, "max_requests": 5000,
+             "ceiling_sizes": [1, 4, 16], "rounds": 3, "calibration_sizes": "1,2,4,8,16"},
     "quick": {"workloads": ["mixed"], "texts": 8, "closed_s": 2.0, "clients": 4, "open_fractions": [0.5, 1.2],
-              "open_s": 2.0, "streams": 2, "stream_s": 2.0, "idle_requests": 3, "max_requests": 400,
-              "ceiling_sizes": [1, 4], "rounds": 2, "calibration_sizes": "1,2"},
+              "open_s": 2.0, "streams": 2, "stream_s": 2.0, "stream_workload": "mixed", "idle_requests": 3,
+              "max_requests": 400, "ceiling_sizes": [1, 4], "rounds": 2, "calibration_sizes": "1,2"},
 }
 RAY_PEER = "ray-serve"  # the external peer, run when Ray is installed (bench/ray_peer.py)
 CONTROL = "sequential-again"  # a second sequential server: the A/A control of the mixed rounds
@@ -228,8 +228,9 @@ async def run_peers(servers: dict[str, str], control: str, plan: dict, rates: li
             results[name]["open"].append({"offered_per_s": round(rate, 3), "completed_per_s": completed,
                                           **summarize(outcomes, elapsed)})
     for name, url in servers.items():
-        outcomes, elapsed = await closed_loop(url, texts("realistic", plan["texts"], seed=2), plan["streams"],
-                                              plan["stream_s"], plan["max_requests"], voice, stream=True)
+        outcomes, elapsed = await closed_loop(url, texts(plan["stream_workload"], plan["texts"], seed=2),
+                                              plan["streams"], plan["stream_s"], plan["max_requests"], voice,
+                                              stream=True)
         results[name]["streams"] = summarize(outcomes, elapsed)
     return {"peers": results, "control_rounds": rounds[CONTROL]}
 
@@ -312,7 +313,7 @@ def print_table(results: dict) -> None:
         cells = "  ".join(f"{row['offered_per_s']:.2f}->{row['completed_per_s']:.2f}/{row['p95_ms'] or 0:.0f}"
                           for row in peer["open"])
         print(f"  {name:12s} {cells}")
-    print("\nstreams (realistic), time to first audio p50 / p95 ms:")
+    print(f"\nstreams ({results['settings']['stream_workload']}), time to first audio p50 / p95 ms:")
     for name, peer in results["peers"].items():
         print(f"  {name:12s} {peer['streams']['first_audio_p50_ms']} / {peer['streams']['first_audio_p95_ms']}")
     print(f"\nidle single request p50: raw engine {results['engine']['idle_p50_ms']} ms; "

@@ -164,7 +164,7 @@ def write_docs(results: dict, docs: Path, command: str) -> None:
         f"- load: closed loop of {results['settings']['clients']} clients for {results['settings']['closed_s']} s "
         f"per workload; open loop (Poisson) at {', '.join(str(rate) for rate in results['offered_rates'])} "
         f"requests/s for {results['settings']['open_s']} s each; {results['settings']['streams']} concurrent "
-        "streams of the realistic mix",
+        f"streams of the {results['settings']['stream_workload']} mix",
         f"- Ray Serve: {results['ray_serve']}",
         "",
         "## Saturation (closed loop)",
