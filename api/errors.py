@@ -17,9 +17,9 @@ from tts_core.service import InvalidRequest, Overloaded
 log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error", 410: "not_found_error", 413: "invalid_request_error",
-          422: "invalid_request_error", 429: "rate_limit_exceeded", 503: "server_overloaded",
-          504: "timeout_error"}
+          404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error", 410: "not_found_error",
+          413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_exceeded",
+          503: "server_overloaded", 504: "timeout_error"}
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:

@@ -87,7 +87,8 @@ class ErrorBody(BaseModel):
 ERROR_MEANINGS = {
     400: "Invalid request (the field at fault, if any, is in error.param)", 401: "Missing, invalid or revoked key",
     403: "Wrong admin token, or admin disabled", 404: "No such resource",
-    409: "Not possible in the current state (busy, not ready or already ended)", 410: "Gone: the result has expired", 413: "Request body too large",
+    409: "Not possible in the current state (busy, not ready or already ended)",
+    410: "Gone: the result has expired", 413: "Request body too large",
     422: "Invalid setting value", 429: "Rate limit exceeded; see Retry-After and X-RateLimit-*",
     500: "Synthesis failed", 503: "At capacity or shedding load; see Retry-After",
     504: "Waited in the queue past its deadline",

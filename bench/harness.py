@@ -34,7 +34,7 @@ import httpx
 
 from bench.load import closed_loop, open_loop, summarize
 from bench.report import write_docs, write_html
-from bench.server import ROOT, start_ray_peer, start_server
+from bench.server import ROOT, ServerProcess, start_ray_peer, start_server
 from bench.workload import texts
 from tts_core.config import Settings
 from tts_core.engines import model_specs
@@ -147,7 +147,8 @@ _SAMPLE = re.compile(r'^(tts_\w+?)(?:\{(.*)\})? (\S+)$')
 def scrape(base_url: str) -> dict:
     """The server's counters that the report needs: batch sizes, tokens, padding, GPU use."""
     response = httpx.get(f"{base_url}/metrics", timeout=10)
-    text = response.text if response.status_code == 200 else ""  # the Ray Serve peer has none
+    response.raise_for_status()
+    text = response.text
     buckets: dict[str, float] = {}
     totals = {"tokens": 0.0, "padding": 0.0, "items": 0.0, "batches": 0.0, "gpu_utilization": None}
     for line in text.splitlines():
@@ -183,7 +184,7 @@ def server_delta(before: dict, after: dict) -> dict:
     tokens = after["tokens"] - before["tokens"]
     padding = after["padding"] - before["padding"]
     batches = after["batches"] - before["batches"]
-    return {"batches": round(batches), "batch_size_distribution": distribution,  # None: a peer without metrics
+    return {"batches": round(batches), "batch_size_distribution": distribution,  # None: no batch ran
             "items_per_batch": round((after["items"] - before["items"]) / batches, 2) if batches else None,
             "padding_waste": round(padding / (tokens + padding), 4) if tokens + padding else None,
             "gpu_utilization_pct": after["gpu_utilization"]}
@@ -198,11 +199,15 @@ async def run_peers(servers: dict[str, str], control: str, plan: dict, rates: li
     results: dict = {name: {"closed": {}, "open": []} for name in servers}
     rounds: dict[str, list[float]] = {name: [] for name in [*servers, CONTROL]}
     everyone = {**servers, CONTROL: control}
+
+    async def saturate(url: str, workload: str) -> tuple[list, float]:
+        return await closed_loop(url, texts(workload, plan["texts"]), plan["clients"], plan["closed_s"],
+                                 plan["max_requests"], voice)
+
     for workload in plan["workloads"]:
         for name, url in (everyone if workload == "mixed" else servers).items():
             before = await asyncio.to_thread(scrape, url)
-            outcomes, elapsed = await closed_loop(url, texts(workload, plan["texts"]), plan["clients"],
-                                                  plan["closed_s"], plan["max_requests"], voice)
+            outcomes, elapsed = await saturate(url, workload)
             after = await asyncio.to_thread(scrape, url)
             row = {**summarize(outcomes, elapsed), "server": server_delta(before, after)}
             if workload == "mixed":
@@ -213,8 +218,7 @@ async def run_peers(servers: dict[str, str], control: str, plan: dict, rates: li
     names = list(everyone)
     for round_index in range(1, plan["rounds"]):
         for name in names[round_index % len(names):] + names[: round_index % len(names)]:
-            outcomes, elapsed = await closed_loop(everyone[name], texts("mixed", plan["texts"]), plan["clients"],
-                                                  plan["closed_s"], plan["max_requests"], voice)
+            outcomes, elapsed = await saturate(everyone[name], "mixed")
             rounds[name].append(summarize(outcomes, elapsed)["audio_s_per_s"])
         print(f"  round {round_index + 1}: " + ", ".join(f"{name} {values[-1]}" for name, values in rounds.items()),
               flush=True)
@@ -361,25 +365,26 @@ def main() -> None:
 
     servers, folders = {}, []
     try:
-        names = [*args.peers.split(","), CONTROL]
-        print(f"starting {len(names) + ray} servers: {', '.join(names + [RAY_PEER] * ray)} ...", flush=True)
-        with ThreadPoolExecutor(len(names) + 1) as pool:
-            starts = {}
-            if ray:
-                folders.append(tempfile.TemporaryDirectory())
-                starts[RAY_PEER] = pool.submit(start_ray_peer, Path(folders[-1].name), args.voice, args.voices_file)
-            for name in names:
-                settings = {**PEERS.get(name, PEERS["sequential"]), "calibration_sizes": plan["calibration_sizes"],
-                            "operator_defaults": json.dumps(OPERATOR), "max_queue": "4096"}
-                if args.voices_file:
-                    settings["voices_file"] = str(args.voices_file)
-                folders.append(tempfile.TemporaryDirectory())
-                starts[name] = pool.submit(start_server, Path(folders[-1].name), **settings)
+        peers = [*args.peers.split(","), *([RAY_PEER] if ray else [])]
+        print(f"starting {len(peers) + 1} servers: {', '.join([*peers, CONTROL])} ...", flush=True)
+
+        def launch(name: str) -> ServerProcess:
+            folders.append(tempfile.TemporaryDirectory())
+            if name == RAY_PEER:
+                return start_ray_peer(Path(folders[-1].name), args.voice, args.voices_file)
+            settings = {**PEERS.get(name, PEERS["sequential"]), "calibration_sizes": plan["calibration_sizes"],
+                        "operator_defaults": json.dumps(OPERATOR), "max_queue": "4096"}
+            if args.voices_file:
+                settings["voices_file"] = str(args.voices_file)
+            return start_server(Path(folders[-1].name), **settings)
+
+        with ThreadPoolExecutor(len(peers) + 1) as pool:
+            starts = {name: pool.submit(launch, name) for name in [*peers, CONTROL]}
         failures = [start.exception() for start in starts.values() if start.exception()]
         servers.update({name: start.result() for name, start in starts.items() if not start.exception()})
         if failures:
             raise failures[0]
-        urls = {name: servers[name].base_url for name in [*args.peers.split(","), *[RAY_PEER] * ray]}
+        urls = {name: servers[name].base_url for name in peers}
         print("idle latency: the engine alone and every server, text by text in turn ...", flush=True)
         idle = idle_latencies(engine, urls, plan, args.voice)
         results.update(asyncio.run(run_peers(urls, servers[CONTROL].base_url, plan, rates, args.voice)))

@@ -4,8 +4,9 @@ write it. Needs `pip install "ray[serve]"`; `python -m bench` runs it when Ray i
 
     python -m bench.ray_peer --port 8000 [--voice en_US-joe-medium] [--voices-file voices.yaml]
 
-serves `POST /v1/audio/speech` (OpenAI's body; answers raw 16-bit PCM whatever the format asked)
-and `GET /ready` on 127.0.0.1 until it is stopped (SIGTERM or SIGINT).
+serves `POST /v1/audio/speech` (OpenAI's body; answers raw 16-bit PCM whatever the format asked,
+422 for a body without speakable `input`), `GET /metrics` (batch sizes and padding under Chorus's
+metric names) and `GET /ready` on 127.0.0.1 until it is stopped (SIGTERM or SIGINT).
 """
 
 import argparse
@@ -17,8 +18,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
 import ray
 from ray import serve
 
@@ -26,6 +28,7 @@ from tts_core.audio import encode, join
 from tts_core.config import Settings
 from tts_core.engines import model_specs
 from tts_core.metrics import BatchRecord, Metrics
+from tts_core.policy import padded_tokens
 from tts_core.request import SynthesisRequest
 from tts_core.text import split_chunks
 
@@ -33,6 +36,12 @@ MAX_BATCH_SIZE = 16  # the same as the "window" peer, Chorus's own fixed-window 
 BATCH_WAIT_S = 0.01
 
 ingress = FastAPI()
+
+
+class SpeechBody(BaseModel):
+    """OpenAI's body; only the text matters here (one voice, raw PCM). FastAPI answers 422 otherwise."""
+
+    input: str = Field(min_length=1, max_length=4096, pattern=r"\w")  # something speakable
 
 
 @serve.deployment(max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
@@ -54,9 +63,8 @@ class RaySpeech:
         return {"ready": True}
 
     @ingress.post("/v1/audio/speech")
-    async def speech(self, request: Request) -> Response:
-        body = await request.json()
-        audio = await self.speak(body["input"])
+    async def speech(self, body: SpeechBody) -> Response:
+        audio = await self.speak(body.input)
         return Response(encode(audio, self.engine.sample_rate, "pcm"), media_type="audio/pcm")
 
     @serve.batch(max_batch_size=MAX_BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
@@ -71,9 +79,8 @@ class RaySpeech:
                  for token_lists in per_text for tokens in token_lists]
         started = time.perf_counter()
         audio = iter(self.engine.synthesize(items))
-        lengths = [item.length for item in items]
         self.metrics.batch_finished(self.engine.name, BatchRecord(
-            time.monotonic(), self.engine.name, len(items), len(items) * max(lengths), sum(lengths),
+            time.monotonic(), self.engine.name, len(items), padded_tokens(items), sum(item.length for item in items),
             time.perf_counter() - started, MAX_BATCH_SIZE), [])
         return [join([next(audio) for _ in token_lists], self.engine.sample_rate) for token_lists in per_text]
 
