@@ -49,7 +49,7 @@ PEERS = {
 PLANS = {
     "full": {"workloads": ["short", "mixed", "long", "realistic"], "texts": 32, "closed_s": 25.0, "clients": 8,
              "open_fractions": [0.3, 0.6, 0.9, 1.2], "open_s": 15.0, "streams": 4, "stream_s": 20.0,
-             "stream_workload": "realistic", "idle_requests": 10, "max_requests": 5000,
+             "stream_workload": "realistic", "idle_requests": 30, "max_requests": 5000,
              "ceiling_sizes": [1, 4, 16], "rounds": 3, "calibration_sizes": "1,2,4,8,16"},
     "quick": {"workloads": ["mixed"], "texts": 8, "closed_s": 2.0, "clients": 4, "open_fractions": [0.5, 1.2],
               "open_s": 2.0, "streams": 2, "stream_s": 2.0, "stream_workload": "mixed", "idle_requests": 3,
@@ -106,9 +106,11 @@ class EngineAlone:
         return ceilings
 
 
-def idle_latencies(engine: EngineAlone, servers: dict[str, str], plan: dict, voice: str) -> dict[str, float]:
-    """p50 ms of one short request at a time: the engine alone and every server, text by text in
-    turn, so that they are measured side by side under the same conditions."""
+def idle_latencies(engine: EngineAlone, servers: dict[str, str], plan: dict, voice: str) -> dict[str, dict]:
+    """One short request at a time: the engine alone and every server, text by text in turn, so that
+    they are measured side by side under the same conditions. Per server: its p50 ms, and its
+    overhead, the median over the texts of (server - engine) on the same text moments apart (paired:
+    the machine's drift over the run cancels out)."""
     timings: dict[str, list[float]] = {"engine": [], **{name: [] for name in servers}}
     clients = {name: httpx.Client(base_url=url, timeout=120) for name, url in servers.items()}
     try:
@@ -124,7 +126,16 @@ def idle_latencies(engine: EngineAlone, servers: dict[str, str], plan: dict, voi
     finally:
         for client in clients.values():
             client.close()
-    return {name: round(1000 * statistics.median(values), 1) for name, values in timings.items()}
+
+    alone = timings.pop("engine")
+    return {"engine": {"idle_p50_ms": _ms(statistics.median(alone))},
+            **{name: {"idle_p50_ms": _ms(statistics.median(served)),
+                      "idle_overhead_ms": _ms(statistics.median(s - a for s, a in zip(served, alone)))}
+               for name, served in timings.items()}}
+
+
+def _ms(seconds: float) -> float:
+    return round(1000 * seconds, 1)
 
 
 def _batches(token_lists: list, size: int, max_tokens: int) -> list[list]:
@@ -260,7 +271,7 @@ def ratios(results: dict) -> tuple[dict, dict]:
     chorus, sequential = peers["chorus"]["closed"]["mixed"], peers["sequential"]["closed"]["mixed"]
     measured["short_p95_vs_sequential"] = (round(chorus["short_p95_ms"] / sequential["short_p95_ms"], 3)
                                            if chorus["short_p95_ms"] and sequential["short_p95_ms"] else None)
-    measured["idle_ms_over_raw"] = round(peers["chorus"]["idle_p50_ms"] - results["engine"]["idle_p50_ms"], 1)
+    measured["idle_ms_over_raw"] = peers["chorus"]["idle_overhead_ms"]
     ranges = {name: [round(min(values), 3), round(max(values), 3)] for name, values in throughput.items() if values}
     return measured, ranges
 
@@ -321,7 +332,8 @@ def print_table(results: dict) -> None:
     for name, peer in results["peers"].items():
         print(f"  {name:12s} {peer['streams']['first_audio_p50_ms']} / {peer['streams']['first_audio_p95_ms']}")
     print(f"\nidle single request p50: raw engine {results['engine']['idle_p50_ms']} ms; "
-          + ", ".join(f"{name} {peer['idle_p50_ms']} ms" for name, peer in results["peers"].items()))
+          + ", ".join(f"{name} {peer['idle_p50_ms']} ms (+{peer['idle_overhead_ms']})"
+                      for name, peer in results["peers"].items()))
     rounds = len(results["control_rounds"])
     print(f"\nmixed closed loop, audio-s/s in each of {rounds} rounds: "
           + "; ".join(f"{name} {peer['mixed_rounds']}" for name, peer in results["peers"].items())
@@ -388,9 +400,9 @@ def main() -> None:
         print("idle latency: the engine alone and every server, text by text in turn ...", flush=True)
         idle = idle_latencies(engine, urls, plan, args.voice)
         results.update(asyncio.run(run_peers(urls, servers[CONTROL].base_url, plan, rates, args.voice)))
-        results["engine"]["idle_p50_ms"] = idle["engine"]
+        results["engine"].update(idle["engine"])
         for name, url in urls.items():
-            results["peers"][name]["idle_p50_ms"] = idle[name]
+            results["peers"][name].update(idle[name])
             if name != RAY_PEER:
                 results["peers"][name]["status"] = httpx.get(f"{url}/api/v1/batch/status").json()
     finally:

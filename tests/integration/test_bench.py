@@ -24,6 +24,7 @@ def test_quick_benchmark_runs_every_peer_and_writes_complete_results(tmp_path):
         assert len(peer["open"]) == 2 and all(row["offered_per_s"] > 0 and row["completed_per_s"] >= 0
                                               for row in peer["open"])
         assert peer["streams"]["first_audio_p50_ms"] > 0 and peer["idle_p50_ms"] > 0
+        assert isinstance(peer["idle_overhead_ms"], float), name
         assert len(peer["mixed_rounds"]) == 2 and all(value > 0 for value in peer["mixed_rounds"]), name
     assert len(results["control_rounds"]) == 2 and all(value > 0 for value in results["control_rounds"])
     assert results["engine"]["idle_p50_ms"] > 0
