@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Sequence
 from .request import DeadlineExceeded, SynthesisRequest
 
 PRIORITY_STEP_S = 5.0  # one priority class is worth this much waiting
+LONG_TOKENS = 400  # an item this long (in tokens: ~180 characters of Piper phonemes) is delayed the whole horizon
 
 
 class QueueFull(Exception):
@@ -26,7 +27,7 @@ class QueueFull(Exception):
 
 
 class RequestQueue:
-    def __init__(self, max_size: int, aging_horizon_s: float = 2.0, long_tokens: int = 400,
+    def __init__(self, max_size: int, aging_horizon_s: float = 2.0, long_tokens: int = LONG_TOKENS,
                  on_drop: Callable[[str, int], None] = lambda reason, count: None, fifo: bool = False):
         self.max_size = max_size
         self.fifo = fifo  # arrival order only: how the peers Chorus is benchmarked against queue

@@ -112,7 +112,7 @@ class SpeechService:
     def _make_batcher(self, engine: Engine) -> Batcher:
         settings, metrics = self.settings, self.metrics
         policy = make_policy(settings.batch_policy, settings.max_batch_size, settings.max_batch_tokens)
-        queue = RequestQueue(settings.max_queue, settings.aging_horizon_s, settings.max_chunk_chars,
+        queue = RequestQueue(settings.max_queue, settings.aging_horizon_s,
                              on_drop=lambda reason, count: metrics.dropped.labels(reason).inc(count),
                              fifo=settings.queue_order == "fifo")
         return Batcher(engine, policy, queue, metrics, settings.calibration_sizes, settings.min_free_mem_mb,
