@@ -10,7 +10,7 @@ runs on each peer in turn, so drift over the run affects them alike:
   chorus      the adaptive policy and the fair queue: the real server configuration
 
 and the engine ceiling: the same texts run in this process, in the best length-sorted batches,
-with no server at all. Degrade mode and the audio cache are off for every peer (they would
+with no server at all (for the mixed workload, in every round too). Degrade mode and the audio cache are off for every peer (they would
 measure something else than batching); the anonymous caller is unlimited.
 """
 
@@ -29,6 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -57,6 +58,7 @@ PLANS = {
 }
 RAY_PEER = "ray-serve"  # the external peer, run when Ray is installed (bench/ray_peer.py)
 CONTROL = "sequential-again"  # a second sequential server: the A/A control of the mixed rounds
+CEILING = "engine ceiling"  # the engine alone, in this process, taking its turn in the mixed rounds
 CPU_TARGETS = {"chorus_vs_sequential": 1.0, "chorus_vs_static": 1.1, "chorus_vs_ceiling": 0.9,
                "short_p95_vs_sequential": 0.5, "idle_ms_over_raw": 10.0}
 GPU_TARGETS = {"chorus_vs_static": 1.4, "chorus_vs_ceiling": 0.8}
@@ -84,26 +86,22 @@ class EngineAlone:
         """One text as a server would run it one item at a time (front end included)."""
         return sum(self.run([tokens]) for tokens in self.engine.tokenize(text, self.voice))
 
-    def ceilings(self, workloads: list[str], plan: dict) -> dict:
-        """Per workload, the same texts the served peers get, sorted by length and run in the
-        best of plan["ceiling_sizes"]: the most this engine can do on this machine."""
-        ceilings = {}
-        for workload in workloads:
-            batch = texts(workload, plan["texts"])
+    def ceiling(self, workload: str, plan: dict, sizes: list[int]) -> dict:
+        """The same texts the served peers get, sorted by length and run in the best of `sizes`:
+        the most this engine can do on this machine."""
+        batch = texts(workload, plan["texts"])
+        started = time.perf_counter()
+        token_lists = sorted((tokens for text in batch for tokens in self.engine.tokenize(text, self.voice)), key=len)
+        front_end_s = time.perf_counter() - started
+        best = None
+        for size in sizes:
             started = time.perf_counter()
-            token_lists = sorted((tokens for text in batch for tokens in self.engine.tokenize(text, self.voice)),
-                                 key=len)
-            front_end_s = time.perf_counter() - started
-            best = None
-            for size in plan["ceiling_sizes"]:
-                started = time.perf_counter()
-                audio = sum(self.run(batch) for batch in _batches(token_lists, size, self.max_batch_tokens))
-                seconds = time.perf_counter() - started + front_end_s
-                if best is None or audio / seconds > best["audio_s_per_s"]:
-                    best = {"batch_size": size, "audio_s_per_s": round(audio / seconds, 3),
-                            "requests_per_s": round(len(batch) / seconds, 3)}
-            ceilings[workload] = best
-        return ceilings
+            audio = sum(self.run(batch) for batch in _batches(token_lists, size, self.max_batch_tokens))
+            seconds = time.perf_counter() - started + front_end_s
+            if best is None or audio / seconds > best["audio_s_per_s"]:
+                best = {"batch_size": size, "audio_s_per_s": round(audio / seconds, 3),
+                        "requests_per_s": round(len(batch) / seconds, 3)}
+        return best
 
 
 def idle_latencies(engine: EngineAlone, servers: dict[str, str], plan: dict, voice: str) -> dict[str, dict]:
@@ -201,19 +199,27 @@ def server_delta(before: dict, after: dict) -> dict:
             "gpu_utilization_pct": after["gpu_utilization"]}
 
 
-async def run_peers(servers: dict[str, str], control: str, plan: dict, rates: list[float], voice: str) -> dict:
+async def run_peers(servers: dict[str, str], control: str, ceiling: Callable[[], float], plan: dict,
+                    rates: list[float], voice: str) -> dict:
     """Every scenario on every peer in turn (all servers up at once), so that a machine that
     drifts over the run (heat, other load) shifts all peers alike instead of the last ones.
     The mixed closed loop, which the throughput targets compare, runs plan["rounds"] times, each
     round in a rotated order, and also on `control`: a second server configured exactly like
-    `sequential`, whose ratio to it shows how far two identical servers differ on this machine."""
+    `sequential`, whose ratio to it shows how far two identical servers differ on this machine;
+    `ceiling` (the engine alone on the mixed texts, audio-s/s) takes its turn in every round too."""
     results: dict = {name: {"closed": {}, "open": []} for name in servers}
-    rounds: dict[str, list[float]] = {name: [] for name in [*servers, CONTROL]}
+    rounds: dict[str, list[float]] = {name: [] for name in [*servers, CONTROL, CEILING]}
     everyone = {**servers, CONTROL: control}
 
     async def saturate(url: str, workload: str) -> tuple[list, float]:
         return await closed_loop(url, texts(workload, plan["texts"]), plan["clients"], plan["closed_s"],
                                  plan["max_requests"], voice)
+
+    async def mixed_turn(name: str) -> float:
+        if name == CEILING:
+            return await asyncio.to_thread(ceiling)
+        outcomes, elapsed = await saturate(everyone[name], "mixed")
+        return summarize(outcomes, elapsed)["audio_s_per_s"]
 
     for workload in plan["workloads"]:
         for name, url in (everyone if workload == "mixed" else servers).items():
@@ -226,11 +232,13 @@ async def run_peers(servers: dict[str, str], control: str, plan: dict, rates: li
                 print(f"  {name}: mixed {row['audio_s_per_s']} audio-s/s, p95 {row['p95_ms']} ms", flush=True)
             if name in servers:
                 results[name]["closed"][workload] = row
-    names = list(everyone)
+        if workload == "mixed":
+            rounds[CEILING].append(await mixed_turn(CEILING))
+            print(f"  {CEILING}: mixed {rounds[CEILING][-1]} audio-s/s", flush=True)
+    names = list(rounds)
     for round_index in range(1, plan["rounds"]):
         for name in names[round_index % len(names):] + names[: round_index % len(names)]:
-            outcomes, elapsed = await saturate(everyone[name], "mixed")
-            rounds[name].append(summarize(outcomes, elapsed)["audio_s_per_s"])
+            rounds[name].append(await mixed_turn(name))
         print(f"  round {round_index + 1}: " + ", ".join(f"{name} {values[-1]}" for name, values in rounds.items()),
               flush=True)
     for name in servers:
@@ -247,7 +255,7 @@ async def run_peers(servers: dict[str, str], control: str, plan: dict, rates: li
                                               plan["streams"], plan["stream_s"], plan["max_requests"], voice,
                                               stream=True)
         results[name]["streams"] = summarize(outcomes, elapsed)
-    return {"peers": results, "control_rounds": rounds[CONTROL]}
+    return {"peers": results, "control_rounds": rounds[CONTROL], "ceiling_rounds": rounds[CEILING]}
 
 
 # --- the run -----------------------------------------------------------------------------------------
@@ -258,14 +266,13 @@ def ratios(results: dict) -> tuple[dict, dict]:
     not the whole run apart)."""
     peers = results["peers"]
     rounds = {name: peer["mixed_rounds"] for name, peer in peers.items()}
-    ceiling = results["engine"]["ceiling"]["mixed"]["audio_s_per_s"]
 
     def per_round(a: list[float], b: list[float]) -> list[float]:
         return [x / y for x, y in zip(a, b) if x and y]
 
     throughput = {f"chorus_vs_{name}": per_round(rounds["chorus"], values)
                   for name, values in rounds.items() if name != "chorus"}
-    throughput["chorus_vs_ceiling"] = [value / ceiling for value in rounds["chorus"]]
+    throughput["chorus_vs_ceiling"] = per_round(rounds["chorus"], results["ceiling_rounds"])
     throughput["control_vs_sequential"] = per_round(results["control_rounds"], rounds["sequential"])
     measured = {name: round(statistics.median(values), 3) if values else None for name, values in throughput.items()}
     chorus, sequential = peers["chorus"]["closed"]["mixed"], peers["sequential"]["closed"]["mixed"]
@@ -337,7 +344,7 @@ def print_table(results: dict) -> None:
     rounds = len(results["control_rounds"])
     print(f"\nmixed closed loop, audio-s/s in each of {rounds} rounds: "
           + "; ".join(f"{name} {peer['mixed_rounds']}" for name, peer in results["peers"].items())
-          + f"; {CONTROL} {results['control_rounds']}")
+          + f"; {CONTROL} {results['control_rounds']}; {CEILING} {results['ceiling_rounds']}")
     print("\ntargets (" + results["target_set"] + "; throughput ratios: median of the rounds [range]):")
     for name in [*results["targets"], *(name for name in results["ratios"] if name not in results["targets"])]:
         spread = results["ratio_ranges"].get(name)
@@ -367,7 +374,7 @@ def main() -> None:
 
     print(f"engine alone ({args.voice}): the ceiling ...", flush=True)
     engine = EngineAlone(args.voice, args.voices_file)
-    ceiling = engine.ceilings(workloads, plan)
+    ceiling = {workload: engine.ceiling(workload, plan, plan["ceiling_sizes"]) for workload in workloads}
     rates = [round(fraction * ceiling["mixed"]["requests_per_s"], 3) for fraction in plan["open_fractions"]]
     results = {"plan": plan_name, "settings": plan, "machine": machine(), "voice": args.voice,
                "started_at": stamp, "engine": {"ceiling": ceiling}, "offered_rates": rates, "peers": {}}
@@ -399,7 +406,10 @@ def main() -> None:
         urls = {name: servers[name].base_url for name in peers}
         print("idle latency: the engine alone and every server, text by text in turn ...", flush=True)
         idle = idle_latencies(engine, urls, plan, args.voice)
-        results.update(asyncio.run(run_peers(urls, servers[CONTROL].base_url, plan, rates, args.voice)))
+        best_size = [ceiling["mixed"]["batch_size"]]
+        results.update(asyncio.run(run_peers(
+            urls, servers[CONTROL].base_url, lambda: engine.ceiling("mixed", plan, best_size)["audio_s_per_s"],
+            plan, rates, args.voice)))
         results["engine"].update(idle["engine"])
         for name, url in urls.items():
             results["peers"][name].update(idle[name])

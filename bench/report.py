@@ -11,6 +11,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from bench.gpu_report import PAGE as GPU_PAGE
+
 log = logging.getLogger(__name__)
 
 COLOURS = {"sequential": "#7f7f7f", "static": "#1f77b4", "window": "#2ca02c", "chorus": "#d62728",
@@ -121,7 +123,8 @@ def _rounds(results: dict) -> list[str]:
     lines = ["| peer | " + " | ".join(f"round {index + 1}" for index in range(len(control))) + " |",
              "|" + " --- |" * (len(control) + 1)]
     for name, values in [*((name, peer["mixed_rounds"]) for name, peer in results["peers"].items()),
-                         ("sequential again (A/A control)", control)]:
+                         ("sequential again (A/A control)", control),
+                         ("engine ceiling (no server)", results["ceiling_rounds"])]:
         lines.append(f"| {name} | " + " | ".join(f"{value:.2f}" for value in values) + " |")
     return lines
 
@@ -140,6 +143,13 @@ def _noise(results: dict) -> str:
 def _range(results: dict, name: str) -> str:
     spread = results["ratio_ranges"].get(name)
     return f"{spread[0]}-{spread[1]}" if spread else ""
+
+
+def _gpu_line(docs: Path) -> str:
+    if (docs / GPU_PAGE).exists():
+        return f"The GPU check's figures (the engine and the batcher on a GPU): [{GPU_PAGE}]({GPU_PAGE})."
+    return ("No GPU has run the GPU check (`bash bench/gpu_check.sh`) for these pages yet; its figures will be "
+            f"in {GPU_PAGE} once one has.")
 
 
 def write_docs(results: dict, docs: Path, command: str) -> None:
@@ -176,8 +186,8 @@ def write_docs(results: dict, docs: Path, command: str) -> None:
         "",
         f"## Mixed workload, {len(results['control_rounds'])} rounds (audio-s/s)",
         "",
-        "The throughput targets compare this workload; each round runs every peer once, in a rotated "
-        "order, and each ratio below is the median of the rounds' own ratios.",
+        "The throughput targets compare this workload; each round runs every peer and the engine ceiling "
+        "once, in a rotated order, and each ratio below is the median of the rounds' own ratios.",
         "",
         *_rounds(results),
         "",
@@ -213,6 +223,8 @@ def write_docs(results: dict, docs: Path, command: str) -> None:
         "order (short requests before long ones, streams' later pieces when they are due) rather than in "
         "speed. Fixed-size and timeout batchers pay padding and waiting on such a machine. On a GPU, where "
         "a batch costs little more than one item, the same policy grows batches as far as the gain lasts.",
+        "",
+        _gpu_line(docs),
         "",
         "All peers' servers are up together and each scenario runs on every peer in turn, so slow drift "
         "of the machine touches them alike. On a small machine the load generator still shares the cores "

@@ -3,11 +3,12 @@ not checked here; the figures that matter come from a GPU)."""
 
 import json
 import subprocess
+import sys
 
 from bench.server import ROOT
 
 
-def test_gpu_check_runs_on_the_cpu_and_writes_complete_json(tmp_path):
+def test_gpu_check_runs_on_the_cpu_and_its_json_renders_the_docs_page(tmp_path):
     run = subprocess.run(["bash", "bench/gpu_check.sh", "--device", "cpu", "--quick", "--out", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -17,3 +18,19 @@ def test_gpu_check_runs_on_the_cpu_and_writes_complete_json(tmp_path):
     assert [row["policy"] for row in result["served"]] == ["sequential", "static", "adaptive"]
     assert all(row["requests"] > 0 and row["p95_ms"] >= row["p50_ms"] > 0 for row in result["served"])
     assert set(result["ratios"]) == {"adaptive_vs_static", "adaptive_vs_sequential", "adaptive_vs_ceiling"}
+    assert_renders(tmp_path / "gpu_check.json", result, tmp_path / "docs")
+
+
+def assert_renders(path, result, docs):
+    """The docs page is generated from the JSON alone, with every figure of it."""
+    run = subprocess.run([sys.executable, "-m", "bench.gpu_report", str(path), "--docs", str(docs)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    page = (docs / "benchmarks-gpu.md").read_text()
+    assert "--device cpu --quick" in page
+    for row in result["served"]:
+        assert f"| {row['policy']} | {row['audio_s_per_s']} |" in page
+    for row in result["sweep"]:
+        assert f"| {row['batch_size']} | {1000 * row['seconds_per_batch']:.1f} |" in page
+    for name, value in result["ratios"].items():
+        assert f"| {name} | {value} |" in page
