@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from bench.harness import PEERS, RAY_PEER
+from bench.report import write_docs
 from bench.server import ROOT
 
 
@@ -26,6 +27,7 @@ def test_quick_benchmark_runs_every_peer_and_writes_complete_results(tmp_path):
         assert peer["streams"]["first_audio_p50_ms"] > 0 and peer["idle_p50_ms"] > 0
         assert isinstance(peer["idle_overhead_ms"], float), name
         assert len(peer["mixed_rounds"]) == 2 and all(value > 0 for value in peer["mixed_rounds"]), name
+        assert peer["mixed_all_rounds"]["ok"] > mixed["ok"], name  # every round's requests, pooled
     for rounds in (results["control_rounds"], results["ceiling_rounds"]):
         assert len(rounds) == 2 and all(value > 0 for value in rounds)
     assert results["engine"]["idle_p50_ms"] > 0
@@ -37,3 +39,6 @@ def test_quick_benchmark_runs_every_peer_and_writes_complete_results(tmp_path):
     assert set(results["verdicts"]) == set(results["targets"])
     assert (tmp_path / "report.html").stat().st_size > 10_000
     assert "targets (CPU" in run.stdout
+    write_docs(results, tmp_path / "docs", "python -m bench --quick")  # the docs page renders from the JSON
+    page = (tmp_path / "docs" / "benchmarks.md").read_text()
+    assert "| engine ceiling (no server) |" in page and "| chorus_vs_ceiling |" in page
