@@ -16,8 +16,8 @@ PAGE = "benchmarks-gpu.md"
 
 
 def _sweep_table(rows: list[dict]) -> list[str]:
-    lines = ["| batch size | ms per batch | audio-s/s | real tokens/s | padded tokens | peak MB | bytes per padded token |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| batch size | ms per batch | audio-s/s | real tokens/s | padded tokens | peak MB "
+             "| bytes per padded token |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
         lines.append(f"| {row['batch_size']} | {1000 * row['seconds_per_batch']:.1f} | {row['audio_s_per_s']} | "
                      f"{row['real_tokens_per_s']} | {row['padded_tokens']} | {row.get('peak_memory_mb', 'n/a')} | "

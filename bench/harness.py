@@ -10,8 +10,9 @@ runs on each peer in turn, so drift over the run affects them alike:
   chorus      the adaptive policy and the fair queue: the real server configuration
 
 and the engine ceiling: the same texts run in this process, in the best length-sorted batches,
-with no server at all (for the mixed workload, in every round too). Degrade mode and the audio cache are off for every peer (they would
-measure something else than batching); the anonymous caller is unlimited.
+with no server at all (for the mixed workload, in every round too). Degrade mode and the audio
+cache are off for every peer (they would measure something else than batching); the anonymous
+caller is unlimited.
 """
 
 from __future__ import annotations

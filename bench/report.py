@@ -195,7 +195,8 @@ def write_docs(results: dict, docs: Path, command: str) -> None:
         "",
         "Short requests (at most 50 characters) of the mixed workload, over all rounds: "
         + "; ".join(f"{name} p95 {peer['mixed_all_rounds']['short_p95_ms']} ms "
-                    f"({peer['mixed_all_rounds']['short_requests']} requests)" for name, peer in results["peers"].items())
+                    f"({peer['mixed_all_rounds']['short_requests']} requests)"
+                    for name, peer in results["peers"].items())
         + ".",
         "",
         "## Streams and idle latency",
