@@ -39,7 +39,7 @@ from bench.report import write_docs, write_html
 from bench.server import ROOT, ServerProcess, start_ray_peer, start_server
 from bench.workload import texts
 from tts_core.config import Settings
-from tts_core.engines import model_specs
+from tts_core.engines import load_voice_engine
 from tts_core.request import SynthesisRequest
 
 PEERS = {
@@ -73,8 +73,8 @@ class EngineAlone:
 
     def __init__(self, voice: str, voices_file: Path | None):
         settings = Settings(voices_file=voices_file, voice_aliases={}, model_aliases={})
-        spec = next(spec for spec in model_specs(settings) if voice in {v.name for v in spec.voices})
-        self.voice, self.engine, self.max_batch_tokens = voice, spec.load(), settings.max_batch_tokens
+        self.voice, self.engine = voice, load_voice_engine(settings, voice)
+        self.max_batch_tokens = settings.max_batch_tokens
         self.speak("Warm up the engine first.")
 
     def run(self, token_lists: list) -> float:

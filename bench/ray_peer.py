@@ -26,7 +26,7 @@ from ray import serve
 
 from tts_core.audio import encode, join
 from tts_core.config import Settings
-from tts_core.engines import model_specs
+from tts_core.engines import load_voice_engine
 from tts_core.metrics import BatchRecord, Metrics
 from tts_core.policy import padded_tokens
 from tts_core.request import SynthesisRequest
@@ -50,8 +50,8 @@ class RaySpeech:
     def __init__(self, voice: str, voices_file: str | None):
         settings = Settings(voices_file=Path(voices_file) if voices_file else None, voice_aliases={},
                             model_aliases={})
-        spec = next(spec for spec in model_specs(settings) if voice in {v.name for v in spec.voices})
-        self.engine, self.voice, self.max_chunk_chars = spec.load(), voice, settings.max_chunk_chars
+        self.engine, self.voice = load_voice_engine(settings, voice), voice
+        self.max_chunk_chars = settings.max_chunk_chars
         self.metrics = Metrics()  # batch sizes and padding under Chorus's names, for the harness
 
     @ingress.get("/metrics")

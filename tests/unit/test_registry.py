@@ -4,7 +4,7 @@ import pytest
 
 from bench.random_vits import TINY, save_random_vits
 from tts_core.config import Settings
-from tts_core.engines import model_specs
+from tts_core.engines import load_voice_engine, model_specs
 from tts_core.engines.base import EngineUnavailable
 from tts_core.engines.piper import bundled_voice_path
 from tts_core.registry import RegistryError, read_registry
@@ -57,3 +57,14 @@ def test_a_registry_model_that_cannot_load_stops_the_start_naming_it(tmp_path, m
     path.write_text("voices:\n  ghost: {engine: vits, model: facebook/mms-tts-ghost}\n")
     with pytest.raises(EngineUnavailable, match="facebook/mms-tts-ghost"):
         model_specs(Settings(voices_file=path, data_dir=tmp_path, device="cpu"))
+
+
+def test_load_voice_engine_loads_the_model_of_a_registry_voice_and_names_an_unknown_one(tmp_path):
+    model = save_random_vits(tmp_path / "tiny-vits", **TINY)
+    path = tmp_path / "voices.yaml"
+    path.write_text(f"voices:\n  tiny: {{engine: vits, model: '{model}', language: en}}\n")
+    settings = Settings(voices_file=path, data_dir=tmp_path, device="cpu")
+    engine = load_voice_engine(settings, "tiny")
+    assert engine.name == "tiny-vits" and [voice.name for voice in engine.voices()] == ["tiny"]
+    with pytest.raises(EngineUnavailable, match="'nobody'.*en_US-joe-medium, tiny"):
+        load_voice_engine(settings, "nobody")

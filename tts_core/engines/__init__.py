@@ -41,6 +41,16 @@ def model_specs(settings: Settings) -> list[ModelSpec]:
     return [ModelSpec.loaded(engine) for engine in folder] + registry_specs(settings, {e.name for e in folder})
 
 
+def load_voice_engine(settings: Settings, voice: str) -> Engine:
+    """The configured model that speaks `voice`, loaded on its own (no server: the benchmarks)."""
+    specs = model_specs(settings)
+    for spec in specs:
+        if voice in {known.name for known in spec.voices}:
+            return spec.load()
+    known = sorted(known.name for spec in specs for known in spec.voices)
+    raise EngineUnavailable(f"no configured model speaks the voice {voice!r}; configured: {', '.join(known)}")
+
+
 def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
     from ..registry import read_registry
     from .piper import PiperEngine, describe_piper
@@ -81,4 +91,5 @@ def _unique(name: str, taken: set[str]) -> str:
     return candidate
 
 
-__all__ = ["Engine", "EngineUnavailable", "ModelSpec", "Voice", "VoiceSpec", "model_specs", "registry_specs"]
+__all__ = ["Engine", "EngineUnavailable", "ModelSpec", "Voice", "VoiceSpec", "load_voice_engine", "model_specs",
+           "registry_specs"]
