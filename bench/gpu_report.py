@@ -89,9 +89,13 @@ def main() -> None:
     parser.add_argument("result", type=Path, help="gpu_check.json written by bench/gpu_check.sh")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="folder to write benchmarks-gpu.md to")
     args = parser.parse_args()
+    try:
+        text = render(json.loads(args.result.read_text()))
+    except (OSError, ValueError, KeyError) as error:  # unreadable, not JSON, or not a GPU check's JSON
+        parser.error(f"{args.result} is not a readable gpu_check.json ({type(error).__name__}: {error})")
     args.docs.mkdir(parents=True, exist_ok=True)
     page = args.docs / PAGE
-    page.write_text(render(json.loads(args.result.read_text())))
+    page.write_text(text)
     print(f"wrote {page}")
 
 

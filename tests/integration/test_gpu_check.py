@@ -34,3 +34,14 @@ def assert_renders(path, result, docs):
         assert f"| {row['batch_size']} | {1000 * row['seconds_per_batch']:.1f} |" in page
     for name, value in result["ratios"].items():
         assert f"| {name} | {value} |" in page
+
+
+def test_gpu_report_refuses_a_file_that_is_not_a_gpu_check_result(tmp_path):
+    for name, content in (("empty.json", "{}"), ("broken.json", "{not json"), ("missing.json", None)):
+        path = tmp_path / name
+        if content is not None:
+            path.write_text(content)
+        run = subprocess.run([sys.executable, "-m", "bench.gpu_report", str(path), "--docs", str(tmp_path / "docs")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2 and "is not a readable gpu_check.json" in run.stderr, name
+        assert not (tmp_path / "docs" / "benchmarks-gpu.md").exists()
