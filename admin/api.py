@@ -9,13 +9,12 @@ import json
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, Field
 
-from api.errors import error_response
 from api.schemas import error_responses
-from tts_core.degrade import OperatorSettings, SettingsInvalid
+from tts_core.degrade import OperatorSettings
 from tts_core.engines import EngineUnavailable, registry_specs
-from tts_core.service import InvalidRequest
+from tts_core.errors import InvalidSetting, NotFound
 
-from .control import OperatorControl, StorageUnavailable
+from .control import OperatorControl
 from .stats import collect_stats
 
 router = APIRouter(prefix="/admin/api", tags=["admin"], responses=error_responses(400, 401, 403, 422))
@@ -60,15 +59,10 @@ async def put_settings(request: Request, actor: str = Depends(require_admin)):
     try:
         changes = json.loads(await request.body())
     except ValueError:
-        return error_response(422, "the request body is not valid JSON", None, "invalid_json")
+        raise InvalidSetting("the request body is not valid JSON", None, "invalid_json") from None
     if not isinstance(changes, dict) or not changes:
-        return error_response(422, "send a JSON object of the settings to change", None, "invalid_body")
-    try:
-        settings, entries = _control(request).update(changes, actor)
-    except SettingsInvalid as invalid:
-        return error_response(422, invalid.message, invalid.field, "invalid_setting")
-    except StorageUnavailable as error:
-        return error_response(503, str(error), None, "storage_unavailable", {"Retry-After": "5"})
+        raise InvalidSetting("send a JSON object of the settings to change", None, "invalid_body")
+    settings, entries = _control(request).update(changes, actor)
     return {**describe_settings(settings), "changes": entries}
 
 
@@ -101,8 +95,8 @@ async def list_keys(request: Request, _: str = Depends(require_admin)) -> dict:
 async def create_key(body: NewKey, request: Request, actor: str = Depends(require_admin)):
     tiers = _control(request).settings.tiers
     if body.tier not in tiers:
-        return error_response(422, f"tier {body.tier!r} does not exist; tiers: {', '.join(tiers)}", "tier",
-                              "unknown_tier")
+        raise InvalidSetting(f"tier {body.tier!r} does not exist; tiers: {', '.join(tiers)}", "tier",
+                             "unknown_tier")
     key, record = request.app.state.access.create_key(body.name, body.tier, actor)
     return {**_public(record), "key": key, "note": "store this key now: it is not shown again"}
 
@@ -112,7 +106,7 @@ async def revoke_key(request: Request, key_id: int = Path(ge=1, le=2**63 - 1),
                      actor: str = Depends(require_admin)):
     record = request.app.state.access.revoke_key(key_id, actor)
     if record is None:
-        return error_response(404, f"no API key with id {key_id}", "key_id", "not_found")
+        raise NotFound(f"no API key with id {key_id}", "key_id")
     return _public(record)
 
 
@@ -125,9 +119,7 @@ async def reload_voices(request: Request, actor: str = Depends(require_admin)):
         specs = await asyncio.to_thread(registry_specs, service.settings, taken)
         summary = await asyncio.to_thread(service.reload_registry, specs)
     except EngineUnavailable as error:
-        return error_response(422, str(error), "voices_file", "invalid_registry")
-    except InvalidRequest as busy:
-        return error_response(409, busy.message, None, busy.code)
+        raise InvalidSetting(str(error), "voices_file", "invalid_registry") from None
     try:
         request.app.state.access.storage.add_audit(actor, "voices.reload", "voices_file", summary)
     except Exception as error:  # the reload happened; a failing audit write must not hide that

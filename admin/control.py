@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from storage import Storage
 from storage.request_log import RequestLogWriter
 from tts_core.degrade import OperatorSettings
+from tts_core.errors import StorageUnavailable
 from tts_core.service import SpeechService
 
 log = logging.getLogger(__name__)
-
-
-class StorageUnavailable(RuntimeError):
-    pass
 
 
 class OperatorControl:
@@ -73,7 +71,7 @@ class OperatorControl:
         self.apply(OperatorSettings.from_stored(stored, self.defaults))
 
     def update(self, changes: dict[str, Any], actor: str) -> tuple[OperatorSettings, list[dict]]:
-        """Validate (SettingsInvalid), store with an audit row each (StorageUnavailable), apply."""
+        """Validate (InvalidSetting), store with an audit row each (StorageUnavailable), apply."""
         with self._lock:
             updated = self.settings.merged(changes)
             stored_changes = {key: getattr(updated, key) for key in changes}
@@ -81,7 +79,8 @@ class OperatorControl:
                 entries = self.storage.write_settings(stored_changes, actor)
             except Exception as error:
                 self._storage_failed("write", error)
-                raise StorageUnavailable(f"settings could not be saved: {error}") from None
+                raise StorageUnavailable("settings could not be saved: the database is unavailable; "
+                                         "retry shortly") from None
             self.apply(updated)
             return updated, entries
 

@@ -9,13 +9,13 @@ from datetime import datetime
 import gradio as gr
 import plotly.graph_objects as go
 
-from tts_core.degrade import OperatorSettings, SettingsInvalid
+from api.access import AccessControl
+from tts_core.degrade import OperatorSettings
+from tts_core.errors import InvalidSetting, StorageUnavailable
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
 
-from api.access import AccessControl
-
-from .control import OperatorControl, StorageUnavailable
+from .control import OperatorControl
 from .stats import collect_stats
 
 CHARTS = [  # (title, [(series key, label)], y axis title)
@@ -174,7 +174,7 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
                 return "Nothing changed.", gr.skip()
             try:
                 control.update(changes, "admin-ui")
-            except SettingsInvalid as invalid:
+            except InvalidSetting as invalid:
                 return f"Not saved: {invalid.message}", gr.skip()
             except StorageUnavailable as error:
                 return f"Not saved: {error}", gr.skip()

@@ -8,15 +8,16 @@ import logging
 import math
 import secrets
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import limits
 from slowapi import Limiter
 
 from storage import Storage
-from tts_core.access import Caller, RateLimited, RateLimitState, Unauthorized, client_address
+from tts_core.access import Caller, RateLimitState, client_address
 from tts_core.config import Settings
 from tts_core.degrade import OperatorSettings
+from tts_core.errors import RateLimited, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,8 @@ class AccessControl:
                 return None
             state = RateLimitState(item.amount, remaining, reset_at)
             if not allowed:
-                raise RateLimited(state, max(1, math.ceil(reset_at - time.time())), str(item))
+                retry = max(1, math.ceil(reset_at - time.time()))
+                raise RateLimited(f"rate limit of {item} exceeded; retry after {retry} s", retry, state.headers())
             if tightest is None or state.remaining < tightest.remaining:
                 tightest = state
         self.storage_error = None

@@ -15,8 +15,9 @@ from pydantic import ValidationError
 from jobs import JobRunner
 from tts_core.access import Caller, RateLimitState
 from tts_core.audio import FORMATS
+from tts_core.errors import ChorusError, Conflict, Gone, InvalidRequest, NotFound, SynthesisError
 
-from .errors import SERVICE_ERRORS, ApiError, api_error, error_response, invalid_input
+from .errors import invalid_input
 from .schemas import BatchRequest, JobRequest, SpeechRequest, error_responses
 from .speech import admitted
 
@@ -49,20 +50,18 @@ def public_job(job: dict) -> dict:
     }
 
 
-def _own_job(request: Request, job_id: str, caller: Caller) -> dict | None:
+def _own_job(request: Request, job_id: str, caller: Caller) -> dict:
     job = _runner(request).storage.job(job_id)
-    return job if job is not None and job["owner"] == caller.identity else None  # others' jobs do not exist
-
-
-def _not_found(job_id: str) -> JSONResponse:
-    return error_response(404, f"no job {job_id!r}", "job_id", "job_not_found")
+    if job is None or job["owner"] != caller.identity:  # others' jobs do not exist
+        raise NotFound(f"no job {job_id!r}", "job_id", "job_not_found")
+    return job
 
 
 def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int = 0) -> dict:
     """Validate now (a bad request fails at once, not in the background), then queue."""
     service = request.app.state.service
     if body.stream or body.stream_format is not None:
-        raise ApiError(400, "jobs are not streamed; leave out stream and stream_format", "stream", "unsupported_value")
+        raise InvalidRequest("jobs are not streamed; leave out stream and stream_format", "stream", "unsupported_value")
     text, voice, _ = service.validate(body.input, body.voice_name, body.model, body.speed, caller)
     return _runner(request).submit(caller, {"input": text, "voice": voice.name, "model": body.model,
                                             "speed": body.speed, "response_format": body.response_format}, priority)
@@ -72,10 +71,7 @@ def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int 
 async def create_job(body: JobRequest, request: Request, response: Response,
                      admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
     caller, limit = admission
-    try:
-        job = await asyncio.to_thread(_queue, request, body, caller, body.priority)
-    except ApiError as error:
-        return error.response()
+    job = await asyncio.to_thread(_queue, request, body, caller, body.priority)
     response.headers["Location"] = f"/v1/audio/jobs/{job['id']}"
     response.headers.update(limit.headers() if limit else {})
     return public_job(job)
@@ -92,8 +88,7 @@ async def list_jobs(request: Request, limit: int = Query(100, ge=1, le=1000),
 @router.get("/v1/audio/jobs/{job_id}", responses=error_responses(400, 401, 404))
 async def get_job(request: Request, job_id: str = JobId,
                   admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
-    job = await asyncio.to_thread(_own_job, request, job_id, admission[0])
-    return public_job(job) if job else _not_found(job_id)
+    return public_job(await asyncio.to_thread(_own_job, request, job_id, admission[0]))
 
 
 @router.get("/v1/audio/jobs/{job_id}/audio", response_class=Response, responses={
@@ -102,15 +97,12 @@ async def get_job(request: Request, job_id: str = JobId,
 async def get_job_audio(request: Request, job_id: str = JobId,
                         admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
     job = await asyncio.to_thread(_own_job, request, job_id, admission[0])
-    if job is None:
-        return _not_found(job_id)
     if job["status"] != "succeeded":
-        return error_response(409, f"job {job_id} is {job['status']}; its audio exists once it has succeeded",
-                              "job_id", "job_not_ready", {"Retry-After": "2"} if job["status"] in ("queued", "running")
-                              else None)
+        raise Conflict(f"job {job_id} is {job['status']}; its audio exists once it has succeeded", "job_id",
+                       "job_not_ready", 2 if job["status"] in ("queued", "running") else None)
     if job["result_path"] is None:
-        return error_response(410, f"the audio of job {job_id} has expired (results are kept for "
-                                   f"{int(_runner(request).ttl_s)} s after they are ready)", "job_id", "job_expired")
+        raise Gone(f"the audio of job {job_id} has expired (results are kept for {int(_runner(request).ttl_s)} s "
+                   "after they are ready)", "job_id", "job_expired")
     return FileResponse(job["result_path"], media_type=job["content_type"],
                         headers={"X-Chorus-Audio-Duration": f"{job['audio_s']:.3f}"})
 
@@ -119,17 +111,15 @@ async def get_job_audio(request: Request, job_id: str = JobId,
 async def cancel_job(request: Request, job_id: str = JobId,
                      admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
     job = await asyncio.to_thread(_own_job, request, job_id, admission[0])
-    if job is None:
-        return _not_found(job_id)
     cancelled = _runner(request).cancel(job_id)
     if cancelled is None:
-        return error_response(409, f"job {job_id} has already ended ({job['status']})", "job_id", "job_finished")
+        raise Conflict(f"job {job_id} has already ended ({job['status']})", "job_id", "job_finished")
     return public_job(cancelled)
 
 
 # --- batch submission ---------------------------------------------------------------------------------
 
-def _item_error(index: int, error: ApiError) -> dict:
+def _item_error(index: int, error: ChorusError) -> dict:
     return {"index": index, **error.body()}
 
 
@@ -142,9 +132,9 @@ async def speech_batch(body: BatchRequest, request: Request,
     service, access = request.app.state.service, request.app.state.access
     limit = service.settings.max_batch_items
     if len(body.items) > limit:
-        return error_response(400, f"{len(body.items)} items; at most {limit} per call (TTS_MAX_BATCH_ITEMS)",
-                              "items", "too_many_items")
-    items: list[tuple[int, SpeechRequest | ApiError]] = []
+        raise InvalidRequest(f"{len(body.items)} items; at most {limit} per call (TTS_MAX_BATCH_ITEMS)", "items",
+                             "too_many_items")
+    items: list[tuple[int, SpeechRequest | ChorusError]] = []
     for index, raw in enumerate(body.items):
         try:
             if index:  # the call itself counted the first item against the rate limit
@@ -152,41 +142,38 @@ async def speech_batch(body: BatchRequest, request: Request,
             items.append((index, SpeechRequest.model_validate(raw)))
         except ValidationError as invalid:
             items.append((index, invalid_input(invalid.errors())))
-        except SERVICE_ERRORS as refused:
-            items.append((index, api_error(refused)))
+        except ChorusError as refused:
+            items.append((index, refused))
     if body.mode == "jobs":
         return JSONResponse({"object": "list", "data": [await _job_item(request, index, item, caller)
                                                         for index, item in items]}, status_code=202)
     return await _zip(service, items, caller)
 
 
-async def _job_item(request: Request, index: int, item: SpeechRequest | ApiError, caller: Caller) -> dict:
-    if isinstance(item, ApiError):
+async def _job_item(request: Request, index: int, item: SpeechRequest | ChorusError, caller: Caller) -> dict:
+    if isinstance(item, ChorusError):
         return _item_error(index, item)
     try:
         return {"index": index, "job": public_job(await asyncio.to_thread(_queue, request, item, caller))}
-    except ApiError as error:
-        return _item_error(index, error)
-    except SERVICE_ERRORS as refused:
-        return _item_error(index, api_error(refused))
+    except ChorusError as refused:
+        return _item_error(index, refused)
 
 
-async def _zip(service, items: list[tuple[int, SpeechRequest | ApiError]], caller: Caller) -> Response:
+async def _zip(service, items: list[tuple[int, SpeechRequest | ChorusError]], caller: Caller) -> Response:
     """Every valid item synthesized at once (so they batch together); one zip with a manifest."""
     async def speak(item: SpeechRequest):
         return await service.speak(item.input, item.voice_name, item.model, item.speed, item.response_format, caller)
 
-    valid = [(index, item) for index, item in items if not isinstance(item, ApiError)]
+    valid = [(index, item) for index, item in items if not isinstance(item, ChorusError)]
     spoken = await asyncio.gather(*(speak(item) for _, item in valid), return_exceptions=True)
     outcomes = dict(zip((index for index, _ in valid), spoken))
     manifest, buffer = [], io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
         for index, item in items:
-            result = item if isinstance(item, ApiError) else outcomes[index]
-            if isinstance(result, BaseException) and not isinstance(result, ApiError):
-                result = api_error(result) if isinstance(result, SERVICE_ERRORS) else ApiError(
-                    500, "synthesis failed", None, "internal_error")
-            if isinstance(result, ApiError):
+            result = item if isinstance(item, ChorusError) else outcomes[index]
+            if isinstance(result, BaseException) and not isinstance(result, ChorusError):
+                result = SynthesisError("synthesis failed", code="internal_error")
+            if isinstance(result, ChorusError):
                 manifest.append(_item_error(index, result))
                 continue
             name = f"item-{index:03d}.{item.response_format}"

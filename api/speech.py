@@ -6,17 +6,18 @@ import asyncio
 import base64
 import json
 import logging
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import asdict
-from typing import AsyncIterator, Awaitable, TypeVar
+from typing import TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
 from tts_core.access import Caller, RateLimitState
 from tts_core.audio import FORMATS
+from tts_core.errors import ClientGone
 from tts_core.service import SpeechService
 
-from .errors import error_response
 from .schemas import SpeechRequest, error_responses
 
 log = logging.getLogger(__name__)
@@ -27,10 +28,6 @@ AUDIO_RESPONSES = {200: {"content": {**{spec.content_type: {"schema": {"type": "
                                   for spec in FORMATS.values()}, "text/event-stream": {"schema": {"type": "string"}}},
                          "description": "The audio, whole or streamed; or server-sent events"},
                    **error_responses(400, 401, 413, 429, 500, 503, 504)}
-
-
-class ClientGone(Exception):
-    pass
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
@@ -47,7 +44,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
         return await task
     except asyncio.CancelledError:
         if watcher.done():
-            raise ClientGone() from None
+            raise ClientGone("client closed the request") from None
         raise
     finally:
         watcher.cancel()
@@ -81,10 +78,12 @@ async def server_sent_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]
     """OpenAI's speech SSE: speech.audio.delta events with base64 audio, then speech.audio.done."""
     try:
         async for data in chunks:
-            yield "data: " + json.dumps({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}) + "\n\n"
+            event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+            yield "data: " + json.dumps(event) + "\n\n"
     except Exception as error:  # the status line is sent already: report the failure as an event
         log.warning("stream failed: %s", error)
-        yield "data: " + json.dumps({"type": "error", "error": {"message": str(error), "type": "server_error"}}) + "\n\n"
+        event = {"type": "error", "error": {"message": str(error), "type": "server_error"}}
+        yield "data: " + json.dumps(event) + "\n\n"
         return
     yield "data: " + json.dumps({"type": "speech.audio.done"}) + "\n\n"
 
@@ -104,11 +103,8 @@ async def create_speech(body: SpeechRequest, request: Request,
         if body.stream_format == "sse":
             return StreamingResponse(server_sent_events(chunks), media_type="text/event-stream", headers=headers)
         return StreamingResponse(chunks, media_type=FORMATS[body.response_format].content_type, headers=headers)
-    try:
-        spoken = await until_disconnect(request, service.speak(
-            body.input, body.voice_name, body.model, body.speed, body.response_format, caller))
-    except ClientGone:
-        return error_response(499, "client closed the request", None, "client_closed")
+    spoken = await until_disconnect(request, service.speak(
+        body.input, body.voice_name, body.model, body.speed, body.response_format, caller))
     request.state.speech.update(voice=spoken.voice, audio_s=spoken.duration_s, **asdict(spoken.timings))
     headers = {"X-Chorus-Voice": spoken.voice, "X-Chorus-Audio-Duration": f"{spoken.duration_s:.3f}",
                "X-Chorus-Cache": spoken.cache}

@@ -24,9 +24,10 @@ from pydantic import ValidationError
 
 from tts_core.access import Caller
 from tts_core.audio import FORMATS
+from tts_core.errors import ChorusError, InvalidRequest, SynthesisError
 from tts_core.service import SentenceStream, SpeechService, check_streamable
 
-from .errors import SERVICE_ERRORS, ApiError, api_error, error_body, invalid_input
+from .errors import invalid_input
 from .schemas import SocketMessage
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def _account(socket: WebSocket, caller: Caller, status: int, accepted_at: float,
                            characters=characters)
 
 
-def _error_event(error: ApiError, utterance: int | None = None) -> dict:
+def _error_event(error: ChorusError, utterance: int | None = None) -> dict:
     return {"type": "error", **({"id": utterance} if utterance is not None else {}), **error.body()}
 
 
@@ -97,8 +98,8 @@ async def speech_socket(socket: WebSocket) -> None:
     peer = socket.client.host if socket.client else None
     try:
         caller = access.identify(authorization, peer, socket.headers.get("x-forwarded-for"))
-    except SERVICE_ERRORS as error:
-        await socket.send_json(_error_event(api_error(error)))
+    except ChorusError as error:
+        await socket.send_json(_error_event(error))
         await socket.close(code=1008)
         return
     session = Session()
@@ -116,14 +117,14 @@ async def speech_socket(socket: WebSocket) -> None:
             if message["type"] == "websocket.disconnect":
                 break
             if message.get("text") is None:
-                await socket.send_json(_error_event(ApiError(
-                    400, "send JSON text messages; binary messages are not understood", None, "binary_message")))
+                await socket.send_json(_error_event(InvalidRequest(
+                    "send JSON text messages; binary messages are not understood", None, "binary_message")))
                 continue
             try:
                 raw = json.loads(message["text"])
             except ValueError:
-                await socket.send_json(_error_event(ApiError(400, "the message is not valid JSON", None,
-                                                             "invalid_json")))
+                await socket.send_json(_error_event(InvalidRequest("the message is not valid JSON", None,
+                                                                   "invalid_json")))
                 continue
             await _take(socket, service, access, caller, session, raw, pending, ids)
     except WebSocketDisconnect:
@@ -144,16 +145,16 @@ async def _take(socket: WebSocket, service: SpeechService, access, caller: Calle
         await socket.send_json(_error_event(invalid_input(invalid.errors())))
         return
     if session.buffered_chars + len(message.text or "") > service.settings.max_chars:
-        await socket.send_json(_error_event(ApiError(
-            400, f"buffered text would exceed {service.settings.max_chars} characters; flush first",
+        await socket.send_json(_error_event(InvalidRequest(
+            f"buffered text would exceed {service.settings.max_chars} characters; flush first",
             "text", "string_above_max_length")))
         return
     try:  # a format, voice or model that cannot serve is refused before it becomes the session's
         if message.response_format is not None:
             check_streamable(message.response_format)
         service.resolve(message.voice or session.voice, message.model or session.model)
-    except SERVICE_ERRORS as error:
-        await socket.send_json(_error_event(api_error(error)))
+    except ChorusError as error:
+        await socket.send_json(_error_event(error))
         return
     text = session.apply(message)
     if text is None:
@@ -162,8 +163,7 @@ async def _take(socket: WebSocket, service: SpeechService, access, caller: Calle
     try:
         access.hit(caller)
         stream = await service.stream_pieces(text, session.voice, session.model, session.speed, caller)
-    except SERVICE_ERRORS as error:
-        refusal = api_error(error)
+    except ChorusError as refusal:
         _account(socket, caller, refusal.status, accepted_at, len(text))
         await socket.send_json(_error_event(refusal, utterance_id))
         return
@@ -189,15 +189,14 @@ async def _write(socket: WebSocket, caller: Caller, pending: asyncio.Queue) -> N
                     await socket.send_json({"type": "progress", "id": utterance.id, "sentence": sentence,
                                             "sentences": len(stream.items), "audio_s": round(audio_s, 3)})
             await socket.send_json({"type": "done", "id": utterance.id, "audio_s": round(audio_s, 3)})
-        except SERVICE_ERRORS as error:
-            failure = api_error(error)
+        except ChorusError as failure:
             status = failure.status
             await socket.send_json(_error_event(failure, utterance.id))
         except Exception as error:
             status = 500
             log.exception("websocket utterance %s failed", utterance.id)
-            await socket.send_json({"type": "error", "id": utterance.id,
-                                    **error_body(500, f"synthesis failed: {error}", None, "internal_error")})
+            await socket.send_json(_error_event(SynthesisError(f"synthesis failed: {error}", code="internal_error"),
+                                                utterance.id))
         finally:
             stream.close()
             _account(socket, caller, status, utterance.accepted_at, utterance.characters, stream.voice.name,

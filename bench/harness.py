@@ -27,10 +27,10 @@ import re
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
@@ -374,7 +374,7 @@ def main() -> None:
     args = parser.parse_args()
     plan_name = "quick" if args.quick else "full"
     plan = PLANS[plan_name]
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "bench" / "results" / stamp
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

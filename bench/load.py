@@ -39,7 +39,7 @@ async def _speak(client: httpx.AsyncClient, text: str, voice: str, stream: bool)
                     first = time.perf_counter() - started
                 received += len(chunk)
             status = response.status_code
-    except (httpx.HTTPError, asyncio.TimeoutError):
+    except (TimeoutError, httpx.HTTPError):
         return Outcome(len(text), 0, time.perf_counter() - started, ended=time.perf_counter())
     audio_s = received / PCM_BYTES_PER_S if status == 200 else 0.0
     ended = time.perf_counter()

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+import ray
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
-import ray
 from ray import serve
 
 from tts_core.audio import encode, join

@@ -106,8 +106,9 @@ def _losses(results: dict) -> list[str]:
                     losses.append(f"- mixed: Chorus served {ratio:.2f}x {name}'s audio-s/s (median of "
                                   f"{len(peer['mixed_rounds'])} rounds, {low:.2f}-{high:.2f}).")
             elif other["audio_s_per_s"] > chorus["audio_s_per_s"]:
+                ratio = chorus["audio_s_per_s"] / other["audio_s_per_s"]
                 losses.append(f"- {workload}: {name} served {other['audio_s_per_s']:.2f} audio-s/s, Chorus "
-                              f"{chorus['audio_s_per_s']:.2f} ({chorus['audio_s_per_s'] / other['audio_s_per_s']:.2f}x).")
+                              f"{chorus['audio_s_per_s']:.2f} ({ratio:.2f}x).")
             ours, theirs = ((peers["chorus"]["mixed_all_rounds"], peer["mixed_all_rounds"]) if workload == "mixed"
                             else (chorus, other))
             if theirs["short_p95_ms"] and ours["short_p95_ms"] and theirs["short_p95_ms"] < ours["short_p95_ms"]:

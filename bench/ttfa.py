@@ -84,7 +84,8 @@ def measure(base_url: str, rounds: int) -> dict:
         concurrent = []
         for round_ in range(max(1, rounds // 3)):
             drained(client)
-            concurrent += in_parallel(8, lambda index: first_audio_s(client, long_text(100 * round_ + index)))
+            texts = [long_text(100 * round_ + index) for index in range(8)]
+            concurrent += in_parallel(8, lambda index, texts=texts: first_audio_s(client, texts[index]))
         under_load = []
         stop = threading.Event()
         background = threading.Thread(target=in_parallel, args=(

@@ -14,15 +14,16 @@ import asyncio
 import logging
 import secrets
 import time
-from datetime import datetime, timedelta, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Callable
 
 from storage import Storage
 from tts_core.access import Caller, Tier
 from tts_core.config import Settings
 from tts_core.degrade import OperatorSettings
-from tts_core.service import InvalidRequest, Overloaded, SpeechService
+from tts_core.errors import InvalidRequest, Overloaded
+from tts_core.service import SpeechService
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,8 @@ class JobRunner:
         """Queue a job (validated by the caller); Overloaded when the backlog is full."""
         queued, _, _ = self.storage.backlog()
         if queued >= self.max_backlog:
-            raise Overloaded(30, "job_backlog_full", f"{queued} jobs are waiting (the most this server keeps); "
-                                                     "retry after 30 s")
+            raise Overloaded(f"{queued} jobs are waiting (the most this server keeps); retry after 30 s", 30,
+                             "job_backlog_full")
         job = self.storage.add_job(f"job_{secrets.token_hex(12)}", caller.identity, caller.tier_name,
                                    caller.tier.priority * 100 + priority, request)
         if self._wake is not None:
@@ -112,7 +113,7 @@ class JobRunner:
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), POLL_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _caller(self, job: dict) -> Caller:
@@ -129,7 +130,7 @@ class JobRunner:
                                               self._caller(job))
             path = self.results_dir / f"{job_id}.{request['response_format']}"
             await asyncio.to_thread(_write_atomically, path, spoken.data)
-            expires = datetime.now(timezone.utc) + timedelta(seconds=self.ttl_s)
+            expires = datetime.now(UTC) + timedelta(seconds=self.ttl_s)
             await self._finish(job_id, "succeeded", result_path=str(path), content_type=spoken.content_type,
                                audio_s=round(spoken.duration_s, 3), expires_at=expires, error=None)
         except asyncio.CancelledError:
@@ -157,7 +158,7 @@ class JobRunner:
         if job["attempts"] < self.max_attempts:
             delay = BACKOFF_S * 2 ** (job["attempts"] - 1)
             await self._finish(job["id"], "queued", error=f"attempt {job['attempts']} failed: {reason}",
-                               not_before=datetime.now(timezone.utc) + timedelta(seconds=delay))
+                               not_before=datetime.now(UTC) + timedelta(seconds=delay))
             log.info("job %s: attempt %d failed (%s); retrying in %.0f s", job["id"], job["attempts"], reason, delay)
         else:
             await self._finish(job["id"], "failed", error=f"failed after {job['attempts']} attempts: {reason}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +28,11 @@ def sqlite_url(path: Path) -> str:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _iso(moment: datetime) -> str:
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).isoformat()
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat()
 
 
 class Storage:
@@ -131,8 +131,9 @@ class Storage:
             row = ApiKey(prefix=prefix, key_hash=key_hash, name=name, tier=tier, created_at=_now())
             session.add(row)
             session.flush()
+            created = json.dumps({"name": name, "tier": tier, "prefix": prefix})
             session.add(AuditEntry(at=row.created_at, actor=actor, action="api_key.create", key=f"api_key:{row.id}",
-                                   old_value=None, new_value=json.dumps({"name": name, "tier": tier, "prefix": prefix})))
+                                   old_value=None, new_value=created))
             return _key_dict(row)
 
     def revoke_api_key(self, key_id: int, actor: str) -> dict | None:
@@ -223,7 +224,7 @@ class Storage:
 
 
 def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _job_dict(row: Job) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from . import Storage
 
@@ -38,7 +38,7 @@ class RequestLogWriter:
     def record(self, *, client: str, source: str, status: int, voice: str | None = None,
                characters: int = 0, queue_ms: float | None = None, synthesis_ms: float | None = None,
                batch_size: int | None = None) -> None:
-        row = {"at": datetime.now(timezone.utc), "client": client[:128], "source": source, "voice": voice,
+        row = {"at": datetime.now(UTC), "client": client[:128], "source": source, "voice": voice,
                "characters": characters, "queue_ms": queue_ms, "synthesis_ms": synthesis_ms,
                "batch_size": batch_size, "status": status}
         with self._lock:

@@ -48,12 +48,6 @@ class Caller:
     key_id: int | None = None
 
 
-class Unauthorized(Exception):
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
-
 @dataclass(frozen=True)
 class RateLimitState:
     limit: int
@@ -63,12 +57,6 @@ class RateLimitState:
     def headers(self) -> dict[str, str]:
         return {"X-RateLimit-Limit": str(self.limit), "X-RateLimit-Remaining": str(self.remaining),
                 "X-RateLimit-Reset": str(int(self.reset_at))}
-
-
-class RateLimited(Exception):
-    def __init__(self, state: RateLimitState, retry_after_s: int, description: str):
-        super().__init__(f"rate limit of {description} exceeded; retry after {retry_after_s} s")
-        self.state, self.retry_after_s = state, retry_after_s
 
 
 def client_address(peer: str | None, forwarded_for: str | None, trusted_proxies: list[str]) -> str:

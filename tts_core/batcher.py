@@ -10,16 +10,17 @@ import logging
 import math
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from .engines.base import Engine
+from .errors import SynthesisError
 from .memory import MemoryBudget
 from .metrics import BatchRecord, Metrics
 from .policy import BatchPolicy, padded_tokens
 from .queue import RequestQueue
-from .request import SynthesisError, SynthesisRequest
+from .request import SynthesisRequest
 
 log = logging.getLogger(__name__)
 

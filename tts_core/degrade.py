@@ -14,14 +14,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .access import DEFAULT_TIERS, Tier
+from .errors import InvalidSetting
 
 ACTIONS = ("cap_text", "cache_first", "lower_precision", "shed")
-
-
-class SettingsInvalid(ValueError):
-    def __init__(self, field_name: str | None, message: str):
-        super().__init__(message)
-        self.field, self.message = field_name, message
 
 
 class OperatorSettings(BaseModel):
@@ -47,27 +42,27 @@ class OperatorSettings(BaseModel):
                                    description="caller tiers: rate limit, priority, limits")
     anonymous_tier: str = Field("free", description="tier of callers without an API key")
 
-    def merged(self, changes: dict[str, Any]) -> "OperatorSettings":
-        """These settings with changes applied, or SettingsInvalid naming the first bad field."""
+    def merged(self, changes: dict[str, Any]) -> OperatorSettings:
+        """These settings with changes applied, or InvalidSetting naming the first bad field."""
         unknown = sorted(set(changes) - set(type(self).model_fields))
         if unknown:
-            raise SettingsInvalid(unknown[0], f"unknown setting {unknown[0]!r}")
+            raise InvalidSetting(f"unknown setting {unknown[0]!r}", unknown[0])
         try:
             updated = type(self).model_validate({**self.model_dump(), **changes})
         except ValidationError as error:
             first = error.errors()[0]
             name = str(first["loc"][0]) if first["loc"] else None
-            raise SettingsInvalid(name, f"{name}: {first['msg']}") from None
+            raise InvalidSetting(f"{name}: {first['msg']}", name) from None
         if updated.anonymous_tier not in updated.tiers:
-            raise SettingsInvalid("anonymous_tier", f"anonymous_tier {updated.anonymous_tier!r} is not one of "
-                                  f"the tiers ({', '.join(updated.tiers)})")
+            raise InvalidSetting(f"anonymous_tier {updated.anonymous_tier!r} is not one of the tiers "
+                                 f"({', '.join(updated.tiers)})", "anonymous_tier")
         if updated.exit_threshold >= updated.enter_threshold:
-            raise SettingsInvalid("exit_threshold", "exit_threshold must be below enter_threshold "
-                                  f"({updated.exit_threshold} >= {updated.enter_threshold})")
+            raise InvalidSetting("exit_threshold must be below enter_threshold "
+                                 f"({updated.exit_threshold} >= {updated.enter_threshold})", "exit_threshold")
         return updated
 
     @classmethod
-    def from_stored(cls, stored: dict[str, Any], defaults: dict[str, Any] | None = None) -> "OperatorSettings":
+    def from_stored(cls, stored: dict[str, Any], defaults: dict[str, Any] | None = None) -> OperatorSettings:
         """Built-in defaults, then deployment defaults (TTS_OPERATOR_DEFAULTS), then stored values;
         a value that does not validate is skipped (and logged by the caller)."""
         settings = cls()
@@ -77,10 +72,10 @@ class OperatorSettings(BaseModel):
                 try:
                     settings = settings.merged(remaining)
                     break
-                except SettingsInvalid as invalid:
-                    if invalid.field not in remaining:
+                except InvalidSetting as invalid:
+                    if invalid.param not in remaining:
                         break
-                    del remaining[invalid.field]
+                    del remaining[invalid.param]
         return settings
 
 

@@ -12,9 +12,9 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from .batcher import Batcher
 from .engines import Engine, ModelSpec

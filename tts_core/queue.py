@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from .request import DeadlineExceeded, SynthesisRequest
+from .errors import DeadlineExceeded, Overloaded
+from .request import SynthesisRequest
 
 PRIORITY_STEP_S = 5.0  # one priority class is worth this much waiting
 LONG_TOKENS = 400  # an item this long (in tokens: ~180 characters of Piper phonemes) is delayed the whole horizon
 
 
-class QueueFull(Exception):
+class QueueFull(Overloaded):
     def __init__(self, retry_after_s: int, reason: str = "the queue is full"):
-        super().__init__(f"{reason}; retry after {retry_after_s} s")
-        self.retry_after_s = retry_after_s
+        super().__init__(f"{reason}; retry after {retry_after_s} s", retry_after_s)
 
 
 class RequestQueue:

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Hashable
 
 import numpy as np
 
 _sequence = itertools.count()
-
-
-class SynthesisError(Exception):
-    """The engine failed on this item (alone, after the batch was retried item by item)."""
-
-
-class DeadlineExceeded(Exception):
-    """The item waited in the queue past its deadline and was dropped unsynthesized."""
 
 
 @dataclass(eq=False)

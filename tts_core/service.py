@@ -8,19 +8,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
 
 import numpy as np
 
 from . import gpu
+from .access import Caller, Tier
 from .audio import FORMATS, STREAMABLE, StreamEncoder, edge_faded, encode, join
 from .batcher import Batcher
 from .cache import AudioCache, CachedAudio
-from .access import Caller, Tier
 from .config import Settings
 from .degrade import DegradeController
 from .engines import Engine, EngineUnavailable, ModelSpec, Voice
+from .errors import Conflict, InvalidRequest, Overloaded
 from .metrics import Metrics
 from .policy import make_policy
 from .pool import ModelPool, PoolFull
@@ -32,18 +33,6 @@ log = logging.getLogger(__name__)
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 STREAM_DUE_MARGIN = 0.8  # a stream's chunk is scheduled as if due at 80% of its estimated play time
-
-
-class InvalidRequest(ValueError):
-    def __init__(self, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.message, self.param, self.code = message, param, code
-
-
-class Overloaded(Exception):
-    def __init__(self, retry_after_s: int, code: str = "queue_full", message: str | None = None):
-        super().__init__(message or f"the server is at capacity; retry after {retry_after_s} s")
-        self.retry_after_s, self.code = retry_after_s, code
 
 
 def check_streamable(response_format: str) -> None:
@@ -59,7 +48,7 @@ class Timings:
     batch_size: int | None = None  # largest batch any of its items ran in
 
     @staticmethod
-    def of(items: list[SynthesisRequest]) -> "Timings":
+    def of(items: list[SynthesisRequest]) -> Timings:
         return Timings(round(1000 * sum(i.queue_s for i in items) / len(items), 2),
                        round(1000 * sum(i.batch_s for i in items), 2), max(i.batch_size for i in items))
 
@@ -164,8 +153,7 @@ class SpeechService:
         for spec in added:
             slot = self.pool.slots.get(spec.name)
             if slot is not None and (spec.name not in removed or (slot.batcher is not None and slot.batcher.busy)):
-                raise InvalidRequest(f"model {spec.name!r} is busy or still being unloaded; retry", "voices",
-                                     "model_busy")
+                raise Conflict(f"model {spec.name!r} is busy or still being unloaded; retry", "voices", "model_busy")
         for name in removed:
             self.pool.retire(name)
         self.pool.add(added)
@@ -236,9 +224,9 @@ class SpeechService:
         try:
             return await self.pool.batcher(model_name)
         except PoolFull as full:
-            raise Overloaded(5, "models_busy", f"{full}; retry after 5 s") from None
+            raise Overloaded(f"{full}; retry after 5 s", 5, "models_busy") from None
         except EngineUnavailable as error:
-            raise Overloaded(30, "model_unavailable", f"{error}; retry after 30 s") from None
+            raise Overloaded(f"{error}; retry after 30 s", 30, "model_unavailable") from None
 
     def resolve(self, voice: str | None, model: str | None = None) -> tuple[Voice, str]:
         """The voice a request names (or the default) and the name of its model. A model alias (OpenAI's
@@ -288,9 +276,8 @@ class SpeechService:
         if "shed" in state.actions and tier.sheddable:
             self.metrics.degrade_actions.labels("shed").inc()
             retry = max(5, self.batchers[next(iter(self.batchers))].retry_after_s())
-            raise Overloaded(retry, "shed_low_priority",
-                             f"the server is under heavy load and is serving higher priorities only; "
-                             f"retry after {retry} s")
+            raise Overloaded(f"the server is under heavy load and is serving higher priorities only; "
+                             f"retry after {retry} s", retry, "shed_low_priority")
         text, voice_info, model_name = self.validate(text, voice, model, speed, caller)
         if "cap_text" in state.actions and len(text) > settings.cap_text_chars:
             self.metrics.degrade_actions.labels("cap_text").inc()
@@ -323,13 +310,13 @@ class SpeechService:
 
     async def speak_stream(self, text: str, voice: str | None = None, model: str | None = None,
                            speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None
-                           ) -> "SentenceStream":
+                           ) -> SentenceStream:
         """stream_pieces for a streamed encoded response: the format is checked first."""
         check_streamable(response_format)
         return await self.stream_pieces(text, voice, model, speed, caller)
 
     async def stream_pieces(self, text: str, voice: str | None = None, model: str | None = None,
-                            speed: float = 1.0, caller: Caller | None = None) -> "SentenceStream":
+                            speed: float = 1.0, caller: Caller | None = None) -> SentenceStream:
         """Queue every sentence now and return their audio as a SentenceStream. Refusals (validation,
         limits, a full queue) raise here, before any audio exists."""
         started = time.monotonic()
@@ -350,7 +337,8 @@ class SpeechService:
         if streaming and self.settings.stream_first_chunk_chars:
             chunks = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)
         if not batcher.queue.has_room(len(chunks)):  # refuse before doing any work
-            raise Overloaded(batcher.retry_after_s())
+            retry = batcher.retry_after_s()
+            raise Overloaded(f"the server is at capacity; retry after {retry} s", retry)
         token_lists = await asyncio.to_thread(
             lambda: [tokens for chunk in chunks for tokens in engine.tokenize(chunk, voice_info.name)])
         token_lists = [tokens for tokens in token_lists if tokens.size]
@@ -374,7 +362,7 @@ class SpeechService:
                 break
             except QueueFull as full:
                 if not batcher.queue.closed or attempt == 2:
-                    raise Overloaded(full.retry_after_s, "queue_full", str(full)) from None
+                    raise full from None
                 batcher = await self._batcher(model_name)  # it was unloaded just now: load it again
         self.metrics.characters.inc(len(text))
         return items

@@ -8,17 +8,17 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import gradio as gr
 import numpy as np
 
 from storage.request_log import RequestLogWriter
-from tts_core.access import Caller, RateLimited, Unauthorized
+from tts_core.access import Caller
 from tts_core.audio import encode
-from tts_core.request import DeadlineExceeded, SynthesisError
-from tts_core.service import MAX_SPEED, MIN_SPEED, InvalidRequest, Overloaded, SpeechService
+from tts_core.errors import ChorusError
+from tts_core.service import MAX_SPEED, MIN_SPEED, SpeechService
 
 log = logging.getLogger(__name__)
 UI_FORMATS = ["mp3", "wav", "opus", "flac", "aac"]  # pcm has no header, so browsers cannot play it
@@ -71,9 +71,16 @@ def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter
             path = out_dir / f"chorus-{uuid.uuid4().hex[:12]}.{response_format}"
             path.write_bytes(data)
             yield gr.skip() if streaming else str(path), str(path)
-        except (InvalidRequest, Overloaded, DeadlineExceeded, SynthesisError, RateLimited, Unauthorized) as error:
-            status = {InvalidRequest: 400, RateLimited: 429, Unauthorized: 401}.get(type(error), 503)
-            raise gr.Error(getattr(error, "message", str(error))) from None
+        except ChorusError as error:
+            status = error.status
+            raise gr.Error(error.message) from None
+        except (asyncio.CancelledError, GeneratorExit):  # the browser left (or stopped the event)
+            status = 499
+            raise
+        except Exception:
+            status = 500
+            log.exception("UI synthesis failed")
+            raise gr.Error("synthesis failed: an internal error (logged on the server)") from None
         finally:
             metrics.request_answered("ui", status, time.perf_counter() - started, audio_s)
             if request_log is not None:

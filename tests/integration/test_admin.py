@@ -77,7 +77,8 @@ def test_requests_are_logged(admin_server, data_dir):
 
     assert httpx.post(f"{admin_server}/v1/audio/speech", timeout=60,
                       json={"model": "tts-1", "voice": "alloy", "input": "Log me."}).status_code == 200
-    assert httpx.post(f"{admin_server}/v1/audio/speech", json={"model": "tts-1", "voice": "x", "input": "Hi"}).status_code == 400
+    bad_voice = {"model": "tts-1", "voice": "x", "input": "Hi"}
+    assert httpx.post(f"{admin_server}/v1/audio/speech", json=bad_voice).status_code == 400
     time.sleep(1.5)  # the writer flushes every second
     rows = Storage(sqlite_url(data_dir / "chorus.db")).request_log(10)
     ok = next(row for row in rows if row["status"] == 200)

@@ -51,7 +51,8 @@ def test_admin_tab_renders_live_charts(browser, admin_server):
     from selenium.webdriver.support.ui import WebDriverWait
 
     for text in ("Some traffic for the charts.", "A second request, a little longer than the first."):
-        httpx.post(f"{admin_server}/v1/audio/speech", timeout=60, json={"model": "tts-1", "voice": "alloy", "input": text})
+        httpx.post(f"{admin_server}/v1/audio/speech", timeout=60,
+                   json={"model": "tts-1", "voice": "alloy", "input": text})
     wait = WebDriverWait(browser, 30)
     browser.get(admin_server + "/")
     tab = wait.until(ready.element_to_be_clickable((By.XPATH, "//button[@role='tab' and contains(., 'Admin')]")))

@@ -1,3 +1,4 @@
+import json
 import socket
 
 import httpx
@@ -14,7 +15,7 @@ def test_client_that_disconnects_has_its_queued_sentences_dropped(server):
     batches = r'tts_batch_size_count\{engine="en_US-joe-medium"\}'
     dropped_before, batches_before = metric(server, dropped), metric(server, batches)
     text = " ".join(f"Line {n} is here." for n in range(40))  # 40 sentences, within TTS_MAX_CHARS
-    body = ('{"model": "tts-1", "voice": "alloy", "input": "%s"}' % text).encode()
+    body = json.dumps({"model": "tts-1", "voice": "alloy", "input": text}).encode()
     host, port = server.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -50,7 +50,8 @@ def test_submit_poll_fetch_and_the_audio_is_speech_of_the_right_length(server):
     assert job["status"] == "succeeded" and job["attempts"] == 1 and job["timings"]["run_s"] > 0
     audio = httpx.get(f"{server}{job['audio_url']}")
     samples, rate = decode(audio.content, "wav")
-    assert audio.headers["content-type"] == "audio/wav" and samples.size / rate == pytest.approx(job["audio_s"], abs=0.05)
+    assert audio.headers["content-type"] == "audio/wav"
+    assert samples.size / rate == pytest.approx(job["audio_s"], abs=0.05)
     assert 1.0 < job["audio_s"] < 4.0
 
 

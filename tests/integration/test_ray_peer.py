@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("ray")
 
-from bench.harness import EngineAlone  # noqa: E402
-from bench.server import start_ray_peer  # noqa: E402
+from bench.harness import EngineAlone
+from bench.server import start_ray_peer
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank"
 

@@ -62,5 +62,6 @@ def test_a_dead_rate_limit_store_fails_open_and_says_so(tmp_path):
     assert caller.tier_name == "free" and limit is None
     assert "Connection" in access.storage_error
     service = SpeechService(Settings(), [FakeEngine()], Metrics())
-    stats = collect_stats(service, Monitor(service), OperatorControl(storage, service, RequestLogWriter(storage)), access)
+    control = OperatorControl(storage, service, RequestLogWriter(storage))
+    stats = collect_stats(service, Monitor(service), control, access)
     assert stats["storage"]["rate_limit_error"] == access.storage_error

@@ -2,7 +2,7 @@ import pytest
 
 from tests.fakes import POISON, SAMPLES_PER_TOKEN, FakeEngine, flat_cost, linear_cost
 from tests.unit.conftest import make_item
-from tts_core.request import SynthesisError
+from tts_core.errors import SynthesisError
 
 
 def submit_while_busy(batcher, engine, items):

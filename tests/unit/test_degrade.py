@@ -1,6 +1,7 @@
 import pytest
 
-from tts_core.degrade import DegradeController, LoadInputs, OperatorSettings, SettingsInvalid, load_score
+from tts_core.degrade import DegradeController, LoadInputs, OperatorSettings, load_score
+from tts_core.errors import InvalidSetting
 
 
 def test_load_score_is_the_worst_pressure():
@@ -53,9 +54,9 @@ def test_actions_follow_the_switches():
     ({"enter_threshold": 2}, "enter_threshold"),
 ])
 def test_invalid_changes_name_the_field(changes, field):
-    with pytest.raises(SettingsInvalid) as raised:
+    with pytest.raises(InvalidSetting) as raised:
         OperatorSettings().merged(changes)
-    assert raised.value.field == field
+    assert raised.value.param == field
 
 
 def test_stored_values_override_defaults_and_bad_ones_are_skipped():

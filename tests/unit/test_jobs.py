@@ -12,8 +12,9 @@ from tests.fakes import FakeEngine
 from tts_core.access import Caller, Tier
 from tts_core.config import Settings
 from tts_core.degrade import OperatorSettings
+from tts_core.errors import Overloaded
 from tts_core.metrics import Metrics
-from tts_core.service import Overloaded, SpeechService
+from tts_core.service import SpeechService
 
 CALLER = Caller("key:1", "pro", Tier(priority=1))
 

@@ -5,8 +5,8 @@ import pytest
 
 from tests.fakes import FakeEngine
 from tests.unit.conftest import make_item
+from tts_core.errors import DeadlineExceeded
 from tts_core.queue import QueueFull, RequestQueue
-from tts_core.request import DeadlineExceeded
 
 
 def test_shorter_items_go_first():

@@ -4,8 +4,9 @@ import pytest
 
 from tests.fakes import SAMPLES_PER_TOKEN, FakeEngine
 from tts_core.config import Settings
+from tts_core.errors import InvalidRequest, Overloaded
 from tts_core.metrics import Metrics
-from tts_core.service import InvalidRequest, Overloaded, SpeechService
+from tts_core.service import SpeechService
 
 
 class CountingEngine(FakeEngine):

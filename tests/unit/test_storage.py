@@ -4,11 +4,12 @@ import sqlite3
 
 import pytest
 
-from admin.control import OperatorControl, StorageUnavailable
+from admin.control import OperatorControl
 from storage import Storage, sqlite_url
 from storage.request_log import RequestLogWriter
 from tests.fakes import FakeEngine
 from tts_core.config import Settings
+from tts_core.errors import StorageUnavailable
 from tts_core.metrics import Metrics
 from tts_core.service import SpeechService
 
@@ -22,7 +23,8 @@ def test_empty_database_is_migrated_to_head(tmp_path):
     storage = Storage(sqlite_url(tmp_path / "new.db"))
     storage.migrate()
     assert storage.revision() == "0004"
-    assert {"settings", "audit_log", "request_log", "api_keys", "jobs", "alembic_version"} <= tables(tmp_path / "new.db")
+    expected = {"settings", "audit_log", "request_log", "api_keys", "jobs", "alembic_version"}
+    assert expected <= tables(tmp_path / "new.db")
     with sqlite3.connect(tmp_path / "new.db") as connection:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 

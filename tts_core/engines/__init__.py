@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from .base import Engine, EngineUnavailable, Voice, VoiceSpec
 
@@ -27,7 +28,7 @@ class ModelSpec:
     registry: bool = False  # from the registry file (reloadable), not the voices folder
 
     @staticmethod
-    def loaded(engine: Engine) -> "ModelSpec":
+    def loaded(engine: Engine) -> ModelSpec:
         return ModelSpec(engine.name, engine.voices(), lambda: engine, pinned=True, source=(id(engine),))
 
 

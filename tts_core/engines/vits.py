@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Hashable, Iterator, Sequence
 
 import numpy as np
 import torch
