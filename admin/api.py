@@ -114,7 +114,7 @@ async def revoke_key(request: Request, key_id: int = Path(ge=1, le=2**63 - 1),
 async def reload_voices(request: Request, actor: str = Depends(require_admin)):
     """Read TTS_VOICES_FILE again: new models are added, removed or changed ones unloaded once idle."""
     service = request.app.state.service
-    taken = {name for name, slot in service.pool.slots.items() if not slot.spec.registry}
+    taken = {name for name, slot in service.pool.slots().items() if not slot.spec.registry}
     try:
         specs = await asyncio.to_thread(registry_specs, service.settings, taken)
         summary = await asyncio.to_thread(service.reload_registry, specs)
@@ -124,4 +124,4 @@ async def reload_voices(request: Request, actor: str = Depends(require_admin)):
         request.app.state.access.storage.add_audit(actor, "voices.reload", "voices_file", summary)
     except Exception as error:  # the reload happened; a failing audit write must not hide that
         summary = {**summary, "audit_error": str(error)}
-    return {**summary, "voices": [voice.name for voice in service.voices()]}
+    return {**summary, "voices": [voice.name for voice in service.catalogue.voice_list()]}

@@ -27,17 +27,21 @@ class RequestAccounting:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
             return await self.app(scope, receive, send)
-        status, started = 500, time.perf_counter()
+        status, started, completed = 500, time.perf_counter(), False
 
         async def recording_send(message):
-            nonlocal status
+            nonlocal status, completed
             if message["type"] == "http.response.start":
                 status = message["status"]
             await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                completed = True
 
         try:
             await self.app(scope, receive, recording_send)
         finally:
+            if not completed and status < 400:  # the client left before the whole answer was sent
+                status = 499
             details = scope.get("state", {}).get("speech", {})
             self.metrics.request_answered("api", status, time.perf_counter() - started, details.get("audio_s", 0.0))
             if self.request_log is not None:

@@ -132,8 +132,10 @@ async def speech_socket(socket: WebSocket) -> None:
     finally:
         writer.cancel()
         await asyncio.gather(writer, return_exceptions=True)
-        while not pending.empty():  # accepted but never started: out of the queue
-            pending.get_nowait().stream.close()
+        while not pending.empty():  # accepted but never started: out of the queue, and counted as given up
+            utterance = pending.get_nowait()
+            utterance.stream.close()
+            _account(socket, caller, 499, utterance.accepted_at, utterance.characters, utterance.stream.voice.name)
 
 
 async def _take(socket: WebSocket, service: SpeechService, access, caller: Caller, session: Session,
@@ -152,7 +154,7 @@ async def _take(socket: WebSocket, service: SpeechService, access, caller: Calle
     try:  # a format, voice or model that cannot serve is refused before it becomes the session's
         if message.response_format is not None:
             check_streamable(message.response_format)
-        service.resolve(message.voice or session.voice, message.model or session.model)
+        service.catalogue.resolve(message.voice or session.voice, message.model or session.model)
     except ChorusError as error:
         await socket.send_json(_error_event(error))
         return
@@ -174,12 +176,12 @@ async def _write(socket: WebSocket, caller: Caller, pending: asyncio.Queue) -> N
     """Send the queued utterances, one after the other, each as it is synthesized."""
     while True:
         utterance = await pending.get()
-        stream, status, audio_s = utterance.stream, 200, 0.0
+        stream, status, audio_s = utterance.stream, 499, 0.0  # 499 unless it ends: the client left first
         output_rate = FORMATS[utterance.response_format].sample_rate or stream.sample_rate
-        await socket.send_json({"type": "started", "id": utterance.id, "voice": stream.voice.name,
-                                "response_format": utterance.response_format, "sample_rate": output_rate,
-                                "sentences": len(stream.items)})
         try:
+            await socket.send_json({"type": "started", "id": utterance.id, "voice": stream.voice.name,
+                                    "response_format": utterance.response_format, "sample_rate": output_rate,
+                                    "sentences": len(stream.items)})
             sentence = 0
             async for data, seconds in stream.encoded(utterance.response_format):
                 if data:
@@ -189,6 +191,7 @@ async def _write(socket: WebSocket, caller: Caller, pending: asyncio.Queue) -> N
                     await socket.send_json({"type": "progress", "id": utterance.id, "sentence": sentence,
                                             "sentences": len(stream.items), "audio_s": round(audio_s, 3)})
             await socket.send_json({"type": "done", "id": utterance.id, "audio_s": round(audio_s, 3)})
+            status = 200
         except ChorusError as failure:
             status = failure.status
             await socket.send_json(_error_event(failure, utterance.id))

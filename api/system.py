@@ -27,31 +27,31 @@ def _model_card(model_id: str) -> dict:
 
 @router.get("/v1/models", tags=["catalogue"])
 async def list_models(request: Request) -> dict:
-    service = _service(request)
-    ids = service.models + sorted(service.model_aliases)
+    catalogue = _service(request).catalogue
+    ids = catalogue.models + sorted(catalogue.model_aliases)
     return {"object": "list", "data": [_model_card(model_id) for model_id in ids]}
 
 
 @router.get("/v1/models/{model_id}", tags=["catalogue"], responses=error_responses(404))
 async def get_model(model_id: str, request: Request):
-    service = _service(request)
-    if model_id not in service.models and model_id not in service.model_aliases:
+    catalogue = _service(request).catalogue
+    if model_id not in catalogue.models and model_id not in catalogue.model_aliases:
         return error_response(404, f"model {model_id!r} does not exist", "model", "model_not_found")
     return _model_card(model_id)
 
 
 @router.get("/v1/audio/voices", tags=["catalogue"])
 async def list_voices(request: Request) -> dict:
-    service = _service(request)
+    catalogue = _service(request).catalogue
     aliases: dict[str, list[str]] = {}
-    for alias, target in service.voice_aliases.items():
+    for alias, target in catalogue.voice_aliases.items():
         aliases.setdefault(target, []).append(alias)
-    return {"object": "list", "default": service.default_voice, "data": [
+    return {"object": "list", "default": catalogue.default_voice, "data": [
         {"id": voice.name, "object": "voice", "model": voice.model, "engine": engine,
          "language": voice.language, "speaker": voice.speaker, "sample_rate": voice.sample_rate,
          "speed": voice.speed,
          "aliases": sorted(aliases.get(voice.name, []))}
-        for voice, engine in service.voices_with_engines()]}
+        for voice, engine in catalogue.voices.values()]}
 
 
 @router.get("/health", tags=["probes"])

@@ -1,4 +1,5 @@
-"""`python -m bench`: the batcher against its peers (see bench/harness.py)."""
+"""`python -m bench`: the batcher against its peers (bench/harness.py); `--soak MINUTES`: one server
+under mixed traffic with an overload in the middle (bench/soak.py)."""
 
 from bench.harness import main
 

@@ -37,6 +37,7 @@ import httpx
 from bench.load import closed_loop, open_loop, summarize
 from bench.report import write_docs, write_html
 from bench.server import ROOT, ServerProcess, start_ray_peer, start_server
+from bench.soak import main as soak
 from bench.workload import texts
 from tts_core.config import Settings
 from tts_core.engines import load_voice_engine
@@ -63,7 +64,10 @@ CEILING = "engine ceiling"  # the engine alone, in this process, taking its turn
 CPU_TARGETS = {"chorus_vs_sequential": 1.0, "chorus_vs_static": 1.1, "chorus_vs_ceiling": 0.9,
                "short_p95_vs_sequential": 0.5, "idle_ms_over_raw": 10.0}
 GPU_TARGETS = {"chorus_vs_static": 1.4, "chorus_vs_ceiling": 0.8}
-OPERATOR = {"anonymous_tier": "enterprise", "degrade_enabled": False, "cache_enabled": False}
+# Degrade mode, the cache and admission by predicted wait (the longest target allowed) are off: the
+# peers differ in batching and queue order only.
+OPERATOR = {"anonymous_tier": "enterprise", "degrade_enabled": False, "cache_enabled": False,
+            "queue_wait_target_s": 3600}
 
 
 # --- the engine alone ------------------------------------------------------------------------------
@@ -371,7 +375,13 @@ def main() -> None:
     parser.add_argument("--voices-file", type=Path, help="TTS_VOICES_FILE for the servers and the ceiling")
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of peers to run")
     parser.add_argument("--no-ray", action="store_true", help="leave out the Ray Serve peer even if Ray is installed")
+    parser.add_argument("--soak", type=float, metavar="MINUTES",
+                        help="instead of the peers, soak one server: MINUTES at 70%% of its capacity around 60 s "
+                             "at 3x (bench/soak.py); writes soak.json under --out")
     args = parser.parse_args()
+    if args.soak is not None:
+        soak(args.soak, args.out, args.voice)
+        return
     plan_name = "quick" if args.quick else "full"
     plan = PLANS[plan_name]
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -400,7 +410,8 @@ def main() -> None:
             if name == RAY_PEER:
                 return start_ray_peer(Path(folders[-1].name), args.voice, args.voices_file)
             settings = {**PEERS.get(name, PEERS["sequential"]), "calibration_sizes": plan["calibration_sizes"],
-                        "operator_defaults": json.dumps(OPERATOR), "max_queue": "4096"}
+                        "operator_defaults": json.dumps(OPERATOR), "max_queue": "4096",
+                        "trusted_proxies": "127.0.0.1"}  # each simulated user is its own caller (bench.load)
             if args.voices_file:
                 settings["voices_file"] = str(args.voices_file)
             return start_server(Path(folders[-1].name), **settings)

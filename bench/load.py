@@ -28,11 +28,20 @@ class Outcome:
     ended: float = 0.0  # time.perf_counter() when the answer was complete
 
 
-async def _speak(client: httpx.AsyncClient, text: str, voice: str, stream: bool) -> Outcome:
+def user_address(user: int) -> str:
+    """The X-Forwarded-For of simulated user number `user`: the servers under test trust 127.0.0.1 as a
+    proxy (TTS_TRUSTED_PROXIES), so each user is its own caller, as real users are (one caller's
+    requests keep their order; different callers' short ones go first). A header only: all traffic
+    goes to 127.0.0.1."""
+    return f"10.8.{user // 250 % 250}.{user % 250 + 1}"
+
+
+async def _speak(client: httpx.AsyncClient, text: str, voice: str, stream: bool, user: int) -> Outcome:
     body = {"model": "tts-1", "voice": voice, "input": text, "response_format": "pcm", "stream": stream}
     started = time.perf_counter()
     try:
-        async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+        async with client.stream("POST", "/v1/audio/speech", json=body,
+                                 headers={"X-Forwarded-For": user_address(user)}) as response:
             received, first = 0, None
             async for chunk in response.aiter_bytes():
                 if chunk and first is None:
@@ -59,14 +68,14 @@ async def closed_loop(base_url: str, texts: list[str], clients: int, duration_s:
     next_text = iter(range(max_requests))
 
     async with _client(base_url, clients) as client:
-        async def worker() -> None:
+        async def worker(user: int) -> None:
             for index in next_text:
                 if time.perf_counter() >= deadline:
                     return
-                outcomes.append(await _speak(client, texts[index % len(texts)], voice, stream))
+                outcomes.append(await _speak(client, texts[index % len(texts)], voice, stream, user))
 
         started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(clients)))
+        await asyncio.gather(*(worker(user) for user in range(clients)))
         return outcomes, time.perf_counter() - started
 
 
@@ -85,7 +94,8 @@ async def open_loop(base_url: str, texts: list[str], rate_per_s: float, duration
             if next_at - started >= duration_s:
                 break
             await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
-            tasks.append(asyncio.ensure_future(_speak(client, texts[index % len(texts)], voice, False)))
+            # Poisson arrivals are independent users: each request its own caller
+            tasks.append(asyncio.ensure_future(_speak(client, texts[index % len(texts)], voice, False, index)))
         done, pending = await asyncio.wait(tasks, timeout=drain_s) if tasks else (set(), set())
         for task in pending:
             task.cancel()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.load import percentile
+from bench.load import percentile, user_address
 from bench.server import start_server
 from bench.workload import texts
 
@@ -33,11 +33,12 @@ def long_text(seed: int) -> str:
     return text[:TEXT_CHARS].rsplit(" ", 1)[0] + "."
 
 
-def first_audio_s(client: httpx.Client, text: str, stop: threading.Event | None = None) -> float:
+def first_audio_s(client: httpx.Client, text: str, user: int, stop: threading.Event | None = None) -> float:
     """Seconds until the first audio bytes; then reads on until `stop` is set (or leaves at once)."""
     started = time.perf_counter()
     body = {"model": "tts-1", "voice": "alloy", "input": text, "response_format": "pcm", "stream": True}
-    with client.stream("POST", "/v1/audio/speech", json=body) as response:
+    with client.stream("POST", "/v1/audio/speech", json=body, headers={"X-Forwarded-For": user_address(user)}
+                       ) as response:
         response.raise_for_status()
         chunks = response.iter_bytes()
         next(chunks)
@@ -76,25 +77,25 @@ def in_parallel(count: int, work) -> list[float]:
 
 def measure(base_url: str, rounds: int) -> dict:
     with httpx.Client(base_url=base_url, timeout=120, limits=httpx.Limits(max_connections=16)) as client:
-        first_audio_s(client, "Warm up.")
+        first_audio_s(client, "Warm up.", user=0)
         idle = []
         for seed in range(rounds):
             drained(client)
-            idle.append(first_audio_s(client, long_text(seed)))
+            idle.append(first_audio_s(client, long_text(seed), user=0))
         concurrent = []
         for round_ in range(max(1, rounds // 3)):
             drained(client)
             texts = [long_text(100 * round_ + index) for index in range(8)]
-            concurrent += in_parallel(8, lambda index, texts=texts: first_audio_s(client, texts[index]))
+            concurrent += in_parallel(8, lambda index, texts=texts: first_audio_s(client, texts[index], user=index))
         under_load = []
         stop = threading.Event()
         background = threading.Thread(target=in_parallel, args=(
-            8, lambda index: first_audio_s(client, long_text(1000 + index), stop)))
+            8, lambda index: first_audio_s(client, long_text(1000 + index), index, stop)))
         drained(client)
         background.start()
         time.sleep(1.0)  # the eight are past their first chunks, streaming
         for seed in range(rounds):
-            under_load.append(first_audio_s(client, long_text(2000 + seed)))
+            under_load.append(first_audio_s(client, long_text(2000 + seed), user=100 + seed))
             time.sleep(0.2)
         stop.set()
         background.join()
@@ -109,7 +110,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as data_dir:
         # Degrade mode off: eight 2,000-character streams queue minutes of audio at once, which is
         # the load at which it would (rightly) cap new texts at 300 characters.
-        server = start_server(Path(data_dir), operator_defaults=json.dumps(
+        server = start_server(Path(data_dir), trusted_proxies="127.0.0.1", operator_defaults=json.dumps(
             {"anonymous_tier": "enterprise", "degrade_enabled": False}))
         try:
             result = measure(server.base_url, args.rounds)

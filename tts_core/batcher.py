@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from .engines.base import Engine
-from .errors import SynthesisError
-from .memory import MemoryBudget
+from .errors import Overloaded, SynthesisError
+from .memory import MemoryBudget, release_heap
 from .metrics import BatchRecord, Metrics
-from .policy import BatchPolicy, padded_tokens
+from .policy import BatchPolicy, ItemCost, padded_tokens
 from .queue import RequestQueue
 from .request import SynthesisRequest
 
@@ -40,15 +40,16 @@ class Batcher:
         self.memory = MemoryBudget(engine, min_free_memory_mb * 2**20)
         self.empty_cache_every = empty_cache_every  # batches between handing cached device memory back
         self._batches_run = 0
-        self._in_flight = False
+        self._worked = False  # batches ran since memory was last released
         self.policy = policy
         self.queue = queue
         self.metrics = metrics
         self.calibration_sizes = [s for s in calibration_sizes if 1 <= s <= policy.max_batch_size]
         self.ready = threading.Event()
         self._candidate_limit = 2 * policy.max_batch_size
-        self._item_seconds = 0.1  # moving estimate of engine time per item, for Retry-After
+        self.item_cost = ItemCost()  # engine time per item as batches run now, for the queue's predictions
         self.audio_s_per_token = 0.0  # moving estimate of audio produced per input token (at speed 1)
+        self.precision = "full"  # degrade mode's lower_precision action sets "low" (a new batcher starts full)
         self._thread = threading.Thread(target=self._run, name=f"batcher-{engine.name}", daemon=True)
 
     # --- the caller's side -------------------------------------------------------------------
@@ -57,21 +58,32 @@ class Batcher:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self.queue.close()
-        if self._thread.is_alive():
+        """Stop serving; whatever is still queued fails with a clear error (nothing is left waiting)."""
+        left = self.queue.close()
+        for item in left:
+            if item.future.set_running_or_notify_cancel():
+                item.future.set_exception(Overloaded(f"model {self.engine.name} was stopped before this "
+                                                     "was synthesized; retry", 1, "model_stopped"))
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
-    def submit(self, items: Sequence[SynthesisRequest], tier_limit: int | None = None) -> None:
-        """Queue items (all or none); raises QueueFull with a Retry-After estimate."""
-        self.queue.put_many(items, retry_after_s=self.retry_after_s(), tier_limit=tier_limit)
+    def submit(self, items: Sequence[SynthesisRequest], tier_limit: int | None = None,
+               max_wait_s: float = math.inf) -> float:
+        """Queue items (all or none) with their predicted cost; returns the first one's predicted
+        wait. Raises QueueFull (with a Retry-After from the prediction), or QueueClosed once the
+        model has been unloaded."""
+        for item in items:
+            item.cost_s = self.item_cost_s(item.length)
+        return self.queue.put_many(items, tier_limit, max_wait_s)
+
+    def item_cost_s(self, tokens: int) -> float:
+        """Predicted engine time of an item of this length, as batches run now."""
+        return self.item_cost.predict(tokens)
 
     @property
     def busy(self) -> bool:
         """Work is queued or running."""
-        return self._in_flight or len(self.queue) > 0
-
-    def retry_after_s(self) -> int:
-        return max(1, math.ceil(len(self.queue) * self._item_seconds))
+        return self.queue.busy
 
     # --- the engine thread ---------------------------------------------------------------------
 
@@ -81,6 +93,7 @@ class Batcher:
         except Exception:
             log.exception("warm-up of %s failed; serving without calibration", self.engine.name)
         finally:
+            self._worked = True  # the calibration sweep's memory goes back at the first idle moment
             self.ready.set()
         while not self.queue.closed:
             try:
@@ -103,13 +116,16 @@ class Batcher:
             self._learn_audio_rate(items, outputs)
             return seconds
 
-        timed(1, CALIBRATION_LENGTHS[0])
+        timed(1, CALIBRATION_LENGTHS[0])  # cold: first runs set up kernels and caches
+        for length in CALIBRATION_LENGTHS:  # seed the wait predictions
+            self.item_cost.add(1, length, timed(1, length))
         self.engine.measure_memory(tokens[: CALIBRATION_LENGTHS[-1]])
         if not self.policy.learns:
             return
         for length in CALIBRATION_LENGTHS:
             for size in self.calibration_sizes:
-                seconds = timed(size, length)
+                # the faster of two runs: others' work on the cores only ever adds time
+                seconds = min(timed(size, length), timed(size, length))
                 self.policy.observe(size, size * length, seconds, calibration=True)
         log.info("%s calibrated: %s", self.engine.name, self.policy.describe())
 
@@ -118,6 +134,7 @@ class Batcher:
         candidates = self.queue.next_candidates(self._candidate_limit)
         self.metrics.queue_length.labels(self.engine.name).set(len(self.queue))
         if not candidates:
+            self._release_memory_once_idle()
             self.queue.wait_for_items()
             return
         plan = self.policy.plan(candidates, time.monotonic(), self.memory.tokens())
@@ -125,15 +142,26 @@ class Batcher:
             self.queue.wait(plan.wait_s)
             return
         batch = [candidates[index] for index in plan.take]
-        self.queue.remove(batch)
-        live = [item for item in batch if item.future.set_running_or_notify_cancel()]
-        self.metrics.dropped.labels("cancelled").inc(len(batch) - len(live))
-        if live:
-            self._in_flight = True
-            try:
+        self.queue.take(batch, sum(item.cost_s for item in batch))
+        try:
+            live = [item for item in batch if item.future.set_running_or_notify_cancel()]
+            self.metrics.dropped.labels("cancelled").inc(len(batch) - len(live))
+            if live:
+                self._worked = True
                 self._execute(live)
-            finally:
-                self._in_flight = False
+        finally:
+            self.queue.done(len(batch))
+
+    def _release_memory_once_idle(self) -> None:
+        """Work stopped: hand back what it used (the engine's caches and arenas, the heap's free pages),
+        or a burst of long texts keeps its memory for good. Once per busy spell, on the engine's thread."""
+        if self._worked:
+            self._worked = False
+            try:
+                self.engine.release_memory()
+            except Exception:
+                log.exception("%s: releasing memory failed", self.engine.name)
+            release_heap()
 
     def _execute(self, batch: list[SynthesisRequest], retried_alone: bool = False) -> None:
         try:
@@ -198,8 +226,8 @@ class Batcher:
             if len(outputs) != len(batch):
                 raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(batch)} items")
             padded = padded_tokens(batch)
-            self.policy.observe(len(batch), padded, seconds)
-            self._item_seconds = 0.8 * self._item_seconds + 0.2 * seconds / len(batch)
+            self.policy.observe(len(batch), padded, seconds, real_tokens=sum(item.length for item in batch))
+            self.item_cost.add(len(batch), sum(item.length for item in batch), seconds)
             record = BatchRecord(time.monotonic(), name, len(batch), padded,
                                  sum(item.length for item in batch), seconds, self.policy.max_batch_size)
             for item, wait in zip(batch, waits):

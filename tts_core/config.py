@@ -8,6 +8,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from .policy import POLICIES
+from .queue import QUEUE_ORDERS
+
 DEFAULT_VOICE = "en_US-joe-medium"
 
 OPENAI_MODEL_NAMES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
@@ -47,12 +50,13 @@ class Settings(BaseSettings):
     job_concurrency: int = Field(4, ge=1)  # jobs in the batcher at once
 
     # Batching
-    batch_policy: Literal["adaptive", "sequential", "static", "window"] = "adaptive"
+    batch_policy: Literal[tuple(POLICIES)] = "adaptive"  # type: ignore[valid-type]
     max_batch_size: int = Field(16, ge=1)
     max_batch_tokens: int = Field(8192, ge=64)
     max_queue: int = Field(512, ge=1)
+    max_queue_per_caller: int = Field(128, ge=0)  # pieces of text one caller may have waiting; 0: no limit
     aging_horizon_s: float = Field(2.0, ge=0)
-    queue_order: Literal["fair", "fifo"] = "fair"  # fifo: arrival order only (the benchmark's peers)
+    queue_order: Literal[QUEUE_ORDERS] = "fair"  # type: ignore[valid-type]  # fifo: arrival order (benchmark peers)
     calibration_sizes: Annotated[list[int], NoDecode] = [1, 2, 4, 8, 16]
 
     # Engines

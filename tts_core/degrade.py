@@ -1,5 +1,11 @@
 """Degrade mode: a load score in [0, 1] turns graceful-degradation actions on and off.
 
+The score measures load, not the length of the work: its main part is how long a new request
+would wait in the queue before its synthesis starts (predicted from the work ranked ahead of it
+and the engine's measured speed), over the operator's wait target. A single long text on an idle
+server keeps that near zero (its later sentences take turns with newcomers); an overload raises it
+within a tick, and it falls as soon as the queue drains.
+
 The operator settings (thresholds, which actions, their parameters) are a typed model with
 defaults; their stored values come from the admin API and apply to the running process live.
 """
@@ -16,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .access import DEFAULT_TIERS, Tier
 from .errors import InvalidSetting
 
-ACTIONS = ("cap_text", "cache_first", "lower_precision", "shed")
+ACTIONS = ("cap_text", "cache_first", "lower_precision", "shed")  # each switched by the setting <action>_enabled
 
 
 class OperatorSettings(BaseModel):
@@ -29,7 +35,9 @@ class OperatorSettings(BaseModel):
     exit_threshold: float = Field(0.6, ge=0, lt=1, description="load score that leaves it (below enter)")
     exit_hold_s: float = Field(5.0, ge=0, description="seconds the score must stay at or below exit "
                                "before leaving (keeps shedding from flapping the mode)")
-    latency_target_ms: float = Field(10_000, gt=0, description="p95 latency that counts as full load")
+    queue_wait_target_s: float = Field(10.0, gt=0, le=3600, description="longest predicted queue wait a request "
+                                       "is accepted with (longer: 503 with Retry-After); the load score is the "
+                                       "predicted wait of a new request over this")
     cap_text_enabled: bool = True
     cap_text_chars: int = Field(300, ge=1, description="longest text accepted while degraded")
     cache_first_enabled: bool = True
@@ -81,16 +89,14 @@ class OperatorSettings(BaseModel):
 
 @dataclass(frozen=True)
 class LoadInputs:
-    queue_fill: float  # queued items / queue capacity, worst engine
-    p95_latency_ms: float | None  # recent window; None when idle
+    queue_wait_s: float  # predicted wait of a new request before its synthesis starts, worst engine
     device_memory_used: float | None  # fraction in use; None without a device
 
 
-def load_score(inputs: LoadInputs, latency_target_ms: float) -> tuple[float, dict[str, float]]:
-    """The worst of the pressures, each scaled to [0, 1]."""
-    parts = {"queue": min(1.0, inputs.queue_fill)}
-    if inputs.p95_latency_ms is not None:
-        parts["latency"] = min(1.0, inputs.p95_latency_ms / latency_target_ms)
+def load_score(inputs: LoadInputs, queue_wait_target_s: float) -> tuple[float, dict[str, float]]:
+    """The worst of the pressures, each scaled to [0, 1]. (How many pieces of text are queued is not
+    one: one long text fills the queue with pieces and is no load; a full queue refuses on its own.)"""
+    parts = {"queue_wait": min(1.0, float(inputs.queue_wait_s) / queue_wait_target_s)}
     if inputs.device_memory_used is not None:
         parts["device_memory"] = min(1.0, inputs.device_memory_used)
     return max(parts.values()), parts
@@ -124,7 +130,7 @@ class DegradeController:
 
     def update(self, inputs: LoadInputs) -> DegradeState:
         with self._lock:
-            score, parts = load_score(inputs, self.settings.latency_target_ms)
+            score, parts = load_score(inputs, self.settings.queue_wait_target_s)
             now = self._clock()
             calm = score <= self.settings.exit_threshold
             if not calm:
@@ -144,8 +150,5 @@ class DegradeController:
     def _next(self, active: bool, score: float, parts: dict[str, float]) -> DegradeState:
         active = active and self.settings.degrade_enabled
         since = self.state.since if active == self.state.active else time.time()
-        s = self.settings
-        enabled = {"cap_text": s.cap_text_enabled, "cache_first": s.cache_first_enabled,
-                   "lower_precision": s.lower_precision_enabled, "shed": s.shed_enabled}
-        actions = tuple(action for action in ACTIONS if active and enabled[action])
+        actions = tuple(action for action in ACTIONS if active and getattr(self.settings, f"{action}_enabled"))
         return DegradeState(active, round(score, 4), parts, since, actions)

@@ -8,6 +8,8 @@ engine has no device memory (CPU), there is no memory budget: TTS_MAX_BATCH_TOKE
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import threading
 
 from .engines.base import Engine
@@ -47,3 +49,23 @@ class MemoryBudget:
             if self._successes >= RECOVER_EVERY:
                 self._successes = 0
                 self.cap = int(self.cap * RECOVER_FACTOR) + 1
+
+
+def _libc_trim():
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        return None
+
+
+_malloc_trim = _libc_trim()
+
+
+def release_heap() -> bool:
+    """Hand the process's freed heap pages back to the system (glibc's malloc_trim). After a burst of
+    long texts the allocator otherwise keeps its high-water mark for good. False without glibc."""
+    if _malloc_trim is None:
+        return False
+    _malloc_trim(0)
+    return True

@@ -18,7 +18,6 @@ class Monitor:
         self.service = service
         self.interval_s = interval_s
         self.sample_every_s = sample_every_s
-        self.precision: dict[str, str] = {}  # engine -> "full" | "low" | "low (unsupported: no-op)"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="monitor", daemon=True)
 
@@ -44,20 +43,26 @@ class Monitor:
 
     def tick(self, device: dict | None = None) -> None:
         service, metrics = self.service, self.service.metrics
-        fill = max(len(b.queue) / b.queue.max_size for b in service.batchers.values())
-        state = service.degrade.update(LoadInputs(fill, metrics.latency_ms(0.95),
-                                                  device["used_fraction"] if device else None))
+        service.pool.maintain()
+        batchers = service.batchers
+        state = service.degrade.update(LoadInputs(service.queue_wait_s(), device["used_fraction"] if device else None))
         metrics.load_score.set(state.score)
         metrics.degrade_active.set(1 if state.active else 0)
-        self._set_precision("lower_precision" in state.actions)
+        self._set_precision(batchers, "lower_precision" in state.actions)
 
-    def _set_precision(self, low: bool) -> None:
-        for name, batcher in self.service.batchers.items():
+    @property
+    def precision(self) -> dict[str, str]:
+        """Loaded model -> "full" | "low" | "low (unsupported: no-op)"."""
+        return {name: batcher.precision for name, batcher in self.service.batchers.items()}
+
+    def _set_precision(self, batchers: dict, low: bool) -> None:
+        # the state lives on each batcher, so a model loaded again while degraded starts at full and is lowered
+        for name, batcher in batchers.items():
             wanted = "low" if low else "full"
-            if self.precision.get(name, "full").startswith(wanted):
+            if batcher.precision.startswith(wanted):
                 continue
             supported = batcher.engine.set_low_precision(low)
-            self.precision[name] = wanted if supported or not low else "low (unsupported: no-op)"
+            batcher.precision = wanted if supported or not low else "low (unsupported: no-op)"
             if low:
                 action = "lower_precision" if supported else "lower_precision_noop"
                 self.service.metrics.degrade_actions.labels(action).inc()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -70,22 +70,43 @@ class CostModel:
 
     def _fit(self) -> np.ndarray:
         rows = np.array(self._seed + list(self._recent))
-        design = np.column_stack([np.ones(len(rows)), rows[:, 0], rows[:, 1]])
-        seconds = rows[:, 2]
-        best, best_residual = np.zeros(3), np.inf
-        # Exact non-negative least squares for three unknowns: the optimum is the unconstrained
-        # fit on some subset of the columns whose coefficients are all non-negative.
-        for size in (3, 2, 1):
-            for columns in itertools.combinations(range(3), size):
-                solution, *_ = np.linalg.lstsq(design[:, columns], seconds, rcond=None)
-                if (solution < 0).any():
-                    continue
-                residual = float(np.sum((design[:, columns] @ solution - seconds) ** 2))
-                if residual < best_residual:
-                    best_residual = residual
-                    best = np.zeros(3)
-                    best[list(columns)] = solution
-        return best
+        return nonnegative_fit(np.column_stack([np.ones(len(rows)), rows[:, 0], rows[:, 1]]), rows[:, 2])
+
+
+def nonnegative_fit(design: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Exact non-negative least squares for a few unknowns: the optimum is the unconstrained fit on
+    some subset of the columns whose coefficients are all non-negative."""
+    unknowns = design.shape[1]
+    best, best_residual = np.zeros(unknowns), np.inf
+    for size in range(unknowns, 0, -1):
+        for columns in itertools.combinations(range(unknowns), size):
+            solution, *_ = np.linalg.lstsq(design[:, columns], seconds, rcond=None)
+            if (solution < 0).any():
+                continue
+            residual = float(np.sum((design[:, columns] @ solution - seconds) ** 2))
+            if residual < best_residual:
+                best_residual = residual
+                best = np.zeros(unknowns)
+                best[list(columns)] = solution
+    return best
+
+
+class ItemCost:
+    """Engine seconds an item takes as batches run now: batch seconds ~ per_item * items + per_token *
+    real tokens, fitted (non-negative) over the recent batches. It is what the queue's wait
+    predictions add up; with batches that pay, both terms shrink with the batch sizes in use."""
+
+    def __init__(self, window: int = 64):
+        self._rows: deque[tuple[float, float, float]] = deque(maxlen=window)
+        self.per_item, self.per_token = 0.0, 0.0
+
+    def add(self, items: int, real_tokens: int, seconds: float) -> None:
+        self._rows.append((float(items), float(real_tokens), float(seconds)))
+        rows = np.array(self._rows)
+        self.per_item, self.per_token = (float(value) for value in nonnegative_fit(rows[:, :2], rows[:, 2]))
+
+    def predict(self, tokens: int) -> float:
+        return self.per_item + self.per_token * tokens
 
 
 class BatchPolicy:
@@ -106,7 +127,8 @@ class BatchPolicy:
         """The smaller of the configured budget and the memory's answer."""
         return self.max_batch_tokens if memory_tokens is None else min(self.max_batch_tokens, memory_tokens)
 
-    def observe(self, batch_size: int, padded: int, seconds: float, calibration: bool = False) -> None:
+    def observe(self, batch_size: int, padded: int, seconds: float, calibration: bool = False,
+                real_tokens: int | None = None) -> None:
         pass
 
     def describe(self) -> dict:
@@ -130,6 +152,9 @@ class TimeoutPolicy(BatchPolicy):
         return BatchPlan(take=tuple(range(count)))
 
 
+SOLO_AFTER_MISS = 200
+
+
 class AdaptivePolicy(BatchPolicy):
     """Pick the batch that maximises predicted real tokens per second, deadlines permitting.
 
@@ -138,6 +163,12 @@ class AdaptivePolicy(BatchPolicy):
     its own items one after the other by `min_gain`; so when batching does not pay (per-item cost
     linear in batch size, or padding eats the gain) the answer is size 1: never slower than
     sequential by the model's own account.
+
+    The model can be wrong (a calibration sweep timed while other processes took the cores once
+    made batches of 16 look cheap on a CPU where they cost twice their items run alone, and a deep
+    queue then halved the server's throughput). So each executed batch is checked against its own
+    items' predicted time alone, which the many single-item runs keep accurate: a batch that did
+    not pay sends the next SOLO_AFTER_MISS dispatches alone while the model takes the new timing in.
     """
 
     name = "adaptive"
@@ -148,8 +179,15 @@ class AdaptivePolicy(BatchPolicy):
         super().__init__(max_batch_size, max_batch_tokens)
         self.min_gain = min_gain
         self.cost_model = cost_model or CostModel()
+        self.solo_left = 0  # dispatches still to run alone after a batch that did not pay
 
-    def observe(self, batch_size: int, padded: int, seconds: float, calibration: bool = False) -> None:
+    def observe(self, batch_size: int, padded: int, seconds: float, calibration: bool = False,
+                real_tokens: int | None = None) -> None:
+        if not calibration and batch_size > 1 and real_tokens is not None and self.cost_model.fitted:
+            fixed, per_item, per_token = self.cost_model.coefficients
+            alone = batch_size * (fixed + per_item) + per_token * real_tokens  # its items, one by one
+            if seconds * (1 + self.min_gain) > alone:
+                self.solo_left = SOLO_AFTER_MISS
         self.cost_model.add(batch_size, padded, seconds, calibration)
 
     def describe(self) -> dict:
@@ -158,6 +196,9 @@ class AdaptivePolicy(BatchPolicy):
             "fixed_s": round(fixed, 6), "per_item_s": round(per_item, 6), "per_padded_token_s": round(per_token, 8)}}
 
     def plan(self, queued: Sequence[Schedulable], now: float, memory_tokens: int | None = None) -> BatchPlan:
+        if self.solo_left:
+            self.solo_left -= 1
+            return BatchPlan(take=(0,))
         if len(queued) == 1 or not self.cost_model.fitted:
             return BatchPlan(take=(0,))
         head_length = queued[0].length
@@ -184,14 +225,16 @@ class AdaptivePolicy(BatchPolicy):
         return BatchPlan(take=tuple(order[:best_size]))
 
 
+# TTS_BATCH_POLICY: ours (adaptive) and the peers it is measured against; (max_batch_size, max_batch_tokens) -> policy
+POLICIES: dict[str, Callable[[int, int], BatchPolicy]] = {
+    "adaptive": AdaptivePolicy,
+    "sequential": lambda size, tokens: BatchPolicy(1, tokens),
+    "static": lambda size, tokens: TimeoutPolicy("static", min(8, size), 0.5, tokens),
+    "window": lambda size, tokens: TimeoutPolicy("window", min(16, size), 0.010, tokens),
+}
+
+
 def make_policy(name: str, max_batch_size: int, max_batch_tokens: int) -> BatchPolicy:
-    """The policy enum of TTS_BATCH_POLICY: ours (adaptive) and the peers it is measured against."""
-    if name == "adaptive":
-        return AdaptivePolicy(max_batch_size, max_batch_tokens)
-    if name == "sequential":
-        return BatchPolicy(1, max_batch_tokens)
-    if name == "static":
-        return TimeoutPolicy("static", min(8, max_batch_size), 0.5, max_batch_tokens)
-    if name == "window":
-        return TimeoutPolicy("window", min(16, max_batch_size), 0.010, max_batch_tokens)
-    raise ValueError(f"unknown batch policy {name!r}")
+    if name not in POLICIES:
+        raise ValueError(f"unknown batch policy {name!r}; one of {', '.join(POLICIES)}")
+    return POLICIES[name](max_batch_size, max_batch_tokens)

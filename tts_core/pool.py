@@ -3,7 +3,13 @@ least recently used first, to keep within a count and a memory budget.
 
 Loading runs on the pool's own threads, never a batcher's, so loading one model never holds up
 synthesis on the others; callers asking for a model that is loading wait for that one load.
-A model is only unloaded when idle (nothing queued, nothing running).
+
+The pool's state (the slots, and which batcher each holds) has one owner: every decision that
+reads or changes it (look up, load, unload, retire, add) is made under one lock, and is short;
+loading a model and joining a stopped batcher's thread happen outside it. A model is unloaded
+only when its queue closes while idle (RequestQueue.close_if_idle, atomic with submission), so
+nothing can be queued on a model that is going away: a submission that finds its queue closed
+asks the pool again and gets the model loaded anew.
 """
 
 from __future__ import annotations
@@ -17,14 +23,29 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .batcher import Batcher
-from .engines import Engine, ModelSpec
+from .engines import Engine, EngineUnavailable, ModelSpec
+from .errors import InvalidRequest, Overloaded
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 
-class PoolFull(Exception):
+LOAD_RETRY_S = 30.0  # a model that failed to load is tried again after this, then twice as long each time
+LOAD_RETRY_MAX_S = 600.0
+
+
+def _broken(slot: Slot, now: float) -> Overloaded:
+    wait = max(1, round(slot.retry_at - now))
+    return Overloaded(f"model {slot.spec.name!r} is broken: {slot.failure}; the next try to load it is in "
+                      f"{wait} s", wait, "model_unavailable")
+
+
+class PoolFull(Overloaded):
     """Every loaded model is pinned or busy, and the limits allow no more."""
+
+    def __init__(self, loaded: int):
+        super().__init__(f"{loaded} models are loaded (TTS_MAX_LOADED_MODELS) and none is idle; retry after 5 s",
+                         5, "models_busy")
 
 
 @dataclass(eq=False)
@@ -34,6 +55,9 @@ class Slot:
     last_used: float = 0.0
     loading: Future | None = None
     retired: bool = False  # no longer configured: unloaded once idle
+    failure: str | None = None  # why the last load failed; no new load is tried before retry_at
+    failures: int = 0
+    retry_at: float = 0.0
 
 
 class ModelPool:
@@ -43,8 +67,8 @@ class ModelPool:
         self.metrics = metrics
         self.max_loaded = max_loaded  # 0: no limit
         self.memory_budget_bytes = memory_budget_bytes  # 0: no limit
-        self.slots: dict[str, Slot] = {}
-        self._lock = threading.Lock()
+        self._slots: dict[str, Slot] = {}
+        self._lock = threading.RLock()
         self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="model-loader")
         self._started = False
         self.add(specs)
@@ -53,63 +77,87 @@ class ModelPool:
 
     def add(self, specs: Sequence[ModelSpec]) -> None:
         """New models; pinned ones load now (the caller's thread: at start-up, before serving)."""
-        for spec in specs:
-            slot = Slot(spec)
-            self.slots[spec.name] = slot
-            if spec.pinned:
+        with self._lock:
+            slots = [Slot(spec) for spec in specs]
+            for slot in slots:
+                self._slots[slot.spec.name] = slot
+        for slot in slots:
+            if slot.spec.pinned:
                 self._load(slot)
 
     def retire(self, name: str) -> None:
         """Stop offering a model: unloaded now if idle, else once it is."""
-        slot = self.slots[name]
-        slot.retired = True
-        self._sweep()
+        with self._lock:
+            self._slots[name].retired = True
+        self.maintain()
+
+    def slots(self) -> dict[str, Slot]:
+        """A snapshot of the slots (safe to iterate while the pool changes)."""
+        with self._lock:
+            return dict(self._slots)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._started = True
-        for slot in self.slots.values():
-            if slot.batcher is not None:
-                slot.batcher.start()
+        with self._lock:
+            self._started = True
+            batchers = [slot.batcher for slot in self._slots.values() if slot.batcher is not None]
+        for batcher in batchers:
+            batcher.start()
 
     def stop(self) -> None:
         self._loader.shutdown(wait=False, cancel_futures=True)
-        for slot in self.slots.values():
-            if slot.batcher is not None:
-                slot.batcher.stop()
+        with self._lock:
+            batchers = [slot.batcher for slot in self._slots.values() if slot.batcher is not None]
+        for batcher in batchers:
+            batcher.stop()
 
     # --- use -------------------------------------------------------------------------------------
 
     def loaded(self) -> dict[str, Batcher]:
-        return {name: slot.batcher for name, slot in self.slots.items() if slot.batcher is not None}
+        with self._lock:
+            return {name: slot.batcher for name, slot in self._slots.items() if slot.batcher is not None}
 
     async def batcher(self, name: str) -> Batcher:
         """The model's batcher, loading the model first if it is not loaded."""
-        self._sweep()
-        slot = self.slots[name]
-        slot.last_used = time.monotonic()
-        if slot.batcher is not None:
-            return slot.batcher
         with self._lock:
+            slot = self._slots.get(name)
+            if slot is None or slot.retired:
+                raise InvalidRequest(f"model {name!r} has just been removed", "model", "model_not_found")
+            now = slot.last_used = time.monotonic()
+            if slot.batcher is not None:
+                return slot.batcher
+            if slot.loading is None and now < slot.retry_at:
+                raise _broken(slot, now)
             if slot.loading is None:
                 slot.loading = self._loader.submit(self._load, slot)
             loading = slot.loading
-        # shielded: a caller that gives up must not cancel the load others are waiting for
-        return await asyncio.shield(asyncio.wrap_future(loading))
+        try:
+            # shielded: a caller that gives up must not cancel the load others are waiting for
+            return await asyncio.shield(asyncio.wrap_future(loading))
+        except EngineUnavailable:
+            raise _broken(slot, time.monotonic()) from None
 
     def _load(self, slot: Slot) -> Batcher:
         name = slot.spec.name
         try:
             self._make_room(slot)
             started = time.perf_counter()
-            engine = slot.spec.load()
-            batcher = self.make_batcher(engine)
-            if self._started:
-                batcher.start()
-            slot.batcher = batcher
+            batcher = self.make_batcher(slot.spec.load())
+            with self._lock:
+                if self._started:
+                    batcher.start()
+                slot.batcher = batcher
+            slot.failure, slot.failures = None, 0
             self.metrics.model_loads.labels(name, "ok").inc()
             log.info("loaded model %s in %.1f s", name, time.perf_counter() - started)
+        except EngineUnavailable as error:
+            with self._lock:  # remembered, so that each new request does not start a full load again
+                slot.failure, slot.failures = str(error), slot.failures + 1
+                slot.retry_at = time.monotonic() + min(LOAD_RETRY_MAX_S, LOAD_RETRY_S * 2 ** (slot.failures - 1))
+            self.metrics.model_loads.labels(name, "failed").inc()
+            log.error("model %s failed to load (try %d): %s", name, slot.failures, error)
+            raise
         except Exception:
             self.metrics.model_loads.labels(name, "failed").inc()
             raise
@@ -122,44 +170,57 @@ class ModelPool:
 
     # --- unloading -------------------------------------------------------------------------------
 
-    def _idle_unpinned(self, keep: Slot) -> list[Slot]:
-        """Loaded models that may be unloaded now, least recently used first."""
-        return sorted((slot for slot in self.slots.values()
-                       if slot is not keep and slot.batcher is not None and not slot.spec.pinned
-                       and not slot.batcher.busy), key=lambda slot: slot.last_used)
+    def maintain(self) -> None:
+        """Unload retired models that have gone idle, and forget them (the monitor calls this)."""
+        with self._lock:
+            for name, slot in list(self._slots.items()):
+                if slot.retired and slot.loading is None and self._close(slot, "removed"):
+                    del self._slots[name]
 
-    def _make_room(self, slot: Slot) -> None:
-        while self.max_loaded and len(self.loaded()) >= self.max_loaded:
-            candidates = self._idle_unpinned(keep=slot)
-            if not candidates:
-                raise PoolFull(f"{len(self.loaded())} models are loaded (TTS_MAX_LOADED_MODELS) and none is idle")
-            self._unload(candidates[0], "count")
+    def _make_room(self, keep: Slot) -> None:
+        if not self.max_loaded:
+            return
+        with self._lock:
+            while len(self.loaded()) >= self.max_loaded:
+                if not self._close_one_idle(keep, "count"):
+                    raise PoolFull(len(self.loaded()))
 
     def _fit_memory(self, keep: Slot) -> None:
         if not self.memory_budget_bytes:
             return
-        while self.memory_bytes() > self.memory_budget_bytes:
-            candidates = self._idle_unpinned(keep=keep)
-            if not candidates:
-                log.warning("loaded models hold %d MB, over TTS_MODEL_MEMORY_MB, and none can be unloaded",
-                            self.memory_bytes() // 2**20)
-                return
-            self._unload(candidates[0], "memory")
+        with self._lock:
+            while self.memory_bytes() > self.memory_budget_bytes:
+                if not self._close_one_idle(keep, "memory"):
+                    log.warning("loaded models hold %d MB, over TTS_MODEL_MEMORY_MB, and none can be unloaded",
+                                self.memory_bytes() // 2**20)
+                    return
+
+    def _close_one_idle(self, keep: Slot, reason: str) -> bool:
+        """Unload the least recently used idle, unpinned model other than keep; False if there is none."""
+        candidates = sorted((slot for slot in self._slots.values()
+                             if slot is not keep and slot.batcher is not None and not slot.spec.pinned),
+                            key=lambda slot: slot.last_used)
+        return any(self._close(slot, reason) for slot in candidates)
 
     def memory_bytes(self) -> int:
         return sum(batcher.engine.memory_bytes() for batcher in self.loaded().values())
 
-    def _sweep(self) -> None:
-        for name, slot in list(self.slots.items()):
-            if slot.retired and (slot.batcher is None or not slot.batcher.busy):
-                if slot.batcher is not None:
-                    self._unload(slot, "removed")
-                del self.slots[name]
-
-    def _unload(self, slot: Slot, reason: str) -> None:
-        batcher, slot.batcher = slot.batcher, None
-        batcher.stop()
-        batcher.engine.release_memory()
+    def _close(self, slot: Slot, reason: str) -> bool:
+        """Unload slot's model if it is idle (under the lock); True when the slot holds no model now."""
+        batcher = slot.batcher
+        if batcher is None:
+            return True
+        if not batcher.queue.close_if_idle():
+            return False
+        slot.batcher = None
+        # its queue is closed and empty: the thread ends at once, and no caller can reach it any more
+        threading.Thread(target=self._finish_unload, args=(batcher,), name="model-unload", daemon=True).start()
         self.metrics.model_evictions.labels(slot.spec.name, reason).inc()
         self.metrics.models_loaded.set(len(self.loaded()))
         log.info("unloaded model %s (%s)", slot.spec.name, reason)
+        return True
+
+    @staticmethod
+    def _finish_unload(batcher: Batcher) -> None:
+        batcher.stop()
+        batcher.engine.release_memory()

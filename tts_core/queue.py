@@ -1,72 +1,180 @@
-"""The request queue of one engine: bounded, priority with aging, cancellation and deadlines.
+"""The request queue of one engine: bounded, ordered, with wait predictions, cancellation and deadlines.
 
-Order is by a virtual start time: the arrival time, plus a delay that grows with the item's
-length (short texts go first), minus a boost for higher priority classes. A stream's later
-chunks also count from when their audio will be needed (`due_s`): what plays in a minute does
-not go before another caller's first words. Because the length
-delay is capped at `aging_horizon_s`, anything that arrives later than that after a long item
-ranks behind it: a long request's extra wait is bounded, it is never starved.
+"fair" order (Chorus's) ranks each item by a virtual start time fixed when it is queued:
+
+- its arrival, plus a delay that grows with its length (short texts go first), capped at
+  `aging_horizon_s` so that a long text is never starved: whatever arrives later than that after
+  it ranks behind it;
+- plus, for a stream's later piece, when its audio will be needed (`due_s`);
+- minus a boost per priority class;
+- and never before the virtual end (start + predicted cost) of the same caller's previous item at
+  the same priority. Within one caller, earlier requests go first (a client that sends the
+  sentences of an answer at once gets them back in order); between callers, short goes first; and
+  one caller's long text or batch takes turns with the others instead of holding the engine
+  (a virtual-time fair queue).
+
+"fifo" order is arrival order: how the peers Chorus is benchmarked against queue.
+
+The queue predicts how long a new item would wait: the predicted cost of everything ranked ahead
+of it, plus what is left of the batch running now. Admission refuses work whose predicted wait is
+past the operator's target or its deadline, with a Retry-After from the same prediction.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
+
 from .errors import DeadlineExceeded, Overloaded
 from .request import SynthesisRequest
 
+QUEUE_ORDERS = ("fair", "fifo")
 PRIORITY_STEP_S = 5.0  # one priority class is worth this much waiting
 LONG_TOKENS = 400  # an item this long (in tokens: ~180 characters of Piper phonemes) is delayed the whole horizon
+TYPICAL_TOKENS = LONG_TOKENS // 4  # a typical sentence: the load score is the wait one arriving now would have
 
 
 class QueueFull(Overloaded):
-    def __init__(self, retry_after_s: int, reason: str = "the queue is full"):
-        super().__init__(f"{reason}; retry after {retry_after_s} s", retry_after_s)
+    def __init__(self, retry_after_s: float, reason: str = "the queue is full", code: str = "queue_full"):
+        retry = max(1, math.ceil(retry_after_s))
+        super().__init__(f"{reason}; retry after {retry} s", retry, code)
+
+
+def _refuse_if_late(wait_s: float, max_wait_s: float, deadline_in_s: float) -> None:
+    """QueueFull if a predicted wait is over the operator's target or past the work's deadline."""
+    if wait_s > max_wait_s:
+        raise QueueFull(wait_s - max_wait_s, f"the predicted wait is {wait_s:.0f} s, over this server's target of "
+                        f"{max_wait_s:.0f} s", "queue_wait")
+    if wait_s > deadline_in_s:
+        raise QueueFull(wait_s, f"the predicted wait of {wait_s:.0f} s is past the request's deadline",
+                        "deadline_unreachable")
+
+
+class QueueClosed(Exception):
+    """The queue's model was unloaded: submit to the model's batcher again (it loads anew)."""
 
 
 class RequestQueue:
     def __init__(self, max_size: int, aging_horizon_s: float = 2.0, long_tokens: int = LONG_TOKENS,
-                 on_drop: Callable[[str, int], None] = lambda reason, count: None, fifo: bool = False):
+                 on_drop: Callable[[str, int], None] = lambda reason, count: None, order: str = "fair",
+                 max_per_caller: int = 0):
+        if order not in QUEUE_ORDERS:
+            raise ValueError(f"unknown queue order {order!r}; one of {', '.join(QUEUE_ORDERS)}")
         self.max_size = max_size
-        self.fifo = fifo  # arrival order only: how the peers Chorus is benchmarked against queue
+        self.max_per_caller = max_per_caller  # 0: no limit
+        self.order = order
         self.on_drop = on_drop  # told of items dropped unsynthesized: ("cancelled" | "deadline", count)
         self.aging_horizon_s = aging_horizon_s
         self.long_tokens = long_tokens
         self._items: list[SynthesisRequest] = []
-        self._changed = threading.Condition()
+        self._chain_end: dict[tuple[str, int], float] = {}  # (caller, priority) -> virtual end of its last item
+        self._running = 0  # items taken and not yet done
+        self._running_until = 0.0  # predicted end of the batch running now
+        self._changed = threading.Condition(threading.RLock())
         self._closed = False
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def rank(self, item: SynthesisRequest) -> tuple[float, int]:
-        if self.fifo:
-            return (item.enqueued_at, item.seq)
+    @property
+    def busy(self) -> bool:
+        """Work is queued or running."""
+        return bool(self._items) or self._running > 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # --- ranking and predictions ------------------------------------------------------------------
+
+    def _start(self, item: SynthesisRequest, now: float, chain_end: float) -> float:
+        if self.order == "fifo":
+            return now
         length_delay = self.aging_horizon_s * min(1.0, item.length / self.long_tokens)
-        return (item.enqueued_at + item.due_s + length_delay - item.priority * PRIORITY_STEP_S, item.seq)
+        return max(now + item.due_s + length_delay - item.priority * PRIORITY_STEP_S, chain_end)
 
-    def has_room(self, count: int = 1) -> bool:
-        return len(self._items) + count <= self.max_size
+    def _starts(self, items: Sequence[SynthesisRequest], now: float) -> tuple[list[float], dict]:
+        """The virtual starts new items would get, and the callers' chain ends after them."""
+        chains: dict[tuple[str, int], float] = {}
+        starts = []
+        for item in items:
+            chain = (item.caller, item.priority)
+            end = chains.get(chain, self._chain_end.get(chain, -math.inf)) if item.caller else -math.inf
+            start = self._start(item, now, end)
+            starts.append(start)
+            if item.caller:
+                chains[chain] = start + item.cost_s
+        return starts, chains
 
-    def put_many(self, items: Sequence[SynthesisRequest], retry_after_s: int = 1,
-                 tier_limit: int | None = None) -> None:
-        """Enqueue all items or none of them. tier_limit caps how many items of the items' tier
-        may wait at once (a tier's share of the queue)."""
+    def _wait_before(self, start: float, now: float) -> float:
+        ahead = sum(item.cost_s for item in self._items if (item.start, item.seq) < (start, math.inf))
+        return max(0.0, self._running_until - now) + ahead
+
+    def predicted_wait(self, length: int = TYPICAL_TOKENS, priority: int = 0, caller: str = "") -> float:
+        """Seconds until a new item like this one would start, by the queue's present contents."""
+        probe = SynthesisRequest(tokens=np.zeros(max(1, length), dtype=np.int64), voice="", speed=1.0, key=None,
+                                 deadline=math.inf, priority=priority, caller=caller)
         with self._changed:
-            if self._closed or not self.has_room(len(items)):
-                raise QueueFull(retry_after_s)
-            if tier_limit is not None:
-                tier = items[0].tier
-                if sum(1 for item in self._items if item.tier == tier) + len(items) > tier_limit:
-                    raise QueueFull(retry_after_s, f"tier {tier!r} holds its full share of the queue "
-                                                   f"({tier_limit} items)")
             now = time.monotonic()
-            for item in items:
-                item.enqueued_at = now
+            starts, _ = self._starts([probe], now)
+            return self._wait_before(starts[0], now)
+
+    def backlog_s(self) -> float:
+        """Predicted seconds until everything queued and running now is done."""
+        with self._changed:
+            return max(0.0, self._running_until - time.monotonic()) + sum(item.cost_s for item in self._items)
+
+    # --- the callers' side --------------------------------------------------------------------------
+
+    def put_many(self, items: Sequence[SynthesisRequest], tier_limit: int | None = None,
+                 max_wait_s: float = math.inf) -> float:
+        """Enqueue all items or none; returns the first item's predicted wait. Refuses (QueueFull)
+        when the queue, the items' tier share (tier_limit items) or their caller's share is full,
+        or when the first item's predicted wait is over max_wait_s or past its deadline.
+        Raises QueueClosed once the queue's model is unloaded."""
+        with self._changed:
+            if self._closed:
+                raise QueueClosed()
+            self._check_room(len(items), items[0].tier, items[0].caller, tier_limit)
+            now = time.monotonic()
+            starts, chains = self._starts(items, now)
+            wait = self._wait_before(starts[0], now)
+            _refuse_if_late(wait, max_wait_s, items[0].deadline - now)
+            for item, start in zip(items, starts):
+                item.enqueued_at, item.start = now, start
+            self._chain_end.update(chains)
+            if len(self._chain_end) > 4 * self.max_size:  # ends in the past no longer hold anyone back
+                self._chain_end = {chain: end for chain, end in self._chain_end.items() if end > now}
             self._items.extend(items)
             self._changed.notify_all()
+            return wait
+
+    def check(self, count: int, tier: str = "", caller: str = "", priority: int = 0, tier_limit: int | None = None,
+              max_wait_s: float = math.inf, deadline_in_s: float = math.inf) -> None:
+        """What put_many would refuse for count new items like these (the cheap check made before
+        the work of tokenizing a text; put_many checks again, exactly, when it queues them)."""
+        with self._changed:
+            self._check_room(count, tier, caller, tier_limit)
+        # the shortest item's wait: a lower bound, so this never refuses what put_many would take
+        _refuse_if_late(self.predicted_wait(1, priority, caller), max_wait_s, deadline_in_s)
+
+    def _check_room(self, count: int, tier: str, caller: str, tier_limit: int | None) -> None:
+        if len(self._items) + count > self.max_size:
+            raise QueueFull(self.backlog_s())
+        if tier_limit is not None and sum(1 for item in self._items if item.tier == tier) + count > tier_limit:
+            raise QueueFull(self.backlog_s(), f"tier {tier!r} holds its full share of the queue ({tier_limit} items)")
+        if self.max_per_caller and caller:
+            held = sum(1 for item in self._items if item.caller == caller)
+            if held + count > self.max_per_caller:
+                mine = sum(item.cost_s for item in self._items if item.caller == caller)
+                raise QueueFull(mine, f"you have {held} pieces of text waiting; at most {self.max_per_caller} "
+                                f"may wait at once", "caller_queue_full")
+
+    # --- the engine thread's side -------------------------------------------------------------------
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until something is put (or closed), or the timeout passes."""
@@ -78,15 +186,6 @@ class RequestQueue:
         with self._changed:
             while not self._items and not self._closed:
                 self._changed.wait()
-
-    def close(self) -> None:
-        with self._changed:
-            self._closed = True
-            self._changed.notify_all()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def next_candidates(self, limit: int) -> list[SynthesisRequest]:
         """The most urgent item and up to limit-1 more of its batch key, most urgent first.
@@ -102,12 +201,17 @@ class RequestQueue:
                 if item.future.cancelled():
                     cancelled += 1
                 elif now > item.deadline:
-                    expired += 1
-                    item.future.set_exception(DeadlineExceeded(
-                        f"waited {now - item.enqueued_at:.1f} s in the queue, past its deadline"))
+                    # claims the future first: a cancel landing now cannot make set_exception fail
+                    if item.future.set_running_or_notify_cancel():
+                        expired += 1
+                        item.future.set_exception(DeadlineExceeded(
+                            f"request timed out: waited {now - item.enqueued_at:.1f} s in the queue, "
+                            "past its deadline"))
+                    else:
+                        cancelled += 1
                 else:
                     live.append(item)
-            live.sort(key=self.rank)
+            live.sort(key=lambda item: (item.start, item.seq))
             self._items = live
             candidates = [item for item in live if item.key == live[0].key][:limit] if live else []
         for reason, count in (("cancelled", cancelled), ("deadline", expired)):
@@ -115,7 +219,35 @@ class RequestQueue:
                 self.on_drop(reason, count)
         return candidates
 
-    def remove(self, items: Iterable[SynthesisRequest]) -> None:
+    def take(self, items: Iterable[SynthesisRequest], predicted_s: float) -> None:
+        """Items leave the queue to run (for about predicted_s seconds); `done` when they have."""
         taken = {id(item) for item in items}
         with self._changed:
             self._items = [item for item in self._items if id(item) not in taken]
+            self._running += len(taken)
+            self._running_until = time.monotonic() + predicted_s
+
+    def done(self, count: int) -> None:
+        with self._changed:
+            self._running -= count
+            if not self._running:
+                self._running_until = 0.0
+            self._changed.notify_all()
+
+    def close_if_idle(self) -> bool:
+        """Close the queue if nothing is queued or running (so its model can be unloaded); in the same
+        lock that puts take, so no item can slip in between the check and the close."""
+        with self._changed:
+            if self._closed or self.busy:
+                return self._closed
+            self._closed = True
+            self._changed.notify_all()
+            return True
+
+    def close(self) -> list[SynthesisRequest]:
+        """Close for good; returns the items still queued (the caller must end them)."""
+        with self._changed:
+            self._closed = True
+            left, self._items = self._items, []
+            self._changed.notify_all()
+            return left

@@ -28,6 +28,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .engines import ENGINE_KINDS
 from .engines.base import EngineUnavailable
 
 
@@ -38,7 +39,7 @@ class RegistryError(EngineUnavailable):
 class VoiceEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    engine: Literal["vits", "piper"]
+    engine: Literal[tuple(ENGINE_KINDS)]  # type: ignore[valid-type]
     model: str = Field(min_length=1, description="hub id or local path")
     language: str | None = Field(None, description="language code; default: the model's own")
     speaker: int | None = Field(None, ge=0, description="speaker id of a multi-speaker model")

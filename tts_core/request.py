@@ -21,8 +21,11 @@ class SynthesisRequest:
     deadline: float  # time.monotonic() after which the caller no longer waits
     priority: int = 0  # higher runs earlier; 0 is the default tier
     tier: str = ""  # the caller's tier, for its share of the queue
+    caller: str = ""  # who asked ("key:<id>", "ip:<address>"): one caller's items keep their order
     due_s: float = 0.0  # a stream's later chunk: how long after the stream's first audio it is needed
+    cost_s: float = 0.0  # predicted engine time, for the queue's wait predictions
     enqueued_at: float = 0.0
+    start: float = 0.0  # the queue's rank: virtual start time, set when queued
     future: Future = field(default_factory=Future)
     seq: int = field(default_factory=lambda: next(_sequence))
     # Stamped by the batcher when the item runs:

@@ -16,9 +16,10 @@ import numpy as np
 
 from storage.request_log import RequestLogWriter
 from tts_core.access import Caller
+from tts_core.admission import MAX_SPEED, MIN_SPEED
 from tts_core.audio import encode
 from tts_core.errors import ChorusError
-from tts_core.service import MAX_SPEED, MIN_SPEED, SpeechService
+from tts_core.service import SpeechService
 
 log = logging.getLogger(__name__)
 UI_FORMATS = ["mp3", "wav", "opus", "flac", "aac"]  # pcm has no header, so browsers cannot play it
@@ -94,7 +95,7 @@ def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter
 
     def voice_choices() -> list[tuple[str, str]]:
         return [(f"{voice.name} ({voice.language}, {engine})", voice.name)
-                for voice, engine in service.voices_with_engines()]
+                for voice, engine in service.catalogue.voices.values()]
 
     with gr.Blocks(title="Chorus", delete_cache=(KEEP_FILES_S, KEEP_FILES_S)) as demo:
         gr.Markdown("# Chorus\nType text, pick a voice, hear it. "
@@ -106,7 +107,7 @@ def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter
                     text = gr.Textbox(label="Text", lines=6, max_length=service.settings.max_chars,
                                       placeholder="Hello! This is Chorus speaking.")
                 with gr.Column(scale=2):
-                    voice = gr.Dropdown(voice_choices(), value=service.default_voice, label="Voice")
+                    voice = gr.Dropdown(voice_choices(), value=service.catalogue.default_voice, label="Voice")
                     speed = gr.Slider(MIN_SPEED, MAX_SPEED, value=1.0, step=0.05, label="Speed")
                     response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format")
                     button = gr.Button("Synthesize", variant="primary", elem_id="synthesize")

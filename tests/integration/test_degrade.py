@@ -1,4 +1,7 @@
-"""Degrade mode end to end: a slow fake engine behind the real app and a real HTTP server."""
+"""Degrade mode and overload end to end: a slow fake engine behind the real app and a real HTTP server.
+
+The load callers come from distinct addresses (X-Forwarded-For through a trusted proxy), as real
+traffic does: within one caller requests keep their order, so one address alone is not an overload."""
 
 import threading
 import time
@@ -16,8 +19,8 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 LONG_TEXT = "word " * 30  # 150 characters
 
 
-def speak(base: str, text: str) -> httpx.Response:
-    return httpx.post(f"{base}/v1/audio/speech", timeout=60,
+def speak(base: str, text: str, caller: str = "10.0.0.1") -> httpx.Response:
+    return httpx.post(f"{base}/v1/audio/speech", timeout=60, headers={"X-Forwarded-For": caller},
                       json={"model": "fake", "voice": "fake-voice", "input": text, "response_format": "wav"})
 
 
@@ -28,7 +31,8 @@ def degrade_state(base: str) -> dict:
 @pytest.fixture
 def slow_server(tmp_path):
     settings = Settings(data_dir=tmp_path, admin_token=TOKEN, batch_policy="sequential", max_queue=20,
-                        calibration_sizes=[1], model_aliases={}, voice_aliases={},
+                        calibration_sizes=[1], model_aliases={}, voice_aliases={}, trusted_proxies=["127.0.0.1"],
+                        aging_horizon_s=0.2,
                         operator_defaults={"tiers": {"open": {"rate_limit": None, "sheddable": True}},
                                            "anonymous_tier": "open"})
     engine = FakeEngine(cost=lambda size, padded: 0.05)
@@ -45,7 +49,7 @@ class Load:
 
     def _run(self, base: str, n: int) -> None:
         while not self.stop.is_set():
-            speak(base, f"load {n} {time.monotonic()}")
+            speak(base, f"load {n} {time.monotonic()}", caller=f"10.1.0.{n}")
 
     def __enter__(self):
         for thread in self.threads:
@@ -61,7 +65,7 @@ class Load:
 def test_degrade_enters_under_load_caps_text_serves_cache_and_leaves(slow_server):
     base = slow_server
     put = httpx.put(f"{base}/admin/api/settings", headers=ADMIN, json={
-        "enter_threshold": 0.5, "exit_threshold": 0.2, "latency_target_ms": 1e9, "cap_text_chars": 100})
+        "enter_threshold": 0.5, "exit_threshold": 0.2, "queue_wait_target_s": 1.0, "cap_text_chars": 100})
     assert put.status_code == 200, put.text
     cached_text = "say this again"
     first = speak(base, cached_text)
@@ -101,10 +105,66 @@ def test_degrade_enters_under_load_caps_text_serves_cache_and_leaves(slow_server
 def test_shed_low_priority_answers_503_with_retry_after(slow_server):
     base = slow_server
     httpx.put(f"{base}/admin/api/settings", headers=ADMIN, json={
-        "enter_threshold": 0.5, "exit_threshold": 0.2, "latency_target_ms": 1e9,
+        "enter_threshold": 0.5, "exit_threshold": 0.2, "queue_wait_target_s": 1.0,
         "shed_enabled": True})  # the anonymous tier here is sheddable
     with Load(base, clients=16):
         assert wait_until(lambda: degrade_state(base)["active"])
         shed = speak(base, "anyone there")
         assert shed.status_code == 503 and int(shed.headers["retry-after"]) >= 1
         assert shed.json()["error"]["code"] == "shed_low_priority"
+
+
+def test_one_long_text_on_an_idle_server_does_not_enter_degrade_mode(slow_server):
+    # 18 sentences of 50 ms each: 0.9 s of synthesis, almost twice the wait target set here; an idle
+    # server's only caller is not a load (the old score, latency over a target, called this overload).
+    base = slow_server
+    assert httpx.put(f"{base}/admin/api/settings", headers=ADMIN, json={
+        "enter_threshold": 0.5, "exit_threshold": 0.2, "queue_wait_target_s": 0.5}).status_code == 200
+    long_text = " ".join(f"Sentence {n} of a long answer." for n in range(18))  # the queue holds 20
+    scores = []
+    watching = threading.Event()
+
+    def watch():
+        while not watching.is_set():
+            scores.append(degrade_state(base)["score"])
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        assert speak(base, long_text).status_code == 200
+    finally:
+        watching.set()
+        watcher.join(10)
+    assert scores and max(scores) < 0.5, max(scores)
+    assert not degrade_state(base)["active"]
+    follow_up = speak(base, "word " * 60)  # 300 characters: over cap_text_chars, refused only when degraded
+    assert follow_up.status_code == 200
+
+
+def test_overload_answers_503_fast_with_an_honest_retry_after_and_recovers(slow_server):
+    base = slow_server
+    assert httpx.put(f"{base}/admin/api/settings", headers=ADMIN, json={
+        "enter_threshold": 0.5, "exit_threshold": 0.2, "exit_hold_s": 1.0, "queue_wait_target_s": 0.5,
+        "cap_text_enabled": False}).status_code == 200
+    answers: list[tuple[int, float, str | None]] = []
+
+    def one(n: int) -> None:
+        started = time.monotonic()
+        response = speak(base, f"caller {n} says hello", caller=f"10.2.0.{n}")
+        answers.append((response.status_code, time.monotonic() - started, response.headers.get("retry-after")))
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(40)]  # 2 s of work at once
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    refused = [answer for answer in answers if answer[0] == 503]
+    served = [answer for answer in answers if answer[0] == 200]
+    assert len(answers) == 40 and len(refused) + len(served) == 40
+    assert refused and served
+    # a refusal comes at once (well before the 2 s the queue would have taken), saying when to come back
+    assert max(seconds for _, seconds, _ in refused) < 1.5
+    assert all(1 <= int(retry) <= 3 for _, _, retry in refused)
+    # degrade mode leaves within seconds once the queue has drained (exit_hold_s is 1 s here)
+    assert wait_until(lambda: not degrade_state(base)["active"], 5)
+    assert speak(base, "after the storm", caller="10.3.0.1").status_code == 200

@@ -5,14 +5,19 @@ from tts_core.errors import InvalidSetting
 
 
 def test_load_score_is_the_worst_pressure():
-    score, parts = load_score(LoadInputs(0.2, 9000, 0.5), latency_target_ms=10_000)
-    assert score == pytest.approx(0.9) and parts == {"queue": 0.2, "latency": 0.9, "device_memory": 0.5}
-    assert load_score(LoadInputs(3.0, None, None), 10_000)[0] == 1.0
+    score, parts = load_score(LoadInputs(queue_wait_s=9.0, device_memory_used=0.95), queue_wait_target_s=10)
+    assert score == pytest.approx(0.95) and parts == {"queue_wait": 0.9, "device_memory": 0.95}
+    assert load_score(LoadInputs(30.0, None), 10)[0] == 1.0
+
+
+def waiting(fraction: float) -> LoadInputs:
+    """A predicted queue wait of this fraction of the default 10 s target."""
+    return LoadInputs(queue_wait_s=10 * fraction, device_memory_used=None)
 
 
 def test_hysteresis_between_enter_and_exit():
     controller = DegradeController(OperatorSettings(enter_threshold=0.8, exit_threshold=0.4, exit_hold_s=0))
-    trace = [controller.update(LoadInputs(fill, None, None)).active for fill in (0.5, 0.85, 0.6, 0.41, 0.4, 0.7)]
+    trace = [controller.update(waiting(fill)).active for fill in (0.5, 0.85, 0.6, 0.41, 0.4, 0.7)]
     assert trace == [False, True, True, True, False, False]
 
 
@@ -23,7 +28,7 @@ def test_leaving_waits_for_the_score_to_stay_calm_for_the_hold():
     trace = []
     for t, fill in ((0, 0.9), (1, 0.0), (3, 0.6), (4, 0.1), (8, 0.0), (9, 0.2)):
         now[0] = t
-        trace.append(controller.update(LoadInputs(fill, None, None)).active)
+        trace.append(controller.update(waiting(fill)).active)
     # calm at 1 s is broken at 3 s; calm again from 4 s, so it ends at 9 s, not 6 s
     assert trace == [True, True, True, True, True, False]
 
@@ -31,7 +36,7 @@ def test_leaving_waits_for_the_score_to_stay_calm_for_the_hold():
 def test_an_operator_change_applies_at_once_without_the_hold():
     settings = OperatorSettings(enter_threshold=0.8, exit_threshold=0.4, exit_hold_s=60)
     controller = DegradeController(settings)
-    assert controller.update(LoadInputs(0.85, None, None)).active
+    assert controller.update(waiting(0.85)).active
     controller.configure(settings.merged({"enter_threshold": 1.0, "exit_threshold": 0.9}))
     assert not controller.state.active
 
@@ -39,7 +44,7 @@ def test_an_operator_change_applies_at_once_without_the_hold():
 def test_actions_follow_the_switches():
     settings = OperatorSettings(shed_enabled=True, lower_precision_enabled=False)
     controller = DegradeController(settings)
-    assert controller.update(LoadInputs(1.0, None, None)).actions == ("cap_text", "cache_first", "shed")
+    assert controller.update(waiting(1.0)).actions == ("cap_text", "cache_first", "shed")
     controller.configure(settings.merged({"degrade_enabled": False}))
     assert controller.state.actions == () and not controller.state.active
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.fakes import flat_cost, linear_cost
-from tts_core.policy import AdaptivePolicy, BatchPolicy, CostModel, TimeoutPolicy, make_policy
+from tts_core.policy import SOLO_AFTER_MISS, AdaptivePolicy, BatchPolicy, CostModel, TimeoutPolicy, make_policy
 
 
 @dataclass
@@ -111,3 +111,18 @@ def test_a_batch_must_beat_its_own_items_run_one_by_one_not_just_the_head():
     assert policy.plan([Item(length) for length in lengths], now=0.0).take == (0,)
     # Equal lengths, where padding wastes nothing, still batch when the fixed costs make it pay.
     assert len(policy.plan([Item(21) for _ in lengths], now=0.0).take) > 1
+
+
+def test_a_batch_that_did_not_pay_sends_the_next_dispatches_alone():
+    # Calibrated on a curve where batching pays (a noisy sweep can say so on a CPU where it does not) ...
+    policy = calibrated(flat_cost)
+    queued = [Item(50) for _ in range(20)]
+    assert len(policy.plan(queued, now=0.0).take) == 16
+    # ... then a batch of 16 takes longer than its items would have taken alone.
+    alone = 16 * policy.cost_model.predict(1, 50)
+    policy.observe(16, 16 * 50, 2 * alone, real_tokens=16 * 50)
+    assert all(policy.plan(queued, now=0.0).take == (0,) for _ in range(SOLO_AFTER_MISS))
+    # a batch that pays does not
+    fresh = calibrated(flat_cost)
+    fresh.observe(16, 16 * 50, flat_cost(16, 16 * 50), real_tokens=16 * 50)
+    assert len(fresh.plan(queued, now=0.0).take) == 16

@@ -1,6 +1,7 @@
 """The model pool: lazy loading, LRU unloading by count and by memory, pinned models, reloads."""
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -54,7 +55,8 @@ def test_models_load_when_first_asked_for_and_pinned_ones_at_start():
     service = make_service([spec("a", pinned=True, loads=loads), spec("b", loads=loads)])
     try:
         assert loads == ["a"] and set(service.batchers) == {"a"}
-        assert {voice.name for voice in service.voices()} == {"a-voice", "b-voice"}  # listed before loading
+        # listed before loading
+        assert {voice.name for voice in service.catalogue.voice_list()} == {"a-voice", "b-voice"}
         speak(service, "b-voice")
         assert loads == ["a", "b"] and set(service.batchers) == {"a", "b"}
         assert service.status()["engines"]["b"]["loaded"] is True
@@ -149,8 +151,43 @@ def test_reloading_the_registry_keeps_unchanged_models_adds_new_and_removes_gone
         summary = service.reload_registry([spec("pin", pinned=True), spec("a"), spec("c", pinned=True)])
         assert summary == {"kept": ["pin", "a"], "removed": ["b"], "added": ["c"]}
         assert service.batchers["a"] is a_batcher and "c" in service.batchers  # pinned: loaded at once
-        assert {voice.name for voice in service.voices()} == {"pin-voice", "a-voice", "c-voice"}
+        assert {voice.name for voice in service.catalogue.voice_list()} == {"pin-voice", "a-voice", "c-voice"}
         with pytest.raises(Exception, match="does not exist"):
             speak(service, "b-voice")
+    finally:
+        service.stop()
+
+
+class SlowVoices(list):
+    """A model's voice list that takes a while to go through (a big registry, a slow machine)."""
+
+    def __iter__(self):
+        for voice in super().__iter__():
+            time.sleep(0.05)
+            yield voice
+
+
+def test_a_reload_never_hides_a_valid_voice_from_requests_meanwhile():
+    service = make_service([spec("pin", pinned=True), spec("a")])
+    try:
+        slow = spec("b")
+        slow.voices = SlowVoices(slow.voices * 4)
+        failures, done = [], threading.Event()
+
+        def reader():
+            while not done.is_set():
+                try:
+                    service.catalogue.resolve_voice("a-voice")
+                except Exception as error:  # the old index was cleared and refilled in place
+                    failures.append(error)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        try:
+            service.reload_registry([spec("pin", pinned=True), spec("a"), slow])
+        finally:
+            done.set()
+            thread.join(10)
+        assert not failures and "b-voice" in service.catalogue.voices
     finally:
         service.stop()

@@ -25,6 +25,7 @@ def service():
     engine = CountingEngine()
     service = SpeechService(settings, [engine], Metrics())
     service.start()
+    assert service.batchers["fake"].ready.wait(10)  # warm-up runs the engine: before a test holds it
     yield service
     service.stop()
 
@@ -37,13 +38,13 @@ def test_sentences_are_scheduled_separately_and_joined_in_order(service):
 
 
 def test_aliases_resolve_and_broken_aliases_are_dropped(service):
-    assert service.resolve_voice("alloy")[0].name == "fake-voice"
-    assert "ghost" not in service.voice_aliases
+    assert service.catalogue.resolve_voice("alloy")[0].name == "fake-voice"
+    assert "ghost" not in service.catalogue.voice_aliases
     with pytest.raises(InvalidRequest) as raised:
-        service.resolve_voice("ghost")
+        service.catalogue.resolve_voice("ghost")
     assert raised.value.param == "voice" and "fake-voice" in raised.value.message
     with pytest.raises(InvalidRequest) as raised:
-        service.resolve_model("tts-2")
+        service.catalogue.resolve_model("tts-2")
     assert raised.value.param == "model"
 
 

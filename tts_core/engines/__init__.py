@@ -52,9 +52,29 @@ def load_voice_engine(settings: Settings, voice: str) -> Engine:
     raise EngineUnavailable(f"no configured model speaks the voice {voice!r}; configured: {', '.join(known)}")
 
 
+def _piper_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings) -> tuple[list[Voice], Loader]:
+    from .piper import PiperEngine, describe_piper
+
+    return describe_piper(model, voices, name), lambda: PiperEngine(model, named_voices=voices, name=name,
+                                                                    **_piper_options(settings))
+
+
+def _vits_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings) -> tuple[list[Voice], Loader]:
+    from .vits import VitsEngine, describe_vits  # torch and transformers load only when a VITS voice is configured
+
+    return describe_vits(model, voices), lambda: VitsEngine(model, voices, settings.device, settings.dtype, name=name)
+
+
+Loader = Callable[[], Engine]
+# The registry's `engine:` kinds: (model, its voices, a unique name, settings) -> (the voices described, a loader)
+ENGINE_KINDS: dict[str, Callable[[str, list[VoiceSpec], str, Settings], tuple[list[Voice], Loader]]] = {
+    "piper": _piper_kind,
+    "vits": _vits_kind,
+}
+
+
 def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
     from ..registry import read_registry
-    from .piper import PiperEngine, describe_piper
 
     specs, names = [], set(taken)
     for (kind, model), entries in read_registry(settings.voices_file).by_model().items():
@@ -62,21 +82,9 @@ def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
         name = _unique(model.rstrip("/").rsplit("/", 1)[-1].removesuffix(".onnx"), names)
         names.add(name)
         pinned = any(entry.pinned for entry in entries.values())
-        source = (kind, model, tuple(entries.items()))
-        if kind == "piper":
-            described = describe_piper(model, voices, name)
-            load = _bind(PiperEngine, model, named_voices=voices, name=name, **_piper_options(settings))
-        else:
-            from .vits import VitsEngine, describe_vits
-
-            described = describe_vits(model, voices)
-            load = _bind(VitsEngine, model, voices, settings.device, settings.dtype, name=name)
-        specs.append(ModelSpec(name, described, load, pinned, source, registry=True))
+        described, load = ENGINE_KINDS[kind](model, voices, name, settings)
+        specs.append(ModelSpec(name, described, load, pinned, (kind, model, tuple(entries.items())), registry=True))
     return specs
-
-
-def _bind(factory, *args, **kwargs) -> Callable[[], Engine]:
-    return lambda: factory(*args, **kwargs)
 
 
 def _piper_options(settings: Settings) -> dict:
@@ -92,5 +100,5 @@ def _unique(name: str, taken: set[str]) -> str:
     return candidate
 
 
-__all__ = ["Engine", "EngineUnavailable", "ModelSpec", "Voice", "VoiceSpec", "load_voice_engine", "model_specs",
-           "registry_specs"]
+__all__ = ["ENGINE_KINDS", "Engine", "EngineUnavailable", "ModelSpec", "Voice", "VoiceSpec", "load_voice_engine",
+           "model_specs", "registry_specs"]

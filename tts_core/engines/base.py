@@ -72,7 +72,8 @@ class Engine(ABC):
         return None
 
     def release_memory(self) -> None:
-        """Hand cached, unused device memory back."""
+        """Hand cached, unused memory back (device caches, allocator arenas). Called on the engine's
+        thread, between batches."""
 
     def memory_bytes(self) -> int:
         """What the loaded model holds (weights), for the budget of loaded models."""

@@ -70,6 +70,9 @@ class PiperEngine(Engine):
         self._model_bytes = len(graph)
         session = onnxruntime.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
         self._session = session
+        self._shrink_arena = onnxruntime.RunOptions()
+        self._shrink_arena.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        self._last_inputs: dict[str, np.ndarray] | None = None  # a one-item input to run release_memory with
         # PiperVoice is used for its front end only (espeak-ng phonemes -> ids); the session
         # is ours, and synthesis below runs whole batches.
         self._front_end = PiperVoice(session=session, config=self.config)
@@ -110,9 +113,21 @@ class PiperEngine(Engine):
         if self._multi_speaker:
             inputs["sid"] = np.array([self._speaker_id(item.voice) for item in batch], dtype=np.int64)
         audio, durations = self._session.run(None, inputs)
+        self._last_inputs = {name: value[:1] if value.ndim and name != "scales" else value
+                             for name, value in inputs.items()}
         audio = audio.reshape(len(batch), -1)
         samples = durations.reshape(len(batch), -1).sum(axis=1) * self.config.hop_length
         return [peak_normalize(audio[row, : int(samples[row])]) for row in range(len(batch))]
+
+
+    def release_memory(self) -> None:
+        """onnxruntime's CPU arena keeps the memory of the largest batch it ever ran (the warm-up
+        sweep's, a 400-character sentence's: hundreds of MB); a one-item run with arena shrinkage
+        gives the unused part back. Called on the engine's thread when it goes idle."""
+        if self._last_inputs is not None:
+            inputs = {**self._last_inputs, "input": self._last_inputs["input"][:, :1],
+                      "input_lengths": np.ones(1, dtype=np.int64)}
+            self._session.run(None, inputs, self._shrink_arena)
 
 
 def _piper_voices(name: str, config: PiperConfig, named_voices: Sequence[VoiceSpec]

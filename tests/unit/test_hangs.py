@@ -1,0 +1,126 @@
+"""Nothing hangs: every queued item ends (synthesized, failed with a clear error, or moved to the
+reloaded model), whatever unloads, stops or cancels around it."""
+
+import asyncio
+import threading
+
+import pytest
+
+from tests.fakes import FakeEngine
+from tests.unit.conftest import make_item
+from tests.unit.test_pool import make_service, spec
+from tts_core.engines import ModelSpec
+from tts_core.errors import DeadlineExceeded, Overloaded
+from tts_core.monitor import Monitor
+from tts_core.queue import QueueClosed, RequestQueue
+from tts_core.scheduling import audio_of
+
+
+def test_an_item_queued_on_a_model_unloaded_meanwhile_runs_on_the_reloaded_model():
+    service = make_service([spec("pin", pinned=True), spec("a"), spec("b")], max_loaded_models=2)
+    try:
+        voice, model = service.catalogue.resolve("a-voice")
+        lookup = service.pool.batcher
+
+        async def scenario():
+            stale = await lookup("a")
+            await lookup("b")  # loading b unloads the idle a (the count limit is 2, with the pinned one)
+            assert stale.queue.closed and "a" not in service.batchers
+
+            async def stale_first(name):  # the caller looked a up just before it was unloaded
+                service.pool.batcher = lookup
+                return stale
+
+            service.pool.batcher = stale_first
+            items = await service.scheduler.submit("hello", voice, model, 1.0, None)
+            return await asyncio.wait_for(service.scheduler.collect(items), 10)
+
+        assert asyncio.run(scenario())[0].size > 0
+        assert service.batchers["a"] is not None  # loaded again, and the item ran there
+    finally:
+        service.stop()
+
+
+def test_an_idle_check_and_a_submission_cannot_interleave():
+    queue = RequestQueue(10)
+    queue.put_many([make_item(5)])
+    assert not queue.close_if_idle()  # something is queued
+    taken = queue.next_candidates(1)
+    queue.take(taken, 0.1)
+    assert not queue.close_if_idle()  # something is running
+    queue.done(1)
+    assert queue.close_if_idle()
+    with pytest.raises(QueueClosed):
+        queue.put_many([make_item(5)])
+
+
+def test_stopping_a_batcher_fails_what_is_still_queued(start_batcher):
+    engine = FakeEngine()
+    batcher = start_batcher(engine, policy="sequential")
+    engine.gate.clear()
+    running, queued = make_item(5, tag=1), make_item(5, tag=2)
+    batcher.submit([running])
+    assert engine.calls_started.acquire(timeout=5)
+    batcher.submit([queued])
+    stopper = threading.Thread(target=batcher.stop)
+    stopper.start()
+    with pytest.raises(Overloaded, match="stopped"):
+        queued.future.result(timeout=5)
+    engine.gate.set()
+    stopper.join(10)
+    assert running.future.result(timeout=5).size > 0  # the batch that was running finishes
+
+
+def test_a_cancel_racing_an_expiry_neither_raises_nor_loses_the_item():
+    queue = RequestQueue(10)
+    expired = make_item(5)
+    queue.put_many([expired])
+    expired.deadline = 0.0
+    expired.future.cancel()
+    real_cancelled = expired.future.cancelled
+    expired.future.cancelled = lambda: False  # the cancel lands between the check and set_exception
+    drops = []
+    queue.on_drop = lambda reason, count: drops.append(reason)
+    assert queue.next_candidates(5) == []
+    assert real_cancelled() and drops == ["cancelled"]
+
+
+def test_a_caller_never_waits_for_ever_on_an_item_nobody_answers():
+    lost = make_item(5)
+    lost.deadline = 0.0  # already past: only the run allowance is left
+    with pytest.raises(DeadlineExceeded, match="no audio"):
+        asyncio.run(audio_of(lost, run_allowance_s=0.05))
+    assert lost.future.cancelled()
+
+
+class PrecisionEngine(FakeEngine):
+    low = False
+
+    def set_low_precision(self, enabled: bool) -> bool:
+        self.low = enabled
+        return True
+
+
+def test_a_model_loaded_again_while_degraded_is_lowered_too():
+    engines = []
+
+    def load():
+        engines.append(PrecisionEngine(name="low"))
+        return engines[-1]
+
+    low = ModelSpec("low", PrecisionEngine(name="low").voices(), load, pinned=False, source=("low",))
+    service = make_service([spec("pin", pinned=True), low, spec("b")], max_loaded_models=2)
+    monitor = Monitor(service)
+    try:
+        asyncio.run(service.pool.batcher("low"))
+        first = service.batchers["low"]
+        monitor._set_precision(service.batchers, low=True)  # degrade mode's lower_precision action
+        assert first.precision == "low" and engines[0].low
+        asyncio.run(service.pool.batcher("b"))  # unloads the idle "low" ...
+        asyncio.run(service.pool.batcher("low"))  # ... and loads it again, while still degraded
+        again = service.batchers["low"]
+        assert again is not first and again.precision == "full" and not engines[1].low
+        monitor._set_precision(service.batchers, low=True)
+        assert again.precision == "low" and engines[1].low
+    finally:
+        service.stop()

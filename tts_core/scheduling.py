@@ -1,0 +1,149 @@
+"""Scheduling: a text becomes queued pieces on its model's batcher, and their audio comes back.
+
+A text is cut into sentences (a stream's first pieces shorter, so its first audio comes sooner),
+tokenized, and queued as `SynthesisRequest`s with the caller's identity, priority and deadline;
+a stream's later pieces are due when their audio will be needed. The queue refuses the whole text
+at once if its predicted wait is past the operator's target (or its deadline). Every piece ends:
+synthesized, failed, dropped when its caller goes, or timed out here if nothing answers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from .access import Caller, Tier
+from .audio import StreamEncoder, edge_faded
+from .batcher import Batcher
+from .config import Settings
+from .engines import Voice
+from .errors import DeadlineExceeded, InvalidRequest, Overloaded
+from .metrics import Metrics
+from .pool import ModelPool
+from .queue import QueueClosed
+from .request import SynthesisRequest
+from .text import ramp_up, split_chunks
+
+STREAM_DUE_MARGIN = 0.8  # a stream's piece is scheduled as if due at 80% of its estimated play time
+SUBMIT_TRIES = 3  # a model unloaded between lookup and queueing is loaded again, this often at most
+
+
+class Scheduler:
+    def __init__(self, settings: Settings, pool: ModelPool, metrics: Metrics):
+        self.settings = settings
+        self.pool = pool
+        self.metrics = metrics
+
+    async def submit(self, text: str, voice: Voice, model_name: str, speed: float, caller: Caller | None,
+                     streaming: bool = False, max_wait_s: float = math.inf) -> list[SynthesisRequest]:
+        """Queue a text (loading its model first if need be); the items' futures resolve to their
+        audio, in order."""
+        tier = caller.tier if caller else Tier()
+        identity = caller.identity if caller else ""
+        timeout_s = min(self.settings.request_timeout_s, tier.request_timeout_s)
+        batcher = await self.pool.batcher(model_name)
+        speed *= voice.speed  # the voice's default speed, times the request's
+        chunks = split_chunks(text, self.settings.max_chunk_chars)
+        if streaming and self.settings.stream_first_chunk_chars:
+            chunks = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)
+        share = None if tier.max_queue_share >= 1 else max(1, int(tier.max_queue_share * batcher.queue.max_size))
+        tier_name = caller.tier_name if caller else ""
+        batcher.queue.check(len(chunks), tier_name, identity, tier.priority, share, max_wait_s, timeout_s)
+        engine = batcher.engine
+        token_lists = await asyncio.to_thread(
+            lambda: [tokens for chunk in chunks for tokens in engine.tokenize(chunk, voice.name)])
+        token_lists = [tokens for tokens in token_lists if tokens.size]
+        if not token_lists:
+            raise InvalidRequest("input has nothing that can be spoken", "input")
+        deadline = time.monotonic() + timeout_s
+        key = engine.batch_key(voice.name, speed)
+        items = [SynthesisRequest(tokens=tokens, voice=voice.name, speed=speed, key=key, deadline=deadline,
+                                  priority=tier.priority, tier=tier_name, caller=identity)
+                 for tokens in token_lists]
+        if streaming:
+            _set_due_times(items, batcher, speed)
+        await self._queue(items, batcher, model_name, share, max_wait_s)
+        self.metrics.characters.inc(len(text))
+        return items
+
+    async def _queue(self, items: list[SynthesisRequest], batcher: Batcher, model_name: str, share: int | None,
+                     max_wait_s: float) -> None:
+        for _ in range(SUBMIT_TRIES):
+            try:
+                batcher.submit(items, share, max_wait_s)
+                return
+            except QueueClosed:  # unloaded just now: load it again
+                batcher = await self.pool.batcher(model_name)
+        raise Overloaded(f"model {model_name} is being reloaded; retry", 1, "model_reloading")
+
+    async def collect(self, items: list[SynthesisRequest]) -> list[np.ndarray]:
+        """Every item's audio, in order. If one fails or the caller goes, nothing else runs for it."""
+        try:
+            return list(await asyncio.gather(*(audio_of(item, self.settings.request_timeout_s) for item in items)))
+        except BaseException:  # caller gone, deadline or engine error
+            for item in items:
+                item.future.cancel()
+            raise
+
+
+async def audio_of(item: SynthesisRequest, run_allowance_s: float) -> np.ndarray:
+    """The item's audio. The batcher ends every item it is given; this bound (its deadline, plus the
+    longest it may take to run) is what keeps a caller from waiting for ever if something is wrong."""
+    patience = max(0.0, item.deadline - time.monotonic()) + run_allowance_s
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(item.future), patience)
+    except TimeoutError:
+        item.future.cancel()
+        raise DeadlineExceeded(f"request timed out: no audio within {patience:.0f} s") from None
+
+
+def _set_due_times(items: list[SynthesisRequest], batcher: Batcher, speed: float) -> None:
+    """Each piece of a stream is needed once the ones before it have played (estimated low)."""
+    played = 0.0
+    for item in items:
+        item.due_s = STREAM_DUE_MARGIN * played
+        item.deadline += item.due_s
+        played += item.length * batcher.audio_s_per_token / speed
+
+
+class SentenceStream:
+    """The audio of one queued text, sentence by sentence, strictly in order, each piece ready to
+    concatenate (edges faded, the pause in front). Closing it, or leaving a loop over it early,
+    takes the sentences not yet synthesized out of the queue."""
+
+    def __init__(self, voice: Voice, items: list[SynthesisRequest], started: float, metrics: Metrics,
+                 run_allowance_s: float):
+        self.voice, self.sample_rate, self.items = voice, voice.sample_rate, items
+        self._started, self._metrics, self._run_allowance_s = started, metrics, run_allowance_s
+
+    async def __aiter__(self) -> AsyncIterator[np.ndarray]:
+        try:
+            for index, item in enumerate(self.items):
+                audio = await audio_of(item, self._run_allowance_s)
+                if index == 0:
+                    self._metrics.first_audio(time.monotonic() - self._started)
+                self._metrics.audio_seconds.inc(audio.size / self.sample_rate)
+                yield edge_faded(audio, self.sample_rate, index > 0)
+            self._metrics.chunks_per_request.observe(len(self.items))
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for item in self.items:
+            item.future.cancel()
+
+    async def encoded(self, response_format: str) -> AsyncIterator[tuple[bytes, float]]:
+        """The stream encoded as one file in a streamable format: (bytes, seconds of audio they
+        add); the last pair flushes the encoder."""
+        encoder = StreamEncoder(response_format, self.sample_rate)
+        try:
+            async for audio in aiter(self):
+                data = await asyncio.to_thread(encoder.encode, audio)
+                yield data, audio.size / self.sample_rate
+            yield await asyncio.to_thread(encoder.finish), 0.0
+        finally:
+            self.close()
