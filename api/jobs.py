@@ -44,7 +44,7 @@ def public_job(job: dict) -> dict:
         "timings": {"queued_s": round((started - created).total_seconds(), 3) if started else None,
                     "run_s": round((finished - started).total_seconds(), 3) if started and finished else None},
         "request": {key: request[key] for key in ("voice", "model", "speed", "response_format")}
-                   | {"characters": len(request["input"])},
+                   | {"characters": len(request["input"]) if "input" in request else request["characters"]},
         "audio_s": job["audio_s"], "expired": expired,
         "audio_url": f"/v1/audio/jobs/{job['id']}/audio" if job["status"] == "succeeded" and not expired else None,
     }
@@ -110,9 +110,10 @@ async def get_job_audio(request: Request, job_id: str = JobId,
 @router.delete("/v1/audio/jobs/{job_id}", responses=error_responses(400, 401, 404, 409))
 async def cancel_job(request: Request, job_id: str = JobId,
                      admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
-    job = await asyncio.to_thread(_own_job, request, job_id, admission[0])
-    cancelled = _runner(request).cancel(job_id)
+    await asyncio.to_thread(_own_job, request, job_id, admission[0])
+    cancelled = await _runner(request).cancel(job_id)
     if cancelled is None:
+        job = await asyncio.to_thread(_own_job, request, job_id, admission[0])  # as it ended, not as it was
         raise Conflict(f"job {job_id} has already ended ({job['status']})", "job_id", "job_finished")
     return public_job(cancelled)
 
