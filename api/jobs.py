@@ -19,7 +19,7 @@ from tts_core.errors import ChorusError, Conflict, Gone, InvalidRequest, NotFoun
 
 from .errors import invalid_input
 from .schemas import BatchRequest, JobRequest, SpeechRequest, error_responses
-from .speech import admitted
+from .speech import admitted, until_disconnect
 
 router = APIRouter(tags=["jobs"])
 JobId = Path(min_length=1, max_length=40, pattern=r"^job_[0-9a-f]+$")
@@ -148,7 +148,7 @@ async def speech_batch(body: BatchRequest, request: Request,
     if body.mode == "jobs":
         return JSONResponse({"object": "list", "data": [await _job_item(request, index, item, caller)
                                                         for index, item in items]}, status_code=202)
-    return await _zip(service, items, caller)
+    return await _zip(request, items, caller)
 
 
 async def _job_item(request: Request, index: int, item: SpeechRequest | ChorusError, caller: Caller) -> dict:
@@ -160,13 +160,17 @@ async def _job_item(request: Request, index: int, item: SpeechRequest | ChorusEr
         return _item_error(index, refused)
 
 
-async def _zip(service, items: list[tuple[int, SpeechRequest | ChorusError]], caller: Caller) -> Response:
-    """Every valid item synthesized at once (so they batch together); one zip with a manifest."""
+async def _zip(request: Request, items: list[tuple[int, SpeechRequest | ChorusError]], caller: Caller) -> Response:
+    """Every valid item synthesized at once (so they batch together); one zip with a manifest. A client
+    that hangs up has its items dropped from the queue, as any other request's."""
+    service = request.app.state.service
+
     async def speak(item: SpeechRequest):
         return await service.speak(item.input, item.voice_name, item.model, item.speed, item.response_format, caller)
 
     valid = [(index, item) for index, item in items if not isinstance(item, ChorusError)]
-    spoken = await asyncio.gather(*(speak(item) for _, item in valid), return_exceptions=True)
+    spoken = await until_disconnect(request, asyncio.gather(*(speak(item) for _, item in valid),
+                                                            return_exceptions=True))
     outcomes = dict(zip((index for index, _ in valid), spoken))
     manifest, buffer = [], io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
