@@ -19,7 +19,7 @@ from tts_core.errors import ChorusError, Conflict, Gone, InvalidRequest, NotFoun
 
 from .errors import invalid_input
 from .schemas import BatchRequest, JobRequest, SpeechRequest, error_responses
-from .speech import admitted
+from .speech import admitted, until_disconnect
 
 router = APIRouter(tags=["jobs"])
 JobId = Path(min_length=1, max_length=40, pattern=r"^job_[0-9a-f]+$")
@@ -44,7 +44,7 @@ def public_job(job: dict) -> dict:
         "timings": {"queued_s": round((started - created).total_seconds(), 3) if started else None,
                     "run_s": round((finished - started).total_seconds(), 3) if started and finished else None},
         "request": {key: request[key] for key in ("voice", "model", "speed", "response_format")}
-                   | {"characters": len(request["input"])},
+                   | {"characters": len(request["input"]) if "input" in request else request["characters"]},
         "audio_s": job["audio_s"], "expired": expired,
         "audio_url": f"/v1/audio/jobs/{job['id']}/audio" if job["status"] == "succeeded" and not expired else None,
     }
@@ -110,9 +110,10 @@ async def get_job_audio(request: Request, job_id: str = JobId,
 @router.delete("/v1/audio/jobs/{job_id}", responses=error_responses(400, 401, 404, 409))
 async def cancel_job(request: Request, job_id: str = JobId,
                      admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
-    job = await asyncio.to_thread(_own_job, request, job_id, admission[0])
-    cancelled = _runner(request).cancel(job_id)
+    await asyncio.to_thread(_own_job, request, job_id, admission[0])
+    cancelled = await _runner(request).cancel(job_id)
     if cancelled is None:
+        job = await asyncio.to_thread(_own_job, request, job_id, admission[0])  # as it ended, not as it was
         raise Conflict(f"job {job_id} has already ended ({job['status']})", "job_id", "job_finished")
     return public_job(cancelled)
 
@@ -147,7 +148,7 @@ async def speech_batch(body: BatchRequest, request: Request,
     if body.mode == "jobs":
         return JSONResponse({"object": "list", "data": [await _job_item(request, index, item, caller)
                                                         for index, item in items]}, status_code=202)
-    return await _zip(service, items, caller)
+    return await _zip(request, items, caller)
 
 
 async def _job_item(request: Request, index: int, item: SpeechRequest | ChorusError, caller: Caller) -> dict:
@@ -159,13 +160,17 @@ async def _job_item(request: Request, index: int, item: SpeechRequest | ChorusEr
         return _item_error(index, refused)
 
 
-async def _zip(service, items: list[tuple[int, SpeechRequest | ChorusError]], caller: Caller) -> Response:
-    """Every valid item synthesized at once (so they batch together); one zip with a manifest."""
+async def _zip(request: Request, items: list[tuple[int, SpeechRequest | ChorusError]], caller: Caller) -> Response:
+    """Every valid item synthesized at once (so they batch together); one zip with a manifest. A client
+    that hangs up has its items dropped from the queue, as any other request's."""
+    service = request.app.state.service
+
     async def speak(item: SpeechRequest):
         return await service.speak(item.input, item.voice_name, item.model, item.speed, item.response_format, caller)
 
     valid = [(index, item) for index, item in items if not isinstance(item, ChorusError)]
-    spoken = await asyncio.gather(*(speak(item) for _, item in valid), return_exceptions=True)
+    spoken = await until_disconnect(request, asyncio.gather(*(speak(item) for _, item in valid),
+                                                            return_exceptions=True))
     outcomes = dict(zip((index for index, _ in valid), spoken))
     manifest, buffer = [], io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine, delete, event, func, select, update
+from sqlalchemy import and_, create_engine, delete, event, func, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 
@@ -184,19 +184,23 @@ class Storage:
                 row.status, row.started_at, row.attempts = "running", now, row.attempts + 1
             return [_job_dict(row) for row in rows]
 
+    def cancel_job(self, job_id: str) -> dict | None:
+        """queued|running -> cancelled, in one conditional update; None when the job had ended (or
+        never was). Whatever a running attempt does afterwards, this row stays cancelled."""
+        return self._move_job(job_id, ("queued", "running"), "cancelled", finished_at=_now())
+
     def finish_job(self, job_id: str, status: str, **fields: Any) -> dict | None:
-        """Move a running (or, for cancelled, queued) job to its end state or back to queued."""
-        allowed = {"queued", "running"} if status == "cancelled" else {"running"}
+        """running -> succeeded, failed or back to queued; None when the job is no longer running
+        (a cancel came first, and wins)."""
+        if status != "queued":
+            fields.setdefault("finished_at", _now())
+        return self._move_job(job_id, ("running",), status, **fields)
+
+    def _move_job(self, job_id: str, sources: tuple[str, ...], status: str, **fields: Any) -> dict | None:
         with self._session.begin() as session:
-            row = session.get(Job, job_id)
-            if row is None or row.status not in allowed:
-                return None
-            row.status = status
-            if status != "queued":
-                row.finished_at = _now()
-            for name, value in fields.items():
-                setattr(row, name, value)
-            return _job_dict(row)
+            moved = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(sources))
+                                    .values(status=status, **fields)).rowcount
+            return _job_dict(session.get(Job, job_id)) if moved else None
 
     def requeue_interrupted(self) -> int:
         """At start-up: jobs left running by a process that died go back to the queue."""
@@ -212,15 +216,35 @@ class Storage:
         age = None if oldest is None else (_now() - _aware(oldest)).total_seconds()
         return counts.get("queued", 0), counts.get("running", 0), age
 
-    def expired_results(self) -> list[dict]:
-        """Finished jobs whose result files have outlived their retention."""
+    def expired_jobs(self, ttl_s: float) -> list[dict]:
+        """Ended jobs past their retention that still keep a result file or their input text:
+        succeeded ones from expires_at, failed and cancelled ones ttl_s after they ended."""
+        now = _now()
+        cutoff = now - timedelta(seconds=ttl_s)
+        ended_long_ago = and_(Job.status.in_(("failed", "cancelled")), Job.finished_at <= cutoff)
+        # add_job stores the request as json.dumps writes it; a dropped input leaves no "input" key
+        keeps_data = or_(Job.result_path.is_not(None), Job.request.contains('"input": '))
         with self._session() as session:
-            rows = session.scalars(select(Job).where(Job.result_path.is_not(None), Job.expires_at <= _now()))
+            rows = session.scalars(select(Job).where(keeps_data, or_(Job.expires_at <= now, ended_long_ago)))
             return [_job_dict(row) for row in rows]
 
-    def forget_result(self, job_id: str) -> None:
+    def expire_job(self, job_id: str) -> None:
+        """Forget a job's result file and input text; the other request fields and the text's length stay."""
         with self._session.begin() as session:
-            session.execute(update(Job).where(Job.id == job_id).values(result_path=None))
+            row = session.get(Job, job_id)
+            if row is not None:
+                row.result_path, row.request = None, json.dumps(_without_input(json.loads(row.request)))
+
+    def result_paths(self) -> list[str]:
+        """The result files job rows point to."""
+        with self._session() as session:
+            return list(session.scalars(select(Job.result_path).where(Job.result_path.is_not(None))))
+
+
+def _without_input(request: dict) -> dict:
+    if "input" not in request:
+        return request
+    return {key: value for key, value in request.items() if key != "input"} | {"characters": len(request["input"])}
 
 
 def _aware(moment: datetime) -> datetime:

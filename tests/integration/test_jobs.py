@@ -120,7 +120,8 @@ def test_expired_results_answer_410(tmp_path):
                           10)
         gone = httpx.get(f"{process.base_url}/v1/audio/jobs/{job['id']}/audio").json()["error"]
         assert gone["code"] == "job_expired" and "expired" in gone["message"]
-        assert httpx.get(f"{process.base_url}/v1/audio/jobs/{job['id']}").json()["expired"] is True
+        expired = httpx.get(f"{process.base_url}/v1/audio/jobs/{job['id']}").json()
+        assert expired["expired"] is True and expired["request"]["characters"] == len("Soon gone.")
         assert not list((tmp_path / "results").glob("*.wav"))
     finally:
         process.stop()

@@ -1,13 +1,30 @@
-"""The job runner on a real SQLite database and fake engines: retries, failures, cancellation,
-restart after a crash, the backlog limit, retention."""
+"""The job runner on a real SQLite database and fake engines: retries, failures, overload, cancellation
+at every step, restart after a crash, the backlog limit, retention and stray files.
+
+Nothing here sleeps or polls: a test waits for a job row to change (the storage tells it) or for an
+event a hook sets, each wait bounded by WAIT_S, generous for a loaded CI machine. The runner's loop
+runs in asyncio's debug mode, which refuses calls into it from other threads.
+"""
 
 import asyncio
+import errno
+import os
+import sqlite3
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+from sqlalchemy import update
+from sqlalchemy.exc import OperationalError
 
 import jobs
+from api.jobs import public_job
 from storage import Storage
+from storage.models import Job
 from tests.fakes import FakeEngine
 from tts_core.access import Caller, Tier
 from tts_core.config import Settings
@@ -17,6 +34,7 @@ from tts_core.metrics import Metrics
 from tts_core.service import SpeechService
 
 CALLER = Caller("key:1", "pro", Tier(priority=1))
+WAIT_S = 60.0  # a passing test waits far less; this only bounds a failing one
 
 
 class FlakyEngine(FakeEngine):
@@ -31,16 +49,48 @@ class FlakyEngine(FakeEngine):
         return super().synthesize(batch)
 
 
+class WatchedStorage(Storage):
+    """Storage that wakes waiting tests whenever a job row may have changed, records each attempt's
+    finish (job id, status, whether it won), and runs `before_finish(job_id, status)` first: a hook
+    where a test holds or fails a write at the storage boundary."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.changed = threading.Condition()
+        self.finishes: list[tuple[str, str, bool]] = []
+        self.before_finish: Callable[[str, str], None] = lambda job_id, status: None
+
+    def _tell(self, result=None):
+        with self.changed:
+            self.changed.notify_all()
+        return result
+
+    def claim_jobs(self, limit):
+        return self._tell(super().claim_jobs(limit))
+
+    def cancel_job(self, job_id):
+        return self._tell(super().cancel_job(job_id))
+
+    def finish_job(self, job_id, status, **fields):
+        self.before_finish(job_id, status)
+        moved = super().finish_job(job_id, status, **fields)
+        self.finishes.append((job_id, status, moved is not None))
+        return self._tell(moved)
+
+    def wait_for(self, condition: Callable[[], bool]) -> bool:
+        with self.changed:
+            return self.changed.wait_for(condition, WAIT_S)
+
+
 def request(text: str = "hello there", voice: str = "fake-voice") -> dict:
     return {"input": text, "voice": voice, "model": None, "speed": 1.0, "response_format": "wav"}
 
 
 @pytest.fixture
 def world(tmp_path, monkeypatch):
-    """A storage, a started service, and a function that runs a runner over them until a condition."""
+    """A storage and a function that makes a started service with a runner over both."""
     monkeypatch.setattr(jobs, "BACKOFF_S", 0.05)
-    monkeypatch.setattr(jobs, "POLL_S", 0.02)
-    storage = Storage(f"sqlite:///{tmp_path / 'chorus.db'}")
+    storage = WatchedStorage(f"sqlite:///{tmp_path / 'chorus.db'}")
     storage.migrate()
     services = []
 
@@ -50,7 +100,7 @@ def world(tmp_path, monkeypatch):
         service = SpeechService(config, [engine or FakeEngine()], Metrics())
         service.start()
         services.append(service)
-        assert service.batchers["fake"].ready.wait(10)
+        assert service.batchers["fake"].ready.wait(WAIT_S)
         return service, jobs.JobRunner(storage, service, config, lambda: OperatorSettings())
 
     yield storage, make
@@ -58,30 +108,58 @@ def world(tmp_path, monkeypatch):
         service.stop()
 
 
-def run_until(runner: jobs.JobRunner, condition, timeout: float = 10.0, before=None):
-    async def scenario():
+def run(runner: jobs.JobRunner, scenario=None) -> None:
+    """Start the runner on a new event loop in debug mode, play the scenario, stop the runner (which
+    waits for every attempt past its synthesis, so the files are settled when this returns)."""
+    async def main():
+        # enough threads for the runner even while a test's waits and held writes occupy some
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(16))
         await runner.start()
         try:
-            if before is not None:
-                await before()
-            deadline = time.monotonic() + timeout
-            while not await asyncio.to_thread(condition):
-                assert time.monotonic() < deadline, "timed out"
-                await asyncio.sleep(0.02)
+            if scenario is not None:
+                await scenario()
         finally:
             await runner.stop()
 
-    asyncio.run(scenario())
+    asyncio.run(main(), debug=True)
 
+
+async def until(storage: WatchedStorage, condition: Callable[[], bool]) -> None:
+    assert await asyncio.to_thread(storage.wait_for, condition), "timed out"
+
+
+async def until_event(event: threading.Event) -> None:
+    assert await asyncio.to_thread(event.wait, WAIT_S), "timed out"
+
+
+def status_is(storage: Storage, job: dict, status: str) -> Callable[[], bool]:
+    return lambda: storage.job(job["id"])["status"] == status
+
+
+def run_until(runner: jobs.JobRunner, storage: WatchedStorage, job: dict, status: str) -> dict:
+    run(runner, lambda: until(storage, status_is(storage, job, status)))
+    return storage.job(job["id"])
+
+
+def backdate(storage: Storage, job_id: str, **moments: timedelta) -> None:
+    """Move a job's timestamps into the past (instead of waiting for its retention to pass)."""
+    past = {name: datetime.now(UTC) - ago for name, ago in moments.items()}
+    with storage.engine.begin() as connection:
+        connection.execute(update(Job).where(Job.id == job_id).values(**past))
+
+
+def files(directory: Path) -> list[str]:
+    return sorted(path.name for path in directory.iterdir())
+
+
+# --- retries and failures ---------------------------------------------------------------------------
 
 def test_a_failing_job_is_retried_with_backoff_and_then_succeeds(world):
     storage, make = world
     engine = FlakyEngine()
     _, runner = make(engine, job_max_attempts=3)
     engine.failures = 2
-    job = runner.submit(CALLER, request())
-    run_until(runner, lambda: storage.job(job["id"])["status"] == "succeeded")
-    done = storage.job(job["id"])
+    done = run_until(runner, storage, runner.submit(CALLER, request()), "succeeded")
     assert done["attempts"] == 3 and done["audio_s"] > 0 and done["expires_at"] > done["finished_at"]
 
 
@@ -90,18 +168,177 @@ def test_a_job_that_keeps_failing_ends_failed_with_the_reason(world):
     engine = FlakyEngine()
     _, runner = make(engine, job_max_attempts=2)
     engine.failures = 100
-    job = runner.submit(CALLER, request())
-    run_until(runner, lambda: storage.job(job["id"])["status"] == "failed")
-    failed = storage.job(job["id"])
+    failed = run_until(runner, storage, runner.submit(CALLER, request()), "failed")
     assert failed["attempts"] == 2 and "failed after 2 attempts" in failed["error"] and "hiccup" in failed["error"]
 
 
 def test_an_invalid_request_fails_at_once_without_retries(world):
     storage, make = world
     _, runner = make()
-    job = runner.submit(CALLER, request(voice="no-such-voice"))
-    run_until(runner, lambda: storage.job(job["id"])["status"] == "failed")
-    assert storage.job(job["id"])["attempts"] == 1 and "does not exist" in storage.job(job["id"])["error"]
+    failed = run_until(runner, storage, runner.submit(CALLER, request(voice="no-such-voice")), "failed")
+    assert failed["attempts"] == 1 and "does not exist" in failed["error"]
+
+
+def test_overload_puts_the_job_back_until_its_retry_after_without_spending_an_attempt(world):
+    storage, make = world
+    service, runner = make(job_max_attempts=1)  # one failure would end it
+    speak, calls = service.speak, []
+
+    async def busy_twice(*args):
+        calls.append(time.monotonic())
+        if len(calls) <= 2:
+            raise Overloaded("the queue's predicted wait is over its target; retry after 1 s", 1)
+        return await speak(*args)
+
+    service.speak = busy_twice
+    done = run_until(runner, storage, runner.submit(CALLER, request()), "succeeded")
+    assert done["attempts"] == 1 and len(calls) == 3
+    assert calls[1] - calls[0] >= 0.9 and calls[2] - calls[1] >= 0.9  # not before its Retry-After
+
+
+def test_a_full_disk_puts_the_job_back_and_leaves_no_partial_file(world, tmp_path, monkeypatch):
+    storage, make = world
+    _, runner = make(job_max_attempts=2)
+    write_bytes = Path.write_bytes
+
+    def disk_full(path, data):
+        if path.suffix != ".partial":
+            return write_bytes(path, data)
+        write_bytes(path, data[:100])  # the disk fills up half-way
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", disk_full)
+    failed = run_until(runner, storage, runner.submit(CALLER, request()), "failed")
+    assert failed["attempts"] == 2 and "No space left on device" in failed["error"]
+    assert [status for _, status, _ in storage.finishes] == ["queued", "failed"]  # back to the queue first
+    assert files(tmp_path / "results") == []
+
+
+def test_a_finish_the_database_refuses_is_retried_until_it_is_taken(world, tmp_path, monkeypatch):
+    storage, make = world
+    monkeypatch.setattr(jobs, "POLL_S", 0.05)  # how soon the loop tries again (speed only)
+    _, runner = make()
+    refusals = []
+
+    def database_down(job_id, status):
+        if len(refusals) < 3:  # the outcome's write, then two retries, fail
+            refusals.append(status)
+            raise OperationalError("UPDATE jobs", {}, sqlite3.OperationalError("database is locked"))
+
+    storage.before_finish = database_down
+    done = run_until(runner, storage, runner.submit(CALLER, request()), "succeeded")
+    assert refusals == ["succeeded"] * 3 and done["attempts"] == 1
+    assert files(tmp_path / "results") == [Path(done["result_path"]).name]
+
+
+# --- cancellation -----------------------------------------------------------------------------------
+
+def test_cancelling_a_running_job_stops_its_synthesis(world, tmp_path):
+    storage, make = world
+    engine = FakeEngine()
+    _, runner = make(engine)
+    engine.calls_started = threading.Semaphore(0)  # count this job's engine calls only, not the warm-up's
+    engine.gate.clear()  # the job's synthesis blocks in the engine
+    job = runner.submit(CALLER, request())
+
+    async def cancel_while_speaking():
+        try:
+            assert await asyncio.to_thread(engine.calls_started.acquire, True, WAIT_S), "never reached the engine"
+            cancelled = await runner.cancel(job["id"])
+            assert cancelled["status"] == "cancelled" == storage.job(job["id"])["status"]  # the answer is the row
+            # the attempt gives up (its put-back loses to the cancel) while the engine is still busy
+            await until(storage, lambda: (job["id"], "queued", False) in storage.finishes)
+        finally:
+            engine.gate.set()
+        assert await runner.cancel(job["id"]) is None  # it has ended: nothing to cancel
+
+    run(runner, cancel_while_speaking)
+    assert storage.job(job["id"])["status"] == "cancelled" and files(tmp_path / "results") == []
+
+
+def test_a_cancel_during_the_result_write_wins_and_the_file_goes(world, tmp_path, monkeypatch):
+    storage, make = world
+    _, runner = make()
+    writing, release = threading.Event(), threading.Event()
+    write = jobs._write_atomically
+
+    def held_write(path, data):
+        writing.set()
+        release.wait(WAIT_S)
+        write(path, data)
+
+    monkeypatch.setattr(jobs, "_write_atomically", held_write)
+    job = runner.submit(CALLER, request())
+
+    async def cancel_while_writing():
+        await until_event(writing)
+        assert (await runner.cancel(job["id"]))["status"] == "cancelled"
+        release.set()
+        await until(storage, lambda: (job["id"], "succeeded", False) in storage.finishes)
+
+    run(runner, cancel_while_writing)
+    assert storage.job(job["id"])["status"] == "cancelled" and storage.job(job["id"])["result_path"] is None
+    assert files(tmp_path / "results") == []
+
+
+def test_a_cancel_during_the_finish_wins_and_the_file_goes(world, tmp_path):
+    storage, make = world
+    _, runner = make()
+    finishing, release = threading.Event(), threading.Event()
+
+    def held_finish(job_id, status):
+        if status == "succeeded":
+            finishing.set()
+            release.wait(WAIT_S)
+
+    storage.before_finish = held_finish
+    job = runner.submit(CALLER, request())
+
+    async def cancel_while_finishing():
+        await until_event(finishing)
+        assert (await runner.cancel(job["id"]))["status"] == "cancelled"
+        release.set()
+
+    run(runner, cancel_while_finishing)
+    assert storage.finishes == [(job["id"], "succeeded", False)]
+    assert storage.job(job["id"])["status"] == "cancelled" and files(tmp_path / "results") == []
+
+
+def test_a_cancelled_queued_job_never_runs(world):
+    storage, make = world
+    _, runner = make()
+    cancelled = runner.submit(CALLER, request())
+    assert asyncio.run(runner.cancel(cancelled["id"]))["status"] == "cancelled"
+    later = runner.submit(CALLER, request())
+    run_until(runner, storage, later, "succeeded")  # the runner has claimed what there was to claim
+    assert storage.job(cancelled["id"])["status"] == "cancelled" and storage.job(cancelled["id"])["attempts"] == 0
+    assert [job_id for job_id, _, _ in storage.finishes] == [later["id"]]
+
+
+# --- the runner's loop ------------------------------------------------------------------------------
+
+class ThreadRecordingEvent(asyncio.Event):
+    def __init__(self):
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def set(self):
+        self.threads.add(threading.get_ident())
+        super().set()
+
+
+def test_a_job_submitted_from_a_worker_thread_wakes_the_runner_on_its_loop(world, monkeypatch):
+    storage, make = world
+    monkeypatch.setattr(jobs, "POLL_S", 3600.0)  # only the wake-up can start the job
+    _, runner = make()
+
+    async def submit_from_a_thread():
+        runner._wake = wake = ThreadRecordingEvent()  # asyncio.Event is not thread-safe
+        job = await asyncio.to_thread(runner.submit, CALLER, request())  # as the API does
+        await until(storage, status_is(storage, job, "succeeded"))
+        assert wake.threads == {threading.get_ident()}  # set only ever on the loop's thread
+
+    run(runner, submit_from_a_thread)
 
 
 def test_jobs_left_running_by_a_dead_process_run_again(world):
@@ -110,46 +347,17 @@ def test_jobs_left_running_by_a_dead_process_run_again(world):
     job = runner.submit(CALLER, request())
     storage.claim_jobs(10)  # as if a previous process had started it and died
     assert storage.job(job["id"])["status"] == "running"
-    run_until(runner, lambda: storage.job(job["id"])["status"] == "succeeded")
-    assert storage.job(job["id"])["attempts"] == 2
-
-
-def test_cancelling_a_running_job_stops_it(world):
-    storage, make = world
-    engine = FakeEngine()
-    service, runner = make(engine)
-    engine.gate.clear()  # the job's synthesis blocks
-    job = runner.submit(CALLER, request())
-
-    async def cancel_once_running():
-        while storage.job(job["id"])["status"] != "running":
-            await asyncio.sleep(0.02)
-        assert runner.cancel(job["id"])["status"] == "cancelled"
-        engine.gate.set()
-
-    run_until(runner, lambda: storage.job(job["id"])["status"] == "cancelled", before=cancel_once_running)
-    assert runner.cancel(job["id"]) is None  # it has ended: nothing to cancel
+    assert run_until(runner, storage, job, "succeeded")["attempts"] == 2
 
 
 def test_a_full_backlog_refuses_new_jobs(world):
-    storage, make = world
+    _, make = world
     _, runner = make(max_job_backlog=2)
     runner.submit(CALLER, request())
     runner.submit(CALLER, request())
     with pytest.raises(Overloaded) as raised:
         runner.submit(CALLER, request())
     assert raised.value.code == "job_backlog_full" and raised.value.retry_after_s > 0
-
-
-def test_results_past_their_retention_are_swept(world):
-    storage, make = world
-    _, runner = make(result_ttl_s=0.5)
-    job = runner.submit(CALLER, request())
-    run_until(runner, lambda: storage.job(job["id"])["status"] == "succeeded")
-    path = storage.job(job["id"])["result_path"]
-    time.sleep(0.6)
-    assert runner.sweep() == 1
-    assert storage.job(job["id"])["result_path"] is None and not __import__("os").path.exists(path)
 
 
 def test_jobs_run_one_priority_class_below_the_callers_interactive_requests(world):
@@ -164,6 +372,53 @@ def test_jobs_run_one_priority_class_below_the_callers_interactive_requests(worl
         return original(items, tier_limit)
 
     service.batchers["fake"].submit = recording_submit
-    job = runner.submit(CALLER, request())
-    run_until(runner, lambda: storage.job(job["id"])["status"] == "succeeded")
+    run_until(runner, storage, runner.submit(CALLER, request()), "succeeded")
     assert priorities == [CALLER.tier.priority - 1]
+
+
+# --- retention --------------------------------------------------------------------------------------
+
+def test_results_past_their_retention_are_swept_with_their_input_text(world):
+    storage, make = world
+    _, runner = make()
+    done = run_until(runner, storage, runner.submit(CALLER, request("some words")), "succeeded")
+    assert runner.sweep() == 0  # within its retention
+    backdate(storage, done["id"], expires_at=timedelta(seconds=1))
+    assert runner.sweep() == 1
+    swept = storage.job(done["id"])
+    assert swept["result_path"] is None and not os.path.exists(done["result_path"])
+    assert "input" not in swept["request"] and swept["request"]["voice"] == "fake-voice"
+    public = public_job(swept)
+    assert public["expired"] and public["audio_url"] is None and public["request"]["characters"] == 10
+    assert runner.sweep() == 0  # nothing left to forget
+
+
+def test_failed_and_cancelled_jobs_forget_their_input_text_after_the_retention(world):
+    storage, make = world
+    _, runner = make(result_ttl_s=600)
+    failed = run_until(runner, storage, runner.submit(CALLER, request("twelve chars", "nobody")), "failed")
+    cancelled = storage.cancel_job(runner.submit(CALLER, request("a cancelled text"))["id"])
+    recent = storage.cancel_job(runner.submit(CALLER, request("a recent one"))["id"])
+    for job in (failed, cancelled):
+        backdate(storage, job["id"], finished_at=timedelta(seconds=601))
+    assert runner.sweep() == 2
+    for job, characters in ((failed, 12), (cancelled, 16)):
+        forgotten = storage.job(job["id"])
+        assert "input" not in forgotten["request"] and forgotten["status"] == job["status"]
+        assert public_job(forgotten)["request"]["characters"] == characters
+    assert storage.job(recent["id"])["request"]["input"] == "a recent one"
+
+
+def test_stray_result_and_partial_files_are_removed_once_old(world, tmp_path):
+    storage, make = world
+    _, runner = make()
+    done = run_until(runner, storage, runner.submit(CALLER, request()), "succeeded")
+    results = tmp_path / "results"
+    old = time.time() - jobs.ORPHAN_AGE_S - 60
+    for name in ("job_0a.wav", "job_0b.mp3.partial", "job_0c.wav", "job_0d.wav.partial"):
+        (results / name).write_bytes(b"x")
+    for name in ("job_0a.wav", "job_0b.mp3.partial", Path(done["result_path"]).name):
+        os.utime(results / name, (old, old))
+    runner.sweep()
+    # what a row points to stays, however old; strays go once old (a young one may be a write in progress)
+    assert files(results) == sorted([Path(done["result_path"]).name, "job_0c.wav", "job_0d.wav.partial"])

@@ -1,0 +1,33 @@
+"""A zip batch (POST /v1/audio/speech/batch) whose client hangs up is dropped like any other request:
+its queued items are cancelled, not synthesized for no one. On the shared server of conftest.py
+(degrade off, so the flood changes nothing for the tests after it)."""
+
+import json
+import socket
+
+import httpx
+
+from tests.serve import metric, wait_until
+
+ITEMS, SENTENCES = 32, 12  # TTS_MAX_BATCH_ITEMS items; 384 sentences take far longer than the waits below
+
+
+def queue_length(server: str) -> int:
+    return httpx.get(f"{server}/api/v1/batch/status").json()["queue_length"]
+
+
+def test_a_zip_batch_whose_client_hangs_up_has_its_items_dropped(server):
+    dropped = r'tts_dropped_items_total\{reason="cancelled"\}'
+    dropped_before = metric(server, dropped)
+    text = " ".join(f"Line {n} is here." for n in range(SENTENCES))
+    items = [{"model": "tts-1", "voice": "alloy", "input": f"Item {index}. {text}", "response_format": "wav"}
+             for index in range(ITEMS)]
+    body = json.dumps({"items": items}).encode()
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/audio/speech/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        assert wait_until(lambda: queue_length(server) > ITEMS * SENTENCES // 2, 30), "the batch never queued"
+    # the client has gone: what was queued for it is dropped, and the server is idle soon
+    assert wait_until(lambda: queue_length(server) == 0, 10), "the server kept working for a client that left"
+    assert metric(server, dropped) - dropped_before >= ITEMS * SENTENCES // 2
