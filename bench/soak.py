@@ -15,7 +15,9 @@ Every request is accounted for: the server's status (200; 503, refused at once w
 any other), or a loss: "timeout" (no answer within REQUEST_TIMEOUT_S), "connection_error", or
 "cut_short" (a stream that broke off or ended without its end: no audio, no speech.audio.done,
 no WebSocket `done`). Once a second the server's resident memory, open files, queue length and
-degrade state are sampled.
+degrade state are sampled. Memory growth compares two idle moments: after the warm-up and after
+the last answer, each read once the server has nothing queued or running (an engine hands its
+working memory back when it goes idle); the peak under load is printed beside it.
 
 Recovery time: from the end of the overload to the last bad moment that is followed by a clean
 hold window (HOLD_S, or half the "after" phase if that is shorter) within the "after" phase;
@@ -307,6 +309,22 @@ async def sample(traffic: Traffic, pid: int, stop: asyncio.Event, samples: list[
                 pass
 
 
+async def idle_reading(traffic: Traffic, pid: int, timeout_s: float = 60.0) -> dict:
+    """process_reading once the server has nothing queued or running (an engine hands its working
+    memory back when it goes idle): growth is then measured between two like moments, not against
+    whatever was in flight. Read anyway after timeout_s."""
+    async with httpx.AsyncClient(base_url=traffic.base_url, timeout=5, trust_env=False) as client:
+        deadline, idle_polls = time.monotonic() + timeout_s, 0
+        while idle_polls < 2 and time.monotonic() < deadline:  # two in a row: the release has run
+            try:
+                idle = (await client.get("/api/v1/batch/status")).json()["pending_requests"] == 0
+            except (httpx.HTTPError, ValueError, KeyError):
+                idle = False
+            idle_polls = idle_polls + 1 if idle else 0
+            await asyncio.sleep(0.25)
+    return process_reading(pid)
+
+
 # --- the run -----------------------------------------------------------------------------------------
 
 def plan_for(minutes: float) -> dict:
@@ -326,7 +344,7 @@ async def drive(server: ServerProcess, plan: dict, voice: str) -> dict:
     try:
         print(f"capacity: closed loop, {CAPACITY_CLIENTS} clients, {plan['capacity_s']:.0f} s ...", flush=True)
         capacity = await measure_capacity(traffic, plan["capacity_s"], CAPACITY_CLIENTS)
-        warm = process_reading(pid)  # after warm-up: the capacity run was the server's first load
+        warm = await idle_reading(traffic, pid)  # after warm-up: the capacity run was the server's first load
         sampler = asyncio.ensure_future(sample(traffic, pid, stop, samples))
         rates = {"before": STEADY * capacity["requests_per_s"], "overload": OVERLOAD * capacity["requests_per_s"],
                  "after": STEADY * capacity["requests_per_s"]}
@@ -345,7 +363,7 @@ async def drive(server: ServerProcess, plan: dict, voice: str) -> dict:
             traffic.give_up()
         stop.set()
         await sampler
-        end = {**process_reading(pid), "exit_code": server.process.poll()}  # None: still running
+        end = {**await idle_reading(traffic, pid), "exit_code": server.process.poll()}  # None: still running
     finally:
         stop.set()
         await traffic.client.aclose()
@@ -482,9 +500,9 @@ def _print_server(result: dict) -> None:
     warm, end = server["after_warm_up"], server["end"]
     if end["exit_code"] is not None:
         print(f"\nTHE SERVER EXITED during the run, with code {end['exit_code']}")
-    print(f"\nserver (pid {server['pid']}): resident memory {warm['rss_mb']} MB after warm-up -> {end['rss_mb']} MB "
-          f"at the end ({_growth(server['memory_growth_pct'])}, peak {server['peak_rss_mb']} MB); open files "
-          f"{warm['open_files']} -> {end['open_files']} (peak {server['peak_open_files']})")
+    print(f"\nserver (pid {server['pid']}): resident memory, idle, {warm['rss_mb']} MB after warm-up -> "
+          f"{end['rss_mb']} MB at the end ({_growth(server['memory_growth_pct'])}, peak {server['peak_rss_mb']} MB); "
+          f"open files {warm['open_files']} -> {end['open_files']} (peak {server['peak_open_files']})")
     print(f"queue: 70% level {recovered['queue_level']} items (the longest sampled in 'before'); "
           f"peak {recovered['peak_queue_in_overload']} in the overload")
     entered = "never on" if degrade["entered_s"] is None else f"on {degrade['entered_s']} s after the overload began"
