@@ -16,6 +16,7 @@ from admin.control import OperatorControl
 from admin.ui import build_admin_tab
 from api import build_api
 from api.access import AccessControl
+from api.connections import request_deadline_protocol
 from jobs import JobRunner
 from storage import Storage
 from storage.request_log import RequestLogWriter
@@ -82,15 +83,17 @@ def main() -> None:
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # proxy_headers off: uvicorn would otherwise believe X-Forwarded-For from 127.0.0.1; Chorus
-    # decides which proxies to believe itself (TTS_TRUSTED_PROXIES).
     try:
         app = create_app(settings)
     except EngineUnavailable as error:  # a configured model is missing: say which, no traceback
         logging.getLogger("chorus").error("cannot start: %s", error)
         raise SystemExit(2) from None
+    # proxy_headers off: uvicorn would otherwise believe X-Forwarded-For from 127.0.0.1; Chorus
+    # decides which proxies to believe itself (TTS_TRUSTED_PROXIES).
+    # http: h11 with a deadline for each request to arrive whole (TTS_HEADER_TIMEOUT_S), so that
+    # connections trickling a byte at a time are closed; idle keep-alive ones close after 5 s.
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                proxy_headers=False)
+                proxy_headers=False, http=request_deadline_protocol(settings.header_timeout_s))
 
 
 if __name__ == "__main__":

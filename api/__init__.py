@@ -12,6 +12,7 @@ from tts_core.service import SpeechService
 
 from . import jobs, speech, speech_socket, system
 from .access import AccessControl
+from .connections import OpenSockets
 from .errors import install_error_handlers
 from .limits import BodySizeLimit
 
@@ -60,6 +61,7 @@ def build_api(service: SpeechService, access: AccessControl, request_log: Reques
     app.state.service = service
     app.state.access = access
     app.state.request_log = request_log
+    app.state.open_sockets = OpenSockets(service.settings.ws_max_per_caller)
     install_error_handlers(app)
     app.include_router(speech.router)
     app.include_router(speech_socket.router)

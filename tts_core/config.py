@@ -76,6 +76,11 @@ class Settings(BaseSettings):
     model_aliases: dict[str, str] = {name: "piper" for name in OPENAI_MODEL_NAMES}
     voice_aliases: dict[str, str] = {name: DEFAULT_VOICE for name in OPENAI_VOICE_NAMES}
 
+    # Connections and hostile input (#14)
+    header_timeout_s: float = Field(10.0, gt=0)  # an HTTP request's headers and body must arrive whole within this
+    ws_idle_timeout_s: float = Field(300.0, gt=0)  # a WebSocket with no message and nothing spoken this long is closed
+    ws_max_per_caller: int = Field(8, ge=1)  # WebSockets one caller may hold open
+
     @field_validator("calibration_sizes", mode="before")
     @classmethod
     def _comma_separated_ints(cls, value):
