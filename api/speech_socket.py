@@ -3,9 +3,10 @@
 The client sends JSON messages; text may come in several of them and is spoken when a message
 says `flush` (the default). The server answers each utterance with a `started` event, binary
 audio frames (one streamable file per utterance), a `progress` event per sentence and a `done`
-event. Anything wrong with a message is answered with an `error` event; the socket stays open.
-A caller may hold TTS_WS_MAX_PER_CALLER sockets open; one with no client message and nothing
-spoken for TTS_WS_IDLE_TIMEOUT_S is closed (1001).
+event. Anything wrong with a message (malformed, nested too deeply, over TTS_MAX_BODY_BYTES, of
+the wrong type) is answered with an `error` event; the socket stays open. A caller may hold
+TTS_WS_MAX_PER_CALLER sockets open; one with no client message and nothing spoken for
+TTS_WS_IDLE_TIMEOUT_S is closed (1001).
 
     {"text": "Hello", "flush": false}       buffer text
     {"text": " world.", "voice": "alloy"}   buffer, then speak the buffer with this voice
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -99,6 +99,14 @@ async def speech_socket(socket: WebSocket) -> None:
         open_sockets.close(caller.identity)
 
 
+def _invalid_message(invalid: ValidationError) -> ChorusError:
+    first = invalid.errors()[0]
+    if first["type"] == "json_invalid":  # malformed, or nested past the parser's depth limit
+        reason = first.get("ctx", {}).get("error", "malformed")
+        return InvalidRequest(f"the message is not valid JSON: {reason}", None, "invalid_json")
+    return invalid_input(invalid.errors())
+
+
 class SpeechConnection:
     """One speech WebSocket: reads the client's messages, queues its utterances, sends their audio."""
 
@@ -170,18 +178,17 @@ class SpeechConnection:
 
     async def _read(self, received: dict) -> SocketMessage | None:
         """A client message, validated; None (after an error event) when it cannot be used."""
-        text = received.get("text")
+        text, limit = received.get("text"), self.settings.max_body_bytes
         if text is None:
             return await self._refuse(InvalidRequest(
                 "send JSON text messages; binary messages are not understood", None, "binary_message"))
-        try:
-            raw = json.loads(text)
-        except ValueError:
-            return await self._refuse(InvalidRequest("the message is not valid JSON", None, "invalid_json"))
-        try:
-            return SocketMessage.model_validate(raw)
+        if len(text) > limit or len(text.encode()) > limit:  # the first test spares encoding a huge message
+            return await self._refuse(InvalidRequest(f"the message is larger than {limit} bytes", None,
+                                                     "body_too_large"))
+        try:  # pydantic's parser bounds nesting; json.loads would raise RecursionError
+            return SocketMessage.model_validate_json(text)
         except ValidationError as invalid:
-            return await self._refuse(invalid_input(invalid.errors()))
+            return await self._refuse(_invalid_message(invalid))
 
     async def _take(self, message: SocketMessage) -> None:
         """Apply one client message; queue an utterance when it flushes."""
