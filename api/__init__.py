@@ -15,6 +15,7 @@ from .access import AccessControl
 from .connections import OpenSockets
 from .errors import install_error_handlers
 from .limits import BodySizeLimit
+from .uploads import UploadLimit
 
 
 class RequestAccounting:
@@ -70,5 +71,6 @@ def build_api(service: SpeechService, access: AccessControl, request_log: Reques
     app.include_router(system.fallback)  # last: catches only what no route above matched
     app.state.api_routes = [*speech.router.routes, *jobs.router.routes, *system.router.routes]
     app.add_middleware(RequestAccounting, metrics=service.metrics, request_log=request_log)
+    app.add_middleware(UploadLimit, access=access, settings=service.settings)  # the UI's, mounted on this app
     app.add_middleware(BodySizeLimit, max_bytes=service.settings.max_body_bytes)
     return app
