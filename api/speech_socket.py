@@ -172,7 +172,7 @@ class SpeechConnection:
             return None
         first["flush"] = "text" in first or "input" in first
         try:
-            return SocketMessage.model_validate(first)
+            return SocketMessage.model_validate(first, strict=False)  # query values are strings: "1.5" is a speed
         except ValidationError as invalid:
             return await self._refuse(invalid_input(invalid.errors()))
 
