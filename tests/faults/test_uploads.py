@@ -52,6 +52,18 @@ def test_each_caller_may_upload_so_many_bytes_an_hour(upload_server):
     assert_error(upload(upload_server, "10.15.1.1", 300 * KB), 413, "upload_too_large")  # never fits
 
 
+def test_an_upload_over_the_body_limit_is_refused_in_openais_shape_even_chunked(upload_server):
+    def chunks():  # no Content-Length: the limit is found while Gradio reads it
+        yield b'--b\r\nContent-Disposition: form-data; name="files"; filename="big.wav"\r\n\r\n'
+        for _ in range(120):
+            yield b"\0" * 10_000
+        yield b"\r\n--b--\r\n"
+
+    response = httpx.post(f"{upload_server}/gradio_api/upload", content=chunks(), timeout=30,
+                          headers={"content-type": "multipart/form-data; boundary=b", "X-Forwarded-For": "10.15.3.1"})
+    assert_error(response, 413, "body_too_large")
+
+
 def test_all_callers_together_may_keep_so_many_bytes(upload_server):
     """Last in this module: it fills the server's upload space."""
     answers = [upload(upload_server, f"10.15.2.{n}", 200 * KB) for n in range(1, 5)]

@@ -106,6 +106,7 @@ def test_huge_chunked_body_is_refused(server):
     response = httpx.post(f"{server}/v1/audio/speech", content=chunks(),
                           headers={"content-type": "application/json"}, timeout=30)
     assert response.status_code == 413
+    assert response.json()["error"]["code"] == "body_too_large"  # as when the length is declared
 
 
 def test_unknown_route_and_method_use_the_error_model(server):
