@@ -77,6 +77,14 @@ class Settings(BaseSettings):
     model_aliases: dict[str, str] = {name: "piper" for name in OPENAI_MODEL_NAMES}
     voice_aliases: dict[str, str] = {name: DEFAULT_VOICE for name in OPENAI_VOICE_NAMES}
 
+    # Connections and hostile input (#14)
+    header_timeout_s: float = Field(10.0, gt=0)  # an HTTP request's headers and body must arrive whole within this
+    ws_idle_timeout_s: float = Field(300.0, gt=0)  # a WebSocket with no message and nothing spoken this long is closed
+    ws_max_per_caller: int = Field(8, ge=1)  # WebSockets one caller may hold open
+    upload_max_per_caller_per_hour: int = Field(20, ge=0)  # UI file uploads per caller an hour; 0: none
+    upload_max_mb_per_caller_per_hour: float = Field(20.0, ge=0)  # their bytes per caller an hour
+    upload_max_total_mb: float = Field(256.0, ge=0)  # uploads Gradio keeps on disk, all callers together
+
     @field_validator("calibration_sizes", mode="before")
     @classmethod
     def _comma_separated_ints(cls, value):
