@@ -335,11 +335,11 @@ async def sample(traffic: Traffic, pid: int, stop: asyncio.Event, samples: list[
                 pass
 
 
-async def idle_reading(traffic: Traffic, pid: int, timeout_s: float = 60.0) -> dict:
+async def idle_reading(base_url: str, pid: int, timeout_s: float = 60.0) -> dict:
     """process_reading once the server has nothing queued or running (an engine hands its working
     memory back when it goes idle): growth is then measured between two like moments, not against
     whatever was in flight. Read anyway after timeout_s."""
-    async with httpx.AsyncClient(base_url=traffic.base_url, timeout=5, trust_env=False) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=5, trust_env=False) as client:
         deadline, idle_polls = time.monotonic() + timeout_s, 0
         while idle_polls < 2 and time.monotonic() < deadline:  # two in a row: the release has run
             try:
@@ -370,7 +370,7 @@ async def drive(server: ServerProcess, plan: dict, voice: str) -> dict:
     try:
         print(f"capacity: closed loop, {CAPACITY_CLIENTS} clients, {plan['capacity_s']:.0f} s ...", flush=True)
         capacity = await measure_capacity(traffic, plan["capacity_s"], CAPACITY_CLIENTS)
-        warm = await idle_reading(traffic, pid)  # after warm-up: the capacity run was the server's first load
+        warm = await idle_reading(traffic.base_url, pid)  # after warm-up: the capacity run was the server's first load
         sampler = asyncio.ensure_future(sample(traffic, pid, stop, samples))
         rates = {"before": STEADY * capacity["requests_per_s"], "overload": OVERLOAD * capacity["requests_per_s"],
                  "after": STEADY * capacity["requests_per_s"]}
@@ -389,7 +389,7 @@ async def drive(server: ServerProcess, plan: dict, voice: str) -> dict:
             traffic.give_up()
         stop.set()
         await sampler
-        end = {**await idle_reading(traffic, pid), "exit_code": server.process.poll()}  # None: still running
+        end = {**await idle_reading(traffic.base_url, pid), "exit_code": server.process.poll()}  # None: still running
     finally:
         stop.set()
         await traffic.client.aclose()
