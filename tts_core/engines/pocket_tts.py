@@ -50,7 +50,7 @@ PROMPT_KEY = "audio_prompt_latents"  # the tensor a voice file holds: (frames, l
 DEFAULT_VOICE = "default"  # the shipped voice a registry voice without a prompt speaks with
 # The released checkpoints' generation values (generation_pocket_tts.py), where a model's config sets none.
 GENERATION_DEFAULTS = {"num_flow_steps": 1, "eos_threshold": -4.0, "min_frames_before_eos": 6}
-DESCRIBE_FILES = ["*.json", "*.jinja", "voices/*", "codec/*.json"]  # what describing a hub model reads
+DESCRIBE_FILES = ["*.json", "voices/*", "codec/*.json"]  # what describing a hub model reads
 
 
 # --- where a model and its voices are -------------------------------------------------------------
@@ -277,7 +277,8 @@ class PocketTTSEngine(SteppedEngine):
         return encode_voice(self.codec, self.processor.feature_extractor, audio, sample_rate)
 
     def add_voice(self, name: str, latents: np.ndarray) -> Voice:
-        """Offer (or replace) a voice with this prompt. Requests already running keep their voice."""
+        """Offer (or replace) a voice with this prompt. Requests already running keep their voice. Any
+        thread may call it (and remove_voice): the tables are swapped whole."""
         prompt = torch.as_tensor(np.asarray(latents, dtype=np.float32))
         if prompt.ndim != 2 or prompt.shape[0] == 0 or prompt.shape[1] != self.model.config.latent_dim:
             raise ValueError(f"a voice prompt is (frames, {self.model.config.latent_dim}), not {tuple(prompt.shape)}")
