@@ -30,12 +30,16 @@ class Voice:
 
 @dataclass(frozen=True)
 class VoiceSpec:
-    """A voice the registry names on a model: language, speaker id and default speed."""
+    """A voice the registry names on a model: language, speaker id, default speed, voice prompt; and
+    the model-level options any of its voices sets."""
 
     name: str
     language: str | None = None  # None: the model's own
     speaker: int | None = None  # None: the model's default speaker
     speed: float = 1.0
+    prompt: str | None = None  # a voice-prompted model's prompt file (relative: to the model folder)
+    fixed_length: bool = False  # model-level: every request makes its whole frame budget (random weights)
+    max_running: int | None = None  # model-level: the most requests a stepped model runs at once
 
 
 class Engine(ABC):
