@@ -41,6 +41,7 @@ from bench.soak import main as soak
 from bench.workload import texts
 from tts_core.config import Settings
 from tts_core.engines import load_voice_engine
+from tts_core.engines.base import SteppedEngine
 from tts_core.request import SynthesisRequest
 
 PEERS = {
@@ -64,6 +65,16 @@ CEILING = "engine ceiling"  # the engine alone, in this process, taking its turn
 CPU_TARGETS = {"chorus_vs_sequential": 1.0, "chorus_vs_static": 1.1, "chorus_vs_ceiling": 0.9,
                "short_p95_vs_sequential": 0.5, "idle_ms_over_raw": 10.0}
 GPU_TARGETS = {"chorus_vs_static": 1.4, "chorus_vs_ceiling": 0.8}
+# An autoregressive voice (a stepped engine), continuous batching against request-level batches: the mixed
+# closed loop with 16 clients; time to first audio with 8 streams against one stream's at idle.
+STEPPED_TARGETS = {"chorus_vs_sequential": 2.0, "chorus_vs_static": 1.3, "chorus_vs_ceiling": 0.85,
+                   "first_audio_p95_vs_idle_p50": 2.0, "short_p95_vs_static": 0.5}
+STEPPED_PLAN = {"workloads": ["mixed"], "clients": 16, "streams": 8, "stream_workload": "mixed",
+                "ceiling_sizes": [1, 4, 16]}
+LOWER_IS_BETTER = {"short_p95_vs_sequential", "short_p95_vs_static", "idle_ms_over_raw",
+                   "first_audio_p95_vs_idle_p50"}
+# Voices the benchmark builds itself (random weights, no download): name -> (bench.random_model kind, tiny)
+BUILT_VOICES = {"pocket-random": ("pocket_tts", False), "pocket-tiny": ("pocket_tts", True)}
 # Degrade mode, the cache and admission by predicted wait (the longest target allowed) are off: the
 # peers differ in batching and queue order only.
 OPERATOR = {"anonymous_tier": "enterprise", "degrade_enabled": False, "cache_enabled": False,
@@ -135,6 +146,47 @@ def idle_latencies(engine: EngineAlone, servers: dict[str, str], plan: dict, voi
             **{name: {"idle_p50_ms": _ms(statistics.median(served)),
                       "idle_overhead_ms": _ms(statistics.median(s - a for s, a in zip(served, alone)))}
                for name, served in timings.items()}}
+
+
+def idle_first_audio(servers: dict[str, str], plan: dict, voice: str) -> dict[str, float]:
+    """Each server's time to first audio of one stream at a time (mixed texts, text by text in turn):
+    p50 ms, what a stream gets from an idle server."""
+    firsts: dict[str, list[float]] = {name: [] for name in servers}
+    clients = {name: httpx.Client(base_url=url, timeout=300) for name, url in servers.items()}
+    try:
+        for text in texts("mixed", plan["idle_requests"], seed=98):
+            for name, client in clients.items():
+                body = {"model": "tts-1", "voice": voice, "input": text, "response_format": "pcm", "stream": True}
+                started = time.perf_counter()
+                with client.stream("POST", "/v1/audio/speech", json=body) as response:
+                    response.raise_for_status()
+                    for chunk in response.iter_bytes():
+                        if chunk and len(firsts[name]) < plan["idle_requests"]:
+                            firsts[name].append(time.perf_counter() - started)
+                            break
+    finally:
+        for client in clients.values():
+            client.close()
+    return {name: _ms(statistics.median(values)) for name, values in firsts.items() if values}
+
+
+def built_voice(voice: str, out: Path) -> Path:
+    """A registry file for one of BUILT_VOICES: the random model is made once and kept in ~/.cache/chorus
+    (for this transformers version); random weights never end speech, so its length is fixed by the
+    model's own budget rule for the text (`fixed_length`)."""
+    import transformers
+
+    from bench.random_model import save_random_pocket
+
+    kind, tiny = BUILT_VOICES[voice]
+    folder = Path.home() / ".cache" / "chorus" / f"bench-{voice}-transformers-{transformers.__version__}"
+    if not (folder / "config.json").exists():
+        print(f"building the random-weight model of {voice} in {folder} ...", flush=True)
+        save_random_pocket(folder, tiny=tiny, seed=0)
+    registry = out / "voices.yaml"
+    registry.write_text(f"voices:\n  {voice}: {{engine: {kind}, model: '{folder}', fixed_length: true, "
+                        "pinned: true}\n")
+    return registry
 
 
 def _ms(seconds: float) -> float:
@@ -291,19 +343,25 @@ def ratios(results: dict) -> tuple[dict, dict]:
     measured["short_p95_vs_sequential"] = (round(chorus["short_p95_ms"] / sequential["short_p95_ms"], 3)
                                            if chorus["short_p95_ms"] and sequential["short_p95_ms"] else None)
     measured["idle_ms_over_raw"] = peers["chorus"]["idle_overhead_ms"]
+    static = peers["static"]["mixed_all_rounds"]
+    measured["short_p95_vs_static"] = (round(chorus["short_p95_ms"] / static["short_p95_ms"], 3)
+                                       if chorus["short_p95_ms"] and static["short_p95_ms"] else None)
+    idle_first = peers["chorus"].get("idle_first_audio_p50_ms")
+    loaded_first = peers["chorus"]["streams"]["first_audio_p95_ms"]
+    measured["first_audio_p95_vs_idle_p50"] = (round(loaded_first / idle_first, 3)
+                                               if idle_first and loaded_first else None)
     ranges = {name: [round(min(values), 3), round(max(values), 3)] for name, values in throughput.items() if values}
     return measured, ranges
 
 
 def verdicts(measured: dict, targets: dict) -> dict:
-    lower_is_better = {"short_p95_vs_sequential", "idle_ms_over_raw"}
     out = {}
     for name, target in targets.items():
         value = measured.get(name)
         if value is None:
             out[name] = "not measured"
         else:
-            met = value <= target if name in lower_is_better else value >= target
+            met = value <= target if name in LOWER_IS_BETTER else value >= target
             out[name] = "met" if met else "MISSED"
     return out
 
@@ -388,10 +446,15 @@ def main() -> None:
     out = args.out or ROOT / "bench" / "results" / stamp
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    workloads = list(dict.fromkeys([*plan["workloads"], "mixed"]))
+    if args.voice in BUILT_VOICES and not args.voices_file:
+        args.voices_file = built_voice(args.voice, out)
 
     print(f"engine alone ({args.voice}): the ceiling ...", flush=True)
     engine = EngineAlone(args.voice, args.voices_file)
+    stepped = isinstance(engine.engine, SteppedEngine)
+    if stepped:  # an autoregressive voice: its own scenario sizes and targets
+        plan = {**plan, **STEPPED_PLAN, **({"clients": 4, "streams": 4} if args.quick else {})}
+    workloads = list(dict.fromkeys([*plan["workloads"], "mixed"]))
     ceiling = {workload: engine.ceiling(workload, plan, plan["ceiling_sizes"]) for workload in workloads}
     rates = [round(fraction * ceiling["mixed"]["requests_per_s"], 3) for fraction in plan["open_fractions"]]
     results = {"plan": plan_name, "settings": plan, "machine": machine(), "voice": args.voice,
@@ -425,6 +488,10 @@ def main() -> None:
         urls = {name: servers[name].base_url for name in peers}
         print("idle latency: the engine alone and every server, text by text in turn ...", flush=True)
         idle = idle_latencies(engine, urls, plan, args.voice)
+        if stepped:
+            print("idle time to first audio: one stream at a time on every server ...", flush=True)
+            for name, first in idle_first_audio(urls, plan, args.voice).items():
+                idle[name]["idle_first_audio_p50_ms"] = first
         best_size = [ceiling["mixed"]["batch_size"]]
         results.update(asyncio.run(run_peers(
             urls, servers[CONTROL].base_url, lambda: engine.ceiling("mixed", plan, best_size)["audio_s_per_s"],
@@ -441,8 +508,9 @@ def main() -> None:
             folder.cleanup()
 
     on_gpu = bool(results["machine"]["gpu"])
-    results["target_set"] = "GPU" if on_gpu else "CPU"
-    results["targets"] = GPU_TARGETS if on_gpu else CPU_TARGETS
+    results["target_set"] = ("autoregressive, " if stepped else "") + ("GPU" if on_gpu else "CPU")
+    results["targets"] = STEPPED_TARGETS if stepped else GPU_TARGETS if on_gpu else CPU_TARGETS
+    results["engine_shape"] = "stepped (autoregressive)" if stepped else "one-shot"
     if set(PEERS) <= set(results["peers"]):
         results["ratios"], results["ratio_ranges"] = ratios(results)
         results["verdicts"] = verdicts(results["ratios"], results["targets"])

@@ -62,7 +62,8 @@ def _piper_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settin
 def _vits_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings) -> tuple[list[Voice], Loader]:
     from .vits import VitsEngine, describe_vits  # torch and transformers load only when a VITS voice is configured
 
-    return describe_vits(model, voices), lambda: VitsEngine(model, voices, settings.device, settings.dtype, name=name)
+    return describe_vits(model, voices), _torch_loader(settings, lambda: VitsEngine(model, voices, settings.device,
+                                                                                  settings.dtype, name=name))
 
 
 def _pocket_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings
@@ -74,8 +75,20 @@ def _pocket_kind(model: str, voices: list[VoiceSpec], name: str, settings: Setti
     max_running = [voice.max_running for voice in voices if voice.max_running]
     if max_running:
         options["max_running"] = max(max_running)
-    return describe_pocket_tts(model, voices), lambda: PocketTTSEngine(model, voices, settings.device, settings.dtype,
-                                                                       name=name, **options)
+    return describe_pocket_tts(model, voices), _torch_loader(settings, lambda: PocketTTSEngine(
+        model, voices, settings.device, settings.dtype, name=name, **options))
+
+
+def _torch_loader(settings: Settings, load: Callable[[], Engine]) -> Callable[[], Engine]:
+    """load, with torch's CPU threads set first (TTS_TORCH_THREADS; process-wide, as torch has it)."""
+    def loaded() -> Engine:
+        if settings.torch_threads:
+            import torch
+
+            torch.set_num_threads(settings.torch_threads)
+        return load()
+
+    return loaded
 
 
 Loader = Callable[[], Engine]

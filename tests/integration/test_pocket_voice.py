@@ -1,0 +1,90 @@
+"""An autoregressive voice (a tiny random Pocket TTS from the registry) served by a real server:
+whole files of the model's own length, streams that arrive piece by piece, requests that run
+together in one step (continuous batching), and a clear 400 for what the model cannot do."""
+
+import asyncio
+import json
+import math
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from bench.server import start_server
+from tests.audio_check import decode
+from tests.pocket_models import build_tiny_pocket
+from tests.serve import metric
+
+FRAME_S = 1920 / 24000  # Pocket TTS: 12.5 frames a second
+
+
+@pytest.fixture(scope="module")
+def pocket(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pocket")
+    model = build_tiny_pocket(folder / "tiny-pocket")
+    registry = folder / "voices.yaml"
+    registry.write_text(f"voices:\n  pocket: {{engine: pocket_tts, model: '{model}', fixed_length: true, "
+                        "pinned: true}\n")
+    process = start_server(folder / "data", voices_file=str(registry), device="cpu", calibration_sizes="1,2",
+                           trusted_proxies="127.0.0.1")
+    yield process.base_url
+    process.stop()
+
+
+def speak(base: str, text: str, **extra) -> httpx.Response:
+    return httpx.post(f"{base}/v1/audio/speech", timeout=120,
+                      json={"model": "tts-1", "voice": "pocket", "input": text, "response_format": "wav", **extra})
+
+
+def test_a_whole_file_has_the_models_own_length(pocket):
+    response = speak(pocket, "Hello there, from an autoregressive voice.")
+    assert response.status_code == 200 and response.headers["x-chorus-voice"] == "pocket"
+    samples, rate = decode(response.content, "wav")
+    frames = samples.size / rate / FRAME_S
+    assert rate == 24000 and frames == pytest.approx(round(frames), abs=0.01) and frames > 12
+
+
+def test_a_stream_arrives_in_pieces_as_frames_are_made(pocket):
+    body = {"model": "tts-1", "voice": "pocket", "input": "A longer sentence, so that it takes many frames.",
+            "response_format": "pcm", "stream": True}
+    with httpx.stream("POST", f"{pocket}/v1/audio/speech", json=body, timeout=120) as response:
+        pieces = [chunk for chunk in response.iter_raw() if chunk]
+    assert len(pieces) > 3 and sum(map(len, pieces)) > 2 * 24000 * 2 * FRAME_S * 10
+
+
+def test_the_websocket_speaks_with_it_too(pocket):
+    with connect(pocket.replace("http", "ws") + "/v1/audio/speech/stream") as socket:
+        socket.send(json.dumps({"text": "Over the socket, piece by piece.", "voice": "pocket"}))
+        audio, events = b"", []
+        while not events or events[-1]["type"] not in ("done", "error"):
+            message = socket.recv()
+            if isinstance(message, bytes):
+                audio += message
+            else:
+                events.append(json.loads(message))
+    assert events[0]["type"] == "started" and events[-1]["type"] == "done" and len(audio) > 24000
+
+
+def test_requests_from_several_callers_run_together_in_one_step(pocket):
+    frames_before = metric(pocket, r'tts_frames_total\{engine="tiny-pocket"\}')
+    steps_before = metric(pocket, r'tts_steps_total\{engine="tiny-pocket"\}')
+
+    async def everyone():
+        async with httpx.AsyncClient(base_url=pocket, timeout=120) as client:
+            return await asyncio.gather(*(client.post(
+                "/v1/audio/speech", headers={"X-Forwarded-For": f"10.5.0.{n}"},
+                json={"model": "tts-1", "voice": "pocket", "input": f"Caller {n} asks for a sentence of speech.",
+                      "response_format": "pcm"}) for n in range(6)))
+
+    responses = asyncio.run(everyone())
+    assert all(response.status_code == 200 for response in responses)
+    frames = metric(pocket, r'tts_frames_total\{engine="tiny-pocket"\}') - frames_before
+    steps = metric(pocket, r'tts_steps_total\{engine="tiny-pocket"\}') - steps_before
+    assert frames / steps > 1.5  # frames per step: several requests advanced in each step
+    engine = httpx.get(f"{pocket}/api/v1/batch/status").json()["engines"]["tiny-pocket"]
+    assert engine["running"] == 0 and engine["policy"]["name"] == "adaptive" and not math.isnan(engine["steps_per_s"])
+
+
+def test_a_speed_the_model_cannot_do_is_refused(pocket):
+    response = speak(pocket, "Faster, please.", speed=1.5)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "speed"
