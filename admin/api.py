@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, Field
 
 from api.schemas import error_responses
+from tts_core.access import Tier
 from tts_core.degrade import OperatorSettings
 from tts_core.engines import EngineUnavailable, registry_specs
 from tts_core.errors import InvalidSetting, NotFound
@@ -41,20 +42,46 @@ def _control(request: Request) -> OperatorControl:
     return request.app.state.control
 
 
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
+          "minProperties", "maxProperties")
+
+
+def _fields(model: type[BaseModel]) -> dict:
+    """Each field's type, default, description and bounds, as the JSON schema states them."""
+    properties, defaults = model.model_json_schema()["properties"], model().model_dump()
+    return {name: {"type": getattr(info.annotation, "__name__", str(info.annotation)),
+                   "default": defaults[name], "description": info.description,
+                   **{bound: properties[name][bound] for bound in BOUNDS if bound in properties[name]}}
+            for name, info in model.model_fields.items()}
+
+
 def describe_settings(settings: OperatorSettings) -> dict:
-    defaults = OperatorSettings().model_dump()
-    fields = {name: {"type": getattr(info.annotation, "__name__", str(info.annotation)), "default": defaults[name],
-                     "description": info.description}
-              for name, info in OperatorSettings.model_fields.items()}
+    fields = _fields(OperatorSettings)
+    fields["tiers"]["tier_fields"] = _fields(Tier)
     return {"settings": settings.model_dump(), "fields": fields}
 
 
-@router.get("/settings")
+class SettingsView(BaseModel):
+    settings: OperatorSettings  # so /openapi.json states every value's bounds
+    fields: dict[str, dict]
+
+
+class SettingsChanged(SettingsView):
+    changes: list[dict]
+
+
+# PUT takes any subset of the settings: OperatorSettings' schema says so (every field has a default).
+PARTIAL_SETTINGS = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"$ref": "#/components/schemas/OperatorSettings"}}}}}
+
+
+@router.get("/settings", response_model=SettingsView)
 async def get_settings(request: Request, _: str = Depends(require_admin)) -> dict:
     return describe_settings(_control(request).settings)
 
 
-@router.put("/settings", responses=error_responses(503))
+@router.put("/settings", response_model=SettingsChanged, responses=error_responses(503),
+            openapi_extra=PARTIAL_SETTINGS)
 async def put_settings(request: Request, actor: str = Depends(require_admin)):
     try:
         changes = json.loads(await request.body())

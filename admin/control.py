@@ -2,11 +2,13 @@
 
 Settings are re-read every second, so a change made through another replica (same database)
 applies here too. If the database fails, the process keeps its last known settings and the error
-is shown on the dashboard and logged; synthesis never waits on the database.
+is shown on the dashboard and logged; synthesis never waits on the database. Stored values
+that do not validate (out of bounds, from an older version) are skipped, logged once and shown.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -30,6 +32,7 @@ class OperatorControl:
         self.refresh_s = refresh_s
         self.defaults = defaults or {}  # deployment defaults (TTS_OPERATOR_DEFAULTS), under stored values
         self.storage_error: str | None = None
+        self.ignored: dict[str, str] = {}  # stored values that do not validate (name -> why): not applied
         self.on_reload: list[Callable[[], None]] = []  # more state to re-read from storage each refresh
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -68,15 +71,20 @@ class OperatorControl:
             self._storage_failed("read", error)
             return
         self.storage_error = None
-        self.apply(OperatorSettings.from_stored(stored, self.defaults))
+        settings, ignored = OperatorSettings.from_stored(stored, self.defaults)
+        if ignored and ignored != self.ignored:  # once, not at every refresh
+            log.error("ignoring stored operator settings out of their bounds (the defaults apply): %s",
+                      "; ".join(f"{name} = {_short(stored.get(name))} ({why})" for name, why in ignored.items()))
+        self.ignored = ignored
+        self.apply(settings)
 
     def update(self, changes: dict[str, Any], actor: str) -> tuple[OperatorSettings, list[dict]]:
         """Validate (InvalidSetting), store with an audit row each (StorageUnavailable), apply."""
         with self._lock:
             updated = self.settings.merged(changes)
-            stored_changes = {key: getattr(updated, key) for key in changes}
+            values = updated.model_dump()
             try:
-                entries = self.storage.write_settings(stored_changes, actor)
+                entries = self.storage.write_settings({key: values[key] for key in changes}, actor)
             except Exception as error:
                 self._storage_failed("write", error)
                 raise StorageUnavailable("settings could not be saved: the database is unavailable; "
@@ -93,7 +101,8 @@ class OperatorControl:
 
     def health(self) -> dict:
         return {"database": self.storage.engine.url.render_as_string(hide_password=True),
-                "settings_error": self.storage_error, "request_log_error": self.request_log.last_error,
+                "settings_error": self.storage_error, "ignored_settings": dict(self.ignored),
+                "request_log_error": self.request_log.last_error,
                 "request_log_dropped": self.request_log.dropped}
 
     def _storage_failed(self, what: str, error: Exception) -> None:
@@ -103,3 +112,8 @@ class OperatorControl:
     def _run(self) -> None:
         while not self._stop.wait(self.refresh_s):
             self.reload()
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else f"{text[:20]}…({len(text)} characters)"

@@ -59,6 +59,9 @@ def _state_markdown(stats: dict) -> str:
     errors = [error for error in (storage["settings_error"], storage["request_log_error"]) if error]
     if errors:
         lines.append("**Storage error:** " + "; ".join(errors) + " — serving with the last known settings")
+    if storage["ignored_settings"]:
+        lines.append("**Stored settings ignored (out of bounds, defaults apply):** "
+                     + "; ".join(storage["ignored_settings"].values()))
     if storage["rate_limit_error"]:
         lines.append(f"**Rate-limit store error:** {storage['rate_limit_error']} — serving without rate limits")
     return "\n\n".join(lines)

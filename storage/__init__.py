@@ -23,6 +23,12 @@ log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
+def _loads(value: str) -> Any:
+    """JSON as stored; Infinity and NaN (which older versions could store) come back as strings, so that
+    they fail validation instead of breaking a JSON answer."""
+    return json.loads(value, parse_constant=str)
+
+
 def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path}"
 
@@ -62,7 +68,7 @@ class Storage:
 
     def read_settings(self) -> dict[str, Any]:
         with self._session() as session:
-            return {row.key: json.loads(row.value) for row in session.scalars(select(Setting))}
+            return {row.key: _loads(row.value) for row in session.scalars(select(Setting))}
 
     def write_settings(self, changes: dict[str, Any], actor: str) -> list[dict]:
         """Store changed values and one audit row per change, in one transaction."""
@@ -70,7 +76,7 @@ class Storage:
         with self._session.begin() as session:
             for key, value in changes.items():
                 row = session.get(Setting, key)
-                old = json.loads(row.value) if row else None
+                old = _loads(row.value) if row else None
                 if row is not None and old == value:
                     continue
                 now = _now()
@@ -266,8 +272,8 @@ def _key_dict(row: ApiKey) -> dict:
 
 def _audit_dict(entry: AuditEntry) -> dict:
     return {"at": _iso(entry.at), "actor": entry.actor, "action": entry.action, "key": entry.key,
-            "old_value": None if entry.old_value is None else json.loads(entry.old_value),
-            "new_value": None if entry.new_value is None else json.loads(entry.new_value)}
+            "old_value": None if entry.old_value is None else _loads(entry.old_value),
+            "new_value": None if entry.new_value is None else _loads(entry.new_value)}
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
