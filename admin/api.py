@@ -10,10 +10,11 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, Field
 
 from api.schemas import error_responses
+from storage import StorageError
 from tts_core.access import Tier
 from tts_core.degrade import OperatorSettings
 from tts_core.engines import EngineUnavailable, registry_specs
-from tts_core.errors import InvalidSetting, NotFound
+from tts_core.errors import InvalidSetting, NotFound, StorageUnavailable
 
 from .control import OperatorControl
 from .stats import collect_stats
@@ -89,13 +90,13 @@ async def put_settings(request: Request, actor: str = Depends(require_admin)):
         raise InvalidSetting("the request body is not valid JSON", None, "invalid_json") from None
     if not isinstance(changes, dict) or not changes:
         raise InvalidSetting("send a JSON object of the settings to change", None, "invalid_body")
-    settings, entries = _control(request).update(changes, actor)
+    settings, entries = await asyncio.to_thread(_control(request).update, changes, actor)
     return {**describe_settings(settings), "changes": entries}
 
 
-@router.get("/audit")
+@router.get("/audit", responses=error_responses(503))
 async def get_audit(request: Request, limit: int = Query(50, ge=1, le=1000), _: str = Depends(require_admin)):
-    return {"object": "list", "data": _control(request).audit(limit)}
+    return {"object": "list", "data": await asyncio.to_thread(_control(request).audit, limit)}
 
 
 @router.get("/stats")
@@ -113,25 +114,26 @@ def _public(record: dict) -> dict:
     return {key: value for key, value in record.items() if key != "key_hash"}
 
 
-@router.get("/keys")
+@router.get("/keys", responses=error_responses(503))
 async def list_keys(request: Request, _: str = Depends(require_admin)) -> dict:
-    return {"object": "list", "data": [_public(row) for row in request.app.state.access.storage.api_keys()]}
+    rows = await asyncio.to_thread(request.app.state.access.storage.api_keys)
+    return {"object": "list", "data": [_public(row) for row in rows]}
 
 
-@router.post("/keys", status_code=201)
+@router.post("/keys", status_code=201, responses=error_responses(503))
 async def create_key(body: NewKey, request: Request, actor: str = Depends(require_admin)):
     tiers = _control(request).settings.tiers
     if body.tier not in tiers:
         raise InvalidSetting(f"tier {body.tier!r} does not exist; tiers: {', '.join(tiers)}", "tier",
                              "unknown_tier")
-    key, record = request.app.state.access.create_key(body.name, body.tier, actor)
+    key, record = await asyncio.to_thread(request.app.state.access.create_key, body.name, body.tier, actor)
     return {**_public(record), "key": key, "note": "store this key now: it is not shown again"}
 
 
-@router.delete("/keys/{key_id}", responses=error_responses(404))
+@router.delete("/keys/{key_id}", responses=error_responses(404, 503))
 async def revoke_key(request: Request, key_id: int = Path(ge=1, le=2**63 - 1),
                      actor: str = Depends(require_admin)):
-    record = request.app.state.access.revoke_key(key_id, actor)
+    record = await asyncio.to_thread(request.app.state.access.revoke_key, key_id, actor)
     if record is None:
         raise NotFound(f"no API key with id {key_id}", "key_id")
     return _public(record)
@@ -148,7 +150,8 @@ async def reload_voices(request: Request, actor: str = Depends(require_admin)):
     except EngineUnavailable as error:
         raise InvalidSetting(str(error), "voices_file", "invalid_registry") from None
     try:
-        request.app.state.access.storage.add_audit(actor, "voices.reload", "voices_file", summary)
-    except Exception as error:  # the reload happened; a failing audit write must not hide that
-        summary = {**summary, "audit_error": str(error)}
+        await asyncio.to_thread(request.app.state.access.storage.add_audit, actor, "voices.reload", "voices_file",
+                                summary)
+    except StorageError:  # the reload happened; a failing audit write must not hide that
+        summary = {**summary, "audit_error": StorageUnavailable().message}
     return {**summary, "voices": [voice.name for voice in service.catalogue.voice_list()]}

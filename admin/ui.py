@@ -10,6 +10,7 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from api.access import AccessControl
+from storage import StorageError
 from tts_core.degrade import OperatorSettings
 from tts_core.errors import InvalidSetting, StorageUnavailable
 from tts_core.monitor import Monitor
@@ -67,18 +68,26 @@ def _state_markdown(stats: dict) -> str:
     return "\n\n".join(lines)
 
 
-def _audit_rows(entries: list[dict]) -> list[list]:
+def _audit_rows(control: OperatorControl) -> list[list]:
+    try:
+        entries = control.audit()
+    except StorageError:  # the state line above says the database fails
+        return []
     return [[e["at"], e["actor"], e["key"], str(e["old_value"]), str(e["new_value"])] for e in entries]
 
 
 def _key_rows(access: AccessControl) -> list[list]:
-    return [[k["id"], k["prefix"] + "…", k["name"], k["tier"], k["created_at"], k["revoked_at"] or ""]
-            for k in access.storage.api_keys()]
+    try:
+        keys = access.storage.api_keys()
+    except StorageError:
+        return []
+    return [[k["id"], k["prefix"] + "…", k["name"], k["tier"], k["created_at"], k["revoked_at"] or ""] for k in keys]
 
 
 def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorControl, access: AccessControl,
                     admin_token: str | None) -> None:
-    """Render the tab inside the current gr.Blocks."""
+    """Render the tab inside the current gr.Blocks. Its handlers are plain functions: Gradio runs them in
+    worker threads, so their database calls never hold up the event loop."""
     with gr.Tab("Admin"):
         if not admin_token:
             gr.Markdown("### Admin is disabled\nSet `TTS_ADMIN_TOKEN` and restart to enable the dashboard.")
@@ -140,7 +149,7 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
         def sign_in(given: str):
             if hmac.compare_digest((given or "").encode(), admin_token.encode()):
                 return [True, gr.update(visible=False), gr.update(visible=True), "",
-                        _audit_rows(control.audit()), _key_rows(access), *form_values()]
+                        _audit_rows(control), _key_rows(access), *form_values()]
             return [False, gr.update(), gr.update(), "Wrong token.", gr.update(), gr.update(),
                     *[gr.update()] * len(inputs)]
 
@@ -179,21 +188,27 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
                 control.update(changes, "admin-ui")
             except InvalidSetting as invalid:
                 return f"Not saved: {invalid.message}", gr.skip()
-            except StorageUnavailable as error:
-                return f"Not saved: {error}", gr.skip()
-            return f"Saved and applied: {', '.join(changes)}", _audit_rows(control.audit())
+            except StorageError:
+                return f"Not saved: {StorageUnavailable().message}", gr.skip()
+            return f"Saved and applied: {', '.join(changes)}", _audit_rows(control)
 
         def make_key(is_signed_in: bool, name: str, tier: str):
             if not is_signed_in or not name or not tier:
                 return "Give the key a name and a tier.", gr.skip()
-            key, record = access.create_key(name, tier, "admin-ui")
+            try:
+                key, record = access.create_key(name, tier, "admin-ui")
+            except StorageError:
+                return f"Not created: {StorageUnavailable().message}", gr.skip()
             return (f"Key **{record['id']}** for {name} ({tier}): `{key}` (copy it now: it is not shown again)",
                     _key_rows(access))
 
         def drop_key(is_signed_in: bool, key_id):
             if not is_signed_in or key_id is None:
                 return "Give the id of the key to revoke.", gr.skip()
-            record = access.revoke_key(int(key_id), "admin-ui")
+            try:
+                record = access.revoke_key(int(key_id), "admin-ui")
+            except StorageError:
+                return f"Not revoked: {StorageUnavailable().message}", gr.skip()
             message = f"Key {int(key_id)} revoked." if record else f"No key with id {int(key_id)}."
             return message, _key_rows(access)
 
