@@ -63,7 +63,12 @@ def _state_markdown(stats: dict) -> str:
     if storage["ignored_settings"]:
         lines.append("**Stored settings ignored (out of bounds, defaults apply):** "
                      + "; ".join(storage["ignored_settings"].values()))
-    if storage["rate_limit_error"]:
+    store = storage["rate_limit_store"]
+    if store["state"] != "closed":
+        since = datetime.fromtimestamp(store["since"]).strftime("%H:%M:%S")
+        lines.append(f"**Rate-limit store {store['state']} since {since}:** {store['error']} — serving without "
+                     "rate limits")
+    elif storage["rate_limit_error"]:
         lines.append(f"**Rate-limit store error:** {storage['rate_limit_error']} — serving without rate limits")
     return "\n\n".join(lines)
 

@@ -140,7 +140,7 @@ async def speech_batch(body: BatchRequest, request: Request,
     for index, raw in enumerate(body.items):
         try:
             if index:  # the call itself counted the first item against the rate limit
-                access.hit(caller)
+                await access.hit(caller)
             items.append((index, SpeechRequest.model_validate(raw)))
         except ValidationError as invalid:
             items.append((index, invalid_input(invalid.errors())))

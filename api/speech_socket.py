@@ -163,7 +163,7 @@ async def _take(socket: WebSocket, service: SpeechService, access, caller: Calle
         return
     utterance_id, accepted_at = next(ids), time.perf_counter()
     try:
-        access.hit(caller)
+        await access.hit(caller)
         stream = await service.stream_pieces(text, session.voice, session.model, session.speed, caller)
     except ChorusError as refusal:
         _account(socket, caller, refusal.status, accepted_at, len(text))
