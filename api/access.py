@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import logging
 import math
 import re
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable
 
 import limits
+from limits.errors import ConfigurationError
 from limits.storage import MemoryStorage, storage_from_string
 from limits.strategies import FixedWindowRateLimiter
 
@@ -97,10 +99,11 @@ class CircuitBreaker:
 
 class AccessControl:
     def __init__(self, storage: Storage, settings: Settings, operator: Callable[[], OperatorSettings]):
+        """ValueError names the setting at fault when TTS_RATELIMIT_STORAGE or TTS_TRUSTED_PROXIES is unusable."""
         self.storage = storage
         self.operator = operator
         self.require_api_key = settings.require_api_key
-        self.trusted_proxies = settings.trusted_proxies
+        self.trusted_proxies = _checked_networks(settings.trusted_proxies)
         self.store_uri = redacted(settings.ratelimit_storage)
         self.counters = _counter_store(settings.ratelimit_storage, settings.redis_timeout_s)
         self.remote = not isinstance(self.counters, MemoryStorage)  # its calls wait on the network
@@ -196,4 +199,16 @@ def _counter_store(uri: str, timeout_s: float):
     """The counters' storage; every Redis call is bounded by timeout_s (connecting included)."""
     remote = uri.split(":", 1)[0].startswith(("redis", "valkey"))
     options = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s} if remote else {}
-    return storage_from_string(uri, **options)
+    try:
+        return storage_from_string(uri, **options)
+    except (ConfigurationError, ValueError) as error:
+        raise ValueError(f"TTS_RATELIMIT_STORAGE {redacted(uri)!r} cannot be used: {error}") from None
+
+
+def _checked_networks(proxies: list[str]) -> list[str]:
+    for proxy in proxies:
+        try:
+            ipaddress.ip_network(proxy, strict=False)
+        except ValueError:
+            raise ValueError(f"TTS_TRUSTED_PROXIES: {proxy!r} is not an address or network") from None
+    return proxies
