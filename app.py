@@ -18,6 +18,7 @@ from pydantic_settings import SettingsError
 
 from admin.api import router as admin_router
 from admin.control import OperatorControl
+from admin.gate import AdminGate
 from admin.ui import build_admin_tab
 from api import build_api
 from api.access import AccessControl
@@ -53,7 +54,7 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
     control.reload()  # stored settings apply before the first request
     monitor = Monitor(service)
     job_runner = JobRunner(storage, service, settings, lambda: service.degrade.settings)
-    admin_token = settings.admin_token.get_secret_value() if settings.admin_token else None
+    gate = AdminGate(settings.admin_token.get_secret_value() if settings.admin_token else None)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -74,11 +75,11 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
                                      request.headers.get("x-forwarded-for"))
 
     api = build_api(service, access, request_log, lifespan)
-    api.state.control, api.state.monitor, api.state.admin_token = control, monitor, admin_token
+    api.state.control, api.state.monitor, api.state.admin_gate = control, monitor, gate
     api.state.jobs = job_runner
     api.include_router(admin_router)
     page = build_ui(service, admit_ui, request_log,
-                    [lambda: build_admin_tab(service, monitor, control, access, admin_token)])
+                    [lambda: build_admin_tab(service, monitor, control, access, gate)])
     app = gr.mount_gradio_app(api, page, path="/")
     calm_gradio_queue(page)
     return app

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
@@ -11,31 +10,30 @@ from pydantic import BaseModel, Field
 
 from api.schemas import error_responses
 from storage import StorageError
-from tts_core.access import Tier
+from tts_core.access import Tier, client_address
 from tts_core.degrade import OperatorSettings
 from tts_core.engines import EngineUnavailable, registry_specs
-from tts_core.errors import InvalidSetting, NotFound, StorageUnavailable
+from tts_core.errors import InvalidSetting, NotFound, RateLimited, StorageUnavailable
 
 from .control import OperatorControl
+from .gate import AdminRefused
 from .stats import collect_stats
 
-router = APIRouter(prefix="/admin/api", tags=["admin"], responses=error_responses(400, 401, 403, 422))
-
-
-def check_token(expected: str | None, given: str | None) -> None:
-    """401 without a token, 403 with a wrong one, 403 when admin is disabled (no token configured)."""
-    if not expected:
-        raise HTTPException(403, "admin is disabled: set TTS_ADMIN_TOKEN to enable it")
-    if not given:
-        raise HTTPException(401, "admin token required: send Authorization: Bearer <token>",
-                            headers={"WWW-Authenticate": "Bearer"})
-    if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise HTTPException(403, "wrong admin token")
+router = APIRouter(prefix="/admin/api", tags=["admin"], responses=error_responses(400, 401, 403, 422, 429))
 
 
 def require_admin(request: Request) -> str:
+    """The admin token's check (wrong guesses slowed down per address); the actor named in the audit log."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    check_token(request.app.state.admin_token, token.strip() if scheme.lower() == "bearer" else None)
+    address = client_address(request.client.host if request.client else None,
+                             request.headers.get("x-forwarded-for"), request.app.state.access.trusted_proxies)
+    try:
+        request.app.state.admin_gate.check(token.strip() if scheme.lower() == "bearer" else None, address)
+    except AdminRefused as refused:
+        if refused.status == 429:
+            raise RateLimited(refused.message, refused.retry_after_s, {}) from None
+        headers = {"WWW-Authenticate": "Bearer"} if refused.status == 401 else None
+        raise HTTPException(refused.status, refused.message, headers=headers) from None
     return request.headers.get("x-chorus-actor", "admin-api")[:128]
 
 
@@ -81,7 +79,7 @@ async def get_settings(request: Request, _: str = Depends(require_admin)) -> dic
     return describe_settings(_control(request).settings)
 
 
-@router.put("/settings", response_model=SettingsChanged, responses=error_responses(503),
+@router.put("/settings", response_model=SettingsChanged, responses=error_responses(429, 503),
             openapi_extra=PARTIAL_SETTINGS)
 async def put_settings(request: Request, actor: str = Depends(require_admin)):
     try:

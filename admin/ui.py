@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 from datetime import datetime
 
@@ -11,12 +10,14 @@ import plotly.graph_objects as go
 
 from api.access import AccessControl
 from storage import StorageError
+from tts_core.access import client_address
 from tts_core.degrade import OperatorSettings
 from tts_core.errors import InvalidSetting, StorageUnavailable
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
 
 from .control import OperatorControl
+from .gate import AdminGate, AdminRefused
 from .stats import collect_stats
 
 CHARTS = [  # (title, [(series key, label)], y axis title)
@@ -89,12 +90,18 @@ def _key_rows(access: AccessControl) -> list[list]:
     return [[k["id"], k["prefix"] + "…", k["name"], k["tier"], k["created_at"], k["revoked_at"] or ""] for k in keys]
 
 
+def _address(request: gr.Request | None, access: AccessControl) -> str:
+    peer = request.client.host if request is not None and request.client else None
+    forwarded = request.headers.get("x-forwarded-for") if request is not None else None
+    return client_address(peer, forwarded, access.trusted_proxies)
+
+
 def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorControl, access: AccessControl,
-                    admin_token: str | None) -> None:
+                    gate: AdminGate) -> None:
     """Render the tab inside the current gr.Blocks. Its handlers are plain functions: Gradio runs them in
     worker threads, so their database calls never hold up the event loop."""
     with gr.Tab("Admin"):
-        if not admin_token:
+        if not gate.enabled:
             gr.Markdown("### Admin is disabled\nSet `TTS_ADMIN_TOKEN` and restart to enable the dashboard.")
             return
         signed_in = gr.State(False)
@@ -151,12 +158,14 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
         def form_values() -> list:
             return [form_value(name) for name in inputs]
 
-        def sign_in(given: str):
-            if hmac.compare_digest((given or "").encode(), admin_token.encode()):
-                return [True, gr.update(visible=False), gr.update(visible=True), "",
-                        _audit_rows(control), _key_rows(access), *form_values()]
-            return [False, gr.update(), gr.update(), "Wrong token.", gr.update(), gr.update(),
-                    *[gr.update()] * len(inputs)]
+        def sign_in(given: str, request: gr.Request):
+            try:
+                gate.check(given, _address(request, access))
+            except AdminRefused as refused:
+                return [False, gr.update(), gr.update(), f"{refused.message}.", gr.update(), gr.update(),
+                        *[gr.update()] * len(inputs)]
+            return [True, gr.update(visible=False), gr.update(visible=True), "",
+                    _audit_rows(control), _key_rows(access), *form_values()]
 
         login.click(sign_in, [token], [signed_in, login_box, panel, login_message, audit, keys_table,
                                        *inputs.values()],
