@@ -22,6 +22,8 @@ from admin.gate import AdminGate
 from admin.ui import build_admin_tab
 from api import build_api
 from api.access import AccessControl
+from api.connections import request_deadline_protocol
+from api.logs import redacting_handler
 from jobs import JobRunner
 from storage import Storage, StorageError
 from storage.request_log import RequestLogWriter
@@ -143,16 +145,20 @@ def main() -> None:
         settings = Settings()
     except (ValidationError, SettingsError) as error:
         refuse_to_start(settings_fault(error))  # before logging is set up: Python's last-resort handler says it
-    logging.basicConfig(level=settings.log_level.upper(),
+    # One handler for every record, uvicorn's access log included (log_config=None below leaves
+    # uvicorn's loggers propagating to it): it takes keys and texts out of query strings and messages.
+    logging.basicConfig(level=settings.log_level.upper(), handlers=[redacting_handler()],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # proxy_headers off: uvicorn would otherwise believe X-Forwarded-For from 127.0.0.1; Chorus
-    # decides which proxies to believe itself (TTS_TRUSTED_PROXIES).
     try:
         app = create_app(settings)
     except (EngineUnavailable, StartupError) as error:  # say what to change, no traceback
         refuse_to_start(str(error))
+    # proxy_headers off: uvicorn would otherwise believe X-Forwarded-For from 127.0.0.1; Chorus
+    # decides which proxies to believe itself (TTS_TRUSTED_PROXIES).
+    # http: h11 with a deadline for each request to arrive whole (TTS_HEADER_TIMEOUT_S), so that
+    # connections trickling a byte at a time are closed; idle keep-alive ones close after 5 s.
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                proxy_headers=False)
+                log_config=None, proxy_headers=False, http=request_deadline_protocol(settings.header_timeout_s))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ from tts_core.service import SpeechService
 
 from . import jobs, speech, speech_socket, system
 from .access import AccessControl
+from .connections import OpenSockets
 from .errors import install_error_handlers
 from .limits import BodySizeLimit
+from .uploads import UploadLimit
 
 
 class RequestAccounting:
@@ -60,6 +62,7 @@ def build_api(service: SpeechService, access: AccessControl, request_log: Reques
     app.state.service = service
     app.state.access = access
     app.state.request_log = request_log
+    app.state.open_sockets = OpenSockets(service.settings.ws_max_per_caller)
     install_error_handlers(app)
     app.include_router(speech.router)
     app.include_router(speech_socket.router)
@@ -68,5 +71,6 @@ def build_api(service: SpeechService, access: AccessControl, request_log: Reques
     app.include_router(system.fallback)  # last: catches only what no route above matched
     app.state.api_routes = [*speech.router.routes, *jobs.router.routes, *system.router.routes]
     app.add_middleware(RequestAccounting, metrics=service.metrics, request_log=request_log)
+    app.add_middleware(UploadLimit, access=access, settings=service.settings)  # the UI's, mounted on this app
     app.add_middleware(BodySizeLimit, max_bytes=service.settings.max_body_bytes)
     return app

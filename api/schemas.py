@@ -21,8 +21,14 @@ class VoiceRef(BaseModel):
     id: VoiceName
 
 
+# Types are strict, as OpenAI's are: a boolean is only true or false, a number only a number (an
+# integer is a number: "speed": 1 is 1.0), a string only a string. Lax parsing took "speed": true
+# as 1.0 and "stream": "yes" as a request to stream.
+STRICT = ConfigDict(strict=True)
+
+
 class SpeechRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # unknown OpenAI fields are ignored, as OpenAI SDKs add them
+    model_config = STRICT | ConfigDict(extra="ignore")  # unknown OpenAI fields are ignored, as OpenAI SDKs add them
 
     model: str = Field(min_length=1, max_length=128, description="A model id or alias (see /v1/models)")
     input: str = Field(min_length=1, description="The text to speak")
@@ -50,7 +56,7 @@ class JobRequest(SpeechRequest):
 class BatchRequest(BaseModel):
     """POST /v1/audio/speech/batch. Items are checked one by one: a bad item fails alone."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT | ConfigDict(extra="forbid")
 
     items: list[dict] = Field(min_length=1, description="speech request bodies, as for /v1/audio/speech")
     mode: Literal["zip", "jobs"] = Field("zip", description="'zip': the audio files in one zip with a manifest; "
@@ -58,9 +64,10 @@ class BatchRequest(BaseModel):
 
 
 class SocketMessage(BaseModel):
-    """One client message on the speech WebSocket: text to buffer and/or settings for what follows."""
+    """One client message on the speech WebSocket: text to buffer and/or settings for what follows.
+    Strict for JSON messages; the query string's settings are strings, so they are read lax."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT | ConfigDict(extra="forbid")
 
     type: Literal["speech"] = "speech"
     text: str | None = Field(None, validation_alias=AliasChoices("text", "input"))

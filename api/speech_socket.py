@@ -3,7 +3,10 @@
 The client sends JSON messages; text may come in several of them and is spoken when a message
 says `flush` (the default). The server answers each utterance with a `started` event, binary
 audio frames (one streamable file per utterance), a `progress` event per sentence and a `done`
-event. Anything wrong with a message is answered with an `error` event; the socket stays open.
+event. Anything wrong with a message (malformed, nested too deeply, over TTS_MAX_BODY_BYTES, of
+the wrong type) is answered with an `error` event; the socket stays open. A caller may hold
+TTS_WS_MAX_PER_CALLER sockets open; one with no client message and nothing spoken for
+TTS_WS_IDLE_TIMEOUT_S is closed (1001).
 
     {"text": "Hello", "flush": false}       buffer text
     {"text": " world.", "voice": "alloy"}   buffer, then speak the buffer with this voice
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -72,16 +74,6 @@ class Utterance:
     characters: int
 
 
-def _account(socket: WebSocket, caller: Caller, status: int, accepted_at: float, characters: int,
-             voice: str | None = None, audio_s: float = 0.0) -> None:
-    """Metrics and the request log, as the HTTP routes get them from RequestAccounting."""
-    seconds = time.perf_counter() - accepted_at
-    socket.app.state.service.metrics.request_answered("websocket", status, seconds, audio_s)
-    if (request_log := socket.app.state.request_log) is not None:
-        request_log.record(client=caller.identity, source="websocket", status=status, voice=voice,
-                           characters=characters)
-
-
 def _error_event(error: ChorusError, utterance: int | None = None) -> dict:
     return {"type": "error", **({"id": utterance} if utterance is not None else {}), **error.body()}
 
@@ -89,95 +81,154 @@ def _error_event(error: ChorusError, utterance: int | None = None) -> dict:
 @router.websocket("/v1/audio/speech/stream")
 @router.websocket("/stream")
 async def speech_socket(socket: WebSocket) -> None:
-    service: SpeechService = socket.app.state.service
-    access = socket.app.state.access
-    query = socket.query_params
+    access, open_sockets = socket.app.state.access, socket.app.state.open_sockets
     await socket.accept()
-    token = query.get("api_key")
+    token = socket.query_params.get("api_key")
     authorization = f"Bearer {token}" if token else socket.headers.get("authorization")
     peer = socket.client.host if socket.client else None
     try:
         caller = access.identify(authorization, peer, socket.headers.get("x-forwarded-for"))
-    except ChorusError as error:
-        await socket.send_json(_error_event(error))
+        open_sockets.open(caller.identity)
+    except ChorusError as refusal:
+        await socket.send_json(_error_event(refusal))
         await socket.close(code=1008)
         return
-    session = Session()
-    first = {name: query[name] for name in ("text", "input", "voice", "model", "speed", "response_format")
-             if name in query}
-    pending: asyncio.Queue[Utterance] = asyncio.Queue(MAX_PENDING)
-    writer = asyncio.ensure_future(_write(socket, caller, pending))
-    ids = itertools.count(1)
     try:
-        if first:  # settings in the query; text there is spoken at once
-            first["flush"] = "text" in first or "input" in first
-            await _take(socket, service, access, caller, session, first, pending, ids)
-        while not writer.done():
-            message = await socket.receive()
-            if message["type"] == "websocket.disconnect":
-                break
-            if message.get("text") is None:
-                await socket.send_json(_error_event(InvalidRequest(
-                    "send JSON text messages; binary messages are not understood", None, "binary_message")))
-                continue
-            try:
-                raw = json.loads(message["text"])
-            except ValueError:
-                await socket.send_json(_error_event(InvalidRequest("the message is not valid JSON", None,
-                                                                   "invalid_json")))
-                continue
-            await _take(socket, service, access, caller, session, raw, pending, ids)
-    except WebSocketDisconnect:
-        pass
+        await SpeechConnection(socket, caller).serve()
     finally:
-        writer.cancel()
-        await asyncio.gather(writer, return_exceptions=True)
-        while not pending.empty():  # accepted but never started: out of the queue, and counted as given up
-            utterance = pending.get_nowait()
-            utterance.stream.close()
-            _account(socket, caller, 499, utterance.accepted_at, utterance.characters, utterance.stream.voice.name)
+        open_sockets.close(caller.identity)
 
 
-async def _take(socket: WebSocket, service: SpeechService, access, caller: Caller, session: Session,
-                raw: object, pending: asyncio.Queue, ids) -> None:
-    """Apply one client message; queue an utterance when it flushes."""
-    try:
-        message = SocketMessage.model_validate(raw)
-    except ValidationError as invalid:
-        await socket.send_json(_error_event(invalid_input(invalid.errors())))
-        return
-    if session.buffered_chars + len(message.text or "") > service.settings.max_chars:
-        await socket.send_json(_error_event(InvalidRequest(
-            f"buffered text would exceed {service.settings.max_chars} characters; flush first",
-            "text", "string_above_max_length")))
-        return
-    try:  # a format, voice or model that cannot serve is refused before it becomes the session's
-        if message.response_format is not None:
-            check_streamable(message.response_format)
-        service.catalogue.resolve(message.voice or session.voice, message.model or session.model)
-    except ChorusError as error:
-        await socket.send_json(_error_event(error))
-        return
-    text = session.apply(message)
-    if text is None:
-        return
-    utterance_id, accepted_at = next(ids), time.perf_counter()
-    try:
-        await access.hit(caller)
-        stream = await service.stream_pieces(text, session.voice, session.model, session.speed, caller)
-    except ChorusError as refusal:
-        _account(socket, caller, refusal.status, accepted_at, len(text))
-        await socket.send_json(_error_event(refusal, utterance_id))
-        return
-    await pending.put(Utterance(utterance_id, stream, session.response_format, accepted_at, len(text)))
+def _invalid_message(invalid: ValidationError) -> ChorusError:
+    first = invalid.errors()[0]
+    if first["type"] == "json_invalid":  # malformed, or nested past the parser's depth limit
+        reason = first.get("ctx", {}).get("error", "malformed")
+        return InvalidRequest(f"the message is not valid JSON: {reason}", None, "invalid_json")
+    return invalid_input(invalid.errors())
 
 
-async def _write(socket: WebSocket, caller: Caller, pending: asyncio.Queue) -> None:
-    """Send the queued utterances, one after the other, each as it is synthesized."""
-    while True:
-        utterance = await pending.get()
+class SpeechConnection:
+    """One speech WebSocket: reads the client's messages, queues its utterances, sends their audio."""
+
+    def __init__(self, socket: WebSocket, caller: Caller):
+        self.socket, self.caller = socket, caller
+        self.service: SpeechService = socket.app.state.service
+        self.access = socket.app.state.access
+        self.settings = self.service.settings
+        self.session = Session()
+        self.pending: asyncio.Queue[Utterance] = asyncio.Queue(MAX_PENDING)
+        self.ids = itertools.count(1)
+        self.speaking = 0  # utterances accepted and not yet ended: the socket is not idle while one is
+        self.active_at = time.monotonic()  # the client's last message, or the end of the last utterance
+
+    async def serve(self) -> None:
+        writer = asyncio.ensure_future(self._write())
+        try:
+            if (message := await self._read_query()) is not None:  # settings; text there is spoken at once
+                await self._take(message)
+            while not writer.done():
+                received = await self._next_message()
+                if received is None:
+                    idle_s = self.settings.ws_idle_timeout_s
+                    await self.socket.close(code=1001, reason=f"idle for {idle_s:g} s: no message, nothing spoken")
+                    break
+                if received["type"] == "websocket.disconnect":
+                    break
+                if (message := await self._read(received)) is not None:
+                    await self._take(message)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+            while not self.pending.empty():  # accepted but never started: out of the queue, counted as given up
+                utterance = self.pending.get_nowait()
+                utterance.stream.close()
+                self._account(499, utterance.accepted_at, utterance.characters, utterance.stream.voice.name)
+
+    async def _next_message(self) -> dict | None:
+        """The client's next message; None once the socket has been idle for ws_idle_timeout_s."""
+        receiving = asyncio.ensure_future(self.socket.receive())
+        try:
+            while not receiving.done():
+                idle_s = 0.0 if self.speaking else time.monotonic() - self.active_at
+                if idle_s >= self.settings.ws_idle_timeout_s:
+                    return None
+                await asyncio.wait({receiving}, timeout=self.settings.ws_idle_timeout_s - idle_s)
+            self.active_at = time.monotonic()
+            return receiving.result()
+        finally:
+            receiving.cancel()  # nothing to cancel once it is done
+
+    async def _refuse(self, error: ChorusError, utterance: int | None = None) -> None:
+        await self.socket.send_json(_error_event(error, utterance))
+
+    async def _read_query(self) -> SocketMessage | None:
+        """Settings from the query string (browsers cannot send headers); its text is spoken at once."""
+        query = self.socket.query_params
+        first = {name: query[name] for name in ("text", "input", "voice", "model", "speed", "response_format")
+                 if name in query}
+        if not first:
+            return None
+        first["flush"] = "text" in first or "input" in first
+        try:
+            return SocketMessage.model_validate(first, strict=False)  # query values are strings: "1.5" is a speed
+        except ValidationError as invalid:
+            return await self._refuse(invalid_input(invalid.errors()))
+
+    async def _read(self, received: dict) -> SocketMessage | None:
+        """A client message, validated; None (after an error event) when it cannot be used."""
+        text, limit = received.get("text"), self.settings.max_body_bytes
+        if text is None:
+            return await self._refuse(InvalidRequest(
+                "send JSON text messages; binary messages are not understood", None, "binary_message"))
+        if len(text) > limit or len(text.encode()) > limit:  # the first test spares encoding a huge message
+            return await self._refuse(InvalidRequest(f"the message is larger than {limit} bytes", None,
+                                                     "body_too_large"))
+        try:  # pydantic's parser bounds nesting; json.loads would raise RecursionError
+            return SocketMessage.model_validate_json(text)
+        except ValidationError as invalid:
+            return await self._refuse(_invalid_message(invalid))
+
+    async def _take(self, message: SocketMessage) -> None:
+        """Apply one client message; queue an utterance when it flushes."""
+        session, max_chars = self.session, self.settings.max_chars
+        if session.buffered_chars + len(message.text or "") > max_chars:
+            return await self._refuse(InvalidRequest(
+                f"buffered text would exceed {max_chars} characters; flush first", "text", "string_above_max_length"))
+        try:  # a format, voice or model that cannot serve is refused before it becomes the session's
+            if message.response_format is not None:
+                check_streamable(message.response_format)
+            self.service.catalogue.resolve(message.voice or session.voice, message.model or session.model)
+        except ChorusError as error:
+            return await self._refuse(error)
+        text = session.apply(message)
+        if text is None:
+            return
+        utterance_id, accepted_at = next(self.ids), time.perf_counter()
+        try:
+            await self.access.hit(self.caller)
+            stream = await self.service.stream_pieces(text, session.voice, session.model, session.speed, self.caller)
+        except ChorusError as refusal:
+            self._account(refusal.status, accepted_at, len(text))
+            return await self._refuse(refusal, utterance_id)
+        self.speaking += 1
+        await self.pending.put(Utterance(utterance_id, stream, session.response_format, accepted_at, len(text)))
+
+    async def _write(self) -> None:
+        """Send the queued utterances, one after the other, each as it is synthesized."""
+        while True:
+            utterance = await self.pending.get()
+            try:
+                await self._send(utterance)
+            finally:
+                self.speaking -= 1
+                self.active_at = time.monotonic()
+
+    async def _send(self, utterance: Utterance) -> None:
         stream, status, audio_s = utterance.stream, 499, 0.0  # 499 unless it ends: the client left first
         output_rate = FORMATS[utterance.response_format].sample_rate or stream.sample_rate
+        socket = self.socket
         try:
             await socket.send_json({"type": "started", "id": utterance.id, "voice": stream.voice.name,
                                     "response_format": utterance.response_format, "sample_rate": output_rate,
@@ -194,13 +245,20 @@ async def _write(socket: WebSocket, caller: Caller, pending: asyncio.Queue) -> N
             status = 200
         except ChorusError as failure:
             status = failure.status
-            await socket.send_json(_error_event(failure, utterance.id))
+            await self._refuse(failure, utterance.id)
         except Exception as error:
             status = 500
             log.exception("websocket utterance %s failed", utterance.id)
-            await socket.send_json(_error_event(SynthesisError(f"synthesis failed: {error}", code="internal_error"),
-                                                utterance.id))
+            await self._refuse(SynthesisError(f"synthesis failed: {error}", code="internal_error"), utterance.id)
         finally:
             stream.close()
-            _account(socket, caller, status, utterance.accepted_at, utterance.characters, stream.voice.name,
-                     audio_s)
+            self._account(status, utterance.accepted_at, utterance.characters, stream.voice.name, audio_s)
+
+    def _account(self, status: int, accepted_at: float, characters: int, voice: str | None = None,
+                 audio_s: float = 0.0) -> None:
+        """Metrics and the request log, as the HTTP routes get them from RequestAccounting."""
+        seconds = time.perf_counter() - accepted_at
+        self.service.metrics.request_answered("websocket", status, seconds, audio_s)
+        if (request_log := self.socket.app.state.request_log) is not None:
+            request_log.record(client=self.caller.identity, source="websocket", status=status, voice=voice,
+                               characters=characters)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import random
 import re
 import tempfile
@@ -55,6 +56,7 @@ OVERLOAD_S, CAPACITY_S, CAPACITY_CLIENTS, HOLD_S = 60.0, 15.0, 8, 10.0
 USERS = 64
 REQUEST_TIMEOUT_S = 330.0  # past the enterprise tier's 300 s deadline: the server has its say first
 LOST = ("timeout", "connection_error", "cut_short")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 TARGETS = {"lost": 0, "memory_growth_pct": 5.0, "recovery_s": 10.0, "refused_outside_overload": 0}
 # Degrade mode at its defaults; anonymous callers unlimited; the audio cache stores nothing: the texts
 # never repeat, so it could only fill to its budget (64 MB, bounded by design), which would read as
@@ -285,9 +287,33 @@ def process_reading(pid: int) -> dict:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         rss_kb = int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE).group(1))
-        return {"rss_mb": round(rss_kb / 1024, 1), "open_files": len(list(Path(f"/proc/{pid}/fd").iterdir()))}
+        ticks = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13]  # utime, stime
+        return {"rss_mb": round(rss_kb / 1024, 1), "open_files": len(list(Path(f"/proc/{pid}/fd").iterdir())),
+                "cpu_s": sum(map(int, ticks)) / CLOCK_TICKS, "machine_cpu_s": machine_cpu_s()}
     except (OSError, AttributeError):  # no such process, or a zombie without VmRSS
-        return {"rss_mb": None, "open_files": None}
+        return {"rss_mb": None, "open_files": None, "cpu_s": None, "machine_cpu_s": machine_cpu_s()}
+
+
+def machine_cpu_s() -> float:
+    """CPU seconds every process on the machine has used (all but idle and iowait), from /proc/stat."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
+
+
+def cpu_by_phase(samples: list[dict], bounds: dict) -> dict:
+    """Cores the server used in each phase, and cores everything else on the machine used (the load
+    generator included): a server that got less than the machine's cores while its queue was long was
+    held back by others, and its numbers for that phase say so."""
+    shares = {}
+    for phase, (start, end) in bounds.items():
+        inside = [s for s in samples if start <= s["t"] <= end and s.get("cpu_s") is not None]
+        if len(inside) < 2:
+            continue
+        seconds = inside[-1]["t"] - inside[0]["t"]
+        server = (inside[-1]["cpu_s"] - inside[0]["cpu_s"]) / seconds
+        machine = (inside[-1]["machine_cpu_s"] - inside[0]["machine_cpu_s"]) / seconds
+        shares[phase] = {"server_cores": round(server, 2), "other_cores": round(machine - server, 2)}
+    return shares
 
 
 async def sample(traffic: Traffic, pid: int, stop: asyncio.Event, samples: list[dict]) -> None:
@@ -309,11 +335,11 @@ async def sample(traffic: Traffic, pid: int, stop: asyncio.Event, samples: list[
                 pass
 
 
-async def idle_reading(traffic: Traffic, pid: int, timeout_s: float = 60.0) -> dict:
+async def idle_reading(base_url: str, pid: int, timeout_s: float = 60.0) -> dict:
     """process_reading once the server has nothing queued or running (an engine hands its working
     memory back when it goes idle): growth is then measured between two like moments, not against
     whatever was in flight. Read anyway after timeout_s."""
-    async with httpx.AsyncClient(base_url=traffic.base_url, timeout=5, trust_env=False) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=5, trust_env=False) as client:
         deadline, idle_polls = time.monotonic() + timeout_s, 0
         while idle_polls < 2 and time.monotonic() < deadline:  # two in a row: the release has run
             try:
@@ -344,7 +370,7 @@ async def drive(server: ServerProcess, plan: dict, voice: str) -> dict:
     try:
         print(f"capacity: closed loop, {CAPACITY_CLIENTS} clients, {plan['capacity_s']:.0f} s ...", flush=True)
         capacity = await measure_capacity(traffic, plan["capacity_s"], CAPACITY_CLIENTS)
-        warm = await idle_reading(traffic, pid)  # after warm-up: the capacity run was the server's first load
+        warm = await idle_reading(traffic.base_url, pid)  # after warm-up: the capacity run was the server's first load
         sampler = asyncio.ensure_future(sample(traffic, pid, stop, samples))
         rates = {"before": STEADY * capacity["requests_per_s"], "overload": OVERLOAD * capacity["requests_per_s"],
                  "after": STEADY * capacity["requests_per_s"]}
@@ -363,7 +389,7 @@ async def drive(server: ServerProcess, plan: dict, voice: str) -> dict:
             traffic.give_up()
         stop.set()
         await sampler
-        end = {**await idle_reading(traffic, pid), "exit_code": server.process.poll()}  # None: still running
+        end = {**await idle_reading(traffic.base_url, pid), "exit_code": server.process.poll()}  # None: still running
     finally:
         stop.set()
         await traffic.client.aclose()
@@ -451,7 +477,8 @@ def summarize(run: dict, plan: dict) -> dict:
            "recovery_s": measured["recovery_s"] is not None and measured["recovery_s"] < TARGETS["recovery_s"],
            "refused_outside_overload": measured["refused_outside_overload"] <= TARGETS["refused_outside_overload"]}
     return {"table": table, "server": server, "lost": lost, "recovery": recovered,
-            "degrade": degrade_times(samples, bounds), "measured": measured, "targets": TARGETS,
+            "cpu": cpu_by_phase(samples, bounds), "degrade": degrade_times(samples, bounds), "measured": measured,
+            "targets": TARGETS,
             "verdicts": {name: "met" if ok else "MISSED" for name, ok in met.items()}}
 
 
@@ -513,6 +540,9 @@ def _print_server(result: dict) -> None:
     print(f"recovery: {'not within the run' if seconds is None else f'{seconds} s'}: from the end of the overload to "
           f"the last 503 or queue sample above {recovered['queue_level']} that is followed by "
           f"{recovered['hold_s']:.0f} s with neither (within the {recovered['after_phase_s']} s after it)")
+    cpu = result.get("cpu", {})
+    print("cpu: " + "; ".join(f"{phase} server {share['server_cores']} cores, others {share['other_cores']}"
+                              for phase, share in cpu.items()) + f" (of {os.cpu_count()})")
 
 
 def _print_targets(result: dict) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tts_core.engines.base import Engine, Voice
+from tts_core.engines.base import Engine, SteppedEngine, Voice
 
 POISON = 999  # a token that makes the fake engine raise
 SAMPLES_PER_TOKEN = 100
@@ -54,3 +54,72 @@ def flat_cost(size: int, padded: int) -> float:
 def linear_cost(size: int, padded: int) -> float:
     """Batching does not pay: cost grows with every padded token (a small CPU's shape)."""
     return 0.0004 * padded
+
+
+class FakeSteppedEngine(SteppedEngine):
+    """An autoregressive engine with a controlled step cost: an item makes one frame per step, as many
+    frames as it has tokens (FRAME samples each, filled with its first token / 1000, so a test can
+    tell whose audio it got). `gate` cleared: steps block until it is set."""
+
+    frame_rate = 10.0
+    kv_bytes_per_token = 1000.0
+
+    def __init__(self, step_cost: Callable[[int], float] = lambda running: 0.0, max_running: int = 8,
+                 name: str = "fake-ar", fail_admitting: Callable[[int], bool] = lambda running: False):
+        self.name, self.sample_rate, self.max_running = name, 1000, max_running
+        self.step_cost, self.fail_admitting = step_cost, fail_admitting
+        self.gate = threading.Event()
+        self.gate.set()
+        self.steps_run: list[int] = []  # running requests at each step
+        self._running: list = []
+        self._made: dict[int, int] = {}  # id(item) -> frames made
+        self._taken: dict[int, int] = {}  # id(item) -> frames whose audio was taken
+
+    def voices(self) -> list[Voice]:
+        return [Voice("fake-ar-voice", "fake-ar", "en", self.sample_rate, speed_control=False)]
+
+    def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
+        return [np.full(len(text), 7, dtype=np.int64)] if text else []
+
+    def frames_needed(self, item) -> int:
+        return item.length
+
+    def context_tokens(self, item) -> int:
+        return 2 * item.length
+
+    def context_length(self, item) -> int:
+        return item.length + self._made[id(item)]
+
+    def running(self) -> list:
+        return list(self._running)
+
+    def admit(self, items):
+        if self.fail_admitting(len(self._running) + len(items)):
+            raise MemoryError("no room in the fake cache")
+        for item in items:
+            self._running.append(item)
+            self._made[id(item)], self._taken[id(item)] = 1, 0
+        return [item for item in items if item.length <= 1]
+
+    def step(self):
+        self.gate.wait()
+        self.steps_run.append(len(self._running))
+        time.sleep(self.step_cost(len(self._running)))
+        finished = []
+        for item in self._running:
+            self._made[id(item)] += 1
+            if self._made[id(item)] == item.length:
+                finished.append(item)
+        return finished
+
+    def take_audio(self, item, final: bool = False) -> np.ndarray:
+        new = self._made[id(item)] - self._taken[id(item)]
+        self._taken[id(item)] = self._made[id(item)]
+        return np.full(new * FRAME, item.tokens[0] / 1000, dtype=np.float32)
+
+    def release(self, item) -> None:
+        self._running.remove(item)
+        del self._made[id(item)], self._taken[id(item)]
+
+
+FRAME = 100  # samples per frame of FakeSteppedEngine (1000 Hz, 10 frames/s)

@@ -32,6 +32,9 @@ class Admission:
         voice_info, model_name = catalogue.resolve(voice, model)
         if not MIN_SPEED <= speed <= MAX_SPEED:
             raise InvalidRequest(f"speed must be between {MIN_SPEED} and {MAX_SPEED}", "speed")
+        if speed != 1.0 and not voice_info.speed_control:
+            raise InvalidRequest(f"voice {voice_info.name!r} ({voice_info.model}) has no speaking-rate control; "
+                                 "send speed 1.0", "speed", "unsupported_value")
         text = self._normalized(text)
         tier = caller.tier if caller else Tier()
         if len(text) > tier.max_chars:

@@ -49,19 +49,7 @@ def encode(audio: np.ndarray, sample_rate: int, format_name: str) -> bytes:
 
 def join(chunks: list[np.ndarray], sample_rate: int) -> np.ndarray:
     """Concatenate sentence audio with a short pause, fading each edge so no join clicks."""
-    fade = max(1, int(EDGE_FADE_S * sample_rate))
-    pause = np.zeros(int(JOIN_PAUSE_S * sample_rate), dtype=np.float32)
-    pieces: list[np.ndarray] = []
-    for index, chunk in enumerate(chunks):
-        chunk = chunk.astype(np.float32, copy=True)
-        edge = min(fade, chunk.size // 2)
-        if edge:
-            ramp = np.linspace(0.0, 1.0, edge, dtype=np.float32)
-            chunk[:edge] *= ramp
-            chunk[-edge:] *= ramp[::-1]
-        if index:
-            pieces.append(pause)
-        pieces.append(chunk)
+    pieces = [faded(chunk, sample_rate, pause_before=index > 0) for index, chunk in enumerate(chunks)]
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
 
 
@@ -125,6 +113,18 @@ class StreamEncoder:
         return head + self._drain()
 
 
-def edge_faded(chunk: np.ndarray, sample_rate: int, pause_before: bool) -> np.ndarray:
-    """One piece of a join: faded edges, with the inter-sentence pause in front unless it is first."""
-    return join([np.zeros(0, dtype=np.float32), chunk] if pause_before else [chunk], sample_rate)
+def faded(chunk: np.ndarray, sample_rate: int, fade_in: bool = True, fade_out: bool = True,
+          pause_before: bool = False) -> np.ndarray:
+    """One piece of a join, streamed: its edges faded as asked, with the inter-sentence pause in front
+    (a sentence streamed in several pieces fades in on the first and is joined seamlessly after)."""
+    chunk = chunk.astype(np.float32, copy=True)
+    edge = min(max(1, int(EDGE_FADE_S * sample_rate)), chunk.size // 2)
+    if edge:
+        ramp = np.linspace(0.0, 1.0, edge, dtype=np.float32)
+        if fade_in:
+            chunk[:edge] *= ramp
+        if fade_out:
+            chunk[-edge:] *= ramp[::-1]
+    if not pause_before:
+        return chunk
+    return np.concatenate([np.zeros(int(JOIN_PAUSE_S * sample_rate), dtype=np.float32), chunk])

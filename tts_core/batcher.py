@@ -100,6 +100,10 @@ class Batcher:
                 self.step()
             except Exception:  # the loop must outlive any bug in one dispatch
                 log.exception("batcher %s: dispatch failed", self.engine.name)
+        self._stopped()
+
+    def _stopped(self) -> None:
+        """The queue has closed and the loop ends: whatever is still running ends too (stepped engines)."""
 
     def warm_up(self) -> None:
         """One untimed run, then (for a learning policy) the calibration sweep."""

@@ -69,12 +69,21 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"  # for transformers models
     dtype: Literal["fp32", "fp16", "bf16"] = "fp32"  # for transformers models; fp16/bf16 need CUDA
     min_free_mem_mb: int = Field(2048, ge=0)  # device memory batches leave free
+    cpu_cache_mb: int = Field(1024, ge=16)  # memory the running requests' caches may take on a CPU (stepped engines)
     max_loaded_models: int = Field(4, ge=0)  # models kept loaded at once (pinned ones count); 0: no limit
     model_memory_mb: int = Field(0, ge=0)  # memory the loaded models' weights may take; 0: no limit
     empty_cache_every: int = Field(100, ge=0)  # batches between releases of cached device memory; 0: never
     default_voice: str = DEFAULT_VOICE
     model_aliases: dict[str, str] = {name: "piper" for name in OPENAI_MODEL_NAMES}
     voice_aliases: dict[str, str] = {name: DEFAULT_VOICE for name in OPENAI_VOICE_NAMES}
+
+    # Connections and hostile input (#14)
+    header_timeout_s: float = Field(10.0, gt=0)  # an HTTP request's headers and body must arrive whole within this
+    ws_idle_timeout_s: float = Field(300.0, gt=0)  # a WebSocket with no message and nothing spoken this long is closed
+    ws_max_per_caller: int = Field(8, ge=1)  # WebSockets one caller may hold open
+    upload_max_per_caller_per_hour: int = Field(20, ge=0)  # UI file uploads per caller an hour; 0: none
+    upload_max_mb_per_caller_per_hour: float = Field(20.0, ge=0)  # their bytes per caller an hour
+    upload_max_total_mb: float = Field(256.0, ge=0)  # uploads Gradio keeps on disk, all callers together
 
     @field_validator("calibration_sizes", mode="before")
     @classmethod

@@ -76,6 +76,11 @@ class Metrics:
         self.dropped = Counter("tts_dropped_items", "Queued items dropped unsynthesized",
                                ["reason"], registry=r)
         self.queue_length = Gauge("tts_queue_length", "Items waiting", ["engine"], registry=r)
+        self.running_requests = Gauge("tts_running_requests", "Requests running on a stepped (autoregressive) engine",
+                                      ["engine"], registry=r)
+        self.steps = Counter("tts_steps", "Steps of a stepped engine", ["engine"], registry=r)
+        self.frames = Counter("tts_frames", "Frames made by a stepped engine (one per running request per step)",
+                              ["engine"], registry=r)
         self.cache_lookups = Counter("tts_cache_lookups", "Audio cache lookups", ["result"], registry=r)
         self.degrade_actions = Counter("tts_degrade_actions", "Requests a degrade action applied to",
                                        ["action"], registry=r)
@@ -105,6 +110,22 @@ class Metrics:
     def batch_started(self, engine: str, size: int) -> None:
         with self._lock:
             self._running[engine] = size
+
+    def step_finished(self, engine: str, running: int, longest: int, seconds: float, max_running: int) -> None:
+        """A step of a stepped engine: one frame for each of `running` requests. It counts as a batch of
+        that many (so batch-size figures and charts read as frames per step)."""
+        self.steps.labels(engine).inc()
+        self.frames.labels(engine).inc(running)
+        self.batch_finished(engine, BatchRecord(time.monotonic(), engine, running, running * longest, running * longest,
+                                                seconds, max_running), [])
+
+    def step_rate(self, engine: str, over_s: float = 10.0) -> dict:
+        """Steps per second and frames per step of a stepped engine, over the last over_s seconds."""
+        since = time.monotonic() - over_s
+        with self._lock:
+            sizes = [record.size for record in self._batches if record.engine == engine and record.at >= since]
+        return {"steps_per_s": round(len(sizes) / over_s, 2),
+                "frames_per_step": round(sum(sizes) / len(sizes), 2) if sizes else 0.0}
 
     def batch_finished(self, engine: str, record: BatchRecord | None, waits: list[float]) -> None:
         """record is None when the batch raised (it is retried item by item)."""

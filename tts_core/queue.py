@@ -227,6 +227,18 @@ class RequestQueue:
             self._running += len(taken)
             self._running_until = time.monotonic() + predicted_s
 
+    def expect_free_in(self, seconds: float) -> None:
+        """A stepped engine's loop says when its next place frees up (its items stay running across steps)."""
+        with self._changed:
+            self._running_until = time.monotonic() + seconds
+
+    def put_back(self, item: SynthesisRequest) -> None:
+        """A taken item that could not run (its engine ran out of memory) goes back where it was ranked."""
+        with self._changed:
+            self._running -= 1
+            self._items.append(item)
+            self._changed.notify_all()
+
     def done(self, count: int) -> None:
         with self._changed:
             self._running -= count

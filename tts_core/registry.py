@@ -14,6 +14,13 @@
       joe:
         engine: piper                # ... or a Piper voice file, under a name of your choosing
         model: /voices/en_US-joe-medium.onnx
+      anna:
+        engine: pocket_tts           # Kyutai's Pocket TTS (autoregressive: requests join and leave each step)
+        model: /models/pocket-tts
+        prompt: voices/anna.wav      # the voice: a clip (wav/flac/ogg/mp3) or .safetensors latents;
+                                     # none: the model's shipped voice of this name, or its default
+        max_running: 8               # model-level: the most requests running at once (default 16)
+        fixed_length: false          # model-level: true for random-weight benchmark models
 
 Voices that name the same model share one loaded engine (and one batcher). Models that are not
 pinned load when first asked for and are unloaded, least recently used first, to keep within
@@ -45,6 +52,11 @@ class VoiceEntry(BaseModel):
     speaker: int | None = Field(None, ge=0, description="speaker id of a multi-speaker model")
     speed: float = Field(1.0, ge=0.25, le=4.0, description="default speed")
     pinned: bool = Field(False, description="load and warm at start-up and never unload")
+    prompt: str | None = Field(None, min_length=1, description="voice prompt: .safetensors latents or an audio "
+                               "clip (pocket_tts); relative to the model folder")
+    fixed_length: bool = Field(False, description="pocket_tts: every request makes its whole frame budget "
+                               "(random-weight benchmark models)")
+    max_running: int | None = Field(None, ge=1, le=1024, description="pocket_tts: the most requests running at once")
 
 
 class Registry(BaseModel):

@@ -1,4 +1,10 @@
-"""The unit of scheduled work: one text chunk of one caller's request."""
+"""The unit of scheduled work: one text chunk of one caller's request, and how its audio comes back.
+
+A one-shot engine answers an item once, on its `future`. A stepped (autoregressive) engine also
+hands its audio out piece by piece as frames are made, on its `pieces` (a chain of futures, safe
+to fill from the engine's thread and to read from the event loop); the future still resolves with
+the whole audio at the end.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,28 @@ from dataclasses import dataclass, field
 import numpy as np
 
 _sequence = itertools.count()
+
+
+class AudioPieces:
+    """Audio pieces of one item in order, as the engine makes them: `head` resolves to (piece, next
+    future), and (None, None) after the last. Written by the engine's thread only."""
+
+    def __init__(self) -> None:
+        self.head: Future = Future()
+        self._tail = self.head
+
+    def push(self, audio: np.ndarray) -> None:
+        following: Future = Future()
+        self._tail.set_result((audio, following))
+        self._tail = following
+
+    def end(self, error: BaseException | None = None) -> None:
+        if self._tail.done():  # already ended
+            return
+        if error is None:
+            self._tail.set_result((None, None))
+        else:
+            self._tail.set_exception(error)
 
 
 @dataclass(eq=False)
@@ -27,6 +55,8 @@ class SynthesisRequest:
     enqueued_at: float = 0.0
     start: float = 0.0  # the queue's rank: virtual start time, set when queued
     future: Future = field(default_factory=Future)
+    pieces: AudioPieces | None = None  # set by a caller that plays the audio as it is made
+    abandoned: bool = False  # the caller has gone: a running item is stopped at the next step
     seq: int = field(default_factory=lambda: next(_sequence))
     # Stamped by the batcher when the item runs:
     queue_s: float = 0.0
@@ -36,3 +66,8 @@ class SynthesisRequest:
     @property
     def length(self) -> int:
         return int(self.tokens.shape[0])
+
+    def abandon(self) -> None:
+        """The caller no longer wants it: dropped from the queue, or stopped if it is running."""
+        self.abandoned = True
+        self.future.cancel()

@@ -17,15 +17,16 @@ from collections.abc import AsyncIterator
 import numpy as np
 
 from .access import Caller, Tier
-from .audio import StreamEncoder, edge_faded
+from .audio import StreamEncoder, faded
 from .batcher import Batcher
 from .config import Settings
 from .engines import Voice
+from .engines.base import SteppedEngine
 from .errors import DeadlineExceeded, InvalidRequest, Overloaded
 from .metrics import Metrics
 from .pool import ModelPool
 from .queue import QueueClosed
-from .request import SynthesisRequest
+from .request import AudioPieces, SynthesisRequest
 from .text import ramp_up, split_chunks
 
 STREAM_DUE_MARGIN = 0.8  # a stream's piece is scheduled as if due at 80% of its estimated play time
@@ -47,8 +48,9 @@ class Scheduler:
         timeout_s = min(self.settings.request_timeout_s, tier.request_timeout_s)
         batcher = await self.pool.batcher(model_name)
         speed *= voice.speed  # the voice's default speed, times the request's
+        stepped = isinstance(batcher.engine, SteppedEngine)  # its audio streams out as frames are made
         chunks = split_chunks(text, self.settings.max_chunk_chars)
-        if streaming and self.settings.stream_first_chunk_chars:
+        if streaming and not stepped and self.settings.stream_first_chunk_chars:  # a short first piece, sooner
             chunks = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)
         share = None if tier.max_queue_share >= 1 else max(1, int(tier.max_queue_share * batcher.queue.max_size))
         tier_name = caller.tier_name if caller else ""
@@ -66,6 +68,8 @@ class Scheduler:
                  for tokens in token_lists]
         if streaming:
             _set_due_times(items, batcher, speed)
+            for item in items if stepped else ():
+                item.pieces = AudioPieces()
         await self._queue(items, batcher, model_name, share, max_wait_s)
         self.metrics.characters.inc(len(text))
         return items
@@ -86,18 +90,35 @@ class Scheduler:
             return list(await asyncio.gather(*(audio_of(item, self.settings.request_timeout_s) for item in items)))
         except BaseException:  # caller gone, deadline or engine error
             for item in items:
-                item.future.cancel()
+                item.abandon()
             raise
 
 
 async def audio_of(item: SynthesisRequest, run_allowance_s: float) -> np.ndarray:
     """The item's audio. The batcher ends every item it is given; this bound (its deadline, plus the
     longest it may take to run) is what keeps a caller from waiting for ever if something is wrong."""
+    return await _bounded(item, item.future, run_allowance_s)
+
+
+async def pieces_of(item: SynthesisRequest, run_allowance_s: float) -> AsyncIterator[np.ndarray]:
+    """The item's audio as the engine hands it out: piece by piece from a stepped engine, else whole."""
+    if item.pieces is None:
+        yield await audio_of(item, run_allowance_s)
+        return
+    link = item.pieces.head
+    while True:
+        audio, link = await _bounded(item, link, run_allowance_s)
+        if audio is None:
+            return
+        yield audio
+
+
+async def _bounded(item: SynthesisRequest, future, run_allowance_s: float):
     patience = max(0.0, item.deadline - time.monotonic()) + run_allowance_s
     try:
-        return await asyncio.wait_for(asyncio.wrap_future(item.future), patience)
+        return await asyncio.wait_for(asyncio.wrap_future(future), patience)
     except TimeoutError:
-        item.future.cancel()
+        item.abandon()
         raise DeadlineExceeded(f"request timed out: no audio within {patience:.0f} s") from None
 
 
@@ -123,18 +144,21 @@ class SentenceStream:
     async def __aiter__(self) -> AsyncIterator[np.ndarray]:
         try:
             for index, item in enumerate(self.items):
-                audio = await audio_of(item, self._run_allowance_s)
-                if index == 0:
-                    self._metrics.first_audio(time.monotonic() - self._started)
-                self._metrics.audio_seconds.inc(audio.size / self.sample_rate)
-                yield edge_faded(audio, self.sample_rate, index > 0)
+                whole = item.pieces is None
+                async for piece_index, audio in _numbered(pieces_of(item, self._run_allowance_s)):
+                    if index == 0 and piece_index == 0:
+                        self._metrics.first_audio(time.monotonic() - self._started)
+                    self._metrics.audio_seconds.inc(audio.size / self.sample_rate)
+                    # a sentence's first piece fades in after the pause; only a whole one knows its end
+                    yield faded(audio, self.sample_rate, fade_in=piece_index == 0, fade_out=whole,
+                                pause_before=index > 0 and piece_index == 0)
             self._metrics.chunks_per_request.observe(len(self.items))
         finally:
             self.close()
 
     def close(self) -> None:
         for item in self.items:
-            item.future.cancel()
+            item.abandon()
 
     async def encoded(self, response_format: str) -> AsyncIterator[tuple[bytes, float]]:
         """The stream encoded as one file in a streamable format: (bytes, seconds of audio they
@@ -147,3 +171,10 @@ class SentenceStream:
             yield await asyncio.to_thread(encoder.finish), 0.0
         finally:
             self.close()
+
+
+async def _numbered(pieces: AsyncIterator[np.ndarray]) -> AsyncIterator[tuple[int, np.ndarray]]:
+    index = 0
+    async for piece in pieces:
+        yield index, piece
+        index += 1

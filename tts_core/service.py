@@ -29,6 +29,7 @@ from .catalogue import Catalogue
 from .config import Settings
 from .degrade import DegradeController
 from .engines import Engine, ModelSpec
+from .engines.base import SteppedEngine
 from .errors import Conflict, InvalidRequest
 from .metrics import Metrics
 from .policy import make_policy
@@ -36,6 +37,8 @@ from .pool import ModelPool
 from .queue import RequestQueue
 from .request import SynthesisRequest
 from .scheduling import Scheduler, SentenceStream
+from .step_policy import make_step_policy
+from .stepping import SteppedBatcher
 
 log = logging.getLogger(__name__)
 
@@ -103,13 +106,17 @@ class SpeechService:
         self._reloading = threading.Lock()  # one registry reload at a time
 
     def _make_batcher(self, engine: Engine) -> Batcher:
+        """The engine's loop: one-shot batches, or continuous batching of a stepped (autoregressive) engine."""
         settings, metrics = self.settings, self.metrics
-        policy = make_policy(settings.batch_policy, settings.max_batch_size, settings.max_batch_tokens)
         queue = RequestQueue(settings.max_queue, settings.aging_horizon_s,
                              on_drop=lambda reason, count: metrics.dropped.labels(reason).inc(count),
                              order=settings.queue_order, max_per_caller=settings.max_queue_per_caller)
-        return Batcher(engine, policy, queue, metrics, settings.calibration_sizes, settings.min_free_mem_mb,
-                       settings.empty_cache_every)
+        shared = (settings.calibration_sizes, settings.min_free_mem_mb, settings.empty_cache_every)
+        if isinstance(engine, SteppedEngine):
+            policy = make_step_policy(settings.batch_policy, engine.max_running, engine.frame_rate)
+            return SteppedBatcher(engine, policy, queue, metrics, *shared, settings.cpu_cache_mb)
+        policy = make_policy(settings.batch_policy, settings.max_batch_size, settings.max_batch_tokens)
+        return Batcher(engine, policy, queue, metrics, *shared)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -188,10 +195,13 @@ class SpeechService:
     def _engine_status(batcher: Batcher | None, pinned: bool) -> dict:
         if batcher is None:
             return {"loaded": False, "pinned": pinned, "queue_length": 0, "ready": False}
-        return {"loaded": True, "pinned": pinned, "queue_length": len(batcher.queue),
-                "queue_wait_s": round(batcher.queue.predicted_wait(), 3),
-                "ready": batcher.ready.is_set(), "policy": batcher.policy.describe(),
-                "memory_token_budget": batcher.memory.tokens(), "out_of_memory": batcher.memory.out_of_memory_count}
+        status = {"loaded": True, "pinned": pinned, "queue_length": len(batcher.queue),
+                  "queue_wait_s": round(batcher.queue.predicted_wait(), 3),
+                  "ready": batcher.ready.is_set(), "policy": batcher.policy.describe(),
+                  "memory_token_budget": batcher.memory.tokens(), "out_of_memory": batcher.memory.out_of_memory_count}
+        if isinstance(batcher, SteppedBatcher):
+            status.update(running=len(batcher.engine.running()), **batcher.metrics.step_rate(batcher.engine.name))
+        return status
 
     # --- synthesis -----------------------------------------------------------------------------
 

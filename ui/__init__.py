@@ -23,7 +23,7 @@ from tts_core.service import SpeechService
 
 log = logging.getLogger(__name__)
 UI_FORMATS = ["mp3", "wav", "opus", "flac", "aac"]  # pcm has no header, so browsers cannot play it
-KEEP_FILES_S = 3600
+KEEP_FILES_S = 3600  # Gradio deletes files older than this, this often; api/uploads.py counts uploads kept for twice it
 PRUNE_EVERY_S = 60  # sweeping the folder on every request would cost a directory scan each time
 
 

@@ -1,7 +1,10 @@
 """Every bad input gets a 4xx with the OpenAI error JSON naming the field; the server keeps serving."""
 
+import json
+
 import httpx
 import pytest
+from websockets.sync.client import connect
 
 from tests.integration.conftest import MAX_CHARS
 
@@ -25,6 +28,11 @@ GOOD = {"model": "tts-1", "input": "Hello.", "voice": "alloy"}
     ({"voice": None}, 400, "voice"),
     ({"stream_format": "video"}, 400, "stream_format"),
     ({"stream": True, "response_format": "flac"}, 400, "response_format"),
+    # types are strict, as OpenAI's are: no booleans or strings for numbers, nothing but booleans for flags
+    ({"speed": True}, 400, "speed"),
+    ({"speed": "1.5"}, 400, "speed"),
+    ({"stream": "yes"}, 400, "stream"),
+    ({"stream": 1}, 400, "stream"),
 ])
 def test_bad_fields(server, change, status, param):
     response = httpx.post(f"{server}/v1/audio/speech", json={**GOOD, **change}, timeout=30)
@@ -32,6 +40,38 @@ def test_bad_fields(server, change, status, param):
     error = response.json()["error"]
     assert error["param"] == param
     assert error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_integers_are_numbers(speak):
+    assert speak("Hello.", speed=1).status_code == 200  # OpenAI takes 1 for 1.0
+
+
+def test_jobs_and_batch_items_are_strict_too(server):
+    job = httpx.post(f"{server}/v1/audio/jobs", json={**GOOD, "priority": True}, timeout=30)
+    assert job.status_code == 400 and job.json()["error"]["param"] == "priority"
+    batch = httpx.post(f"{server}/v1/audio/speech/batch", timeout=30,
+                       json={"mode": "jobs", "items": [{**GOOD, "speed": True}, {**GOOD, "stream": "no"}]})
+    assert [item["error"]["param"] for item in batch.json()["data"]] == ["speed", "stream"]
+
+
+@pytest.mark.parametrize("message, param", [
+    ({"text": "Hi.", "speed": True}, "speed"),
+    ({"text": "Hi.", "speed": "1.5"}, "speed"),
+    ({"text": "Hi.", "flush": "yes"}, "flush"),
+    ({"text": "Hi.", "flush": 0}, "flush"),
+])
+def test_websocket_messages_are_strict(server, message, param):
+    with connect(server.replace("http://", "ws://") + "/v1/audio/speech/stream") as socket:
+        socket.send(json.dumps(message))
+        error = json.loads(socket.recv(timeout=30))["error"]
+        assert error["param"] == param and error["type"] == "invalid_request_error"
+
+
+def test_websocket_query_settings_are_strings(server):
+    """The query string can only carry strings: there, "1.5" is a speed."""
+    with connect(server.replace("http://", "ws://") + "/stream?text=Hi.&speed=1.5") as socket:
+        while isinstance(event := socket.recv(timeout=30), bytes) or json.loads(event)["type"] != "done":
+            assert isinstance(event, bytes) or json.loads(event)["type"] != "error", event
 
 
 @pytest.mark.parametrize("missing", ["model", "input", "voice"])
@@ -66,6 +106,7 @@ def test_huge_chunked_body_is_refused(server):
     response = httpx.post(f"{server}/v1/audio/speech", content=chunks(),
                           headers={"content-type": "application/json"}, timeout=30)
     assert response.status_code == 413
+    assert response.json()["error"]["code"] == "body_too_large"  # as when the length is declared
 
 
 def test_unknown_route_and_method_use_the_error_model(server):

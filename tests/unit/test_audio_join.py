@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from tts_core.audio import JOIN_PAUSE_S, edge_faded, join
+from tts_core.audio import JOIN_PAUSE_S, faded, join
 
 RATE = 22050
 
@@ -49,5 +49,5 @@ def test_joins_have_no_dc_step():
 
 
 def test_streamed_pieces_concatenate_to_the_same_join():
-    pieces = [edge_faded(chunk, RATE, index > 0) for index, chunk in enumerate(CHUNKS)]
+    pieces = [faded(chunk, RATE, pause_before=index > 0) for index, chunk in enumerate(CHUNKS)]
     assert np.array_equal(np.concatenate(pieces), join(CHUNKS, RATE))

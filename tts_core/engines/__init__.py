@@ -65,11 +65,25 @@ def _vits_kind(model: str, voices: list[VoiceSpec], name: str, settings: Setting
     return describe_vits(model, voices), lambda: VitsEngine(model, voices, settings.device, settings.dtype, name=name)
 
 
+def _pocket_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings
+                 ) -> tuple[list[Voice], Loader]:
+    from .pocket_tts import PocketTTSEngine, describe_pocket_tts
+
+    # model-level options: any voice of the model may set them
+    options = dict(fixed_length=any(voice.fixed_length for voice in voices))
+    max_running = [voice.max_running for voice in voices if voice.max_running]
+    if max_running:
+        options["max_running"] = max(max_running)
+    return describe_pocket_tts(model, voices), lambda: PocketTTSEngine(model, voices, settings.device, settings.dtype,
+                                                                       name=name, **options)
+
+
 Loader = Callable[[], Engine]
 # The registry's `engine:` kinds: (model, its voices, a unique name, settings) -> (the voices described, a loader)
 ENGINE_KINDS: dict[str, Callable[[str, list[VoiceSpec], str, Settings], tuple[list[Voice], Loader]]] = {
     "piper": _piper_kind,
     "vits": _vits_kind,
+    "pocket_tts": _pocket_kind,
 }
 
 
@@ -78,7 +92,8 @@ def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
 
     specs, names = [], set(taken)
     for (kind, model), entries in read_registry(settings.voices_file).by_model().items():
-        voices = [VoiceSpec(name, entry.language, entry.speaker, entry.speed) for name, entry in entries.items()]
+        voices = [VoiceSpec(name, entry.language, entry.speaker, entry.speed, entry.prompt, entry.fixed_length,
+                            entry.max_running) for name, entry in entries.items()]
         name = _unique(model.rstrip("/").rsplit("/", 1)[-1].removesuffix(".onnx"), names)
         names.add(name)
         pinned = any(entry.pinned for entry in entries.values())

@@ -1,4 +1,6 @@
-"""The one small interface every model family implements."""
+"""The two shapes of engine: one-shot (a batch in, its audio out: Piper, VITS) and stepped
+(autoregressive: requests stay running across calls, one frame per step: Pocket TTS, VibeVoice).
+Only the engine's batcher thread calls them."""
 
 from __future__ import annotations
 
@@ -23,16 +25,21 @@ class Voice:
     sample_rate: int
     speaker: str | None = None
     speed: float = 1.0  # this voice's default speed; a request's speed multiplies it
+    speed_control: bool = True  # False: the model has no speaking-rate input (only speed 1.0 is accepted)
 
 
 @dataclass(frozen=True)
 class VoiceSpec:
-    """A voice the registry names on a model: language, speaker id and default speed."""
+    """A voice the registry names on a model: language, speaker id, default speed, voice prompt; and
+    the model-level options any of its voices sets."""
 
     name: str
     language: str | None = None  # None: the model's own
     speaker: int | None = None  # None: the model's default speaker
     speed: float = 1.0
+    prompt: str | None = None  # a voice-prompted model's prompt file (relative: to the model folder)
+    fixed_length: bool = False  # model-level: every request makes its whole frame budget (random weights)
+    max_running: int | None = None  # model-level: the most requests a stepped model runs at once
 
 
 class Engine(ABC):
@@ -87,3 +94,65 @@ def peak_normalize(audio: np.ndarray) -> np.ndarray:
     if peak < 1e-8:
         return np.zeros_like(audio, dtype=np.float32)
     return np.clip(audio / peak, -1.0, 1.0).astype(np.float32)
+
+
+class SteppedEngine(Engine):
+    """An autoregressive model. Requests join the running set (`admit`: their prompts are prefilled
+    and each makes its first frame), advance one frame per `step` together, hand out their audio as
+    it is decoded (`take_audio`), and leave when done or abandoned (`release`), so nobody waits for
+    the longest member of a batch. The engine owns its cache; the batcher decides who runs.
+
+    `synthesize` (one-shot) runs a batch through the same calls, for warm-up and the engine ceiling.
+    """
+
+    frame_rate: float  # frames per second of audio
+    max_running: int  # the most requests that can run at once (cache slots)
+    kv_bytes_per_token: float = 0.0  # cache memory one context position of one request takes
+
+    @abstractmethod
+    def frames_needed(self, item: SynthesisRequest) -> int:
+        """The most frames the item will make (it may end sooner, at its end of speech)."""
+
+    @abstractmethod
+    def context_tokens(self, item: SynthesisRequest) -> int:
+        """Context positions the item holds once it has made all its frames (prompt + frames):
+        what the memory budget counts."""
+
+    @abstractmethod
+    def admit(self, items: Sequence[SynthesisRequest]) -> list[SynthesisRequest]:
+        """Prefill the items' prompts (as one batch) and make them running, each with its first
+        frame; returns those already finished. Raises an out_of_memory_errors one when they do not fit."""
+
+    @abstractmethod
+    def step(self) -> list[SynthesisRequest]:
+        """Advance every running item one frame; returns the ones that finished with this frame."""
+
+    @abstractmethod
+    def running(self) -> list[SynthesisRequest]:
+        """The items running now, in the order they joined."""
+
+    @abstractmethod
+    def context_length(self, item: SynthesisRequest) -> int:
+        """Context positions a running item holds now (its step cost grows with the longest)."""
+
+    @abstractmethod
+    def take_audio(self, item: SynthesisRequest, final: bool = False) -> np.ndarray:
+        """The audio of the item's frames not taken yet (decoded as a stream: pieces join seamlessly);
+        `final` flushes what the decoder still holds. Empty when there is nothing new."""
+
+    @abstractmethod
+    def release(self, item: SynthesisRequest) -> None:
+        """The item leaves the running set (finished or abandoned); its place is free at once."""
+
+    def synthesize(self, batch: Sequence[SynthesisRequest]) -> list[np.ndarray]:
+        audio: dict[int, list[np.ndarray]] = {id(item): [] for item in batch}
+        waiting = list(batch)
+        while waiting or self.running():
+            room = self.max_running - len(self.running())
+            joining, waiting = waiting[:room], waiting[room:]
+            done = self.admit(joining) if joining else []
+            done += self.step() if self.running() else []
+            for item in done:
+                audio[id(item)].append(self.take_audio(item, final=True))
+                self.release(item)
+        return [np.concatenate(audio[id(item)]) if audio[id(item)] else np.zeros(0, np.float32) for item in batch]

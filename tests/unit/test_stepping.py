@@ -1,0 +1,268 @@
+"""Continuous batching of a stepped (autoregressive) engine, with a fake engine whose step costs are
+controlled: requests join at the next step, leave when done, stream their audio as it is made, and
+every request ends (audio, a clear error, or back in the queue), whatever happens around it."""
+
+import asyncio
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from tests.fakes import FRAME, FakeSteppedEngine
+from tts_core.config import Settings
+from tts_core.errors import InvalidRequest, Overloaded, SynthesisError
+from tts_core.metrics import Metrics
+from tts_core.queue import RequestQueue
+from tts_core.request import AudioPieces, SynthesisRequest
+from tts_core.service import SpeechService
+from tts_core.step_policy import ContinuousPolicy, RequestLevelPolicy, StepView, make_step_policy
+from tts_core.stepping import SteppedBatcher
+
+
+def item(frames: int, tag: int = 7, stream: bool = False) -> SynthesisRequest:
+    tokens = np.full(frames, 7, dtype=np.int64)
+    tokens[0] = tag
+    made = SynthesisRequest(tokens=tokens, voice="fake-ar-voice", speed=1.0, key="fake-ar", deadline=math.inf)
+    made.pieces = AudioPieces() if stream else None
+    return made
+
+
+@pytest.fixture
+def start():
+    started = []
+
+    def start(engine: FakeSteppedEngine, policy: str = "adaptive", cpu_cache_mb: int = 1024) -> SteppedBatcher:
+        batcher = SteppedBatcher(engine, make_step_policy(policy, engine.max_running, engine.frame_rate),
+                                 RequestQueue(64), Metrics(), calibration_sizes=(1, 2), cpu_cache_mb=cpu_cache_mb)
+        batcher.start()
+        assert batcher.ready.wait(30)
+        engine.steps_run.clear()
+        started.append(batcher)
+        return batcher
+
+    yield start
+    for batcher in started:
+        batcher.stop()
+
+
+def hold(engine: FakeSteppedEngine, batcher: SteppedBatcher, first: SynthesisRequest) -> None:
+    """Start `first` and hold the engine in its next step (so what is submitted now queues)."""
+    engine.gate.clear()
+    batcher.submit([first])
+    wait_for(lambda: first in engine.running())
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    event = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return
+        event.wait(0.01)
+    raise AssertionError("condition not met in time")
+
+
+def test_a_short_request_joins_a_running_long_one_and_leaves_first(start):
+    engine = FakeSteppedEngine()
+    batcher = start(engine)
+    long, short = item(60, tag=1), item(5, tag=2)
+    hold(engine, batcher, long)
+    batcher.submit([short])
+    engine.gate.set()
+    audio = short.future.result(timeout=10)
+    assert not long.future.done()  # nobody waits for the longest member
+    assert long.future.result(timeout=10).size == 60 * FRAME
+    assert audio.size == 5 * FRAME and np.allclose(audio, 0.002)  # its own audio, every frame of it
+    assert max(engine.steps_run) == 2  # the two ran in the same steps
+
+
+def test_a_stream_gets_its_audio_while_it_is_still_being_made(start):
+    engine = FakeSteppedEngine()
+    batcher = start(engine)
+    streamed = item(40, tag=3, stream=True)
+    order = []
+    streamed.pieces.head.add_done_callback(lambda _: order.append("first piece"))
+    streamed.future.add_done_callback(lambda _: order.append("whole audio"))
+    hold(engine, batcher, streamed)
+    engine.gate.set()
+    audio, following = streamed.pieces.head.result(timeout=10)
+    pieces = [audio]
+    while following is not None:
+        audio, following = following.result(timeout=10)
+        if audio is not None:
+            pieces.append(audio)
+    assert len(pieces) > 2 and np.concatenate(pieces).size == 40 * FRAME
+    assert streamed.future.result(timeout=1).size == 40 * FRAME
+    assert order == ["first piece", "whole audio"]
+
+
+def test_a_caller_that_leaves_frees_its_place_at_the_next_step(start):
+    engine = FakeSteppedEngine()
+    batcher = start(engine)
+    gone = item(100, tag=4)
+    hold(engine, batcher, gone)
+    gone.abandon()
+    engine.gate.set()
+    wait_for(lambda: not engine.running())
+    assert batcher.metrics.dropped.labels("cancelled")._value.get() == 1
+    kept = item(3, tag=5)
+    batcher.submit([kept])
+    assert kept.future.result(timeout=10).size == 3 * FRAME
+
+
+def test_running_requests_never_exceed_the_engine_or_the_memory(start):
+    engine = FakeSteppedEngine(max_running=3)
+    batcher = start(engine)
+    items = [item(20, tag=n) for n in range(8)]
+    batcher.submit(items)
+    for each in items:
+        each.future.result(timeout=20)
+    assert max(engine.steps_run) == 3
+    # 1 MB of cache at 1000 bytes a position: 1048 positions; each request holds 2 x 200
+    small = FakeSteppedEngine(max_running=8, name="small")
+    batcher = start(small, cpu_cache_mb=1)
+    items = [item(200, tag=n) for n in range(6)]
+    batcher.submit(items)
+    for each in items:
+        each.future.result(timeout=30)
+    assert max(small.steps_run) == 2
+
+
+def test_a_request_the_engine_has_no_memory_for_goes_back_to_the_queue(start):
+    engine = FakeSteppedEngine(fail_admitting=lambda running: running > 2)
+    batcher = start(engine)
+    first, second, third = item(30, tag=1), item(30, tag=2), item(5, tag=3)
+    hold(engine, batcher, first)
+    batcher.submit([second, third])  # the two join together: out of memory; back to the queue they go
+    engine.gate.set()
+    for each in (first, second, third):
+        assert each.future.result(timeout=20).size == each.length * FRAME
+    assert batcher.metrics.out_of_memory.labels("fake-ar")._value.get() >= 1
+
+
+def test_a_failing_step_fails_only_the_newest_request(start):
+    class Flaky(FakeSteppedEngine):
+        def step(self):
+            if any(each.tokens[0] == 99 for each in self._running):
+                raise RuntimeError("bad input")
+            return super().step()
+
+    engine = Flaky()
+    batcher = start(engine)
+    good, bad = item(30, tag=1), item(10, tag=99)
+    hold(engine, batcher, good)
+    batcher.submit([bad])
+    engine.gate.set()
+    with pytest.raises(SynthesisError, match="bad input"):
+        bad.future.result(timeout=10)
+    assert good.future.result(timeout=10).size == 30 * FRAME
+
+
+def test_stopping_ends_what_is_running_and_queued_with_a_clear_error(start):
+    engine = FakeSteppedEngine(max_running=1)
+    batcher = start(engine)
+    running, queued = item(50, tag=1), item(5, tag=2)
+    hold(engine, batcher, running)
+    batcher.submit([queued])
+    stopper = threading.Thread(target=batcher.stop)
+    stopper.start()
+    engine.gate.set()
+    stopper.join(10)
+    for each in (running, queued):
+        with pytest.raises(Overloaded, match="stopped"):
+            each.future.result(timeout=5)
+
+
+def test_the_request_level_peer_holds_results_until_its_batch_is_done(start):
+    engine = FakeSteppedEngine()
+    batcher = start(engine, policy="static")
+    short, long = item(3, tag=1), item(30, tag=2)
+    steps_when_short_came = []
+    short.future.add_done_callback(lambda _: steps_when_short_came.append(len(engine.steps_run)))
+    batcher.submit([short, long])  # static waits up to 0.5 s for 8; then both run as one batch
+    audio = short.future.result(timeout=10)
+    assert audio.size == 3 * FRAME and long.future.result(timeout=10).size == 30 * FRAME
+    assert steps_when_short_came == [29]  # handed out with the long one, once its 29 steps were done
+    later = item(3, tag=3)
+    engine.steps_run.clear()
+    hold(engine, batcher, item(20, tag=4))
+    batcher.submit([later])
+    engine.gate.set()
+    later.future.result(timeout=10)
+    assert max(engine.steps_run) == 1  # it waited for the running batch to finish before starting
+
+
+# --- the pure policy -----------------------------------------------------------------------------------
+
+def view(context: int = 50, final: int = 200, stream: bool = False) -> StepView:
+    return StepView(context, final, stream)
+
+
+def calibrated(frame_rate: float = 12.5, decode_s: float = 0.007) -> ContinuousPolicy:
+    policy = ContinuousPolicy(max_running=16, frame_rate=frame_rate)
+    for running in (1, 2, 4, 8, 16):
+        for longest in (100, 400):  # the research's CPU fit: 25.8 ms + 2.37 ms a request + 3.08 us a position
+            policy.cost.observe_step(running, longest, 0.0258 + 0.00237 * running + 3.08e-6 * running * longest,
+                                     calibration=True)
+    policy.cost.observe_decode(1, decode_s)
+    return policy
+
+
+def test_the_continuous_policy_grows_the_running_set_while_it_pays():
+    policy = calibrated()
+    plan = policy.plan([], [view() for _ in range(20)], now=0.0)
+    assert 6 <= len(plan.take) <= 16  # throughput still rises past a few, flattens before 16
+    flat = calibrated(decode_s=0.0)
+    assert len(flat.plan([], [view() for _ in range(20)], now=0.0).take) > len(plan.take)
+
+
+def test_streams_keep_every_running_request_in_real_time():
+    policy = calibrated()
+    plan = policy.plan([], [view(stream=True) for _ in range(20)], now=0.0)
+    frame_s = policy.cost.frame_s(len(plan.take), 50)
+    assert frame_s <= 1 / 12.5 < policy.cost.frame_s(len(plan.take) + 1, 50)
+
+
+def test_the_memory_budget_bounds_who_joins():
+    policy = calibrated()
+    plan = policy.plan([view(final=300)], [view(final=300) for _ in range(5)], now=0.0, memory_tokens=1000)
+    assert plan.take == (0, 1)  # 300 running + 2 x 300 joining <= 1000
+
+
+def test_the_request_level_peer_waits_then_takes_a_batch_only_when_nothing_runs():
+    peer = RequestLevelPolicy("static", 8, 0.5, 12.5)
+    queued = [StepView(10, 50, False, enqueued_at=0.0) for _ in range(3)]
+    assert peer.plan([], queued, now=0.1).take == () and peer.plan([], queued, now=0.6).take == (0, 1, 2)
+    assert peer.plan([view()], queued, now=5.0).take == ()
+
+
+# --- through the service -------------------------------------------------------------------------------
+
+@pytest.fixture
+def service():
+    engine = FakeSteppedEngine()
+    service = SpeechService(Settings(calibration_sizes=[1], voice_aliases={}, model_aliases={}), [engine], Metrics())
+    service.start()
+    assert service.batchers["fake-ar"].ready.wait(10)
+    yield service
+    service.stop()
+
+
+def test_a_stepped_voice_streams_and_speaks_through_the_service(service):
+    async def scenario():
+        stream = await service.speak_stream("A sentence long enough for many frames.", "fake-ar-voice",
+                                            response_format="pcm")
+        pieces = [audio async for audio in stream]
+        whole = await service.synthesize("A sentence long enough for many frames.", "fake-ar-voice")
+        return pieces, whole
+
+    pieces, whole = asyncio.run(scenario())
+    assert len(pieces) > 1 and sum(piece.size for piece in pieces) == whole.audio.size
+    status = service.status()["engines"]["fake-ar"]
+    assert status["running"] == 0 and status["steps_per_s"] > 0 and status["frames_per_step"] >= 1
+
+
+def test_a_voice_without_speed_control_refuses_other_speeds(service):
+    with pytest.raises(InvalidRequest) as refused:
+        asyncio.run(service.synthesize("Hello there.", "fake-ar-voice", speed=1.5))
+    assert refused.value.param == "speed" and "speaking-rate" in refused.value.message

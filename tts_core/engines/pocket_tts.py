@@ -1,0 +1,494 @@
+"""Kyutai's Pocket TTS through transformers, as a stepped engine (continuous batching).
+
+A request's prompt is `[voice BOS, voice x N, text, audio BOS]`: the voice is N codec latents scattered
+into the N voice positions, so any voices run together (the batch key is the engine alone). Admission
+prefills the joiners as one right-padded batch straight into their cache rows; the hidden state of
+each prompt's last position gives its first frame. Each step then runs every running request one
+position (the previous frame's latent) through the backbone, and the flow head turns the hidden
+states into the next frames. The model's own rules end a request: its frame budget
+`ceil((text tokens / 3 + 2) * frame_rate)`, and before that its end of speech (the end-of-speech
+logit over `eos_threshold`, then `frames_after_eos` more frames), which `fixed_length` turns off for
+random-weight benchmark models.
+
+The cache (`SlotCache`) has one row per running request, each at its own position, compacted on
+release; its length doubles when a longer request joins. Audio comes from an exact streaming
+decoder (pocket_codec.py), one state per running request, so pieces join seamlessly.
+
+Voices: a voice named in the registry takes its `prompt` (a `.safetensors` file holding
+`audio_prompt_latents`, or an audio clip encoded at load; relative to the model folder), else the
+shipped voice of its name (`<folder>/voices/NAME.safetensors`), else the model's default voice; a
+voice with no prompt also lists every shipped voice under its file's name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from transformers import (
+    GenerationConfig,
+    PocketTTSAudioTokenizerConfig,
+    PocketTTSAudioTokenizerModel,
+    PocketTTSConfig,
+    PocketTTSFeatureExtractor,
+    PocketTTSForConditionalGeneration,
+    PocketTTSProcessor,
+)
+
+from ..request import SynthesisRequest
+from .base import EngineUnavailable, SteppedEngine, Voice, VoiceSpec
+from .pocket_codec import DecoderState, StreamingDecoder, encode_voice, read_clip
+from .vits import DTYPES, _loading, _offline, resolve_device
+
+MODEL_KIND = "pocket_tts"
+PROMPT_KEY = "audio_prompt_latents"  # the tensor a voice file holds: (frames, latent_dim)
+DEFAULT_VOICE = "default"  # the shipped voice a registry voice without a prompt speaks with
+# The released checkpoints' generation values (generation_pocket_tts.py), where a model's config sets none.
+GENERATION_DEFAULTS = {"num_flow_steps": 1, "eos_threshold": -4.0, "min_frames_before_eos": 6}
+DESCRIBE_FILES = ["*.json", "voices/*", "codec/*.json"]  # what describing a hub model reads
+
+
+# --- where a model and its voices are -------------------------------------------------------------
+
+
+def _model_folder(source: str, patterns: list[str] | None = None) -> Path:
+    """A local folder as is; a hub id from the local cache (or the hub, unless HF_HUB_OFFLINE)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_absolute() or source.startswith((".", "~")):
+        raise FileNotFoundError(f"no folder {source}")
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(source, allow_patterns=patterns, local_files_only=_offline()))
+
+
+def _voice_files(folder: Path, specs: Sequence[VoiceSpec]) -> dict[str, Path]:
+    """Voice name -> the file of its prompt (see the module's docstring)."""
+    shipped = {path.stem: path for path in sorted((folder / "voices").glob("*.safetensors"))}
+    files: dict[str, Path] = {}
+    lists_shipped = not specs
+    for spec in specs:
+        if spec.prompt:
+            files[spec.name] = folder / Path(spec.prompt).expanduser()  # an absolute prompt stays as it is
+        elif spec.name in shipped:
+            files[spec.name] = shipped[spec.name]
+        elif shipped:
+            files[spec.name] = shipped.get(DEFAULT_VOICE, next(iter(shipped.values())))
+            lists_shipped = True
+        else:
+            raise FileNotFoundError(f"voice {spec.name!r} has no prompt and the model ships no voices/*.safetensors")
+    for name, path in shipped.items() if lists_shipped else ():
+        files.setdefault(name, path)
+    missing = sorted(str(path) for path in files.values() if not path.is_file())
+    if missing:
+        raise FileNotFoundError(f"no voice prompt file {', '.join(missing)}")
+    return files
+
+
+def _pocket_voices(names: Sequence[str], specs: Sequence[VoiceSpec], sample_rate: int) -> list[Voice]:
+    languages = {spec.name: spec.language for spec in specs}
+    return [Voice(name, MODEL_KIND, languages.get(name) or "und", sample_rate, speed_control=False)
+            for name in names]
+
+
+def _sample_rate(folder: Path) -> int:
+    if (folder / "codec").is_dir():
+        return int(PocketTTSAudioTokenizerConfig.from_pretrained(folder / "codec").sampling_rate)
+    return int(PocketTTSFeatureExtractor.from_pretrained(folder).sampling_rate)
+
+
+def describe_pocket_tts(source: str, specs: Sequence[VoiceSpec]) -> list[Voice]:
+    """A model's voices from its configs and voice files alone (no weights loaded): this also checks,
+    at start-up, that the model and every voice prompt are there."""
+    with _loading(source):
+        folder = _model_folder(source, DESCRIBE_FILES)
+        PocketTTSConfig.from_pretrained(folder)
+        return _pocket_voices(list(_voice_files(folder, specs)), specs, _sample_rate(folder))
+
+
+# --- the cache ------------------------------------------------------------------------------------
+
+
+class SlotCache:
+    """The backbone's key/value cache, one row per running request, each at its own position: given to
+    the model as `past_key_values`, whose attention calls `update` once per layer. Running requests
+    hold rows 0..n-1 (a release moves the last row into the freed one), so a step attends over the
+    view `[:n, :, :longest]`, never a gather. The length dimension doubles when a longer request joins."""
+
+    def __init__(self, config, rows: int, dtype: torch.dtype, device: str):
+        self.layers, self.rows, self.dtype, self.device = config.num_hidden_layers, rows, dtype, device
+        self.heads, self.head_dim = config.num_key_value_heads, config.head_dim
+        self.bytes_per_token = 2 * self.layers * self.heads * self.head_dim * torch.finfo(dtype).bits // 8
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.capacity = 0
+        self._first_row = 0  # prefill: the joiners' first row
+        self._positions: torch.Tensor | None = None  # a step: where each row writes; None: a prefill
+        self._read = 0  # a step: the positions attended (the longest row's, plus the new one)
+
+    def reserve(self, length: int, rows_in_use: int) -> None:
+        """Room for `length` positions per row, keeping the rows in use."""
+        if length <= self.capacity:
+            return
+        capacity = 1 << max(6, (length - 1).bit_length())
+        shape = (self.rows, self.heads, capacity, self.head_dim)
+        keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
+        values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
+        for new, old in zip(keys + values, self.keys + self.values):
+            new[:rows_in_use, :, : self.capacity] = old[:rows_in_use]
+        self.keys, self.values, self.capacity = keys, values, capacity
+
+    def clear(self) -> None:
+        self.keys, self.values, self.capacity = [], [], 0
+
+    def start_prefill(self, first_row: int) -> None:
+        self._first_row, self._positions = first_row, None
+
+    def start_step(self, positions: torch.Tensor, read: int) -> None:
+        self._positions, self._read = positions, read
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        count = key_states.shape[0]
+        if self._positions is None:  # prefill (right-padded): each joiner's positions start at 0
+            rows = slice(self._first_row, self._first_row + count)
+            keys[rows, :, : key_states.shape[2]] = key_states
+            values[rows, :, : value_states.shape[2]] = value_states
+            return key_states, value_states
+        rows = torch.arange(count, device=keys.device)
+        keys[rows, :, self._positions] = key_states[:, :, 0]
+        values[rows, :, self._positions] = value_states[:, :, 0]
+        return keys[:count, :, : self._read], values[:count, :, : self._read]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._read
+
+    def move(self, source: int, target: int, length: int) -> None:
+        for tensor in self.keys + self.values:
+            tensor[target, :, :length] = tensor[source, :, :length]
+
+
+# --- the engine -----------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Running:
+    item: SynthesisRequest
+    prompt: list[int]
+    voice: torch.Tensor  # the voice prompt's latents (frames, latent_dim)
+    budget: int  # the most frames it makes
+    frames_after_eos: int
+    decoder: DecoderState
+    length: int = 0  # cache positions written
+    latents: list[torch.Tensor] = field(default_factory=list)  # its frames, normalised, (1, latent_dim) each
+    taken: int = 0  # frames already turned into audio
+    countdown: int = -1  # frames still to make after its end of speech; -1 until that is seen
+    done: bool = False
+
+
+class PocketTTSEngine(SteppedEngine):
+    out_of_memory_errors = (MemoryError, torch.cuda.OutOfMemoryError)
+
+    def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
+                 name: str | None = None, max_running: int = 16, fixed_length: bool = False,
+                 temperature: float = 0.7, seed: int | None = None):
+        """source: a hub id or a local folder; voices: the registry's voices on this model (none: the
+        shipped ones); fixed_length: every request makes its whole frame budget (random weights);
+        temperature: of the flow head's noise (0: greedy)."""
+        self.source, self.name = source, name or source.rstrip("/").rsplit("/", 1)[-1]
+        self.device, self.dtype = resolve_device(device), DTYPES[dtype]
+        if self.dtype != torch.float32 and self.device == "cpu":
+            raise EngineUnavailable(f"{self.name}: {dtype} needs CUDA; use fp32 on the CPU")
+        self.max_running, self.fixed_length, self.temperature = max_running, fixed_length, temperature
+        with _loading(source):
+            folder = _model_folder(source)
+            files = _voice_files(folder, voices)
+            self._load_models(folder)
+            self._specs = list(voices)
+            self._prompts: dict[str, torch.Tensor] = {}
+            self._voices: list[Voice] = []
+            for voice_name, path in files.items():
+                self.add_voice(voice_name, self._read_prompt(path))
+        self._generator = torch.Generator(device=self.device)  # the engine's own: the global one stays as it is
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(seed)
+        self._cache = SlotCache(self.model.config, max_running, self.dtype, self.device)
+        self.kv_bytes_per_token = float(self._cache.bytes_per_token)
+        self._rows: list[_Running] = []  # by cache row
+        self._running: dict[SynthesisRequest, _Running] = {}  # in the order they joined
+
+    def _load_models(self, folder: Path) -> None:
+        """The codec from <folder>/codec when there is one: a processor saved with its codec records
+        the codec's absolute path, and would load it from there even after the folder moved."""
+        codec = None
+        if (folder / "codec").is_dir():
+            codec = PocketTTSAudioTokenizerModel.from_pretrained(folder / "codec", local_files_only=True)
+        extra = {"audio_tokenizer": codec} if codec is not None else {}
+        self.processor = PocketTTSProcessor.from_pretrained(folder, local_files_only=True, **extra)
+        self.codec = self.processor.audio_tokenizer
+        if self.codec is None:
+            raise FileNotFoundError(f"no codec: neither {folder / 'codec'} nor one named by the processor")
+        self.codec.to(self.device).eval()  # the codec stays in fp32: it is small, and the audio exact
+        self.model = PocketTTSForConditionalGeneration.from_pretrained(folder, dtype=self.dtype,
+                                                                       local_files_only=True)
+        self.model.to(self.device).eval()
+        self._read_settings()
+
+    def _read_settings(self) -> None:
+        """Rates, the processor's fade-in and end-of-speech tails, the model's generation values."""
+        self.tokenizer = self.processor.tokenizer
+        self.sample_rate = int(self.codec.config.sampling_rate)
+        self.frame_size = int(self.codec.config.frame_size)
+        self.frame_rate = float(self.model.config.frame_rate)
+        self._decoder = StreamingDecoder(self.codec)
+        fade = int(self.processor.fade_in_duration * self.sample_rate)
+        self._fade_in = np.linspace(0.0, 1.0, fade, dtype=np.float32)  # the processor's, on the first piece
+        generation = self.model.generation_config or GenerationConfig()
+        for key, default in GENERATION_DEFAULTS.items():
+            setattr(self, key, default if getattr(generation, key, None) is None else getattr(generation, key))
+        config = self.model.config
+        has_voice_bos = self.processor.audio_prompt_bos_token is not None
+        self._voice_bos = [config.audio_prompt_bos_token_id] if has_voice_bos else []
+
+    # --- voices ---------------------------------------------------------------------------------
+
+    def voices(self) -> list[Voice]:
+        return list(self._voices)
+
+    def batch_key(self, voice: str, speed: float) -> Hashable:
+        return self.name  # any voices run together, and there is no speaking rate
+
+    def _read_prompt(self, path: Path) -> np.ndarray:
+        if path.suffix == ".safetensors":
+            return load_file(str(path))[PROMPT_KEY].float().numpy()
+        return self.voice_prompt_from_audio(read_clip(path, self.sample_rate), self.sample_rate)
+
+    def voice_prompt_from_audio(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
+        """A voice clip (float mono at any rate) -> its voice prompt, latents (frames, latent_dim), to
+        pass to `add_voice` or to save as `audio_prompt_latents` in a .safetensors file."""
+        return encode_voice(self.codec, self.processor.feature_extractor, audio, sample_rate)
+
+    def add_voice(self, name: str, latents: np.ndarray) -> Voice:
+        """Offer (or replace) a voice with this prompt. Requests already running keep their voice. Any
+        thread may call it (and remove_voice): the tables are swapped whole."""
+        prompt = torch.as_tensor(np.asarray(latents, dtype=np.float32))
+        if prompt.ndim != 2 or prompt.shape[0] == 0 or prompt.shape[1] != self.model.config.latent_dim:
+            raise ValueError(f"a voice prompt is (frames, {self.model.config.latent_dim}), not {tuple(prompt.shape)}")
+        self._prompts = {**self._prompts, name: prompt.to(self.device)}
+        voice = _pocket_voices([name], self._specs, self.sample_rate)[0]
+        self._voices = [known for known in self._voices if known.name != name] + [voice]
+        return voice
+
+    def remove_voice(self, name: str) -> None:
+        self._prompts = {known: prompt for known, prompt in self._prompts.items() if known != name}
+        self._voices = [known for known in self._voices if known.name != name]
+
+    # --- text and budgets -----------------------------------------------------------------------
+
+    def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
+        """The text's ids, as the processor's chat template and tokenizer prepare it (no placeholders:
+        admission builds the prompt)."""
+        prepared = text
+        if self.processor.chat_template is not None:
+            message = {"role": "user", "content": [{"type": "text", "text": text}]}
+            prepared = self.processor.apply_chat_template([message])
+            for token in self.processor.placeholder_tokens:
+                prepared = prepared.replace(token, "")
+        ids = self.tokenizer.encode(prepared, add_special_tokens=False)
+        return [np.asarray(ids, dtype=np.int64)] if ids else []
+
+    def frames_needed(self, item: SynthesisRequest) -> int:
+        return math.ceil((item.length / 3 + 2) * self.frame_rate)  # generate's budget, per request
+
+    def _voice_prompt(self, item: SynthesisRequest) -> torch.Tensor:
+        prompt = self._prompts.get(item.voice)
+        if prompt is None:
+            raise ValueError(f"{self.name} has no voice {item.voice!r}")
+        return prompt
+
+    def _prompt_ids(self, item: SynthesisRequest) -> list[int]:
+        config = self.model.config
+        voice = [config.audio_prompt_token_id] * len(self._voice_prompt(item))
+        return [*self._voice_bos, *voice, *item.tokens.tolist(), config.audio_bos_token_id]
+
+    def context_tokens(self, item: SynthesisRequest) -> int:
+        return len(self._prompt_ids(item)) + self.frames_needed(item)
+
+    def _frames_after_eos(self, item: SynthesisRequest) -> int:
+        """The processor's rule: short texts get a longer tail after their end of speech."""
+        words = len(self.tokenizer.decode(item.tokens.tolist(), skip_special_tokens=True).split())
+        short = words <= self.processor.short_text_max_words
+        return self.processor.frames_after_eos_short_text if short else self.processor.frames_after_eos
+
+    # --- running --------------------------------------------------------------------------------
+
+    def running(self) -> list[SynthesisRequest]:
+        return list(self._running)
+
+    def context_length(self, item: SynthesisRequest) -> int:
+        return self._running[item].length
+
+    def latents(self, item: SynthesisRequest) -> torch.Tensor:
+        """The frames a running item has made, in the codec's space (frames, latent_dim)."""
+        run = self._running[item]
+        if not run.latents:
+            return torch.zeros(0, self.model.config.latent_dim)
+        return self.model.denormalize_latents(torch.cat(run.latents))
+
+    @torch.inference_mode()
+    def admit(self, items: Sequence[SynthesisRequest]) -> list[SynthesisRequest]:
+        if not items:
+            return []
+        if len(self._rows) + len(items) > self.max_running:
+            raise ValueError(f"{self.name}: {len(items)} joiners do not fit in {self.max_running} rows")
+        joiners = [_Running(item, self._prompt_ids(item), self._voice_prompt(item), self.frames_needed(item),
+                            self._frames_after_eos(item), self._decoder.new_state()) for item in items]
+        self._cache.reserve(max(len(run.prompt) + run.budget for run in self._rows + joiners), len(self._rows))
+        hidden, eos_logits = self._prefill(joiners, first_row=len(self._rows))
+        for run in joiners:  # only now: a prefill that fails (out of memory) leaves the running set as it was
+            run.length = len(run.prompt)
+            self._rows.append(run)
+            self._running[run.item] = run
+        return self._advance(joiners, hidden, eos_logits)
+
+    def _prefill(self, joiners: list[_Running], first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The joiners' prompts as one batch, right-padded so each row's positions start at 0 in its
+        cache row (causal attention never sees the padding after a prompt). Returns the hidden state
+        and end-of-speech logit of each prompt's last position."""
+        count, longest = len(joiners), max(len(run.prompt) for run in joiners)
+        ids = torch.full((count, longest), self.model.config.pad_token_id, dtype=torch.long)
+        for row, run in enumerate(joiners):
+            ids[row, : len(run.prompt)] = torch.tensor(run.prompt)
+        voices = torch.nn.utils.rnn.pad_sequence([run.voice for run in joiners], batch_first=True)
+        voice_mask = torch.nn.utils.rnn.pad_sequence(
+            [torch.ones(len(run.voice), dtype=torch.long, device=self.device) for run in joiners], batch_first=True)
+        causal = torch.ones(longest, longest, dtype=torch.bool, device=self.device).tril()
+        positions = torch.arange(longest, device=self.device)[None].expand(count, -1)
+        self._cache.start_prefill(first_row)
+        out = self.model(input_ids=ids.to(self.device), audio_prompt_latents=voices,
+                         audio_prompt_latents_mask=voice_mask, position_ids=positions,
+                         attention_mask=causal[None, None].expand(count, 1, -1, -1),
+                         past_key_values=self._cache, use_cache=True)
+        rows = torch.arange(count, device=self.device)
+        last = torch.tensor([len(run.prompt) - 1 for run in joiners], device=self.device)
+        return out.last_hidden_state[rows, last], out.logits[rows, last, 0]
+
+    @torch.inference_mode()
+    def step(self) -> list[SynthesisRequest]:
+        if not self._rows:
+            return []
+        count = len(self._rows)
+        positions = torch.tensor([run.length for run in self._rows], device=self.device)
+        read = max(run.length for run in self._rows) + 1
+        mask = torch.arange(read, device=self.device)[None, :] <= positions[:, None]
+        previous = torch.cat([run.latents[-1] for run in self._rows]).to(self.dtype)
+        ids = torch.full((count, 1), self.model.config.audio_latent_token_id, device=self.device)
+        self._cache.start_step(positions, read)
+        out = self.model(input_ids=ids, audio_latents=previous[:, None, :], position_ids=positions[:, None],
+                         attention_mask=mask[:, None, None, :], past_key_values=self._cache, use_cache=True)
+        for run in self._rows:
+            if not run.done:  # a finished row not yet released rewrites one unused position
+                run.length += 1
+        return self._advance(self._rows, out.last_hidden_state[:, -1], out.logits[:, -1, 0])
+
+    def _advance(self, rows: list[_Running], hidden: torch.Tensor, eos_logits: torch.Tensor) -> list[SynthesisRequest]:
+        """The flow head turns each row's hidden state into its next frame; returns the rows that end."""
+        noise = torch.zeros(len(rows), self.model.config.latent_dim, device=self.device)
+        if self.temperature > 0:
+            noise.normal_(generator=self._generator).mul_(math.sqrt(self.temperature))
+        frames = self.model.sample_latent(hidden, noise.to(hidden.dtype), self.num_flow_steps).float()
+        finished = []
+        for row, (run, eos_logit) in enumerate(zip(rows, eos_logits.float().tolist())):
+            if run.done:
+                continue
+            run.latents.append(frames[row: row + 1])
+            run.done = self._ends(run, eos_logit)
+            if run.done:
+                finished.append(run.item)
+        return finished
+
+    def _ends(self, run: _Running, eos_logit: float) -> bool:
+        """generate's stopping rule for one row: its budget, or its end of speech plus a short tail."""
+        made = len(run.latents)
+        if made >= run.budget:
+            return True
+        if self.fixed_length:
+            return False
+        if run.countdown < 0 and made > self.min_frames_before_eos and eos_logit > self.eos_threshold:
+            run.countdown = run.frames_after_eos
+        if run.countdown == 0:
+            return True
+        if run.countdown > 0:
+            run.countdown -= 1
+        return False
+
+    @torch.inference_mode()
+    def take_audio(self, item: SynthesisRequest, final: bool = False) -> np.ndarray:
+        """Nothing is held back by the streaming decoder, so `final` needs no flush."""
+        run = self._running.get(item)
+        if run is None or run.taken == len(run.latents):
+            return np.zeros(0, dtype=np.float32)
+        first = run.taken == 0
+        latents = self.model.denormalize_latents(torch.cat(run.latents[run.taken:]))
+        run.taken = len(run.latents)
+        audio = self._decoder.decode(latents[None].to(self.codec.dtype), run.decoder)[0].float().cpu().numpy()
+        if first:
+            audio[: self._fade_in.size] *= self._fade_in[: audio.size]
+        return np.clip(audio, -1.0, 1.0)
+
+    @torch.inference_mode()  # the cache rows are inference tensors
+    def release(self, item: SynthesisRequest) -> None:
+        run = self._running.pop(item, None)
+        if run is None:
+            return
+        row = self._rows.index(run)
+        last = self._rows.pop()
+        if last is not run:  # the last row fills the hole: rows stay 0..n-1
+            self._cache.move(len(self._rows), row, last.length)
+            self._rows[row] = last
+
+    # --- device memory --------------------------------------------------------------------------
+
+    def measure_memory(self, tokens: np.ndarray, sizes: Sequence[int] = (1, 4)) -> None:
+        """CUDA only: the peak bytes a batch takes beyond the cache (whose bytes are kv_bytes_per_token),
+        per context position."""
+        if self.device != "cuda":
+            return
+        voice = self._voices[0].name
+        batches = [[SynthesisRequest(tokens=tokens, voice=voice, speed=1.0, key=self.name, deadline=math.inf)
+                    for _ in range(size)] for size in sizes]
+        self.synthesize(batches[-1])  # the cache grows to these lengths first
+        per_token = []
+        for batch in batches:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            self.synthesize(batch)
+            torch.cuda.synchronize()
+            per_token.append((torch.cuda.max_memory_allocated() - before) / sum(map(self.context_tokens, batch)))
+        self.bytes_per_padded_token = max(per_token)
+
+    def free_memory_bytes(self) -> int | None:
+        if self.device != "cuda":
+            return None
+        free, _ = torch.cuda.mem_get_info()
+        return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+
+    def release_memory(self) -> None:
+        """With nothing running, the cache goes too (the next admission makes one to its size)."""
+        if not self._rows:
+            self._cache.clear()
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+
+    def memory_bytes(self) -> int:
+        tensors = [*self.model.parameters(), *self.model.buffers(), *self.codec.parameters(), *self.codec.buffers()]
+        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)

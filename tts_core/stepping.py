@@ -1,0 +1,299 @@
+"""The engine loop of a stepped (autoregressive) engine: continuous batching.
+
+Each turn of the loop, on the one thread that owns the engine: running requests whose caller has
+gone are stopped; the policy picks which queued requests join, and their prompts are prefilled
+together; every running request makes one frame; each request's new frames are decoded every
+DECODE_EVERY steps, and when it finishes, and handed out (a stream plays them as they come); a
+finished request leaves at once and its future resolves with its whole audio. So a request
+joins at the next step and nobody waits for the longest member of a batch.
+
+vLLM v1's split at a smaller scale: the policy plans (pure), the engine steps, this loop delivers.
+
+A running item's future stays pending (not "running") until it resolves: a caller that goes
+cancels it, which stops the item at the next step, and an item the engine had no memory for can
+go back to the queue as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from concurrent.futures import InvalidStateError
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .batcher import CALIBRATION_TEXT, Batcher
+from .engines.base import SteppedEngine
+from .errors import ChorusError, ClientGone, Overloaded, SynthesisError
+from .metrics import Metrics
+from .queue import RequestQueue
+from .request import SynthesisRequest
+from .step_policy import StepPolicy, StepView
+
+log = logging.getLogger(__name__)
+
+DECODE_EVERY = 4  # steps between decodes of a request's new frames (320 ms of audio at 12.5 frames/s)
+CALIBRATION_STEPS = 3  # steps timed per calibration point
+
+
+@dataclass
+class Progress:
+    """What the loop keeps of one running request."""
+
+    running_with: int  # requests running once it had joined
+    frames: int = 1  # frames made (its first comes with the prefill)
+    pieces: list[np.ndarray] = field(default_factory=list)
+    engine_s: float = 0.0  # its share of the engine's time: the queue's wait predictions learn from it
+
+
+class SteppedBatcher(Batcher):
+    engine: SteppedEngine
+    policy: StepPolicy
+
+    def __init__(self, engine: SteppedEngine, policy: StepPolicy, queue: RequestQueue, metrics: Metrics,
+                 calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16), min_free_memory_mb: int = 2048,
+                 empty_cache_every: int = 100, cpu_cache_mb: int = 1024):
+        super().__init__(engine, policy, queue, metrics, calibration_sizes, min_free_memory_mb, empty_cache_every)
+        self.cpu_cache_bytes = cpu_cache_mb * 2**20  # the cache's budget where no device memory says otherwise
+        self._progress: dict[SynthesisRequest, Progress] = {}
+        self._steps = 0
+
+    # --- warm-up ----------------------------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        """One untimed run; then the step cost at each calibration size, at a short and a long context."""
+        voice = self.engine.voices()[0].name
+        tokens = np.concatenate(self.engine.tokenize(CALIBRATION_TEXT, voice))
+        key = self.engine.batch_key(voice, 1.0)
+
+        def items(count: int, length: int) -> list[SynthesisRequest]:
+            return [SynthesisRequest(tokens=tokens[:length], voice=voice, speed=1.0, key=key, deadline=math.inf)
+                    for _ in range(count)]
+
+        self.engine.synthesize(items(1, 4))  # cold: first runs set up kernels and caches
+        started = time.perf_counter()
+        outputs = self.engine.synthesize(sample := items(1, 12))
+        self.item_cost.add(1, 12, time.perf_counter() - started)
+        self._learn_audio_rate(sample, outputs)
+        self.engine.measure_memory(tokens[:12])
+        for length in (4, min(len(tokens), 32)):
+            for size in self.calibration_sizes:
+                self._calibrate(items(size, length))
+        log.info("%s calibrated: %s", self.engine.name, self.policy.describe())
+
+    def _calibrate(self, items: list[SynthesisRequest]) -> None:
+        engine, cost = self.engine, self.policy.cost
+        started = time.perf_counter()
+        engine.admit(items)
+        cost.observe_prefill(sum(engine.context_length(item) for item in items), time.perf_counter() - started)
+        best, longest = math.inf, 0
+        for _ in range(CALIBRATION_STEPS):
+            longest = max(engine.context_length(item) for item in engine.running())
+            started = time.perf_counter()
+            engine.step()
+            best = min(best, time.perf_counter() - started)  # others' work on the cores only ever adds time
+        cost.observe_step(len(items), longest, best, calibration=True)
+        started = time.perf_counter()
+        for item in items:
+            engine.take_audio(item, final=True)
+            engine.release(item)
+        cost.observe_decode(len(items) * (CALIBRATION_STEPS + 1), time.perf_counter() - started)
+
+    # --- one turn of the loop -------------------------------------------------------------------
+
+    def step(self) -> None:
+        self._stop_abandoned()
+        running = self.engine.running()
+        room = self.policy.max_running - len(running)
+        candidates = self.queue.next_candidates(room) if room > 0 else []
+        self.metrics.queue_length.labels(self.engine.name).set(len(self.queue))
+        self.metrics.running_requests.labels(self.engine.name).set(len(running))
+        if not running and not candidates:
+            self._release_memory_once_idle()
+            self.queue.wait_for_items()
+            return
+        if candidates:
+            plan = self.policy.plan(self._views(running), self._views(candidates, queued=True), time.monotonic(),
+                                    self._memory_tokens())
+            if plan.take:
+                self._admit([candidates[index] for index in plan.take])
+            elif not running:
+                self.queue.wait(plan.wait_s)
+                return
+        if self.engine.running():
+            self._step()
+        self._tell_queue()
+
+    def _views(self, items: Sequence[SynthesisRequest], queued: bool = False) -> list[StepView]:
+        engine = self.engine
+        return [StepView(item.length if queued else engine.context_length(item), engine.context_tokens(item),
+                         item.pieces is not None, item.deadline, item.enqueued_at) for item in items]
+
+    def _memory_tokens(self) -> int | None:
+        """Context positions the cache may still grow by: device memory where the engine has some to
+        manage, else the configured CPU budget less what the running requests will hold."""
+        device = self.memory.tokens()
+        if device is not None or not self.engine.kv_bytes_per_token:
+            return device
+        held = sum(self.engine.context_tokens(item) for item in self.engine.running())
+        return max(0, int(self.cpu_cache_bytes / self.engine.kv_bytes_per_token) - held)
+
+    def _tell_queue(self) -> None:
+        """When a place frees up, for the queue's wait predictions: at the next step while there is room,
+        else when the running request nearest its end is done."""
+        running = self.engine.running()
+        if len(running) < self.policy.max_running:
+            self.queue.expect_free_in(0.0)
+            return
+        longest = max(self.engine.context_length(item) for item in running)
+        left = min(self.engine.frames_needed(item) - self._progress[item].frames for item in running)
+        self.queue.expect_free_in(max(0, left) * self.policy.cost.frame_s(len(running), longest))
+
+    # --- joining, stepping, leaving ----------------------------------------------------------------
+
+    def _admit(self, joining: list[SynthesisRequest]) -> None:
+        self.queue.take(joining, 0.0)
+        live = [item for item in joining if not _gone(item)]
+        self.queue.done(len(joining) - len(live))
+        self.metrics.dropped.labels("cancelled").inc(len(joining) - len(live))
+        if not live:
+            return
+        now, running_with = time.monotonic(), len(self.engine.running()) + len(live)
+        started = time.perf_counter()
+        try:
+            finished = self.engine.admit(live)
+        except self.engine.out_of_memory_errors:
+            self._out_of_memory(live)
+            return
+        except Exception as error:
+            for item in live:
+                self._end(item, SynthesisError(f"synthesis failed: {error}"), running=False)
+            return
+        seconds = time.perf_counter() - started
+        self._worked = True
+        self.policy.cost.observe_prefill(sum(self.engine.context_length(item) for item in live), seconds)
+        for item in live:
+            item.queue_s = now - item.enqueued_at
+            self._progress[item] = Progress(running_with, engine_s=seconds / len(live))
+        self._finish(finished)
+
+    def _step(self) -> None:
+        running = self.engine.running()
+        longest = max(self.engine.context_length(item) for item in running)
+        started = time.perf_counter()
+        try:
+            finished = self.engine.step()
+        except self.engine.out_of_memory_errors:
+            self._out_of_memory([running[-1]])
+            return
+        except Exception as error:  # the newest member is the likeliest cause: it alone fails
+            log.warning("%s: a step failed (%s); stopping the newest request", self.engine.name, error)
+            self._end(running[-1], SynthesisError(f"synthesis failed: {error}"))
+            return
+        seconds = time.perf_counter() - started
+        self._steps += 1
+        self.policy.cost.observe_step(len(running), longest, seconds)
+        self.metrics.step_finished(self.engine.name, len(running), longest, seconds, self.policy.max_running)
+        for item in running:
+            progress = self._progress[item]
+            progress.frames += 1
+            progress.engine_s += seconds / len(running)
+        if self._steps % DECODE_EVERY == 0:
+            self._decode([item for item in running if item not in finished], final=False)
+        self._finish(finished)
+
+    def _decode(self, items: list[SynthesisRequest], final: bool) -> None:
+        for item in items:
+            started = time.perf_counter()
+            audio = self.engine.take_audio(item, final)
+            seconds = time.perf_counter() - started
+            progress = self._progress[item]
+            progress.engine_s += seconds
+            if not audio.size:
+                continue
+            progress.pieces.append(audio)
+            frames = max(1, round(audio.size / self.engine.sample_rate * self.engine.frame_rate))
+            self.policy.cost.observe_decode(frames, seconds)
+            if item.pieces is not None and not self.policy.holds_results:
+                item.pieces.push(audio)
+
+    def _finish(self, finished: list[SynthesisRequest]) -> None:
+        self._decode(finished, final=True)
+        for item in finished:
+            self.engine.release(item)
+        if self.policy.holds_results and self.engine.running():
+            return  # a batch's results go out together, once its last member is done
+        for item in [item for item in self._progress if item not in self.engine.running()]:
+            self._deliver(item)
+
+    def _deliver(self, item: SynthesisRequest) -> None:
+        progress = self._progress.pop(item)
+        audio = np.concatenate(progress.pieces) if progress.pieces else np.zeros(0, dtype=np.float32)
+        if item.pieces is not None:
+            for piece in progress.pieces if self.policy.holds_results else ():
+                item.pieces.push(piece)
+            item.pieces.end()
+        item.batch_s, item.batch_size = progress.engine_s, progress.running_with
+        self.item_cost.add(1, item.length, progress.engine_s)
+        self._learn_audio_rate([item], [audio])
+        self.queue.done(1)
+        _resolve(item, audio)
+
+    def _end(self, item: SynthesisRequest, error: ChorusError, running: bool = True) -> None:
+        """The item stops without its audio: released, counted, its caller told."""
+        if running:
+            self.engine.release(item)
+        self._progress.pop(item, None)
+        if not isinstance(error, ClientGone):
+            self.metrics.item_errors.labels(self.engine.name).inc()
+        if item.pieces is not None:
+            item.pieces.end(error)
+        self.queue.done(1)
+        _resolve(item, error)
+
+    def _stopped(self) -> None:
+        for item in self.engine.running():
+            self._end(item, Overloaded(f"model {self.engine.name} was stopped before this was synthesized; retry",
+                                       1, "model_stopped"))
+
+    def _stop_abandoned(self) -> None:
+        for item in [item for item in self.engine.running() if _gone(item)]:
+            self.metrics.dropped.labels("cancelled").inc()
+            self._end(item, ClientGone("the caller has gone"))
+
+    def _out_of_memory(self, items: list[SynthesisRequest]) -> None:
+        """Put the newest requests back in the queue with a lower memory budget, rather than failing
+        everyone; a request that does not fit even alone fails alone."""
+        tokens = sum(self.engine.context_tokens(item) for item in items)
+        log.warning("%s ran out of memory with %d requests joining or newest", self.engine.name, len(items))
+        self.metrics.out_of_memory.labels(self.engine.name).inc()
+        self.memory.out_of_memory(tokens)
+        running = self.engine.running()
+        for item in items:
+            if item in running:
+                self.engine.release(item)
+            progress = self._progress.pop(item, None)
+            if (progress and progress.pieces) or (not running and len(items) == 1):
+                self._end(item, SynthesisError("synthesis failed: the request does not fit in device memory"),
+                          running=False)
+            else:
+                self.queue.put_back(item)
+        self.engine.release_memory()
+
+
+def _gone(item: SynthesisRequest) -> bool:
+    return item.abandoned or item.future.cancelled()
+
+
+def _resolve(item: SynthesisRequest, outcome: np.ndarray | BaseException) -> None:
+    """Resolve the item's future, unless its caller cancelled it meanwhile (then no one is waiting)."""
+    try:
+        if isinstance(outcome, BaseException):
+            item.future.set_exception(outcome)
+        else:
+            item.future.set_result(outcome)
+    except InvalidStateError:
+        pass
