@@ -6,42 +6,57 @@
 from __future__ import annotations
 
 import logging
+import re
+import tempfile
 from contextlib import asynccontextmanager
+from typing import NoReturn
 
 import gradio as gr
 import uvicorn
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from admin.api import router as admin_router
 from admin.control import OperatorControl
+from admin.gate import AdminGate
 from admin.ui import build_admin_tab
 from api import build_api
 from api.access import AccessControl
 from api.connections import request_deadline_protocol
 from api.logs import redacting_handler
 from jobs import JobRunner
-from storage import Storage
+from storage import Storage, StorageError
 from storage.request_log import RequestLogWriter
 from tts_core.config import Settings
-from tts_core.engines import Engine, EngineUnavailable, model_specs
+from tts_core.degrade import OperatorSettings
+from tts_core.engines import Engine, EngineUnavailable, ModelSpec, model_specs
+from tts_core.errors import InvalidSetting
 from tts_core.metrics import Metrics
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
 from ui import build_ui
 
 
+class StartupError(Exception):
+    """A configuration mistake found at start-up: main() says it in one line and exits with 2."""
+
+
 def create_app(settings: Settings | None = None, engines: list[Engine] | None = None):
-    """The whole app; `engines` replaces the configured ones (tests pass fake engines)."""
+    """The whole app; `engines` replaces the configured ones (tests pass fake engines). StartupError
+    (or EngineUnavailable) names the setting at fault."""
     settings = settings or Settings()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    storage = Storage(settings.database)
-    storage.migrate()
-    service = SpeechService(settings, engines if engines is not None else model_specs(settings), Metrics())
+    storage, models = prepare(settings, engines)
+    try:
+        access = AccessControl(storage, settings, lambda: service.degrade.settings)
+    except ValueError as error:  # TTS_RATELIMIT_STORAGE or TTS_TRUSTED_PROXIES, named in the message
+        raise StartupError(str(error)) from None
+    service = SpeechService(settings, models, Metrics())
     request_log = RequestLogWriter(storage)
     control = OperatorControl(storage, service, request_log, defaults=settings.operator_defaults)
     control.reload()  # stored settings apply before the first request
     monitor = Monitor(service)
     job_runner = JobRunner(storage, service, settings, lambda: service.degrade.settings)
-    admin_token = settings.admin_token.get_secret_value() if settings.admin_token else None
+    gate = AdminGate(settings.admin_token.get_secret_value() if settings.admin_token else None)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -55,22 +70,51 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
             for part in (monitor, control, request_log, service):
                 part.stop()
 
-    access = AccessControl(storage, settings, lambda: service.degrade.settings)
     control.on_reload.append(access.refresh_keys)  # keys revoked through another replica stop working here too
 
     def admit_ui(request: gr.Request):
-        return access.admit(None, request.client.host if request.client else None,
-                            request.headers.get("x-forwarded-for"))
+        return access.admit_blocking(None, request.client.host if request.client else None,
+                                     request.headers.get("x-forwarded-for"))
 
     api = build_api(service, access, request_log, lifespan)
-    api.state.control, api.state.monitor, api.state.admin_token = control, monitor, admin_token
+    api.state.control, api.state.monitor, api.state.admin_gate = control, monitor, gate
     api.state.jobs = job_runner
     api.include_router(admin_router)
     page = build_ui(service, admit_ui, request_log,
-                    [lambda: build_admin_tab(service, monitor, control, access, admin_token)])
+                    [lambda: build_admin_tab(service, monitor, control, access, gate)])
     app = gr.mount_gradio_app(api, page, path="/")
     calm_gradio_queue(page)
     return app
+
+
+def prepare(settings: Settings, engines: list[Engine] | None) -> tuple[Storage, list[Engine | ModelSpec]]:
+    """Check what start-up needs before anything starts, each fault as one StartupError: the data
+    folder can be written, the operator defaults validate, the database opens and migrates, and the
+    pinned models fit the limit. Returns the storage and the models."""
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=settings.data_dir).close()
+    except OSError as error:
+        raise StartupError(f"TTS_DATA_DIR {str(settings.data_dir)!r} cannot be written: "
+                           f"{error.strerror or error}") from None
+    try:
+        OperatorSettings().merged(settings.operator_defaults)
+    except InvalidSetting as invalid:
+        raise StartupError(f"TTS_OPERATOR_DEFAULTS: {invalid.message}") from None
+    try:
+        storage = Storage(settings.database)
+        storage.migrate()
+    except StorageError as error:
+        raise StartupError(f"the database (TTS_DATABASE_URL) cannot be used: {error}") from None
+    # Pinned models stay loaded and the limit is a promise about memory: both cannot hold, and which
+    # one to give up is the operator's choice, so say so now rather than fail when the pool fills.
+    models = engines if engines is not None else model_specs(settings)
+    pinned = [model.name for model in models if not isinstance(model, ModelSpec) or model.pinned]
+    if 0 < settings.max_loaded_models < len(pinned):
+        raise StartupError(f"{len(pinned)} models are pinned ({', '.join(pinned)}) but TTS_MAX_LOADED_MODELS is "
+                           f"{settings.max_loaded_models}: set it to at least {len(pinned)} (0: no limit), or pin "
+                           "fewer (pinned entries in TTS_VOICES_FILE, voices in TTS_VOICES_DIR)")
+    return storage, models
 
 
 def calm_gradio_queue(page: gr.Blocks) -> None:
@@ -80,17 +124,35 @@ def calm_gradio_queue(page: gr.Blocks) -> None:
     page._queue.progress_update_sleep_when_free = 0.1
 
 
+def refuse_to_start(reason: str) -> NoReturn:
+    """A configuration mistake: one line that names it, no traceback, exit code 2."""
+    logging.getLogger("chorus").error("cannot start: %s", reason)
+    raise SystemExit(2)
+
+
+def settings_fault(error: ValidationError | SettingsError) -> str:
+    """The first fault in the TTS_ environment, naming its variable."""
+    if isinstance(error, SettingsError):  # a value that is not the JSON its setting needs
+        field = re.search(r'field "(\w+)"', str(error))
+        name = f"TTS_{field.group(1).upper()}" if field else "a TTS_ variable"
+        return f"{name} is not valid JSON: {error.__cause__ or error}"
+    first = error.errors()[0]
+    return f"TTS_{str(first['loc'][0]).upper() if first['loc'] else '?'}: {first['msg']}"
+
+
 def main() -> None:
-    settings = Settings()
+    try:
+        settings = Settings()
+    except (ValidationError, SettingsError) as error:
+        refuse_to_start(settings_fault(error))  # before logging is set up: Python's last-resort handler says it
     # One handler for every record, uvicorn's access log included (log_config=None below leaves
     # uvicorn's loggers propagating to it): it takes keys and texts out of query strings and messages.
     logging.basicConfig(level=settings.log_level.upper(), handlers=[redacting_handler()],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         app = create_app(settings)
-    except EngineUnavailable as error:  # a configured model is missing: say which, no traceback
-        logging.getLogger("chorus").error("cannot start: %s", error)
-        raise SystemExit(2) from None
+    except (EngineUnavailable, StartupError) as error:  # say what to change, no traceback
+        refuse_to_start(str(error))
     # proxy_headers off: uvicorn would otherwise believe X-Forwarded-For from 127.0.0.1; Chorus
     # decides which proxies to believe itself (TTS_TRUSTED_PROXIES).
     # http: h11 with a deadline for each request to arrive whole (TTS_HEADER_TIMEOUT_S), so that

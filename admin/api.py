@@ -3,37 +3,37 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, Field
 
 from api.schemas import error_responses
+from storage import StorageError
+from tts_core.access import Tier, client_address
 from tts_core.degrade import OperatorSettings
 from tts_core.engines import EngineUnavailable, registry_specs
-from tts_core.errors import InvalidSetting, NotFound
+from tts_core.errors import InvalidSetting, NotFound, RateLimited, StorageUnavailable
 
 from .control import OperatorControl
+from .gate import AdminRefused
 from .stats import collect_stats
 
-router = APIRouter(prefix="/admin/api", tags=["admin"], responses=error_responses(400, 401, 403, 422))
-
-
-def check_token(expected: str | None, given: str | None) -> None:
-    """401 without a token, 403 with a wrong one, 403 when admin is disabled (no token configured)."""
-    if not expected:
-        raise HTTPException(403, "admin is disabled: set TTS_ADMIN_TOKEN to enable it")
-    if not given:
-        raise HTTPException(401, "admin token required: send Authorization: Bearer <token>",
-                            headers={"WWW-Authenticate": "Bearer"})
-    if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise HTTPException(403, "wrong admin token")
+router = APIRouter(prefix="/admin/api", tags=["admin"], responses=error_responses(400, 401, 403, 422, 429))
 
 
 def require_admin(request: Request) -> str:
+    """The admin token's check (wrong guesses slowed down per address); the actor named in the audit log."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    check_token(request.app.state.admin_token, token.strip() if scheme.lower() == "bearer" else None)
+    address = client_address(request.client.host if request.client else None,
+                             request.headers.get("x-forwarded-for"), request.app.state.access.trusted_proxies)
+    try:
+        request.app.state.admin_gate.check(token.strip() if scheme.lower() == "bearer" else None, address)
+    except AdminRefused as refused:
+        if refused.status == 429:
+            raise RateLimited(refused.message, refused.retry_after_s, {}) from None
+        headers = {"WWW-Authenticate": "Bearer"} if refused.status == 401 else None
+        raise HTTPException(refused.status, refused.message, headers=headers) from None
     return request.headers.get("x-chorus-actor", "admin-api")[:128]
 
 
@@ -41,20 +41,46 @@ def _control(request: Request) -> OperatorControl:
     return request.app.state.control
 
 
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
+          "minProperties", "maxProperties")
+
+
+def _fields(model: type[BaseModel]) -> dict:
+    """Each field's type, default, description and bounds, as the JSON schema states them."""
+    properties, defaults = model.model_json_schema()["properties"], model().model_dump()
+    return {name: {"type": getattr(info.annotation, "__name__", str(info.annotation)),
+                   "default": defaults[name], "description": info.description,
+                   **{bound: properties[name][bound] for bound in BOUNDS if bound in properties[name]}}
+            for name, info in model.model_fields.items()}
+
+
 def describe_settings(settings: OperatorSettings) -> dict:
-    defaults = OperatorSettings().model_dump()
-    fields = {name: {"type": getattr(info.annotation, "__name__", str(info.annotation)), "default": defaults[name],
-                     "description": info.description}
-              for name, info in OperatorSettings.model_fields.items()}
+    fields = _fields(OperatorSettings)
+    fields["tiers"]["tier_fields"] = _fields(Tier)
     return {"settings": settings.model_dump(), "fields": fields}
 
 
-@router.get("/settings")
+class SettingsView(BaseModel):
+    settings: OperatorSettings  # so /openapi.json states every value's bounds
+    fields: dict[str, dict]
+
+
+class SettingsChanged(SettingsView):
+    changes: list[dict]
+
+
+# PUT takes any subset of the settings: OperatorSettings' schema says so (every field has a default).
+PARTIAL_SETTINGS = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"$ref": "#/components/schemas/OperatorSettings"}}}}}
+
+
+@router.get("/settings", response_model=SettingsView)
 async def get_settings(request: Request, _: str = Depends(require_admin)) -> dict:
     return describe_settings(_control(request).settings)
 
 
-@router.put("/settings", responses=error_responses(503))
+@router.put("/settings", response_model=SettingsChanged, responses=error_responses(429, 503),
+            openapi_extra=PARTIAL_SETTINGS)
 async def put_settings(request: Request, actor: str = Depends(require_admin)):
     try:
         changes = json.loads(await request.body())
@@ -62,13 +88,13 @@ async def put_settings(request: Request, actor: str = Depends(require_admin)):
         raise InvalidSetting("the request body is not valid JSON", None, "invalid_json") from None
     if not isinstance(changes, dict) or not changes:
         raise InvalidSetting("send a JSON object of the settings to change", None, "invalid_body")
-    settings, entries = _control(request).update(changes, actor)
+    settings, entries = await asyncio.to_thread(_control(request).update, changes, actor)
     return {**describe_settings(settings), "changes": entries}
 
 
-@router.get("/audit")
+@router.get("/audit", responses=error_responses(503))
 async def get_audit(request: Request, limit: int = Query(50, ge=1, le=1000), _: str = Depends(require_admin)):
-    return {"object": "list", "data": _control(request).audit(limit)}
+    return {"object": "list", "data": await asyncio.to_thread(_control(request).audit, limit)}
 
 
 @router.get("/stats")
@@ -86,25 +112,26 @@ def _public(record: dict) -> dict:
     return {key: value for key, value in record.items() if key != "key_hash"}
 
 
-@router.get("/keys")
+@router.get("/keys", responses=error_responses(503))
 async def list_keys(request: Request, _: str = Depends(require_admin)) -> dict:
-    return {"object": "list", "data": [_public(row) for row in request.app.state.access.storage.api_keys()]}
+    rows = await asyncio.to_thread(request.app.state.access.storage.api_keys)
+    return {"object": "list", "data": [_public(row) for row in rows]}
 
 
-@router.post("/keys", status_code=201)
+@router.post("/keys", status_code=201, responses=error_responses(503))
 async def create_key(body: NewKey, request: Request, actor: str = Depends(require_admin)):
     tiers = _control(request).settings.tiers
     if body.tier not in tiers:
         raise InvalidSetting(f"tier {body.tier!r} does not exist; tiers: {', '.join(tiers)}", "tier",
                              "unknown_tier")
-    key, record = request.app.state.access.create_key(body.name, body.tier, actor)
+    key, record = await asyncio.to_thread(request.app.state.access.create_key, body.name, body.tier, actor)
     return {**_public(record), "key": key, "note": "store this key now: it is not shown again"}
 
 
-@router.delete("/keys/{key_id}", responses=error_responses(404))
+@router.delete("/keys/{key_id}", responses=error_responses(404, 503))
 async def revoke_key(request: Request, key_id: int = Path(ge=1, le=2**63 - 1),
                      actor: str = Depends(require_admin)):
-    record = request.app.state.access.revoke_key(key_id, actor)
+    record = await asyncio.to_thread(request.app.state.access.revoke_key, key_id, actor)
     if record is None:
         raise NotFound(f"no API key with id {key_id}", "key_id")
     return _public(record)
@@ -121,7 +148,8 @@ async def reload_voices(request: Request, actor: str = Depends(require_admin)):
     except EngineUnavailable as error:
         raise InvalidSetting(str(error), "voices_file", "invalid_registry") from None
     try:
-        request.app.state.access.storage.add_audit(actor, "voices.reload", "voices_file", summary)
-    except Exception as error:  # the reload happened; a failing audit write must not hide that
-        summary = {**summary, "audit_error": str(error)}
+        await asyncio.to_thread(request.app.state.access.storage.add_audit, actor, "voices.reload", "voices_file",
+                                summary)
+    except StorageError:  # the reload happened; a failing audit write must not hide that
+        summary = {**summary, "audit_error": StorageUnavailable().message}
     return {**summary, "voices": [voice.name for voice in service.catalogue.voice_list()]}

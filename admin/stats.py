@@ -24,6 +24,7 @@ def collect_stats(service: SpeechService, monitor: Monitor, control: OperatorCon
         "cache": service.cache.stats(),
         "jobs": dict(zip(("queued", "running", "oldest_queued_s"), service.metrics.job_backlog)),
         "gpu": gpu.readings(),
-        "storage": {**control.health(), "rate_limit_error": access.storage_error},
+        "storage": {**control.health(), "rate_limit_error": access.storage_error,
+                    "rate_limit_store": {"uri": access.store_uri, **access.breaker.state()}},
         "series": list(service.metrics.series)[-points:],
     }

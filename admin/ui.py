@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 from datetime import datetime
 
@@ -10,12 +9,15 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from api.access import AccessControl
+from storage import StorageError
+from tts_core.access import client_address
 from tts_core.degrade import OperatorSettings
 from tts_core.errors import InvalidSetting, StorageUnavailable
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
 
 from .control import OperatorControl
+from .gate import AdminGate, AdminRefused
 from .stats import collect_stats
 
 CHARTS = [  # (title, [(series key, label)], y axis title)
@@ -59,25 +61,47 @@ def _state_markdown(stats: dict) -> str:
     errors = [error for error in (storage["settings_error"], storage["request_log_error"]) if error]
     if errors:
         lines.append("**Storage error:** " + "; ".join(errors) + " — serving with the last known settings")
-    if storage["rate_limit_error"]:
+    if storage["ignored_settings"]:
+        lines.append("**Stored settings ignored (out of bounds, defaults apply):** "
+                     + "; ".join(storage["ignored_settings"].values()))
+    store = storage["rate_limit_store"]
+    if store["state"] != "closed":
+        since = datetime.fromtimestamp(store["since"]).strftime("%H:%M:%S")
+        lines.append(f"**Rate-limit store {store['state']} since {since}:** {store['error']} — serving without "
+                     "rate limits")
+    elif storage["rate_limit_error"]:
         lines.append(f"**Rate-limit store error:** {storage['rate_limit_error']} — serving without rate limits")
     return "\n\n".join(lines)
 
 
-def _audit_rows(entries: list[dict]) -> list[list]:
+def _audit_rows(control: OperatorControl) -> list[list]:
+    try:
+        entries = control.audit()
+    except StorageError:  # the state line above says the database fails
+        return []
     return [[e["at"], e["actor"], e["key"], str(e["old_value"]), str(e["new_value"])] for e in entries]
 
 
 def _key_rows(access: AccessControl) -> list[list]:
-    return [[k["id"], k["prefix"] + "…", k["name"], k["tier"], k["created_at"], k["revoked_at"] or ""]
-            for k in access.storage.api_keys()]
+    try:
+        keys = access.storage.api_keys()
+    except StorageError:
+        return []
+    return [[k["id"], k["prefix"] + "…", k["name"], k["tier"], k["created_at"], k["revoked_at"] or ""] for k in keys]
+
+
+def _address(request: gr.Request | None, access: AccessControl) -> str:
+    peer = request.client.host if request is not None and request.client else None
+    forwarded = request.headers.get("x-forwarded-for") if request is not None else None
+    return client_address(peer, forwarded, access.trusted_proxies)
 
 
 def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorControl, access: AccessControl,
-                    admin_token: str | None) -> None:
-    """Render the tab inside the current gr.Blocks."""
+                    gate: AdminGate) -> None:
+    """Render the tab inside the current gr.Blocks. Its handlers are plain functions: Gradio runs them in
+    worker threads, so their database calls never hold up the event loop."""
     with gr.Tab("Admin"):
-        if not admin_token:
+        if not gate.enabled:
             gr.Markdown("### Admin is disabled\nSet `TTS_ADMIN_TOKEN` and restart to enable the dashboard.")
             return
         signed_in = gr.State(False)
@@ -134,12 +158,14 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
         def form_values() -> list:
             return [form_value(name) for name in inputs]
 
-        def sign_in(given: str):
-            if hmac.compare_digest((given or "").encode(), admin_token.encode()):
-                return [True, gr.update(visible=False), gr.update(visible=True), "",
-                        _audit_rows(control.audit()), _key_rows(access), *form_values()]
-            return [False, gr.update(), gr.update(), "Wrong token.", gr.update(), gr.update(),
-                    *[gr.update()] * len(inputs)]
+        def sign_in(given: str, request: gr.Request):
+            try:
+                gate.check(given, _address(request, access))
+            except AdminRefused as refused:
+                return [False, gr.update(), gr.update(), f"{refused.message}.", gr.update(), gr.update(),
+                        *[gr.update()] * len(inputs)]
+            return [True, gr.update(visible=False), gr.update(visible=True), "",
+                    _audit_rows(control), _key_rows(access), *form_values()]
 
         login.click(sign_in, [token], [signed_in, login_box, panel, login_message, audit, keys_table,
                                        *inputs.values()],
@@ -176,21 +202,27 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
                 control.update(changes, "admin-ui")
             except InvalidSetting as invalid:
                 return f"Not saved: {invalid.message}", gr.skip()
-            except StorageUnavailable as error:
-                return f"Not saved: {error}", gr.skip()
-            return f"Saved and applied: {', '.join(changes)}", _audit_rows(control.audit())
+            except StorageError:
+                return f"Not saved: {StorageUnavailable().message}", gr.skip()
+            return f"Saved and applied: {', '.join(changes)}", _audit_rows(control)
 
         def make_key(is_signed_in: bool, name: str, tier: str):
             if not is_signed_in or not name or not tier:
                 return "Give the key a name and a tier.", gr.skip()
-            key, record = access.create_key(name, tier, "admin-ui")
+            try:
+                key, record = access.create_key(name, tier, "admin-ui")
+            except StorageError:
+                return f"Not created: {StorageUnavailable().message}", gr.skip()
             return (f"Key **{record['id']}** for {name} ({tier}): `{key}` (copy it now: it is not shown again)",
                     _key_rows(access))
 
         def drop_key(is_signed_in: bool, key_id):
             if not is_signed_in or key_id is None:
                 return "Give the id of the key to revoke.", gr.skip()
-            record = access.revoke_key(int(key_id), "admin-ui")
+            try:
+                record = access.revoke_key(int(key_id), "admin-ui")
+            except StorageError:
+                return f"Not revoked: {StorageUnavailable().message}", gr.skip()
             message = f"Key {int(key_id)} revoked." if record else f"No key with id {int(key_id)}."
             return message, _key_rows(access)
 

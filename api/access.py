@@ -1,17 +1,29 @@
-"""Identity, API keys and tiered rate limits (slowapi's Limiter over `limits` storage: memory, or
-Redis so that replicas share counters). The UI is handed `admit` too, so it is no way around them."""
+"""Identity, API keys and tiered rate limits (the `limits` library's counters: in memory, or in Redis
+so that replicas share them). The UI is handed `admit` too, so it is no way around them.
+
+The counter store is never waited on from the event loop: a Redis round trip runs in a worker thread,
+each call is bounded by TTS_REDIS_TIMEOUT_S, and a circuit breaker stops asking a store that keeps
+failing. Whenever the store cannot answer, requests are served without limits (failing open), and
+the dashboard says so.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import ipaddress
 import logging
 import math
+import re
 import secrets
+import threading
 import time
 from collections.abc import Callable
 
 import limits
-from slowapi import Limiter
+from limits.errors import ConfigurationError
+from limits.storage import MemoryStorage, storage_from_string
+from limits.strategies import FixedWindowRateLimiter
 
 from storage import Storage
 from tts_core.access import Caller, RateLimitState, client_address
@@ -23,25 +35,91 @@ log = logging.getLogger(__name__)
 
 KEY_PREFIX = "ck-"  # Chorus keys; other bearer strings (the openai client's placeholder) are anonymous
 NAMESPACE = "tts"
+BREAKER_FAILURES = 3  # failures in a row that open the breaker (one slow answer alone does not)
 
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def redacted(uri: str) -> str:
+    return re.sub(r"//[^/@]*@", "//***@", uri)
+
+
+class CircuitBreaker:
+    """Closed: every check asks the counter store. After BREAKER_FAILURES failures in a row it opens:
+    checks skip the store (served unlimited) until cool_down_s has passed; then one check asks it
+    (half-open): success closes the breaker, failure opens it for another cool-down. One log line when
+    an outage starts and one when it ends, however many requests come in between."""
+
+    def __init__(self, cool_down_s: float, clock: Callable[[], float] = time.monotonic):
+        self.cool_down_s = cool_down_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._failures = 0
+        self._retry_at = 0.0
+        self._probing = False
+        self.opened_at: float | None = None  # epoch seconds the outage started; None while closed
+        self.error: str | None = None  # the store's last failure
+
+    def allow(self) -> bool:
+        """Whether this check may ask the store (while open: only the one probe after the cool-down)."""
+        with self._lock:
+            if self.opened_at is None:
+                return True
+            if self._probing or self._clock() < self._retry_at:
+                return False
+            self._probing = True
+            return True
+
+    def succeeded(self) -> None:
+        with self._lock:
+            outage, self.opened_at = self.opened_at, None
+            self._failures, self._probing, self.error = 0, False, None
+        if outage is not None:
+            log.warning("rate-limit store answers again after %.0f s: rate limits apply again", time.time() - outage)
+
+    def failed(self, error: str, force_open: bool = False) -> None:
+        with self._lock:
+            self._failures, self._probing, self.error = self._failures + 1, False, error
+            if self.opened_at is None and self._failures < BREAKER_FAILURES and not force_open:
+                return
+            self._retry_at = self._clock() + self.cool_down_s
+            if self.opened_at is not None:
+                return  # still the same outage
+            self.opened_at = time.time()
+        log.error("rate-limit store failing (%s): serving without rate limits; asking it again every %.0f s",
+                  error, self.cool_down_s)
+
+    def state(self) -> dict:
+        with self._lock:
+            state = "closed" if self.opened_at is None else "half_open" if self._probing else "open"
+            return {"state": state, "since": self.opened_at, "error": self.error}
+
+
 class AccessControl:
     def __init__(self, storage: Storage, settings: Settings, operator: Callable[[], OperatorSettings]):
+        """ValueError names the setting at fault when TTS_RATELIMIT_STORAGE or TTS_TRUSTED_PROXIES is unusable."""
         self.storage = storage
         self.operator = operator
         self.require_api_key = settings.require_api_key
-        self.trusted_proxies = settings.trusted_proxies
-        self.limiter = Limiter(key_func=lambda request: "", storage_uri=settings.ratelimit_storage,
-                               strategy="fixed-window")
-        self.storage_error: str | None = None  # the counter store's last failure, shown on the dashboard
+        self.trusted_proxies = _checked_networks(settings.trusted_proxies)
+        self.store_uri = redacted(settings.ratelimit_storage)
+        self.counters = _counter_store(settings.ratelimit_storage, settings.redis_timeout_s)
+        self.remote = not isinstance(self.counters, MemoryStorage)  # its calls wait on the network
+        self.strategy = FixedWindowRateLimiter(self.counters)
+        self.breaker = CircuitBreaker(settings.redis_cooldown_s)
         self._keys: dict[str, dict] = {}
         self.refresh_keys()
+        if self.remote and not self.counters.check():  # said at start-up, not at the first request
+            self.breaker.failed(f"{self.store_uri} does not answer at start-up", force_open=True)
 
-    # --- keys ----------------------------------------------------------------------------------
+    @property
+    def storage_error(self) -> str | None:
+        """The counter store's last failure, shown on the dashboard."""
+        return self.breaker.error
+
+    # --- keys (blocking: the admin routes call these from worker threads) -----------------------
 
     def refresh_keys(self) -> None:
         self._keys = {row["key_hash"]: row for row in self.storage.api_keys() if row["revoked_at"] is None}
@@ -75,30 +153,62 @@ class AccessControl:
         address = client_address(peer, forwarded_for, self.trusted_proxies)
         return Caller(f"ip:{address}", operator.anonymous_tier, operator.tiers[operator.anonymous_tier])
 
-    def hit(self, caller: Caller) -> RateLimitState | None:
-        """Count one request against the caller's tier limits; RateLimited when over one of them."""
-        if caller.tier.rate_limit is None:
+    async def admit(self, authorization: str | None, peer: str | None, forwarded_for: str | None
+                    ) -> tuple[Caller, RateLimitState | None]:
+        caller = self.identify(authorization, peer, forwarded_for)
+        return caller, await self.hit(caller)
+
+    async def hit(self, caller: Caller) -> RateLimitState | None:
+        """Count one request against the caller's tier limits (RateLimited when over one), without
+        blocking the event loop: a remote store is asked from a worker thread."""
+        if self.remote and caller.tier.rate_limit is not None:
+            return await asyncio.to_thread(self.count, caller)
+        return self.count(caller)
+
+    def admit_blocking(self, authorization: str | None, peer: str | None, forwarded_for: str | None
+                       ) -> tuple[Caller, RateLimitState | None]:
+        """admit for callers that cannot await (the UI): waits at most the store's timeout per call."""
+        caller = self.identify(authorization, peer, forwarded_for)
+        return caller, self.count(caller)
+
+    def count(self, caller: Caller) -> RateLimitState | None:
+        """The one rate-limit check (blocking). A store that fails, or is skipped while the breaker is
+        open, limits nothing."""
+        if caller.tier.rate_limit is None or not self.breaker.allow():
             return None
-        strategy = self.limiter.limiter
         tightest = None
         for item in limits.parse_many(caller.tier.rate_limit):
             try:
-                allowed = strategy.hit(item, NAMESPACE, caller.identity)
-                reset_at, remaining = strategy.get_window_stats(item, NAMESPACE, caller.identity)
-            except Exception as error:  # the counter store is down: serve, and say so loudly
-                self.storage_error = f"{type(error).__name__}: {error}"
-                log.error("rate limit storage failed, not limiting: %s", self.storage_error)
+                allowed = self.strategy.hit(item, NAMESPACE, caller.identity)
+                reset_at, remaining = self.strategy.get_window_stats(item, NAMESPACE, caller.identity)
+            except Exception as error:  # the store is down, slow or refusing: serve, and say so (once)
+                self.breaker.failed(f"{type(error).__name__}: {error}")
                 return None
             state = RateLimitState(item.amount, remaining, reset_at)
             if not allowed:
+                self.breaker.succeeded()
                 retry = max(1, math.ceil(reset_at - time.time()))
                 raise RateLimited(f"rate limit of {item} exceeded; retry after {retry} s", retry, state.headers())
             if tightest is None or state.remaining < tightest.remaining:
                 tightest = state
-        self.storage_error = None
+        self.breaker.succeeded()
         return tightest
 
-    def admit(self, authorization: str | None, peer: str | None, forwarded_for: str | None
-              ) -> tuple[Caller, RateLimitState | None]:
-        caller = self.identify(authorization, peer, forwarded_for)
-        return caller, self.hit(caller)
+
+def _counter_store(uri: str, timeout_s: float):
+    """The counters' storage; every Redis call is bounded by timeout_s (connecting included)."""
+    remote = uri.split(":", 1)[0].startswith(("redis", "valkey"))
+    options = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s} if remote else {}
+    try:
+        return storage_from_string(uri, **options)
+    except (ConfigurationError, ValueError) as error:
+        raise ValueError(f"TTS_RATELIMIT_STORAGE {redacted(uri)!r} cannot be used: {error}") from None
+
+
+def _checked_networks(proxies: list[str]) -> list[str]:
+    for proxy in proxies:
+        try:
+            ipaddress.ip_network(proxy, strict=False)
+        except ValueError:
+            raise ValueError(f"TTS_TRUSTED_PROXIES: {proxy!r} is not an address or network") from None
+    return proxies

@@ -10,7 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tts_core.errors import ChorusError, InvalidRequest, InvalidSetting, error_body
+from storage import StorageError
+from tts_core.errors import ChorusError, InvalidRequest, InvalidSetting, StorageUnavailable, error_body
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,13 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 
 def chorus_response(error: ChorusError) -> JSONResponse:
     return error_response(error.status, error.message, error.param, error.code, error.headers())
+
+
+def unavailable(error: StorageError) -> StorageUnavailable:
+    """What a caller is told when storage fails: 503 with Retry-After; the driver's text goes to the log
+    only (it can name files, hosts and statements)."""
+    log.warning("storage unavailable: %s", error)
+    return StorageUnavailable()
 
 
 def invalid_input(errors: list[dict], kind: type[ChorusError] = InvalidRequest) -> ChorusError:
@@ -58,6 +66,10 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status >= 500 and not exc.retryable:
             log.error("request failed: %s", exc.message)
         return chorus_response(exc)
+
+    @app.exception_handler(StorageError)
+    async def _storage_error(_: Request, exc: StorageError) -> JSONResponse:
+        return chorus_response(unavailable(exc))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

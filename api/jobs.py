@@ -13,11 +13,12 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import ValidationError
 
 from jobs import JobRunner
+from storage import StorageError
 from tts_core.access import Caller, RateLimitState
 from tts_core.audio import FORMATS
 from tts_core.errors import ChorusError, Conflict, Gone, InvalidRequest, NotFound, SynthesisError
 
-from .errors import invalid_input
+from .errors import invalid_input, unavailable
 from .schemas import BatchRequest, JobRequest, SpeechRequest, error_responses
 from .speech import admitted, until_disconnect
 
@@ -139,7 +140,7 @@ async def speech_batch(body: BatchRequest, request: Request,
     for index, raw in enumerate(body.items):
         try:
             if index:  # the call itself counted the first item against the rate limit
-                access.hit(caller)
+                await access.hit(caller)
             items.append((index, SpeechRequest.model_validate(raw)))
         except ValidationError as invalid:
             items.append((index, invalid_input(invalid.errors())))
@@ -158,6 +159,8 @@ async def _job_item(request: Request, index: int, item: SpeechRequest | ChorusEr
         return {"index": index, "job": public_job(await asyncio.to_thread(_queue, request, item, caller))}
     except ChorusError as refused:
         return _item_error(index, refused)
+    except StorageError as error:  # this item's answer; the items queued before it stay queued
+        return _item_error(index, unavailable(error))
 
 
 async def _zip(request: Request, items: list[tuple[int, SpeechRequest | ChorusError]], caller: Caller) -> Response:

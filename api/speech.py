@@ -50,13 +50,13 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
 
 
-def admitted(request: Request) -> tuple[Caller, RateLimitState | None]:
+async def admitted(request: Request) -> tuple[Caller, RateLimitState | None]:
     """Identify the caller and count the request against its tier's rate limit (before the body
     is validated, so unauthenticated or limited callers are refused first)."""
     access = request.app.state.access
-    caller, limit = access.admit(request.headers.get("authorization"),
-                                 request.client.host if request.client else None,
-                                 request.headers.get("x-forwarded-for"))
+    caller, limit = await access.admit(request.headers.get("authorization"),
+                                       request.client.host if request.client else None,
+                                       request.headers.get("x-forwarded-for"))
     request.state.speech = {"client": caller.identity}  # read by the request log
     return caller, limit
 

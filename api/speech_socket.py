@@ -207,7 +207,7 @@ class SpeechConnection:
             return
         utterance_id, accepted_at = next(self.ids), time.perf_counter()
         try:
-            self.access.hit(self.caller)
+            await self.access.hit(self.caller)
             stream = await self.service.stream_pieces(text, session.voice, session.model, session.speed, self.caller)
         except ChorusError as refusal:
             self._account(refusal.status, accepted_at, len(text))

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from storage import Storage
+from storage import Storage, StorageError
 from tts_core.access import Caller, Tier
 from tts_core.config import Settings
 from tts_core.degrade import OperatorSettings
@@ -62,6 +62,7 @@ class JobRunner:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
+        self._storage_failing = False  # the loop's last storage call failed (logged once per outage)
 
     # --- lifecycle (inside the server's event loop) ------------------------------------------------
 
@@ -129,7 +130,14 @@ class JobRunner:
                     for job in await asyncio.to_thread(self.storage.claim_jobs, free):
                         self._launch(job)
                 self.service.metrics.jobs_state(*await asyncio.to_thread(self.storage.backlog))
-            except Exception:  # the database may be briefly unavailable: keep going
+                if self._storage_failing:
+                    self._storage_failing = False
+                    log.warning("job runner: storage works again")
+            except StorageError as error:  # the database may be unavailable for a while: keep going
+                if not self._storage_failing:  # once per outage, not every POLL_S
+                    log.error("job runner: storage unavailable (%s); trying again every %.1f s", error, POLL_S)
+                self._storage_failing = True
+            except Exception:
                 log.exception("job runner loop failed; retrying")
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that comes as the
             # event is set, and stop() would then wait for ever
@@ -213,7 +221,7 @@ class JobRunner:
         until it does: a job never stays running for want of one write."""
         try:
             won = await asyncio.to_thread(self._settle, job_id, status, fields)
-        except Exception as error:
+        except StorageError as error:
             log.warning("job %s: could not record %s (%r); trying again", job_id, status, error)
             self._unsettled[job_id] = (status, fields)
             return

@@ -7,20 +7,50 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import and_, create_engine, delete, event, func, or_, select, update
+from alembic.util.exc import CommandError
+from sqlalchemy import and_, create_engine, delete, event, func, or_, select, text, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.orm import Session, sessionmaker
 
 from .models import ApiKey, AuditEntry, Job, RequestLogEntry, Setting
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class StorageError(Exception):
+    """The database cannot do what was asked now (unreachable, locked, full, read-only, a bad URL).
+    Every Storage method raises this in place of the driver's errors, so callers handle one kind; its
+    text is the driver's, for the log and the operator, never for API callers."""
+
+
+# What a database failure looks like from here: the driver's errors as SQLAlchemy wraps them, and the
+# file system's under SQLite.
+FAILURES = (DBAPIError, OSError)
+
+
+@contextmanager
+def _guarded() -> Iterator[None]:
+    try:
+        yield
+    except FAILURES as error:
+        cause = getattr(error, "orig", None) or error  # the driver's own error, without the SQL and its parameters
+        raise StorageError(f"{type(cause).__name__}: {cause}") from error
+
+
+def _loads(value: str) -> Any:
+    """JSON as stored; Infinity and NaN (which older versions could store) come back as strings, so that
+    they fail validation instead of breaking a JSON answer."""
+    return json.loads(value, parse_constant=str)
 
 
 def sqlite_url(path: Path) -> str:
@@ -38,39 +68,64 @@ def _iso(moment: datetime) -> str:
 class Storage:
     def __init__(self, url: str):
         self.url = url
-        self.engine: Engine = create_engine(url, pool_pre_ping=True)
+        try:
+            self.engine: Engine = create_engine(url, pool_pre_ping=True)
+        except (ArgumentError, ImportError) as error:  # not a URL, an unknown dialect, a driver not installed
+            raise StorageError(f"not a usable database URL: {error}") from None
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def _transaction(self, write: bool = False) -> Iterator[Session]:
+        """A session, committed at the end when write; the driver's failures come out as StorageError."""
+        with _guarded(), (self._session.begin() if write else self._session()) as session:
+            yield session
 
     def migrate(self, revision: str = "head") -> None:
         """Upgrade the schema (an empty database is created from scratch)."""
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS))
         config.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
-        with self.engine.begin() as connection:
-            config.attributes["connection"] = connection
-            command.upgrade(config, revision)
+        try:
+            with _guarded(), self.engine.begin() as connection:
+                config.attributes["connection"] = connection
+                command.upgrade(config, revision)
+        except CommandError as error:  # e.g. a database from a newer version of Chorus
+            raise StorageError(f"cannot migrate the database: {error}") from None
 
     def revision(self) -> str | None:
         from alembic.runtime.migration import MigrationContext
 
-        with self.engine.connect() as connection:
+        with _guarded(), self.engine.connect() as connection:
             return MigrationContext.configure(connection).get_current_revision()
+
+    def probe_write(self) -> None:
+        """A real committed write that changes nothing (the schema's version row rewritten to itself): it
+        fails as any write would while the database is full, read-only or locked."""
+        with self._transaction(write=True) as session:
+            session.execute(text("UPDATE alembic_version SET version_num = version_num"))
 
     # --- settings and audit --------------------------------------------------------------------
 
     def read_settings(self) -> dict[str, Any]:
-        with self._session() as session:
-            return {row.key: json.loads(row.value) for row in session.scalars(select(Setting))}
+        with self._transaction() as session:
+            rows = {row.key: row.value for row in session.scalars(select(Setting))}
+        values = {}
+        for key, value in rows.items():
+            try:
+                values[key] = _loads(value)
+            except ValueError:  # damaged outside Chorus (it writes JSON it has parsed): the default applies
+                continue
+        return values
 
     def write_settings(self, changes: dict[str, Any], actor: str) -> list[dict]:
         """Store changed values and one audit row per change, in one transaction."""
         entries = []
-        with self._session.begin() as session:
+        with self._transaction(write=True) as session:
             for key, value in changes.items():
                 row = session.get(Setting, key)
-                old = json.loads(row.value) if row else None
+                old = _loads(row.value) if row else None
                 if row is not None and old == value:
                     continue
                 now = _now()
@@ -87,7 +142,7 @@ class Storage:
 
     def add_audit(self, actor: str, action: str, key: str, new_value: Any) -> dict:
         """An audit row for an operator action that is not a setting change (e.g. a registry reload)."""
-        with self._session.begin() as session:
+        with self._transaction(write=True) as session:
             entry = AuditEntry(at=_now(), actor=actor, action=action, key=key, old_value=None,
                                new_value=json.dumps(new_value))
             session.add(entry)
@@ -95,39 +150,39 @@ class Storage:
             return _audit_dict(entry)
 
     def audit(self, limit: int = 50) -> list[dict]:
-        with self._session() as session:
+        with self._transaction() as session:
             rows = session.scalars(select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit))
             return [_audit_dict(row) for row in rows]
 
     # --- request log ---------------------------------------------------------------------------
 
     def add_request_logs(self, rows: list[dict]) -> None:
-        with self._session.begin() as session:
+        with self._transaction(write=True) as session:
             session.add_all(RequestLogEntry(**row) for row in rows)
 
     def prune_request_log(self, keep_rows: int) -> int:
         """Delete all but the newest keep_rows entries; returns how many were deleted."""
-        with self._session.begin() as session:
+        with self._transaction(write=True) as session:
             newest = session.scalar(select(func.max(RequestLogEntry.id))) or 0
             result = session.execute(delete(RequestLogEntry).where(RequestLogEntry.id <= newest - keep_rows))
             return result.rowcount or 0
 
     def request_log(self, limit: int = 50) -> list[dict]:
-        with self._session() as session:
+        with self._transaction() as session:
             rows = session.scalars(select(RequestLogEntry).order_by(RequestLogEntry.id.desc()).limit(limit))
             return [{"at": _iso(row.at), "client": row.client, "source": row.source, "voice": row.voice,
                      "characters": row.characters, "queue_ms": row.queue_ms, "synthesis_ms": row.synthesis_ms,
                      "batch_size": row.batch_size, "status": row.status} for row in rows]
 
     def count_request_log(self) -> int:
-        with self._session() as session:
+        with self._transaction() as session:
             return session.scalar(select(func.count(RequestLogEntry.id))) or 0
 
 
     # --- API keys (hashes only) -----------------------------------------------------------------
 
     def add_api_key(self, prefix: str, key_hash: str, name: str, tier: str, actor: str) -> dict:
-        with self._session.begin() as session:
+        with self._transaction(write=True) as session:
             row = ApiKey(prefix=prefix, key_hash=key_hash, name=name, tier=tier, created_at=_now())
             session.add(row)
             session.flush()
@@ -137,7 +192,7 @@ class Storage:
             return _key_dict(row)
 
     def revoke_api_key(self, key_id: int, actor: str) -> dict | None:
-        with self._session.begin() as session:
+        with self._transaction(write=True) as session:
             row = session.get(ApiKey, key_id)
             if row is None:
                 return None
@@ -149,21 +204,21 @@ class Storage:
             return _key_dict(row)
 
     def api_keys(self) -> list[dict]:
-        with self._session() as session:
+        with self._transaction() as session:
             return [_key_dict(row) for row in session.scalars(select(ApiKey).order_by(ApiKey.id))]
 
     # --- jobs ----------------------------------------------------------------------------------
 
     def add_job(self, job_id: str, owner: str, tier: str, priority: int, request: dict) -> dict:
         now = _now()
-        with self._session.begin() as session:
+        with self._transaction(write=True) as session:
             row = Job(id=job_id, owner=owner, tier=tier, priority=priority, status="queued",
                       request=json.dumps(request), attempts=0, created_at=now, not_before=now)
             session.add(row)
             return _job_dict(row)
 
     def job(self, job_id: str) -> dict | None:
-        with self._session() as session:
+        with self._transaction() as session:
             row = session.get(Job, job_id)
             return _job_dict(row) if row else None
 
@@ -171,13 +226,13 @@ class Storage:
         query = select(Job).where(Job.owner == owner)
         if status is not None:
             query = query.where(Job.status == status)
-        with self._session() as session:
+        with self._transaction() as session:
             return [_job_dict(row) for row in session.scalars(query.order_by(Job.created_at.desc()).limit(limit))]
 
     def claim_jobs(self, limit: int) -> list[dict]:
         """Queued jobs that are due, highest priority then oldest first, marked running (attempt + 1)."""
         now = _now()
-        with self._session.begin() as session:
+        with self._transaction(write=True) as session:
             rows = list(session.scalars(select(Job).where(Job.status == "queued", Job.not_before <= now)
                                         .order_by(Job.priority.desc(), Job.created_at).limit(limit)))
             for row in rows:
@@ -197,19 +252,19 @@ class Storage:
         return self._move_job(job_id, ("running",), status, **fields)
 
     def _move_job(self, job_id: str, sources: tuple[str, ...], status: str, **fields: Any) -> dict | None:
-        with self._session.begin() as session:
+        with self._transaction(write=True) as session:
             moved = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(sources))
                                     .values(status=status, **fields)).rowcount
             return _job_dict(session.get(Job, job_id)) if moved else None
 
     def requeue_interrupted(self) -> int:
         """At start-up: jobs left running by a process that died go back to the queue."""
-        with self._session.begin() as session:
+        with self._transaction(write=True) as session:
             return session.execute(update(Job).where(Job.status == "running").values(status="queued")).rowcount
 
     def backlog(self) -> tuple[int, int, float | None]:
         """Queued jobs, running jobs, and the age in seconds of the oldest queued one."""
-        with self._session() as session:
+        with self._transaction() as session:
             counts = dict(session.execute(select(Job.status, func.count()).where(Job.status.in_(("queued", "running")))
                                           .group_by(Job.status)).all())
             oldest = session.scalar(select(func.min(Job.created_at)).where(Job.status == "queued"))
@@ -224,20 +279,20 @@ class Storage:
         ended_long_ago = and_(Job.status.in_(("failed", "cancelled")), Job.finished_at <= cutoff)
         # add_job stores the request as json.dumps writes it; a dropped input leaves no "input" key
         keeps_data = or_(Job.result_path.is_not(None), Job.request.contains('"input": '))
-        with self._session() as session:
+        with self._transaction() as session:
             rows = session.scalars(select(Job).where(keeps_data, or_(Job.expires_at <= now, ended_long_ago)))
             return [_job_dict(row) for row in rows]
 
     def expire_job(self, job_id: str) -> None:
         """Forget a job's result file and input text; the other request fields and the text's length stay."""
-        with self._session.begin() as session:
+        with self._transaction(write=True) as session:
             row = session.get(Job, job_id)
             if row is not None:
-                row.result_path, row.request = None, json.dumps(_without_input(json.loads(row.request)))
+                row.result_path, row.request = None, json.dumps(_without_input(_loads(row.request)))
 
     def result_paths(self) -> list[str]:
         """The result files job rows point to."""
-        with self._session() as session:
+        with self._transaction() as session:
             return list(session.scalars(select(Job.result_path).where(Job.result_path.is_not(None))))
 
 
@@ -254,7 +309,7 @@ def _aware(moment: datetime) -> datetime:
 def _job_dict(row: Job) -> dict:
     moments = ("created_at", "not_before", "started_at", "finished_at", "expires_at")
     return {"id": row.id, "owner": row.owner, "tier": row.tier, "priority": row.priority, "status": row.status,
-            "request": json.loads(row.request), "attempts": row.attempts, "error": row.error,
+            "request": _loads(row.request), "attempts": row.attempts, "error": row.error,
             **{name: _aware(getattr(row, name)) if getattr(row, name) else None for name in moments},
             "result_path": row.result_path, "content_type": row.content_type, "audio_s": row.audio_s}
 
@@ -266,8 +321,8 @@ def _key_dict(row: ApiKey) -> dict:
 
 def _audit_dict(entry: AuditEntry) -> dict:
     return {"at": _iso(entry.at), "actor": entry.actor, "action": entry.action, "key": entry.key,
-            "old_value": None if entry.old_value is None else json.loads(entry.old_value),
-            "new_value": None if entry.new_value is None else json.loads(entry.new_value)}
+            "old_value": None if entry.old_value is None else _loads(entry.old_value),
+            "new_value": None if entry.new_value is None else _loads(entry.new_value)}
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -8,7 +8,7 @@ import threading
 from collections import deque
 from datetime import UTC, datetime
 
-from . import Storage
+from . import Storage, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +56,16 @@ class RequestLogWriter:
         try:
             self.storage.add_request_logs(rows)
             self.storage.prune_request_log(self.max_rows)
-            self.last_error = None
-        except Exception as error:
-            self.last_error = f"{type(error).__name__}: {error}"
-            log.error("request log write failed (%d rows kept for retry): %s", len(rows), self.last_error)
+        except Exception as error:  # StorageError, or a bug: either way the rows wait and the thread lives on
+            if self.last_error is None:  # once per outage, not at every flush
+                log.error("request log writes fail (rows are kept for retry, up to %d): %s", self._buffer_limit, error)
+            self.last_error = str(error) if isinstance(error, StorageError) else f"{type(error).__name__}: {error}"
             with self._lock:
                 self._buffer.extendleft(reversed(rows[-(self._buffer_limit - len(self._buffer)):]))
+            return
+        if self.last_error is not None:
+            log.warning("request log writes work again")
+            self.last_error = None
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_every_s):

@@ -10,14 +10,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Tier(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    """What a tier of callers may do. Bounded like every operator value (see OperatorSettings)."""
 
-    rate_limit: str | None = Field(None, description='e.g. "10/minute" or "100/hour;1000/day"; null: unlimited')
-    priority: int = Field(0, description="higher runs earlier in the queue")
-    max_chars: int = Field(5000, ge=1, description="longest text this tier may send")
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+    rate_limit: str | None = Field(None, max_length=200,
+                                   description='e.g. "10/minute" or "100/hour;1000/day"; null: unlimited')
+    priority: int = Field(0, ge=-100, le=100, description="higher runs earlier in the queue")
+    max_chars: int = Field(5000, ge=1, le=1_000_000, description="longest text this tier may send")
     sheddable: bool = Field(True, description="refused first while degrade mode sheds load")
     max_queue_share: float = Field(1.0, gt=0, le=1, description="most of the queue this tier may hold")
-    request_timeout_s: float = Field(120.0, gt=0, description="deadline for its queued work")
+    request_timeout_s: float = Field(120.0, gt=0, le=86_400, description="deadline for its queued work")
 
     @field_validator("rate_limit")
     @classmethod

@@ -107,3 +107,7 @@ class Settings(BaseSettings):
     @property
     def voices_path(self) -> Path:
         return self.voices_dir if self.voices_dir is not None else self.data_dir / "voices"
+
+    # Storage and Redis faults (#14)
+    redis_timeout_s: float = Field(0.25, gt=0, le=10)  # longest wait for one call to the rate-limit store
+    redis_cooldown_s: float = Field(10.0, gt=0, le=600)  # a failing store is asked again after this (fail open)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from .access import DEFAULT_TIERS, Tier
 from .errors import InvalidSetting
@@ -25,30 +25,35 @@ from .errors import InvalidSetting
 ACTIONS = ("cap_text", "cache_first", "lower_precision", "shed")  # each switched by the setting <action>_enabled
 
 
+# Every operator value has bounds: a value past them is refused (422) before anything is stored, so no
+# stored value can break the server (an infinite target, a row count SQLite cannot hold).
+TierName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
 class OperatorSettings(BaseModel):
     """Everything an operator can change at run time. Stored values override these defaults."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
     degrade_enabled: bool = True
     enter_threshold: float = Field(0.85, gt=0, le=1, description="load score that enters degrade mode")
     exit_threshold: float = Field(0.6, ge=0, lt=1, description="load score that leaves it (below enter)")
-    exit_hold_s: float = Field(5.0, ge=0, description="seconds the score must stay at or below exit "
+    exit_hold_s: float = Field(5.0, ge=0, le=3600, description="seconds the score must stay at or below exit "
                                "before leaving (keeps shedding from flapping the mode)")
     queue_wait_target_s: float = Field(10.0, gt=0, le=3600, description="longest predicted queue wait a request "
                                        "is accepted with (longer: 503 with Retry-After); the load score is the "
                                        "predicted wait of a new request over this")
     cap_text_enabled: bool = True
-    cap_text_chars: int = Field(300, ge=1, description="longest text accepted while degraded")
+    cap_text_chars: int = Field(300, ge=1, le=100_000, description="longest text accepted while degraded")
     cache_first_enabled: bool = True
     lower_precision_enabled: bool = True
     shed_enabled: bool = Field(False, description="while degraded, refuse callers of sheddable tiers")
     cache_enabled: bool = Field(True, description="serve repeated requests from the cache at any load")
-    cache_max_mb: float = Field(64, ge=0)
-    request_log_max_rows: int = Field(100_000, ge=0)
-    tiers: dict[str, Tier] = Field(default_factory=lambda: dict(DEFAULT_TIERS),
-                                   description="caller tiers: rate limit, priority, limits")
-    anonymous_tier: str = Field("free", description="tier of callers without an API key")
+    cache_max_mb: float = Field(64, ge=0, le=65_536, description="memory the audio cache may hold")
+    request_log_max_rows: int = Field(100_000, ge=0, le=100_000_000, description="request log rows kept")
+    tiers: dict[TierName, Tier] = Field(default_factory=lambda: dict(DEFAULT_TIERS), min_length=1, max_length=64,
+                                        description="caller tiers: rate limit, priority, limits")
+    anonymous_tier: TierName = Field("free", description="tier of callers without an API key")
 
     def merged(self, changes: dict[str, Any]) -> OperatorSettings:
         """These settings with changes applied, or InvalidSetting naming the first bad field."""
@@ -60,20 +65,24 @@ class OperatorSettings(BaseModel):
         except ValidationError as error:
             first = error.errors()[0]
             name = str(first["loc"][0]) if first["loc"] else None
-            raise InvalidSetting(f"{name}: {first['msg']}", name) from None
+            where = ".".join(str(part) for part in first["loc"])  # tiers.free.priority: the value at fault
+            raise InvalidSetting(f"{where}: {first['msg']}", name) from None
+        # A clash between two values names the one being changed (so that from_stored drops only that one).
         if updated.anonymous_tier not in updated.tiers:
             raise InvalidSetting(f"anonymous_tier {updated.anonymous_tier!r} is not one of the tiers "
-                                 f"({', '.join(updated.tiers)})", "anonymous_tier")
+                                 f"({', '.join(updated.tiers)})", _changed(changes, "anonymous_tier", "tiers"))
         if updated.exit_threshold >= updated.enter_threshold:
             raise InvalidSetting("exit_threshold must be below enter_threshold "
-                                 f"({updated.exit_threshold} >= {updated.enter_threshold})", "exit_threshold")
+                                 f"({updated.exit_threshold} >= {updated.enter_threshold})",
+                                 _changed(changes, "exit_threshold", "enter_threshold"))
         return updated
 
     @classmethod
-    def from_stored(cls, stored: dict[str, Any], defaults: dict[str, Any] | None = None) -> OperatorSettings:
-        """Built-in defaults, then deployment defaults (TTS_OPERATOR_DEFAULTS), then stored values;
-        a value that does not validate is skipped (and logged by the caller)."""
-        settings = cls()
+    def from_stored(cls, stored: dict[str, Any], defaults: dict[str, Any] | None = None
+                    ) -> tuple[OperatorSettings, dict[str, str]]:
+        """Built-in defaults, then deployment defaults (TTS_OPERATOR_DEFAULTS), then stored values, and
+        the values that were ignored because they do not validate (name -> why), for the caller to report."""
+        settings, ignored = cls(), {}
         for layer in (defaults or {}, stored):
             remaining = dict(layer)
             while remaining:
@@ -81,10 +90,16 @@ class OperatorSettings(BaseModel):
                     settings = settings.merged(remaining)
                     break
                 except InvalidSetting as invalid:
-                    if invalid.param not in remaining:
-                        break
-                    del remaining[invalid.param]
-        return settings
+                    # the value at fault goes; should none in this layer be named, the whole layer does
+                    at_fault = [invalid.param] if invalid.param in remaining else list(remaining)
+                    for name in at_fault:
+                        ignored[name] = invalid.message
+                        del remaining[name]
+        return settings, ignored
+
+
+def _changed(changes: dict[str, Any], first: str, second: str) -> str:
+    return first if first in changes or second not in changes else second
 
 
 @dataclass(frozen=True)

@@ -64,12 +64,13 @@ def test_invalid_changes_name_the_field(changes, field):
     assert raised.value.param == field
 
 
-def test_stored_values_override_defaults_and_bad_ones_are_skipped():
-    settings = OperatorSettings.from_stored({"cap_text_chars": 120, "enter_threshold": "high", "gone": 1})
+def test_stored_values_override_defaults_and_bad_ones_are_skipped_and_reported():
+    settings, ignored = OperatorSettings.from_stored({"cap_text_chars": 120, "enter_threshold": "high", "gone": 1})
     assert settings.cap_text_chars == 120 and settings.enter_threshold == OperatorSettings().enter_threshold
+    assert set(ignored) == {"enter_threshold", "gone"}
 
 
 def test_stored_values_apply_together_whatever_their_order():
     # enter 0.5 alone would clash with the default exit 0.6; with exit 0.2 beside it, it is valid.
-    settings = OperatorSettings.from_stored({"enter_threshold": 0.5, "exit_threshold": 0.2})
-    assert (settings.enter_threshold, settings.exit_threshold) == (0.5, 0.2)
+    settings, ignored = OperatorSettings.from_stored({"enter_threshold": 0.5, "exit_threshold": 0.2})
+    assert (settings.enter_threshold, settings.exit_threshold) == (0.5, 0.2) and ignored == {}

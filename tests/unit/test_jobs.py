@@ -9,7 +9,6 @@ runs in asyncio's debug mode, which refuses calls into it from other threads.
 import asyncio
 import errno
 import os
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -19,11 +18,10 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import update
-from sqlalchemy.exc import OperationalError
 
 import jobs
 from api.jobs import public_job
-from storage import Storage
+from storage import Storage, StorageError
 from storage.models import Job
 from tests.fakes import FakeEngine
 from tts_core.access import Caller, Tier
@@ -223,7 +221,7 @@ def test_a_finish_the_database_refuses_is_retried_until_it_is_taken(world, tmp_p
     def database_down(job_id, status):
         if len(refusals) < 3:  # the outcome's write, then two retries, fail
             refusals.append(status)
-            raise OperationalError("UPDATE jobs", {}, sqlite3.OperationalError("database is locked"))
+            raise StorageError("OperationalError: database is locked")  # as the repository raises it
 
     storage.before_finish = database_down
     done = run_until(runner, storage, runner.submit(CALLER, request()), "succeeded")

@@ -5,11 +5,10 @@ import sqlite3
 import pytest
 
 from admin.control import OperatorControl
-from storage import Storage, sqlite_url
+from storage import Storage, StorageError, sqlite_url
 from storage.request_log import RequestLogWriter
 from tests.fakes import FakeEngine
 from tts_core.config import Settings
-from tts_core.errors import StorageUnavailable
 from tts_core.metrics import Metrics
 from tts_core.service import SpeechService
 
@@ -84,7 +83,7 @@ def test_a_failing_database_keeps_the_last_settings_and_says_so(control, tmp_pat
     control.reload()
     assert control.settings.cap_text_chars == 150
     assert "unable to open database file" in control.storage_error
-    with pytest.raises(StorageUnavailable):
+    with pytest.raises(StorageError):
         control.update({"cap_text_chars": 90}, "alice")
     assert control.settings.cap_text_chars == 150  # not applied when it could not be saved
 
