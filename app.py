@@ -72,9 +72,9 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
 
     control.on_reload.append(access.refresh_keys)  # keys revoked through another replica stop working here too
 
-    def admit_ui(request: gr.Request):
-        return access.admit_blocking(None, request.client.host if request.client else None,
-                                     request.headers.get("x-forwarded-for"))
+    async def admit_ui(request: gr.Request):
+        return await access.admit(None, request.client.host if request.client else None,
+                                  request.headers.get("x-forwarded-for"))
 
     api = build_api(service, access, request_log, lifespan)
     api.state.control, api.state.monitor, api.state.admin_gate = control, monitor, gate

@@ -165,12 +165,6 @@ class AccessControl:
             return await asyncio.to_thread(self.count, caller)
         return self.count(caller)
 
-    def admit_blocking(self, authorization: str | None, peer: str | None, forwarded_for: str | None
-                       ) -> tuple[Caller, RateLimitState | None]:
-        """admit for callers that cannot await (the UI): waits at most the store's timeout per call."""
-        caller = self.identify(authorization, peer, forwarded_for)
-        return caller, self.count(caller)
-
     def count(self, caller: Caller) -> RateLimitState | None:
         """The one rate-limit check (blocking). A store that fails, or is skipped while the breaker is
         open, limits nothing."""

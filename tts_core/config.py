@@ -24,10 +24,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TTS_", extra="ignore")
 
     host: str = "0.0.0.0"
-    port: int = 7860
+    port: int = Field(7860, ge=1, le=65535)
     data_dir: Path = Path("data")
     voices_dir: Path | None = None  # default: <data_dir>/voices
-    log_level: str = "info"
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     database_url: str | None = None  # default: SQLite at <data_dir>/chorus.db
     admin_token: SecretStr | None = None  # unset: the admin tab and API are disabled
     operator_defaults: dict[str, Any] = {}  # JSON: operator settings used until an admin stores others
@@ -92,6 +92,11 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [int(part) for part in value.strip("[] ").split(",") if part.strip()]
         return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_case(cls, value):
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("trusted_proxies", mode="before")
     @classmethod

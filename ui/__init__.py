@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import gradio as gr
@@ -34,7 +34,7 @@ def _prune(folder: Path, older_than_s: float) -> None:
             path.unlink(missing_ok=True)
 
 
-Admit = Callable[[gr.Request], tuple[Caller, object]]  # identifies and rate-limits a UI caller
+Admit = Callable[[gr.Request], Awaitable[tuple[Caller, object]]]  # identifies and rate-limits a UI caller
 
 
 def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter | None = None,
@@ -55,7 +55,7 @@ def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter
         started, status, details, audio_s = time.perf_counter(), 200, {}, 0.0
         client = request.client.host if request and request.client else "unknown"
         try:
-            caller, _ = admit(request)
+            caller, _ = await admit(request)
             client = caller.identity
             stream = await service.stream_pieces(text or "", voice, None, float(speed), caller)
             details, pieces = {"voice": stream.voice.name}, []
