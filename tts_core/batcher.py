@@ -2,6 +2,9 @@
 
 No timer runs while the engine is idle: the first item is dispatched at once, and what arrives
 while a batch runs is there to batch at the next dispatch (the busy time is the window).
+
+Other work on the engine (encoding a voice clip, adding or removing a voice) is handed to the same
+thread with `run_on_engine`, and runs at the top of a loop turn: never beside a batch or a step.
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -19,9 +25,10 @@ from .errors import Overloaded, SynthesisError
 from .memory import MemoryBudget, release_heap
 from .metrics import BatchRecord, Metrics
 from .policy import BatchPolicy, ItemCost, padded_tokens
-from .queue import RequestQueue
+from .queue import QueueClosed, RequestQueue
 from .request import SynthesisRequest
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 CALIBRATION_TEXT = (
@@ -50,6 +57,9 @@ class Batcher:
         self.item_cost = ItemCost()  # engine time per item as batches run now, for the queue's predictions
         self.audio_s_per_token = 0.0  # moving estimate of audio produced per input token (at speed 1)
         self.precision = "full"  # degrade mode's lower_precision action sets "low" (a new batcher starts full)
+        self._errands: deque[tuple[Callable[[], Any], Future]] = deque()  # run_on_engine's calls, in order
+        self._errands_lock = threading.Lock()
+        self._errands_closed = False  # the loop has ended: nothing would run a new errand
         self._thread = threading.Thread(target=self._run, name=f"batcher-{engine.name}", daemon=True)
 
     # --- the caller's side -------------------------------------------------------------------
@@ -66,6 +76,8 @@ class Batcher:
                                                      "was synthesized; retry", 1, "model_stopped"))
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        if not self._thread.is_alive():  # its loop has ended (its errands ran), or it never started
+            self._fail_errands()
 
     def submit(self, items: Sequence[SynthesisRequest], tier_limit: int | None = None,
                max_wait_s: float = math.inf) -> float:
@@ -85,6 +97,18 @@ class Batcher:
         """Work is queued or running."""
         return self.queue.busy
 
+    def run_on_engine(self, call: Callable[[], T]) -> Future[T]:
+        """Run call on the engine's thread between two dispatches (never beside a batch or a step),
+        waking the loop if it is idle; its result or exception comes back on the Future. Raises
+        QueueClosed once the loop has ended (the model was unloaded: ask the pool again)."""
+        future: Future[T] = Future()
+        with self._errands_lock:
+            if self._errands_closed:
+                raise QueueClosed()
+            self._errands.append((call, future))
+        self.queue.wake()
+        return future
+
     # --- the engine thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -97,10 +121,35 @@ class Batcher:
             self.ready.set()
         while not self.queue.closed:
             try:
+                self._run_errands()
                 self.step()
             except Exception:  # the loop must outlive any bug in one dispatch
                 log.exception("batcher %s: dispatch failed", self.engine.name)
+        with self._errands_lock:
+            self._errands_closed = True
+        self._run_errands()  # those handed over before the end still run: the engine is still here
         self._stopped()
+
+    def _fail_errands(self) -> None:
+        with self._errands_lock:
+            self._errands_closed = True
+            errands, self._errands = self._errands, deque()
+        for _, future in errands:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(Overloaded(f"model {self.engine.name} was stopped first; retry", 1,
+                                                "model_stopped"))
+
+    def _run_errands(self) -> None:
+        """The calls handed over so far (not those they hand over: a dispatch comes between)."""
+        with self._errands_lock:
+            errands, self._errands = self._errands, deque()
+        for call, future in errands:
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(call())
+            except Exception as error:  # the caller's to handle, on its Future
+                future.set_exception(error)
 
     def _stopped(self) -> None:
         """The queue has closed and the loop ends: whatever is still running ends too (stepped engines)."""

@@ -76,6 +76,7 @@ class RequestQueue:
         self._running_until = 0.0  # predicted end of the batch running now
         self._changed = threading.Condition(threading.RLock())
         self._closed = False
+        self._woken = False  # the engine thread has other work (Batcher.run_on_engine): stop waiting
 
     def __len__(self) -> int:
         return len(self._items)
@@ -177,15 +178,24 @@ class RequestQueue:
     # --- the engine thread's side -------------------------------------------------------------------
 
     def wait(self, timeout: float | None = None) -> None:
-        """Block until something is put (or closed), or the timeout passes."""
+        """Block until something is put (or closed, or woken), or the timeout passes."""
         with self._changed:
-            if not self._closed:
+            if not self._closed and not self._woken:
                 self._changed.wait(timeout)
+            self._woken = False
 
     def wait_for_items(self) -> None:
+        """Block until something is put, or the queue is closed or woken."""
         with self._changed:
-            while not self._items and not self._closed:
+            while not self._items and not self._closed and not self._woken:
                 self._changed.wait()
+            self._woken = False
+
+    def wake(self) -> None:
+        """End the engine thread's present or next wait (it has work that is not a queued item)."""
+        with self._changed:
+            self._woken = True
+            self._changed.notify_all()
 
     def next_candidates(self, limit: int) -> list[SynthesisRequest]:
         """The most urgent item and up to limit-1 more of its batch key, most urgent first.
