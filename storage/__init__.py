@@ -18,10 +18,10 @@ from alembic.config import Config
 from alembic.util.exc import CommandError
 from sqlalchemy import and_, create_engine, delete, event, func, or_, select, text, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .models import ApiKey, AuditEntry, Job, RequestLogEntry, Setting
+from .models import ApiKey, AuditEntry, ClonedVoiceRow, Job, RequestLogEntry, Setting
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -294,6 +294,65 @@ class Storage:
         """The result files job rows point to."""
         with self._transaction() as session:
             return list(session.scalars(select(Job.result_path).where(Job.result_path.is_not(None))))
+
+    # --- cloned voices (each change audited in its own transaction) --------------------------------
+
+    def add_cloned_voice(self, name: str, model: str, owner: str, duration_s: float, transcript: str | None,
+                         path: str, consent_at: datetime, actor: str) -> dict | None:
+        """A new cloned voice (private to its owner); None when a cloned voice has that name already."""
+        try:
+            with self._transaction(write=True) as session:
+                if session.get(ClonedVoiceRow, name) is not None:
+                    return None
+                row = ClonedVoiceRow(name=name, model=model, owner=owner, public=False, created_at=_now(),
+                                     duration_s=duration_s, transcript=transcript, path=path, consent_at=consent_at)
+                session.add(row)
+                session.add(_voice_audit(row.created_at, actor, "cloned_voice.create", name, None,
+                                         {"model": model, "owner": owner, "duration_s": duration_s}))
+                session.flush()
+                return _cloned_voice_dict(row)
+        except StorageError as error:
+            if isinstance(error.__cause__, IntegrityError):  # made at the same moment by another replica
+                return None
+            raise
+
+    def cloned_voices(self) -> list[dict]:
+        with self._transaction() as session:
+            rows = session.scalars(select(ClonedVoiceRow).order_by(ClonedVoiceRow.created_at))
+            return [_cloned_voice_dict(row) for row in rows]
+
+    def delete_cloned_voice(self, name: str, actor: str) -> dict | None:
+        """The deleted voice's row as it was; None when there is none."""
+        with self._transaction(write=True) as session:
+            row = session.get(ClonedVoiceRow, name)
+            if row is None:
+                return None
+            record = _cloned_voice_dict(row)
+            session.delete(row)
+            session.add(_voice_audit(_now(), actor, "cloned_voice.delete", name, {"owner": row.owner}, None))
+            return record
+
+    def set_cloned_voice_public(self, name: str, public: bool, actor: str) -> dict | None:
+        with self._transaction(write=True) as session:
+            row = session.get(ClonedVoiceRow, name)
+            if row is None:
+                return None
+            if row.public != public:
+                session.add(_voice_audit(_now(), actor, "cloned_voice.public", name, row.public, public))
+                row.public = public
+            return _cloned_voice_dict(row)
+
+
+def _voice_audit(at: datetime, actor: str, action: str, name: str, old: Any, new: Any) -> AuditEntry:
+    return AuditEntry(at=at, actor=actor, action=action, key=f"cloned_voice:{name}",
+                      old_value=None if old is None else json.dumps(old),
+                      new_value=None if new is None else json.dumps(new))
+
+
+def _cloned_voice_dict(row: ClonedVoiceRow) -> dict:
+    return {"name": row.name, "model": row.model, "owner": row.owner, "public": row.public,
+            "created_at": _aware(row.created_at), "duration_s": row.duration_s, "transcript": row.transcript,
+            "path": row.path, "consent_at": _aware(row.consent_at)}
 
 
 def _without_input(request: dict) -> dict:

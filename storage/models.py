@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import DateTime, Float, Integer, String, Text
+from sqlalchemy import Boolean, DateTime, Float, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -82,3 +82,19 @@ class Job(Base):
     result_path: Mapped[str | None] = mapped_column(String(512), nullable=True)
     content_type: Mapped[str | None] = mapped_column(String(64), nullable=True)
     audio_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ClonedVoiceRow(Base):
+    """A voice made from a caller's clip. Its voice prompt (the model's latents) is the file at path."""
+
+    __tablename__ = "cloned_voices"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)  # unique among cloned voices
+    model: Mapped[str] = mapped_column(String(128))  # the loaded model (engine) whose codec made the prompt
+    owner: Mapped[str] = mapped_column(String(128), index=True)  # the caller's identity: key:<id> or ip:<address>
+    public: Mapped[bool] = mapped_column(Boolean, default=False)  # usable by everyone (an admin's decision)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    duration_s: Mapped[float] = mapped_column(Float)  # of the clip
+    transcript: Mapped[str | None] = mapped_column(Text, nullable=True)  # what the clip says, if the caller said
+    path: Mapped[str] = mapped_column(String(512))
+    consent_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # when the caller affirmed consent

@@ -1,6 +1,7 @@
 """Storage on real SQLite files: migrations, settings with audit, request log, failures."""
 
 import sqlite3
+from datetime import UTC, datetime
 
 import pytest
 
@@ -21,8 +22,8 @@ def tables(path) -> set[str]:
 def test_empty_database_is_migrated_to_head(tmp_path):
     storage = Storage(sqlite_url(tmp_path / "new.db"))
     storage.migrate()
-    assert storage.revision() == "0004"
-    expected = {"settings", "audit_log", "request_log", "api_keys", "jobs", "alembic_version"}
+    assert storage.revision() == "0005"
+    expected = {"settings", "audit_log", "request_log", "api_keys", "jobs", "cloned_voices", "alembic_version"}
     assert expected <= tables(tmp_path / "new.db")
     with sqlite3.connect(tmp_path / "new.db") as connection:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -36,11 +37,28 @@ def test_old_database_upgrades_and_keeps_its_data(tmp_path):
     assert "request_log" not in tables(path)
     upgraded = Storage(sqlite_url(path))
     upgraded.migrate()
-    assert upgraded.revision() == "0004"
+    assert upgraded.revision() == "0005"
     assert upgraded.read_settings() == {"cap_text_chars": 111}
     assert upgraded.audit()[0]["new_value"] == 111
     upgraded.migrate()  # idempotent
-    assert upgraded.revision() == "0004"
+    assert upgraded.revision() == "0005"
+
+
+def test_a_cloned_voice_is_stored_once_and_each_change_is_audited(tmp_path):
+    storage = Storage(sqlite_url(tmp_path / "voices.db"))
+    storage.migrate()
+    consent = datetime.now(UTC)
+    made = storage.add_cloned_voice("alice", "tiny-pocket", "key:3", 4.5, "hello", "voices/cloned/a.safetensors",
+                                    consent, "key:3")
+    assert (made["owner"], made["public"], made["consent_at"]) == ("key:3", False, consent)
+    assert storage.add_cloned_voice("alice", "other", "ip:1.2.3.4", 3.0, None, "x", consent, "ip:1.2.3.4") is None
+    assert storage.set_cloned_voice_public("alice", True, "ops")["public"] is True
+    assert storage.set_cloned_voice_public("alice", True, "ops")["public"] is True  # no change: no audit row
+    assert [row["name"] for row in Storage(sqlite_url(tmp_path / "voices.db")).cloned_voices()] == ["alice"]
+    assert storage.delete_cloned_voice("alice", "ops")["path"] == "voices/cloned/a.safetensors"
+    assert storage.delete_cloned_voice("alice", "ops") is None and storage.cloned_voices() == []
+    assert [(entry["action"], entry["actor"]) for entry in storage.audit()] == [
+        ("cloned_voice.delete", "ops"), ("cloned_voice.public", "ops"), ("cloned_voice.create", "key:3")]
 
 
 def test_settings_and_audit_survive_reopening(tmp_path):
