@@ -199,7 +199,8 @@ class SpeechConnection:
         try:  # a format, voice or model that cannot serve is refused before it becomes the session's
             if message.response_format is not None:
                 check_streamable(message.response_format)
-            self.service.catalogue.resolve(message.voice or session.voice, message.model or session.model)
+            self.service.catalogue.resolve(message.voice or session.voice, message.model or session.model,
+                                           self.caller.identity)
         except ChorusError as error:
             return await self._refuse(error)
         text = session.apply(message)

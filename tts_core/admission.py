@@ -29,7 +29,7 @@ class Admission:
     def validate(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
                  caller: Caller | None) -> tuple[str, Voice, str]:
         """Returns the normalised text, the voice and the name of its model."""
-        voice_info, model_name = catalogue.resolve(voice, model)
+        voice_info, model_name = catalogue.resolve(voice, model, caller.identity if caller else None)
         if not MIN_SPEED <= speed <= MAX_SPEED:
             raise InvalidRequest(f"speed must be between {MIN_SPEED} and {MAX_SPEED}", "speed")
         if speed != 1.0 and not voice_info.speed_control:

@@ -49,6 +49,12 @@ class AudioCache:
             self.bytes += len(entry.data)
             self._evict()
 
+    def drop_voice(self, voice: str) -> None:
+        """Forget a voice's audio: it was deleted, and a new voice may take its name."""
+        with self._lock:
+            for key in [key for key, entry in self._entries.items() if entry.voice == voice]:
+                self.bytes -= len(self._entries.pop(key).data)
+
     def resize(self, max_bytes: int) -> None:
         with self._lock:
             self.max_bytes = max_bytes

@@ -2,15 +2,20 @@
 
 A catalogue is immutable. A registry reload builds a new one beside the old and the service swaps
 it in with one assignment, so a request never sees a half-built table (valid voices never answer
-"not found" during a reload).
+"not found" during a reload). A cloned voice's owner or public flag changing makes a new one too.
+
+Cloned voices are private to their owner until an admin makes them public: whether a caller may use
+or see one is checked here, where a request's voice is resolved, and a caller who may not gets the
+same "not found" as for a voice that does not exist.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
+from .cloning import ClonedVoice
 from .config import Settings
 from .engines import ModelSpec, Voice
 from .errors import InvalidRequest
@@ -25,9 +30,12 @@ class Catalogue:
     model_aliases: dict[str, str]
     voice_aliases: dict[str, str]
     default_voice: str
+    clones: dict[str, ClonedVoice] = field(default_factory=dict)  # the cloned voices among `voices`
 
     @classmethod
-    def build(cls, specs: Iterable[ModelSpec], settings: Settings) -> Catalogue:
+    def build(cls, specs: Iterable[ModelSpec], settings: Settings,
+              clones: Mapping[str, ClonedVoice] | None = None) -> Catalogue:
+        specs = list(specs)
         voices: dict[str, tuple[Voice, str]] = {}
         for spec in specs:
             for voice in spec.voices:
@@ -36,11 +44,24 @@ class Catalogue:
             raise RuntimeError("no voices could be loaded")
         models = sorted({voice.model for voice, _ in voices.values()})
         default = settings.default_voice if settings.default_voice in voices else next(iter(voices))
+        listed = _cloned(specs, clones or {}, set(voices))
+        voices.update({name: (voice, clone.model) for name, (voice, clone) in listed.items()})
         return cls(voices, models, _valid_aliases(settings.model_aliases, set(models), "model"),
-                   _valid_aliases(settings.voice_aliases, set(voices), "voice"), default)
+                   _valid_aliases(settings.voice_aliases, set(voices), "voice"), default,
+                   {name: clone for name, (_, clone) in listed.items()})
 
-    def voice_list(self) -> list[Voice]:
-        return [voice for voice, _ in self.voices.values()]
+    def visible(self, name: str, caller: str | None) -> bool:
+        """Whether the caller ("key:<id>", "ip:<address>"; None: nobody in particular) may see and use the
+        voice: every voice but another caller's private cloned one."""
+        clone = self.clones.get(name)
+        return clone is None or clone.usable_by(caller)
+
+    def visible_voices(self, caller: str | None = None) -> list[tuple[Voice, str]]:
+        """(voice, its model's name) of every voice the caller may use."""
+        return [entry for name, entry in self.voices.items() if self.visible(name, caller)]
+
+    def voice_list(self, caller: str | None = None) -> list[Voice]:
+        return [voice for voice, _ in self.visible_voices(caller)]
 
     def resolve_model(self, name: str) -> str:
         model = self.model_aliases.get(name, name)
@@ -49,22 +70,40 @@ class Catalogue:
             raise InvalidRequest(f"model {name!r} does not exist; available: {known}", "model", "model_not_found")
         return model
 
-    def resolve_voice(self, name: str, model: str | None = None) -> tuple[Voice, str]:
-        """The voice and the name of the model that speaks it."""
-        found = self.voices.get(self.voice_aliases.get(name, name))
+    def resolve_voice(self, name: str, model: str | None = None, caller: str | None = None) -> tuple[Voice, str]:
+        """The voice and the name of the model that speaks it, if the caller may use it."""
+        target = self.voice_aliases.get(name, name)
+        found = self.voices.get(target) if self.visible(target, caller) else None
         if found is None:
-            known = ", ".join(sorted(self.voices) + sorted(self.voice_aliases))
+            known = ", ".join(sorted(voice.name for voice in self.voice_list(caller)) + sorted(self.voice_aliases))
             raise InvalidRequest(f"voice {name!r} does not exist; available: {known}", "voice", "voice_not_found")
         if model is not None and found[0].model != model:
             raise InvalidRequest(f"voice {name!r} belongs to model {found[0].model!r}, not {model!r}", "voice",
                                  "voice_model_mismatch")
         return found
 
-    def resolve(self, voice: str | None, model: str | None = None) -> tuple[Voice, str]:
+    def resolve(self, voice: str | None, model: str | None = None, caller: str | None = None) -> tuple[Voice, str]:
         """The voice a request names (or the default) and the name of its model. A model alias (OpenAI's
         names) accepts any voice; a model named as itself, only its own voices."""
         model_id = self.resolve_model(model) if model is not None else None
-        return self.resolve_voice(voice or self.default_voice, None if model in self.model_aliases else model_id)
+        return self.resolve_voice(voice or self.default_voice, None if model in self.model_aliases else model_id,
+                                  caller)
+
+
+def _cloned(specs: list[ModelSpec], clones: Mapping[str, ClonedVoice], taken: set[str]
+            ) -> dict[str, tuple[Voice, ClonedVoice]]:
+    """The cloned voices whose model is offered, described like that model's own voices. A configured
+    voice keeps its name: a registry reload may bring one named like a cloned voice."""
+    templates = {spec.name: spec.voices[0] for spec in specs if spec.voices}
+    listed = {}
+    for name, clone in clones.items():
+        template = templates.get(clone.model)
+        if template is None or name in taken:
+            log.warning("cloned voice %r is not offered: its model %r is not configured, or the name is taken",
+                        name, clone.model)
+            continue
+        listed[name] = (replace(template, name=name, language="und", speaker=None, speed=1.0), clone)
+    return listed
 
 
 def _valid_aliases(aliases: dict[str, str], targets: set[str], kind: str) -> dict[str, str]:

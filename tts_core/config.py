@@ -75,6 +75,7 @@ class Settings(BaseSettings):
     model_memory_mb: int = Field(0, ge=0)  # memory the loaded models' weights may take; 0: no limit
     empty_cache_every: int = Field(100, ge=0)  # batches between releases of cached device memory; 0: never
     default_voice: str = DEFAULT_VOICE
+    max_cloned_voices_per_caller: int = Field(20, ge=0)  # cloned voices one caller may keep; 0: no limit
     model_aliases: dict[str, str] = {name: "piper" for name in OPENAI_MODEL_NAMES}
     voice_aliases: dict[str, str] = {name: DEFAULT_VOICE for name in OPENAI_VOICE_NAMES}
 

@@ -6,6 +6,7 @@ The request's way, one room each:
   admission.py   validation, tier limits and degrade-mode refusals
   scheduling.py  pieces queued on the model's batcher (the queue refuses waits past the target), audio back
   this module    the assembly of the answer: the cache, joining, encoding; lifecycle and status
+and beside it, cloning.py: voices made from callers' clips, given to their engines as they load.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .audio import FORMATS, STREAMABLE, encode, join
 from .batcher import Batcher
 from .cache import AudioCache, CachedAudio
 from .catalogue import Catalogue
+from .cloning import ClonedVoice, ClonedVoices, Cloner
 from .config import Settings
 from .degrade import DegradeController
 from .engines import Engine, ModelSpec
@@ -89,8 +91,10 @@ class SpokenAudio:
 
 class SpeechService:
     def __init__(self, settings: Settings, models: Sequence[Engine | ModelSpec], metrics: Metrics,
-                 degrade: DegradeController | None = None, cache: AudioCache | None = None):
-        """models: loaded engines (always kept) or model specs (the pool loads them as configured)."""
+                 degrade: DegradeController | None = None, cache: AudioCache | None = None,
+                 clones: Sequence[ClonedVoice] = ()):
+        """models: loaded engines (always kept) or model specs (the pool loads them as configured);
+        clones: the cloned voices stored (given to their models as they load)."""
         if not models:
             raise RuntimeError("no voices could be loaded")
         self.settings = settings
@@ -98,15 +102,19 @@ class SpeechService:
         self.degrade = degrade or DegradeController()
         self.cache = cache or AudioCache(int(self.degrade.settings.cache_max_mb * 2**20))
         specs = [model if isinstance(model, ModelSpec) else ModelSpec.loaded(model) for model in models]
+        self.clones = ClonedVoices(clones)  # before the pool: pinned models load (and get theirs) in it
         self.pool = ModelPool(specs, self._make_batcher, metrics, settings.max_loaded_models,
                               settings.model_memory_mb * 2**20)
-        self.catalogue = Catalogue.build(specs, settings)
+        self.catalogue = Catalogue.build(specs, settings, self.clones.all())
+        self.cloner = Cloner(self.pool, self.clones, self.publish_catalogue, self.cache)
         self.admission = Admission(settings, self.degrade, metrics)
         self.scheduler = Scheduler(settings, self.pool, metrics)
-        self._reloading = threading.Lock()  # one registry reload at a time
+        self._reloading = threading.Lock()  # one registry reload or catalogue rebuild at a time
 
     def _make_batcher(self, engine: Engine) -> Batcher:
-        """The engine's loop: one-shot batches, or continuous batching of a stepped (autoregressive) engine."""
+        """The engine's loop: one-shot batches, or continuous batching of a stepped (autoregressive) engine.
+        Called once the model has loaded, before its loop starts: it gets its cloned voices here."""
+        self.clones.give_to(engine)
         settings, metrics = self.settings, self.metrics
         queue = RequestQueue(settings.max_queue, settings.aging_horizon_s,
                              on_drop=lambda reason, count: metrics.dropped.labels(reason).inc(count),
@@ -158,9 +166,18 @@ class SpeechService:
         for name in removed:
             self.pool.retire(name)
         self.pool.add(added)
-        self.catalogue = Catalogue.build([slot.spec for slot in self.pool.slots().values() if not slot.retired],
-                                         self.settings)
+        self._rebuild_catalogue()
         return {"kept": kept, "removed": removed, "added": [spec.name for spec in added]}
+
+    def publish_catalogue(self) -> None:
+        """A new catalogue of the models and cloned voices offered now, swapped in whole (blocking: it
+        waits for a registry reload in progress)."""
+        with self._reloading:
+            self._rebuild_catalogue()
+
+    def _rebuild_catalogue(self) -> None:
+        specs = [slot.spec for slot in self.pool.slots().values() if not slot.retired]
+        self.catalogue = Catalogue.build(specs, self.settings, self.clones.all())
 
     # --- status --------------------------------------------------------------------------------
 

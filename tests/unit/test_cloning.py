@@ -1,0 +1,124 @@
+"""Voice cloning's parts without a server: clips are checked for what they are, the catalogue shows a
+cloned voice to its owner only until it is public, names are held while voices are made, and a saved
+voice prompt given to an engine as it loads speaks as the clip does."""
+
+import numpy as np
+import pytest
+
+from tests.fakes import FakeSteppedEngine
+from tts_core.audio import encode
+from tts_core.catalogue import Catalogue
+from tts_core.cloning import ClonedVoice, ClonedVoices, read_clip
+from tts_core.config import Settings
+from tts_core.engines import ModelSpec
+from tts_core.errors import Conflict, InvalidRequest
+
+# --- clips ----------------------------------------------------------------------------------------
+
+RATE = 22050
+
+
+def tone(seconds: float, level: float = 0.3) -> np.ndarray:
+    t = np.arange(int(seconds * RATE)) / RATE
+    return (level * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t)) / 2).astype(np.float32)
+
+
+@pytest.mark.parametrize("format_name", ["wav", "mp3", "flac", "opus"])
+def test_a_clip_is_decoded_whatever_its_container(format_name):
+    clip = read_clip(encode(tone(4.0), RATE, format_name))
+    assert clip.duration_s == pytest.approx(4.0, abs=0.1) and clip.audio.dtype == np.float32
+
+
+@pytest.mark.parametrize("data, code", [
+    (encode(tone(1.5), RATE, "wav"), "audio_too_short"),
+    (encode(tone(31.0), RATE, "flac"), "audio_too_long"),
+    (encode(np.zeros(5 * RATE, np.float32), RATE, "wav"), "audio_silent"),
+    (encode(tone(5.0, level=0.001), RATE, "mp3"), "audio_silent"),
+    (b"GIF89a" + bytes(range(256)) * 40, "audio_unreadable"),
+    (b"", "audio_unreadable"),
+    (encode(tone(4.0), RATE, "aac"), "audio_unreadable"),  # audio, but not a container a voice may come in
+])
+def test_a_clip_that_cannot_make_a_voice_says_why(data, code):
+    with pytest.raises(InvalidRequest) as refused:
+        read_clip(data)
+    assert refused.value.param == "audio" and refused.value.code == code
+
+
+# --- the catalogue and names ----------------------------------------------------------------------
+
+
+def catalogue_with(clones: dict[str, ClonedVoice]) -> Catalogue:
+    engine = FakeSteppedEngine()
+    return Catalogue.build([ModelSpec.loaded(engine)], Settings(voice_aliases={}, model_aliases={}), clones)
+
+
+def test_a_private_voice_is_its_owners_and_looks_missing_to_others():
+    mine = ClonedVoice("mine", "fake-ar", "key:1", False, "/nowhere")
+    catalogue = catalogue_with({"mine": mine})
+    voice, model = catalogue.resolve("mine", caller="key:1")
+    assert (voice.name, voice.model, model) == ("mine", "fake-ar", "fake-ar")
+    for stranger in ("key:2", "ip:10.0.0.1", None):
+        with pytest.raises(InvalidRequest) as refused:
+            catalogue.resolve("mine", caller=stranger)
+        assert refused.value.code == "voice_not_found" and "mine" not in refused.value.message.split("available")[1]
+        assert "mine" not in [voice.name for voice in catalogue.voice_list(stranger)]
+    public = catalogue_with({"mine": ClonedVoice("mine", "fake-ar", "key:1", True, "/nowhere")})
+    assert public.resolve("mine", caller="key:2")[0].name == "mine"
+
+
+def test_a_name_is_held_while_it_is_made_and_each_caller_has_a_cap():
+    voices = ClonedVoices([ClonedVoice("mine", "fake-ar", "key:1", False, "/nowhere")])
+    catalogue = catalogue_with(voices.all())
+    with pytest.raises(Conflict):
+        with voices.reserving("fake-ar-voice", "key:1", catalogue, 20):  # a configured voice's name
+            pass
+    with voices.reserving("new", "key:2", catalogue, 20):
+        with pytest.raises(Conflict):
+            with voices.reserving("new", "key:3", catalogue, 20):
+                pass
+    with pytest.raises(Conflict) as capped:
+        with voices.reserving("second", "key:1", catalogue, 1):
+            pass
+    assert capped.value.code == "cloned_voice_limit"
+    with pytest.raises(InvalidRequest):
+        with voices.reserving("../escape", "key:1", catalogue, 20):
+            pass
+
+
+# --- a real engine: the saved prompt and the load hook ---------------------------------------------
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny tensors: two intra-op threads only wait on each other on a busy machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_saved_prompt_given_at_load_speaks_as_the_clip_does(tmp_path, one_torch_thread):
+    """What a restart relies on: the prompt file, given to a freshly loaded engine by the load hook,
+    makes the same audio as the latents the clip was encoded to, and not the default voice's."""
+    from bench.random_model import piper_speech
+    from tests.pocket_models import build_tiny_pocket, request
+    from tts_core.cloning import prompt_path, save_prompt
+    from tts_core.engines.pocket_tts import PocketTTSEngine
+
+    model = build_tiny_pocket(tmp_path / "tiny-pocket")
+    encoder = PocketTTSEngine(str(model), [], device="cpu", temperature=0.0, fixed_length=True)
+    latents = encoder.voice_prompt_from_audio(piper_speech(16000)[:64000], 16000)
+    path = prompt_path(tmp_path / "data", encoder.name, "cloned")
+    save_prompt(path, latents)
+    loaded = PocketTTSEngine(str(model), [], device="cpu", temperature=0.0, fixed_length=True)
+    voices = ClonedVoices([ClonedVoice("cloned", loaded.name, "key:1", False, str(path))])
+    voices.give_to(loaded)
+    encoder.add_voice("direct", latents)
+    assert voices.able[loaded.name] and "cloned" in [voice.name for voice in loaded.voices()]
+    text = "Hello there."
+    [cloned] = loaded.synthesize([request(loaded, text, "cloned")])
+    [direct] = encoder.synthesize([request(encoder, text, "direct")])
+    [default] = loaded.synthesize([request(loaded, text, "default")])
+    assert np.allclose(cloned, direct, atol=1e-5) and not np.allclose(cloned, default)

@@ -1,0 +1,302 @@
+"""Voice cloning: a caller's clip becomes a voice of a model that can clone.
+
+A model can clone when its engine has `voice_prompt_from_audio(audio, sample_rate) -> latents`,
+`add_voice(name, latents)` and `remove_voice(name)` (Pocket TTS; VibeVoice has the same hooks).
+
+- `read_clip` decodes an upload with PyAV (what the bytes are, never what a file name says) and checks
+  it: audio at all, in an accepted container, 3 to 30 s long, not silent.
+- A cloned voice's prompt is a file, the latents in safetensors under `audio_prompt_latents` (as a
+  Pocket TTS voice file holds them), at <data dir>/voices/cloned/<model>/<name>.safetensors.
+- `ClonedVoices` is the set the server offers, swapped whole on every change like the catalogue, which
+  lists them and says who may use each. Its `give_to` is the load hook: a model that loads later (the
+  pool loads lazily, and after a restart) gets its cloned voices before its batcher starts.
+- `Cloner` makes the engine calls (encode a clip, add or remove a voice) on the engine's own thread
+  (Batcher.run_on_engine), never beside a step; the model is loaded first if it is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import itertools
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import av
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from .errors import ChorusError, Conflict, InvalidRequest, SynthesisError
+from .queue import QueueClosed
+
+if TYPE_CHECKING:
+    from .cache import AudioCache
+    from .catalogue import Catalogue
+    from .engines import Engine
+    from .pool import ModelPool
+
+log = logging.getLogger(__name__)
+
+MIN_CLIP_S, MAX_CLIP_S = 3.0, 30.0
+CONTAINERS = {"wav", "mp3", "flac", "ogg"}  # PyAV's names for what the bytes turned out to be
+# Speech is loud in at least a tenth of its 50 ms windows (-30 to -10 dBFS); a clip whose loudest tenth
+# stays under -50 dBFS is silence, hiss or hum.
+SILENCE_DBFS, WINDOW_S = -50.0, 0.05
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")  # also its file's name: no separators
+PROMPT_KEY = "audio_prompt_latents"
+MAX_TRANSCRIPT_CHARS = 2000
+
+
+# --- the clip ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Clip:
+    audio: np.ndarray  # float32 mono
+    sample_rate: int
+
+    @property
+    def duration_s(self) -> float:
+        return self.audio.size / self.sample_rate
+
+
+def _bad_clip(message: str, code: str) -> InvalidRequest:
+    return InvalidRequest(message, "audio", code)
+
+
+def read_clip(data: bytes) -> Clip:
+    """The upload as float32 mono at its own rate; InvalidRequest (param audio) saying what is wrong."""
+    not_audio = _bad_clip("the clip is not audio in one of wav, mp3, flac or ogg", "audio_unreadable")
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            if not CONTAINERS & set(container.format.name.split(",")) or not container.streams.audio:
+                raise not_audio
+            clip = _decoded(container)
+    except (av.error.FFmpegError, ValueError, EOFError):  # what PyAV raises on bytes that are not media
+        raise not_audio from None
+    if not clip.audio.size:
+        raise not_audio
+    if clip.duration_s < MIN_CLIP_S:
+        raise _bad_clip(f"the clip is {clip.duration_s:.1f} s long; a voice needs {MIN_CLIP_S:.0f} to "
+                        f"{MAX_CLIP_S:.0f} s", "audio_too_short")
+    if _loudness_dbfs(clip) < SILENCE_DBFS:
+        raise _bad_clip("the clip is silent (or nearly): record someone speaking", "audio_silent")
+    return clip
+
+
+def _decoded(container) -> Clip:
+    """Decoded and mixed down, stopping as soon as it is too long: a few compressed bytes can hold
+    hours of silence, which must not be decoded into memory."""
+    rate = container.streams.audio[0].sample_rate
+    if not rate:
+        raise ValueError("no sample rate")
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+    pieces: list[np.ndarray] = []
+    samples, limit = 0, int(MAX_CLIP_S * rate)
+    for frame in itertools.chain(container.decode(audio=0), [None]):  # None flushes the resampler
+        for out in resampler.resample(frame):
+            pieces.append(out.to_ndarray().reshape(-1))
+            samples += pieces[-1].size
+        if samples > limit:
+            raise _bad_clip(f"the clip is longer than {MAX_CLIP_S:.0f} s; a voice needs {MIN_CLIP_S:.0f} to "
+                            f"{MAX_CLIP_S:.0f} s", "audio_too_long")
+    audio = np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
+    return Clip(audio, rate)
+
+
+def _loudness_dbfs(clip: Clip) -> float:
+    """The level of the clip's loudest tenth of 50 ms windows."""
+    window = max(1, int(WINDOW_S * clip.sample_rate))
+    count = max(1, clip.audio.size // window)
+    windows = np.resize(clip.audio, count * window).reshape(count, window).astype(np.float64)
+    level = float(np.percentile(np.sqrt(np.mean(windows**2, axis=1)), 90))
+    return 20 * np.log10(max(level, 1e-10))
+
+
+# --- voice prompt files -----------------------------------------------------------------------------
+
+
+def prompt_path(data_dir: Path, model: str, name: str) -> Path:
+    return Path(data_dir) / "voices" / "cloned" / model / f"{name}.safetensors"
+
+
+def save_prompt(path: Path, latents: np.ndarray) -> None:
+    """Written beside, then moved into place: a crash never leaves half a file under the voice's name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    save_file({PROMPT_KEY: np.ascontiguousarray(latents, dtype=np.float32)}, str(partial))
+    os.replace(partial, path)
+
+
+def load_prompt(path: str | Path) -> np.ndarray:
+    return load_file(str(path))[PROMPT_KEY]
+
+
+# --- the voices offered -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClonedVoice:
+    name: str
+    model: str  # the loaded model (engine) that speaks it: its prompt is in that model's codec space
+    owner: str  # the caller that made it: "key:<id>" or "ip:<address>"
+    public: bool  # usable by everyone (an admin's decision), not only its owner
+    path: str  # its voice prompt file
+
+    def usable_by(self, caller: str | None) -> bool:
+        return self.public or caller == self.owner
+
+
+def can_clone(engine: Any) -> bool:
+    return all(callable(getattr(engine, hook, None))
+               for hook in ("voice_prompt_from_audio", "add_voice", "remove_voice"))
+
+
+class ClonedVoices:
+    """The cloned voices offered, and the names being made. The dict is swapped whole on each change,
+    so readers (a catalogue's build, a model's load) take it without the lock."""
+
+    def __init__(self, voices: Iterable[ClonedVoice] = ()):
+        self._voices: dict[str, ClonedVoice] = {voice.name: voice for voice in voices}
+        self._making: dict[str, str] = {}  # name -> owner, while its clip is encoded and stored
+        self._lock = threading.Lock()
+        self.able: dict[str, bool] = {}  # model -> whether it can clone (known once it has loaded)
+
+    def all(self) -> dict[str, ClonedVoice]:
+        return self._voices
+
+    def put(self, voice: ClonedVoice) -> None:
+        with self._lock:
+            self._voices = {**self._voices, voice.name: voice}
+
+    def drop(self, name: str) -> ClonedVoice | None:
+        with self._lock:
+            voice = self._voices.get(name)
+            self._voices = {known: other for known, other in self._voices.items() if known != name}
+            return voice
+
+    @contextmanager
+    def reserving(self, name: str, owner: str, catalogue: Catalogue, per_caller: int) -> Iterator[None]:
+        """Hold a new voice's name while it is made: 400 for a name that cannot be one, 409 for one
+        taken (any voice or alias, or one being made) or when the owner has as many as allowed."""
+        if not NAME_PATTERN.match(name):
+            raise InvalidRequest("a voice name is 1 to 48 letters, digits, '.', '_' or '-', starting with a "
+                                 "letter or digit", "name", "invalid_name")
+        with self._lock:
+            if name in catalogue.voices or name in catalogue.voice_aliases or name in self._making:
+                raise Conflict(f"voice name {name!r} is taken; choose another", "name", "voice_exists")
+            held = sum(voice.owner == owner for voice in self._voices.values())
+            held += sum(maker == owner for made, maker in self._making.items() if made not in self._voices)
+            if per_caller and held >= per_caller:
+                raise Conflict(f"you have {held} cloned voices, the most one caller may have "
+                               "(TTS_MAX_CLONED_VOICES_PER_CALLER); delete one first", "name", "cloned_voice_limit")
+            self._making[name] = owner
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._making.pop(name, None)
+
+    def give_to(self, engine: Engine) -> None:
+        """The load hook: a model that has just loaded gets its cloned voices (on the loader's thread,
+        before its batcher starts: nothing else calls the engine yet)."""
+        self.able[engine.name] = can_clone(engine)
+        for voice in self._voices.values() if self.able[engine.name] else ():
+            if voice.model == engine.name:
+                try:
+                    engine.add_voice(voice.name, load_prompt(voice.path))
+                except Exception:  # one unreadable file must not keep the model (or its other voices) away
+                    log.exception("cloned voice %s could not be given to %s", voice.name, engine.name)
+
+
+class Cloner:
+    """The engine's side of cloning: which model a clone goes to, its clip encoded, the voice added to
+    or removed from the engine and the catalogue. `publish` rebuilds the catalogue (blocking: it may
+    wait for a registry reload, so it runs in a worker thread)."""
+
+    def __init__(self, pool: ModelPool, voices: ClonedVoices, publish: Callable[[], None], cache: AudioCache):
+        self.pool, self.voices, self.publish, self.cache = pool, voices, publish, cache
+
+    def models(self) -> list[str]:
+        """The models a clone may go to: those that can clone, and those not loaded yet (whether they
+        can is known once they have loaded)."""
+        return [name for name, slot in self.pool.slots().items()
+                if not slot.retired and self.voices.able.get(name, True)]
+
+    def target(self, model: str, catalogue: Catalogue) -> str:
+        """The loaded model a clone for `model` (a model's own name, a model family or an alias) goes to;
+        400 (param model) when none can clone."""
+        slots = {name: slot for name, slot in self.pool.slots().items() if not slot.retired}
+        if model in slots:
+            candidates = [model]
+        else:
+            family = catalogue.resolve_model(model)
+            candidates = [name for name, slot in slots.items() if any(v.model == family for v in slot.spec.voices)]
+        able = [name for name in candidates if self.voices.able.get(name, True)]
+        if not able:
+            raise _cannot_clone(model, self.models())
+        return able[0]
+
+    async def encode(self, model: str, clip: Clip) -> np.ndarray:
+        """The clip's voice prompt, made by the model's codec on its engine's thread (loaded first)."""
+        try:
+            return await self._on_engine(model, lambda engine: engine.voice_prompt_from_audio(
+                clip.audio, clip.sample_rate), load=True, cloning=True)
+        except ChorusError:
+            raise
+        except Exception as error:
+            raise SynthesisError(f"the clip could not be encoded: {error}") from error
+
+    async def add(self, voice: ClonedVoice, latents: np.ndarray) -> None:
+        """Offer a new voice: to its engine first (a model loading from now on gets it from the load
+        hook), then in the catalogue, so no request names it before its engine has it."""
+        self.voices.put(voice)
+        try:
+            await self._on_engine(voice.model, lambda engine: engine.add_voice(voice.name, latents), load=True)
+        except BaseException:
+            self.voices.drop(voice.name)
+            raise
+        self.cache.drop_voice(voice.name)  # a deleted voice's audio, cached by a request still running then
+        await asyncio.to_thread(self.publish)
+
+    async def remove(self, name: str) -> None:
+        """Out of the catalogue first (no new request names it), then off its engine if it is loaded.
+        Requests already running keep their voice."""
+        voice = self.voices.drop(name)
+        await asyncio.to_thread(self.publish)
+        self.cache.drop_voice(name)  # a new voice may take the name: it must not get this one's audio
+        if voice is not None:
+            await self._on_engine(voice.model, lambda engine: engine.remove_voice(name), load=False)
+
+    async def set_public(self, name: str, public: bool) -> None:
+        voice = self.voices.all().get(name)
+        if voice is not None:
+            self.voices.put(replace(voice, public=public))
+            await asyncio.to_thread(self.publish)
+
+    async def _on_engine(self, model: str, call: Callable[[Any], Any], load: bool, cloning: bool = False) -> Any:
+        """call(engine) on the model's engine thread; the model is loaded first when `load`, else
+        nothing is done (None) unless it is loaded. A model unloaded meanwhile is asked for again."""
+        while True:
+            batcher = await self.pool.batcher(model) if load else self.pool.loaded().get(model)
+            if batcher is None:
+                return None
+            if cloning and not can_clone(batcher.engine):
+                raise _cannot_clone(model, self.models())
+            try:
+                future = batcher.run_on_engine(lambda engine=batcher.engine: call(engine))
+            except QueueClosed:
+                continue
+            return await asyncio.wrap_future(future)
+
+
+def _cannot_clone(model: str, able: list[str]) -> InvalidRequest:
+    return InvalidRequest(f"model {model!r} cannot clone voices; models that can: {', '.join(able) or 'none'}",
+                          "model", "model_cannot_clone")
