@@ -24,6 +24,7 @@ from api import build_api
 from api.access import AccessControl
 from api.connections import request_deadline_protocol
 from api.logs import redacting_handler
+from clones import stored_clones
 from jobs import JobRunner
 from storage import Storage, StorageError
 from storage.request_log import RequestLogWriter
@@ -48,9 +49,12 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
     storage, models = prepare(settings, engines)
     try:
         access = AccessControl(storage, settings, lambda: service.degrade.settings)
+        clones = stored_clones(storage, settings.data_dir, [model.name for model in models])
     except ValueError as error:  # TTS_RATELIMIT_STORAGE or TTS_TRUSTED_PROXIES, named in the message
         raise StartupError(str(error)) from None
-    service = SpeechService(settings, models, Metrics())
+    except StorageError as error:
+        raise StartupError(f"the database (TTS_DATABASE_URL) cannot be read: {error}") from None
+    service = SpeechService(settings, models, Metrics(), clones=clones)
     request_log = RequestLogWriter(storage)
     control = OperatorControl(storage, service, request_log, defaults=settings.operator_defaults)
     control.reload()  # stored settings apply before the first request
@@ -76,12 +80,16 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
         return await access.admit(None, request.client.host if request.client else None,
                                   request.headers.get("x-forwarded-for"))
 
+    def identify_ui(request: gr.Request):
+        return access.identify(None, request.client.host if request.client else None,
+                               request.headers.get("x-forwarded-for"))
+
     api = build_api(service, access, request_log, lifespan)
     api.state.control, api.state.monitor, api.state.admin_gate = control, monitor, gate
     api.state.jobs = job_runner
     api.include_router(admin_router)
-    page = build_ui(service, admit_ui, request_log,
-                    [lambda: build_admin_tab(service, monitor, control, access, gate)])
+    page = build_ui(service, admit_ui, identify_ui, api.state.clones, request_log,
+                    [lambda: build_admin_tab(service, monitor, control, access, gate, api.state.clones)])
     app = gr.mount_gradio_app(api, page, path="/")
     calm_gradio_queue(page)
     return app

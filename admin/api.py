@@ -1,4 +1,5 @@
-"""Admin REST API: /admin/api/settings, audit, stats, keys and voices/reload, behind a bearer token."""
+"""Admin REST API: /admin/api/settings, audit, stats, keys, voices/reload and cloned voices, behind a bearer
+token."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, Field
 
-from api.schemas import error_responses
+from api.schemas import VoiceName, error_responses
 from storage import StorageError
 from tts_core.access import Tier, client_address
 from tts_core.degrade import OperatorSettings
@@ -153,3 +154,32 @@ async def reload_voices(request: Request, actor: str = Depends(require_admin)):
     except StorageError:  # the reload happened; a failing audit write must not hide that
         summary = {**summary, "audit_error": StorageUnavailable().message}
     return {**summary, "voices": [voice.name for voice in service.catalogue.voice_list()]}
+
+
+# --- cloned voices --------------------------------------------------------------------------------
+
+
+def cloned_view(record: dict) -> dict:
+    """A cloned voice as the admin sees it (its file stays inside)."""
+    moments = {key: record[key].isoformat() for key in ("created_at", "consent_at") if key in record}
+    return {key: value for key, value in record.items() if key != "path"} | moments
+
+
+class PublicFlag(BaseModel):
+    public: bool = Field(description="true: everyone may use the voice; false: its owner only")
+
+
+@router.get("/voices/cloned", responses=error_responses(503))
+async def list_cloned(request: Request, _: str = Depends(require_admin)) -> dict:
+    return {"object": "list", "data": [cloned_view(row) for row in await request.app.state.clones.listing()]}
+
+
+@router.delete("/voices/cloned/{name}", responses=error_responses(404, 503))
+async def delete_cloned(request: Request, name: VoiceName = Path(), actor: str = Depends(require_admin)) -> dict:
+    return cloned_view(await request.app.state.clones.delete(name, actor))
+
+
+@router.put("/voices/cloned/{name}/public", responses=error_responses(404, 503))
+async def publish_cloned(body: PublicFlag, request: Request, name: VoiceName = Path(),
+                         actor: str = Depends(require_admin)) -> dict:
+    return cloned_view(await request.app.state.clones.set_public(name, body.public, actor))

@@ -1,7 +1,9 @@
-"""The Admin tab: live charts, degrade state, the settings form and the audit log, behind a token."""
+"""The Admin tab: live charts, degrade state, the settings form, API keys, cloned voices and the audit log,
+behind a token."""
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 
@@ -9,10 +11,11 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from api.access import AccessControl
+from clones import VoiceClones
 from storage import StorageError
 from tts_core.access import client_address
 from tts_core.degrade import OperatorSettings
-from tts_core.errors import InvalidSetting, StorageUnavailable
+from tts_core.errors import ChorusError, InvalidSetting, StorageUnavailable
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
 
@@ -32,6 +35,7 @@ CHARTS = [  # (title, [(series key, label)], y axis title)
 ]
 AUDIT_COLUMNS = ["time", "actor", "setting", "old value", "new value"]
 KEY_COLUMNS = ["id", "prefix", "name", "tier", "created", "revoked"]
+CLONE_COLUMNS = ["name", "model", "owner", "public", "created", "duration (s)"]
 
 
 def _figure(points: list[dict], title: str, lines: list[tuple[str, str]], y_title: str) -> go.Figure:
@@ -90,6 +94,47 @@ def _key_rows(access: AccessControl) -> list[list]:
     return [[k["id"], k["prefix"] + "…", k["name"], k["tier"], k["created_at"], k["revoked_at"] or ""] for k in keys]
 
 
+async def _clone_rows(clones: VoiceClones) -> list[list]:
+    try:
+        rows = await clones.listing()
+    except StorageError:
+        return []
+    return [[v["name"], v["model"], v["owner"], "yes" if v["public"] else "no",
+             v["created_at"].strftime("%Y-%m-%d %H:%M:%S"), v["duration_s"]] for v in rows]
+
+
+def _render_clones(signed_in: gr.State, clones: VoiceClones) -> gr.Dataframe:
+    """The cloned voices section: the list, and delete / make public / make private (each audited).
+    Returns the table, filled when the admin signs in."""
+    gr.Markdown("### Cloned voices")
+    table = gr.Dataframe(headers=CLONE_COLUMNS, interactive=False)
+    with gr.Row():
+        name = gr.Textbox(label="cloned voice", scale=2)
+        buttons = {action: gr.Button(label, variant=variant, scale=1) for action, label, variant in
+                   (("public", "Make public", "secondary"), ("private", "Make private", "secondary"),
+                    ("delete", "Delete", "stop"))}
+    message = gr.Markdown()
+
+    async def act(action: str, is_signed_in: bool, voice: str):
+        if not is_signed_in or not voice:
+            return "Give the name of a cloned voice.", gr.skip()
+        try:
+            if action == "delete":
+                await clones.delete(voice.strip(), "admin-ui")
+            else:
+                await clones.set_public(voice.strip(), action == "public", "admin-ui")
+        except ChorusError as error:
+            return f"Not done: {error.message}", gr.skip()
+        except StorageError:
+            return f"Not done: {StorageUnavailable().message}", gr.skip()
+        done = {"delete": "deleted", "public": "public now", "private": "private now"}[action]
+        return f"Voice {voice.strip()} is {done}.", await _clone_rows(clones)
+
+    for action, button in buttons.items():
+        button.click(functools.partial(act, action), [signed_in, name], [message, table], api_visibility="private")
+    return table
+
+
 def _address(request: gr.Request | None, access: AccessControl) -> str:
     peer = request.client.host if request is not None and request.client else None
     forwarded = request.headers.get("x-forwarded-for") if request is not None else None
@@ -97,9 +142,10 @@ def _address(request: gr.Request | None, access: AccessControl) -> str:
 
 
 def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorControl, access: AccessControl,
-                    gate: AdminGate) -> None:
-    """Render the tab inside the current gr.Blocks. Its handlers are plain functions: Gradio runs them in
-    worker threads, so their database calls never hold up the event loop."""
+                    gate: AdminGate, clones: VoiceClones) -> None:
+    """Render the tab inside the current gr.Blocks. Its handlers are plain functions (Gradio runs them in
+    worker threads) or, for cloned voices, coroutines whose storage calls run in worker threads: the
+    database is never waited on from the event loop."""
     with gr.Tab("Admin"):
         if not gate.enabled:
             gr.Markdown("### Admin is disabled\nSet `TTS_ADMIN_TOKEN` and restart to enable the dashboard.")
@@ -147,6 +193,7 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
             with gr.Row():
                 revoke_id = gr.Number(label="key id to revoke", precision=0, scale=2)
                 revoke = gr.Button("Revoke key", variant="stop", scale=1)
+            clones_table = _render_clones(signed_in, clones)
             gr.Markdown("### Audit log")
             audit = gr.Dataframe(headers=AUDIT_COLUMNS, interactive=False)
         timer = gr.Timer(1.0)
@@ -167,9 +214,12 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
             return [True, gr.update(visible=False), gr.update(visible=True), "",
                     _audit_rows(control), _key_rows(access), *form_values()]
 
+        async def list_clones(is_signed_in: bool):
+            return await _clone_rows(clones) if is_signed_in else gr.skip()
+
         login.click(sign_in, [token], [signed_in, login_box, panel, login_message, audit, keys_table,
                                        *inputs.values()],
-                    api_visibility="private")
+                    api_visibility="private").then(list_clones, [signed_in], [clones_table], api_visibility="private")
 
         def refresh(is_signed_in: bool):
             if not is_signed_in:

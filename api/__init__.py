@@ -1,4 +1,4 @@
-"""The HTTP API: OpenAI-compatible speech, catalogue, probes, status and metrics."""
+"""The HTTP API: OpenAI-compatible speech, catalogue and voice cloning, probes, status and metrics."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import time
 
 from fastapi import FastAPI
 
+from clones import VoiceClones
 from storage.request_log import RequestLogWriter
 from tts_core.metrics import Metrics
 from tts_core.service import SpeechService
 
-from . import jobs, speech, speech_socket, system
+from . import jobs, speech, speech_socket, system, voices
 from .access import AccessControl
 from .connections import OpenSockets
 from .errors import install_error_handlers
@@ -62,14 +63,16 @@ def build_api(service: SpeechService, access: AccessControl, request_log: Reques
     app.state.service = service
     app.state.access = access
     app.state.request_log = request_log
+    app.state.clones = VoiceClones(access.storage, service)
     app.state.open_sockets = OpenSockets(service.settings.ws_max_per_caller)
     install_error_handlers(app)
     app.include_router(speech.router)
     app.include_router(speech_socket.router)
     app.include_router(jobs.router)
+    app.include_router(voices.router)
     app.include_router(system.router)
     app.include_router(system.fallback)  # last: catches only what no route above matched
-    app.state.api_routes = [*speech.router.routes, *jobs.router.routes, *system.router.routes]
+    app.state.api_routes = [*speech.router.routes, *jobs.router.routes, *voices.router.routes, *system.router.routes]
     app.add_middleware(RequestAccounting, metrics=service.metrics, request_log=request_log)
     app.add_middleware(UploadLimit, access=access, settings=service.settings)  # the UI's, mounted on this app
     app.add_middleware(BodySizeLimit, max_bytes=service.settings.max_body_bytes)

@@ -40,20 +40,6 @@ async def get_model(model_id: str, request: Request):
     return _model_card(model_id)
 
 
-@router.get("/v1/audio/voices", tags=["catalogue"])
-async def list_voices(request: Request) -> dict:
-    catalogue = _service(request).catalogue
-    aliases: dict[str, list[str]] = {}
-    for alias, target in catalogue.voice_aliases.items():
-        aliases.setdefault(target, []).append(alias)
-    return {"object": "list", "default": catalogue.default_voice, "data": [
-        {"id": voice.name, "object": "voice", "model": voice.model, "engine": engine,
-         "language": voice.language, "speaker": voice.speaker, "sample_rate": voice.sample_rate,
-         "speed": voice.speed,
-         "aliases": sorted(aliases.get(voice.name, []))}
-        for voice, engine in catalogue.voices.values()]}
-
-
 @router.get("/health", tags=["probes"])
 async def health() -> dict:
     return {"status": "ok"}

@@ -1,4 +1,6 @@
-"""The Gradio synthesis tab. It submits through the same SpeechService (and batcher) as the API."""
+"""The Gradio synthesis tab. It submits through the same SpeechService (and batcher) as the API, and
+clones voices through the same VoiceClones; the voice list is the browser's caller's (its own cloned
+voices, and the public ones)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,13 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 
+from clones import VoiceClones
+from storage import StorageError
 from storage.request_log import RequestLogWriter
 from tts_core.access import Caller
 from tts_core.admission import MAX_SPEED, MIN_SPEED
 from tts_core.audio import encode
-from tts_core.errors import ChorusError
+from tts_core.errors import ChorusError, InvalidRequest, StorageUnavailable
 from tts_core.service import SpeechService
 
 log = logging.getLogger(__name__)
@@ -35,10 +39,18 @@ def _prune(folder: Path, older_than_s: float) -> None:
 
 
 Admit = Callable[[gr.Request], Awaitable[tuple[Caller, object]]]  # identifies and rate-limits a UI caller
+Identify = Callable[[gr.Request], Caller]  # identifies a UI caller (counting nothing)
 
 
-def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter | None = None,
-             extra_tabs: Sequence[Callable[[], None]] = ()) -> gr.Blocks:
+def _read_upload(path: str, limit: int) -> bytes:
+    """The clip Gradio kept; its upload was bounded already, this keeps a recording to the API's limit."""
+    if Path(path).stat().st_size > limit:
+        raise InvalidRequest(f"the clip is larger than {limit} bytes (TTS_MAX_BODY_BYTES)", "audio", "body_too_large")
+    return Path(path).read_bytes()
+
+
+def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: VoiceClones,
+             request_log: RequestLogWriter | None = None, extra_tabs: Sequence[Callable[[], None]] = ()) -> gr.Blocks:
     """The app's page: the synthesis tab, then each extra tab (the composition root adds Admin)."""
     # Gradio encodes a streaming player's audio with ffmpeg; without it the player gets the whole file.
     streaming = shutil.which("ffmpeg") is not None
@@ -93,9 +105,53 @@ def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter
             return "", gr.Timer(active=False)
         return "**Warming up:** requests wait until the voices are loaded and calibrated.", gr.Timer(active=True)
 
-    def voice_choices() -> list[tuple[str, str]]:
-        return [(f"{voice.name} ({voice.language}, {engine})", voice.name)
-                for voice, engine in service.catalogue.voices.values()]
+    def caller_of(request: gr.Request) -> str | None:
+        try:
+            return identify(request).identity
+        except ChorusError:  # no key where keys are required: the voices everyone may use
+            return None
+
+    def voice_choices(caller: str | None = None) -> list[tuple[str, str]]:
+        catalogue = service.catalogue
+        return [(f"{voice.name} ({voice.language}, {engine}{', cloned' if voice.name in catalogue.clones else ''})",
+                 voice.name) for voice, engine in catalogue.visible_voices(caller)]
+
+    async def clone(clip: str | None, name: str, model: str | None, transcript: str, consent: bool,
+                    request: gr.Request):
+        """A voice from the clip, then the caller's voice list with it chosen."""
+        try:
+            caller, _ = await admit(request)
+            if not clip:
+                raise InvalidRequest("record or upload a clip of the voice first", "audio")
+            data = await asyncio.to_thread(_read_upload, clip, service.settings.max_body_bytes)
+            record = await clones.create(caller, data, (name or "").strip(), model or "", bool(consent),
+                                         transcript.strip() or None)
+        except ChorusError as error:
+            raise gr.Error(error.message) from None
+        except StorageError:
+            raise gr.Error(StorageUnavailable().message) from None
+        return (f"Voice **{record['name']}** is ready ({record['duration_s']:.1f} s clip); it is yours to use "
+                "until an admin makes it public.",
+                gr.Dropdown(choices=voice_choices(caller.identity), value=record["name"]))
+
+    def render_cloning(voice: gr.Dropdown) -> gr.Dropdown:
+        """The "Clone a voice" panel; returns its model list (refreshed as the page loads)."""
+        with gr.Accordion("Clone a voice", open=False):
+            gr.Markdown("Upload or record 3 to 30 s of one person speaking (wav, mp3, flac or ogg). "
+                        "The new voice is yours to use; an admin may make it public.")
+            with gr.Row():
+                clip = gr.Audio(sources=["upload", "microphone"], type="filepath", label="Clip", scale=2)
+                with gr.Column(scale=2):
+                    name = gr.Textbox(label="Voice name", max_length=48, placeholder="letters, digits, . _ -")
+                    models = service.cloner.models()
+                    model = gr.Dropdown(models, value=models[0] if models else None, label="Model (one that can clone)")
+                    transcript = gr.Textbox(label="What the clip says (optional)", lines=2)
+                    consent = gr.Checkbox(label="The speaker consents to this clone of their voice")
+                    clone_button = gr.Button("Clone", elem_id="clone-voice")
+            result = gr.Markdown()
+            clone_button.click(clone, [clip, name, model, transcript, consent], [result, voice],
+                               api_name="clone_voice", concurrency_limit=4)
+        return model
 
     with gr.Blocks(title="Chorus", delete_cache=(KEEP_FILES_S, KEEP_FILES_S)) as demo:
         gr.Markdown("# Chorus\nType text, pick a voice, hear it. "
@@ -116,10 +172,17 @@ def build_ui(service: SpeechService, admit: Admit, request_log: RequestLogWriter
             download = gr.File(label="The whole text, in the chosen format", interactive=False)
             button.click(synthesize, [text, voice, speed, response_format], [player, download],
                          api_name="synthesize", concurrency_limit=None)
+            clone_models = render_cloning(voice)
         for render_tab in extra_tabs:
             render_tab()
         warm_up_timer = gr.Timer(1.0, active=False)
         demo.load(readiness, None, [status, warm_up_timer])
-        demo.load(lambda: gr.Dropdown(choices=voice_choices()), None, voice)  # the registry may have been reloaded
+
+        def page_choices(request: gr.Request):  # the caller's, and the registry may have been reloaded
+            models = service.cloner.models()
+            return (gr.Dropdown(choices=voice_choices(caller_of(request))),
+                    gr.Dropdown(choices=models, value=models[0] if models else None))
+
+        demo.load(page_choices, None, [voice, clone_models])
         warm_up_timer.tick(readiness, None, [status, warm_up_timer], api_visibility="private")
     return demo
