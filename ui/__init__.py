@@ -125,7 +125,7 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
                 raise InvalidRequest("record or upload a clip of the voice first", "audio")
             data = await asyncio.to_thread(_read_upload, clip, service.settings.max_body_bytes)
             record = await clones.create(caller, data, (name or "").strip(), model or "", bool(consent),
-                                         transcript.strip() or None)
+                                         (transcript or "").strip() or None)
         except ChorusError as error:
             raise gr.Error(error.message) from None
         except StorageError:
