@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 from bench.load import closed_loop, open_loop, summarize
-from bench.report import write_docs, write_html
+from bench.report import LOWER_IS_BETTER, write_docs, write_html
 from bench.server import ROOT, ServerProcess, start_ray_peer, start_server
 from bench.soak import main as soak
 from bench.workload import texts
@@ -71,8 +71,6 @@ STEPPED_TARGETS = {"chorus_vs_sequential": 2.0, "chorus_vs_static": 1.3, "chorus
                    "first_audio_p95_vs_idle_p50": 2.0, "short_p95_vs_static": 0.5}
 STEPPED_PLAN = {"workloads": ["mixed"], "clients": 16, "streams": 8, "stream_workload": "mixed",
                 "ceiling_sizes": [1, 4, 16]}
-LOWER_IS_BETTER = {"short_p95_vs_sequential", "short_p95_vs_static", "idle_ms_over_raw",
-                   "first_audio_p95_vs_idle_p50"}
 # Voices the benchmark builds itself (random weights, no download): name -> (bench.random_model kind, tiny)
 BUILT_VOICES = {"pocket-random": ("pocket_tts", False), "pocket-tiny": ("pocket_tts", True)}
 # Degrade mode, the cache and admission by predicted wait (the longest target allowed) are off: the
