@@ -29,9 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 from transformers import (
-    GenerationConfig,
     PocketTTSAudioTokenizerConfig,
     PocketTTSAudioTokenizerModel,
     PocketTTSConfig,
@@ -42,8 +40,8 @@ from transformers import (
 
 from ..request import SynthesisRequest
 from .base import Voice, VoiceSpec
-from .pocket_codec import DecoderState, StreamingDecoder, encode_voice, read_clip
-from .stepped_torch import SlotCache, TorchSteppedEngine, model_folder, prompted_voices, voice_files
+from .pocket_codec import DecoderState, StreamingDecoder, encode_voice
+from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
 from .vits import _loading
 
 MODEL_KIND = "pocket_tts"
@@ -90,6 +88,8 @@ class _Running:
 
 
 class PocketTTSEngine(TorchSteppedEngine):
+    model_kind, prompt_key = MODEL_KIND, PROMPT_KEY
+
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
                  name: str | None = None, max_running: int = 16, fixed_length: bool = False,
                  temperature: float = 0.7, seed: int | None = None):
@@ -134,32 +134,21 @@ class PocketTTSEngine(TorchSteppedEngine):
         self._decoder = StreamingDecoder(self.codec)
         fade = int(self.processor.fade_in_duration * self.sample_rate)
         self._fade_in = np.linspace(0.0, 1.0, fade, dtype=np.float32)  # the processor's, on the first piece
-        generation = self.model.generation_config or GenerationConfig()
-        for key, default in GENERATION_DEFAULTS.items():
-            setattr(self, key, default if getattr(generation, key, None) is None else getattr(generation, key))
+        for key, value in generation_values(self.model, GENERATION_DEFAULTS).items():
+            setattr(self, key, value)
         config = self.model.config
         has_voice_bos = self.processor.audio_prompt_bos_token is not None
         self._voice_bos = [config.audio_prompt_bos_token_id] if has_voice_bos else []
 
     # --- voices ---------------------------------------------------------------------------------
 
-    def _read_prompt(self, path: Path) -> np.ndarray:
-        if path.suffix == ".safetensors":
-            return load_file(str(path))[PROMPT_KEY].float().numpy()
-        return self.voice_prompt_from_audio(read_clip(path, self.sample_rate), self.sample_rate)
-
     def voice_prompt_from_audio(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
         """A voice clip (float mono at any rate) -> its voice prompt, latents (frames, latent_dim), to
         pass to `add_voice` or to save as `audio_prompt_latents` in a .safetensors file."""
         return encode_voice(self.codec, self.processor.feature_extractor, audio, sample_rate)
 
-    def add_voice(self, name: str, latents: np.ndarray) -> Voice:
-        """Offer (or replace) a voice with this prompt. Requests already running keep their voice. Any
-        thread may call it (and remove_voice)."""
-        prompt = torch.as_tensor(np.asarray(latents, dtype=np.float32))
-        if prompt.ndim != 2 or prompt.shape[0] == 0 or prompt.shape[1] != self.model.config.latent_dim:
-            raise ValueError(f"a voice prompt is (frames, {self.model.config.latent_dim}), not {tuple(prompt.shape)}")
-        return self._offer(prompted_voices(MODEL_KIND, [name], self._specs, self.sample_rate)[0], prompt)
+    def _prompt_width(self) -> int:
+        return int(self.model.config.latent_dim)
 
     # --- text and budgets -----------------------------------------------------------------------
 

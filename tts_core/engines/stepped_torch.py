@@ -7,10 +7,14 @@ import math
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
+from safetensors.torch import load_file
+from transformers import GenerationConfig
 
 from ..request import SynthesisRequest
 from .base import EngineUnavailable, SteppedEngine, Voice, VoiceSpec
+from .pocket_codec import read_clip
 from .vits import DTYPES, _offline, resolve_device
 
 DEFAULT_VOICE = "default"  # the shipped voice a registry voice without a prompt speaks with
@@ -60,6 +64,13 @@ def prompted_voices(kind: str, names: Sequence[str], specs: Sequence[VoiceSpec],
     """Voice-prompted models have no speaking-rate input."""
     languages = {spec.name: spec.language for spec in specs}
     return [Voice(name, kind, languages.get(name) or "und", sample_rate, speed_control=False) for name in names]
+
+
+def generation_values(model, defaults: dict) -> dict:
+    """The model's generation config's values for these keys, the defaults where it sets none."""
+    generation = model.generation_config or GenerationConfig()
+    return {key: default if getattr(generation, key, None) is None else getattr(generation, key)
+            for key, default in defaults.items()}
 
 
 # --- the cache ------------------------------------------------------------------------------------
@@ -131,9 +142,12 @@ class SlotCache:
 class TorchSteppedEngine(SteppedEngine):
     """A stepped engine on torch with voice prompts. Subclasses keep `_rows` (running requests by cache
     row, each with its `length`), `_running` (the same, by request, in the order they joined) and
-    `_cache` (a SlotCache), and say which modules hold their weights (`_weights`)."""
+    `_cache` (a SlotCache); they say which modules hold their weights (`_weights`), how wide a voice
+    prompt's latents are (`_prompt_width`) and how a clip becomes a prompt (`voice_prompt_from_audio`)."""
 
     out_of_memory_errors = (MemoryError, torch.cuda.OutOfMemoryError)
+    model_kind: str  # what its voices name as their model
+    prompt_key: str  # the tensor a voice file holds: (frames, width)
     _cache: SlotCache
 
     def _place(self, source: str, device: str, dtype: str, name: str | None, seed: int | None) -> None:
@@ -147,12 +161,19 @@ class TorchSteppedEngine(SteppedEngine):
             self._generator.seed()
         else:
             self._generator.manual_seed(seed)
+        self._specs: list[VoiceSpec] = []
         self._prompts: dict[str, torch.Tensor] = {}
         self._voices: list[Voice] = []
         self._rows: list = []
         self._running: dict[SynthesisRequest, object] = {}
 
     def _weights(self) -> list[torch.nn.Module]:
+        raise NotImplementedError
+
+    def _prompt_width(self) -> int:
+        raise NotImplementedError
+
+    def voice_prompt_from_audio(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
         raise NotImplementedError
 
     # --- voices ---------------------------------------------------------------------------------
@@ -163,11 +184,22 @@ class TorchSteppedEngine(SteppedEngine):
     def batch_key(self, voice: str, speed: float) -> Hashable:
         return self.name  # any voices run together, and there is no speaking rate
 
-    def _offer(self, voice: Voice, prompt: torch.Tensor) -> Voice:
-        """Offer (or replace) a voice. Any thread may call it (and remove_voice): the tables are swapped
-        whole, and requests already running keep their voice."""
-        self._prompts = {**self._prompts, voice.name: prompt.to(self.device)}
-        self._voices = [known for known in self._voices if known.name != voice.name] + [voice]
+    def _read_prompt(self, path: Path) -> np.ndarray:
+        """A voice file: .safetensors latents, else an audio clip (encoded now)."""
+        if path.suffix == ".safetensors":
+            return load_file(str(path))[self.prompt_key].float().numpy()
+        return self.voice_prompt_from_audio(read_clip(path, self.sample_rate), self.sample_rate)
+
+    def add_voice(self, name: str, latents: np.ndarray) -> Voice:
+        """Offer (or replace) a voice with this prompt, latents (frames, width). Any thread may call it (and
+        remove_voice): the tables are swapped whole, and requests already running keep their voice."""
+        prompt = torch.as_tensor(np.asarray(latents, dtype=np.float32))
+        width = self._prompt_width()
+        if prompt.ndim != 2 or prompt.shape[0] == 0 or prompt.shape[1] != width:
+            raise ValueError(f"a voice prompt is (frames, {width}), not {tuple(prompt.shape)}")
+        voice = prompted_voices(self.model_kind, [name], self._specs, self.sample_rate)[0]
+        self._prompts = {**self._prompts, name: prompt.to(self.device)}
+        self._voices = [known for known in self._voices if known.name != name] + [voice]
         return voice
 
     def remove_voice(self, name: str) -> None:

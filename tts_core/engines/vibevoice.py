@@ -35,13 +35,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 from transformers import (
-    GenerationConfig,
     VibeVoiceAcousticTokenizerFeatureExtractor,
     VibeVoiceConfig,
     VibeVoiceForConditionalGeneration,
@@ -50,8 +47,7 @@ from transformers import (
 
 from ..request import SynthesisRequest
 from .base import Voice, VoiceSpec
-from .pocket_codec import read_clip
-from .stepped_torch import SlotCache, TorchSteppedEngine, model_folder, prompted_voices, voice_files
+from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
 from .vibevoice_parts import DPMSolver, StreamCaches, encode_voice
 from .vits import _loading
 
@@ -91,6 +87,8 @@ class _Running:
 
 
 class VibeVoiceEngine(TorchSteppedEngine):
+    model_kind, prompt_key = MODEL_KIND, PROMPT_KEY
+
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
                  name: str | None = None, max_running: int = 16, fixed_length: bool = False,
                  temperature: float = 1.0, seed: int | None = None):
@@ -121,17 +119,16 @@ class VibeVoiceEngine(TorchSteppedEngine):
         self.sample_rate = int(self.processor.feature_extractor.sampling_rate)
         self.frame_size = int(config.audio_config.hop_length)
         self.frame_rate = self.sample_rate / self.frame_size
-        encode = self._encode
-        self._head = [*encode(SYSTEM_PROMPT + " Voice input:\n Speaker 0:"), config.audio_bos_token_id]
-        self._middle = [config.audio_eos_token_id, *encode("\n Text input:\n")]
-        self._tail = [*encode(" Speech output:\n"), config.audio_bos_token_id]
+        self._head = [*self._encode(SYSTEM_PROMPT + " Voice input:\n Speaker 0:"), config.audio_bos_token_id]
+        self._middle = [config.audio_eos_token_id, *self._encode("\n Text input:\n")]
+        self._tail = [*self._encode(" Speech output:\n"), config.audio_bos_token_id]
         allowed = sorted({config.audio_bos_token_id, config.audio_eos_token_id, config.audio_token_id,
                           config.eos_token_id})
         self._allowed = torch.tensor(allowed, device=self.device)
-        generation = self.model.generation_config or GenerationConfig()
-        for key, default in GENERATION_DEFAULTS.items():
-            setattr(self, key, default if getattr(generation, key, None) is None else getattr(generation, key))
-        self._scheduler = DPMSolver.from_config(getattr(generation, "noise_scheduler_config", None))
+        for key, value in generation_values(self.model, GENERATION_DEFAULTS).items():
+            setattr(self, key, value)
+        scheduler = getattr(self.model.generation_config, "noise_scheduler_config", None)
+        self._scheduler = DPMSolver.from_config(scheduler)
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -141,24 +138,13 @@ class VibeVoiceEngine(TorchSteppedEngine):
 
     # --- voices ---------------------------------------------------------------------------------
 
-    def _read_prompt(self, path: Path) -> np.ndarray:
-        if path.suffix == ".safetensors":
-            return load_file(str(path))[PROMPT_KEY].float().numpy()
-        return self.voice_prompt_from_audio(read_clip(path, self.sample_rate), self.sample_rate)
-
     def voice_prompt_from_audio(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
         """A voice clip (float mono at any rate) -> its voice prompt, acoustic latents (frames, latent_dim),
         to pass to `add_voice` or to save as `acoustic_latents` in a .safetensors file."""
         return encode_voice(self.model, self.processor.feature_extractor, audio, sample_rate)
 
-    def add_voice(self, name: str, latents: np.ndarray) -> Voice:
-        """Offer (or replace) a voice with this prompt. Requests already running keep their voice. Any
-        thread may call it (and remove_voice)."""
-        width = self.model.config.audio_config.hidden_size
-        prompt = torch.as_tensor(np.asarray(latents, dtype=np.float32))
-        if prompt.ndim != 2 or prompt.shape[0] == 0 or prompt.shape[1] != width:
-            raise ValueError(f"a voice prompt is (frames, {width}), not {tuple(prompt.shape)}")
-        return self._offer(prompted_voices(MODEL_KIND, [name], self._specs, self.sample_rate)[0], prompt)
+    def _prompt_width(self) -> int:
+        return int(self.model.config.audio_config.hidden_size)
 
     # --- text and budgets -----------------------------------------------------------------------
 
