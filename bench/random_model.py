@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import math
 import os
 import re
@@ -104,6 +105,7 @@ def byte_tokenizer() -> TokenizersBackend:
     return _wrapped(core, BYTE_VOCABULARY)
 
 
+@functools.cache  # parsed once a process: every trained tokenizer reads it
 def prose(limit_chars: int = 3_000_000) -> list[str]:
     """English docstrings of the installed transformers: a corpus that needs no download."""
     texts, total = [], 0
@@ -167,8 +169,9 @@ def piper_speech(sample_rate: int, text: str = VOICE_TEXT) -> np.ndarray:
     return resample(np.concatenate(piper.synthesize(items)), piper.sample_rate, sample_rate)
 
 
-def save_random_pocket(folder: Path, tiny: bool = False, seed: int = 0) -> Path:
-    """Write a random Pocket TTS (model, codec in folder/codec, processor, voices/default.safetensors)."""
+def save_random_pocket(folder: Path, tiny: bool = False, seed: int = 0, clip: np.ndarray | None = None) -> Path:
+    """Write a random Pocket TTS (model, codec in folder/codec, processor, voices/default.safetensors); the
+    voice from `clip` (float mono at the codec's rate) where given, else from the bundled Piper voice."""
     from tts_core.engines.pocket_codec import encode_voice
 
     folder = Path(folder)
@@ -185,7 +188,8 @@ def save_random_pocket(folder: Path, tiny: bool = False, seed: int = 0) -> Path:
                                          pad_to_multiple_of=frame_size)
     tokenizer = byte_tokenizer() if tiny else bpe_tokenizer()
     PocketTTSProcessor(features, tokenizer, chat_template=CHAT_TEMPLATE).save_pretrained(folder)
-    voice = encode_voice(codec, features, piper_speech(features.sampling_rate), features.sampling_rate)
+    clip = piper_speech(features.sampling_rate) if clip is None else clip
+    voice = encode_voice(codec, features, clip, features.sampling_rate)
     (folder / "voices").mkdir(exist_ok=True)
     save_file({"audio_prompt_latents": torch.from_numpy(voice)}, str(folder / "voices" / "default.safetensors"))
     return folder

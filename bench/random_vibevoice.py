@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -90,14 +91,16 @@ def random_vibevoice(size: str = "1.5b", seed: int = 0, device: str = "cpu") -> 
 
 
 def save_random_vibevoice(folder: Path, size: str = "1.5b", seed: int = 0, device: str = "cpu",
-                          dtype: torch.dtype = torch.float32) -> Path:
-    """Write a random VibeVoice (model in `dtype`, processor, voices/default.safetensors) to folder."""
+                          dtype: torch.dtype = torch.float32, clip: np.ndarray | None = None) -> Path:
+    """Write a random VibeVoice (model in `dtype`, processor, voices/default.safetensors) to folder; the
+    voice from `clip` (float mono at 24 kHz) where given, else from the bundled Piper voice."""
     from tts_core.engines.vibevoice_parts import encode_voice
 
     folder = Path(folder)
     model = random_vibevoice(size, seed, device)
     features = VibeVoiceAcousticTokenizerFeatureExtractor()
-    voice = encode_voice(model, features, piper_speech(features.sampling_rate), features.sampling_rate)
+    clip = piper_speech(features.sampling_rate) if clip is None else clip
+    voice = encode_voice(model, features, clip, features.sampling_rate)
     model.to(dtype).save_pretrained(folder)
     VibeVoiceProcessor(features, tokenizer(size)).save_pretrained(folder)
     (folder / "voices").mkdir(exist_ok=True)
