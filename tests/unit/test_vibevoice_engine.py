@@ -267,10 +267,15 @@ def test_the_tiny_model_serves_two_requests_at_once_through_the_batcher(loaded):
         async def both():
             return await asyncio.gather(service.synthesize("Hi.", "tiny"), service.synthesize("Hello you.", "other"))
 
+        async def streamed():
+            return [audio async for audio in await service.speak_stream("Hi.", "tiny", response_format="pcm")]
+
         short, long = asyncio.run(both())
         status = service.status()["engines"][engine.name]
+        pieces = asyncio.run(streamed())
     finally:
         service.stop()
     budgets = [engine.frames_needed(request(engine, text, "tiny")) for text in ["Hi.", "Hello you."]]
     assert [short.audio.size, long.audio.size] == [frames * engine.frame_size for frames in budgets]
     assert status["running"] == 0 and status["frames_per_step"] > 1  # they ran in the same steps
+    assert len(pieces) > 1 and sum(piece.size for piece in pieces) == short.audio.size  # frames as they came
