@@ -67,16 +67,30 @@ def _vits_kind(model: str, voices: list[VoiceSpec], name: str, settings: Setting
                                                                                   settings.dtype, name=name))
 
 
+def _stepped_options(voices: list[VoiceSpec]) -> dict:
+    """A stepped model's model-level options: any voice of the model may set them."""
+    options: dict = dict(fixed_length=any(voice.fixed_length for voice in voices))
+    max_running = [voice.max_running for voice in voices if voice.max_running]
+    if max_running:
+        options["max_running"] = max(max_running)
+    return options
+
+
 def _pocket_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings
                  ) -> tuple[list[Voice], Loader]:
     from .pocket_tts import PocketTTSEngine, describe_pocket_tts
 
-    # model-level options: any voice of the model may set them
-    options = dict(fixed_length=any(voice.fixed_length for voice in voices))
-    max_running = [voice.max_running for voice in voices if voice.max_running]
-    if max_running:
-        options["max_running"] = max(max_running)
+    options = _stepped_options(voices)
     return describe_pocket_tts(model, voices), _torch_loader(settings, lambda: PocketTTSEngine(
+        model, voices, settings.device, settings.dtype, name=name, **options))
+
+
+def _vibevoice_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings
+                    ) -> tuple[list[Voice], Loader]:
+    from .vibevoice import VibeVoiceEngine, describe_vibevoice
+
+    options = _stepped_options(voices)
+    return describe_vibevoice(model, voices), _torch_loader(settings, lambda: VibeVoiceEngine(
         model, voices, settings.device, settings.dtype, name=name, **options))
 
 
@@ -100,6 +114,7 @@ ENGINE_KINDS: dict[str, Callable[[str, list[VoiceSpec], str, Settings], tuple[li
     "piper": _piper_kind,
     "vits": _vits_kind,
     "pocket_tts": _pocket_kind,
+    "vibevoice": _vibevoice_kind,
 }
 
 
