@@ -32,10 +32,14 @@ CHARTS = [  # (title, [(series key, label)], y axis title)
     ("Cache hit rate", [("cache_hit_rate", "hit rate")], "fraction"),
     ("Job backlog", [("jobs_queued", "queued jobs"), ("jobs_oldest_s", "oldest waiting (s)")], ""),
     ("GPU", [("gpu_used_fraction", "memory used"), ("gpu_utilization_pct", "utilisation %")], ""),
+    ("Autoregressive engines", [("running_requests", "requests running"), ("steps_per_s", "steps per second"),
+                                ("frames_per_step", "frames per step")], ""),
 ]
 AUDIT_COLUMNS = ["time", "actor", "setting", "old value", "new value"]
 KEY_COLUMNS = ["id", "prefix", "name", "tier", "created", "revoked"]
 CLONE_COLUMNS = ["name", "model", "owner", "public", "created", "duration (s)"]
+ABSENT = {"GPU": "no GPU (NVML not available)",  # charts whose data may not exist here: what to say instead
+          "Autoregressive engines": "no autoregressive engine loaded"}
 
 
 def _figure(points: list[dict], title: str, lines: list[tuple[str, str]], y_title: str) -> go.Figure:
@@ -44,8 +48,8 @@ def _figure(points: list[dict], title: str, lines: list[tuple[str, str]], y_titl
     for key, label in lines:
         figure.add_trace(go.Scatter(x=times, y=[point.get(key) for point in points], name=label, mode="lines"))
     no_data = not points or all(point.get(key) is None for point in points for key, _ in lines)
-    if title == "GPU" and no_data:
-        figure.add_annotation(text="no GPU (NVML not available)", showarrow=False, font={"size": 16})
+    if title in ABSENT and no_data:
+        figure.add_annotation(text=ABSENT[title], showarrow=False, font={"size": 16})
         figure.update_xaxes(visible=False)
         figure.update_yaxes(visible=False)
     figure.update_layout(title=title, height=240, margin={"l": 40, "r": 10, "t": 40, "b": 30},

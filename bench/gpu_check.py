@@ -1,7 +1,7 @@
-"""GPU check: a random-weight VITS at MMS-TTS size through the real engine and the real batcher.
+"""GPU check: random-weight models at released sizes through the real engines and the real batchers.
 
     bash bench/gpu_check.sh --out DIR                     # on CUDA (a lent GPU): under 8 minutes
-    bash bench/gpu_check.sh --device cpu --quick --out DIR   # CPU smoke test (CI), tiny model
+    bash bench/gpu_check.sh --device cpu --quick --out DIR   # CPU smoke test (CI), tiny models
 
 1. Engine sweep: batch sizes 1..64 of length-sorted workload sentences (the best batches this
    engine can get): seconds per batch, audio seconds per second, real tokens per second, and
@@ -9,9 +9,16 @@
 2. Served: the same sentences through the batcher (queue, policy, batcher thread; in process,
    no HTTP) under a closed loop of concurrent clients, once per policy: sequential, static
    (8 items, 500 ms) and adaptive. Throughput, latency percentiles, realised batch sizes.
+3. Autoregressive (bench/gpu_stepped.py): a Pocket TTS at its released size and a VibeVoice at the
+   released 1.5 B layout through the stepped batcher, adaptive (continuous batching) against
+   sequential and static (request-level), 16 callers of mixed texts; audio seconds per second and
+   frames per step, and each engine's ceiling. A model whose part would end past the time budget is
+   skipped, and the JSON says so.
 
-Needs torch, transformers, numpy and prometheus_client only (what a bare GPU machine has).
-Weights are random: the audio is noise of a speech-like length, enough to time and size.
+Needs torch, transformers 5.23 (for Pocket TTS and VibeVoice: carry its wheel where the machine has an
+older one), numpy, tokenizers, safetensors and prometheus_client; no PyAV and no Piper (the random
+voices are made from noise). Weights are random: the audio is noise of a speech-like length, enough
+to time and size.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from bench import gpu_stepped
 from bench.random_vits import TINY, save_random_vits
 from bench.workload import texts
 from tts_core.batcher import Batcher
@@ -37,12 +45,13 @@ from tts_core.policy import make_policy
 from tts_core.queue import RequestQueue
 from tts_core.request import SynthesisRequest
 
-FULL = {"sizes": [1, 2, 4, 8, 16, 32, 64], "sweep_s": 6.0, "served_s": 40.0, "clients": 64, "sentences": 512}
+FULL = {"sizes": [1, 2, 4, 8, 16, 32, 64], "sweep_s": 5.0, "served_s": 25.0, "clients": 64, "sentences": 512}
 QUICK = {"sizes": [1, 2, 4, 8], "sweep_s": 1.0, "served_s": 4.0, "clients": 8, "sentences": 64}
 POLICIES = ["sequential", "static", "adaptive"]
 MAX_BATCH_SIZE = 64
 MAX_BATCH_TOKENS = 1 << 20  # the memory budget, not this, bounds batches on the GPU
 VOICE = "random"
+BUDGET_S = 470.0  # the whole check on an H200, under 8 minutes: a part that would end later is skipped
 
 
 def synchronize(device: str) -> None:
@@ -129,29 +138,17 @@ def served(engine: VitsEngine, policy_name: str, token_lists: list, clients: int
             "memory_token_budget": batcher.memory.tokens(), "out_of_memory": batcher.memory.out_of_memory_count}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--quick", action="store_true", help="tiny model, short runs (a smoke test)")
-    parser.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json")
-    args = parser.parse_args()
-    plan = QUICK if args.quick else FULL
-    args.out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    result: dict = {"device": args.device, "quick": args.quick, "torch": torch.__version__,
-                    "python": platform.python_version(), "plan": plan}
-    if args.device == "cuda":
-        result["gpu"] = torch.cuda.get_device_name(0)
-        result["gpu_memory_gb"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+def check_vits(device: str, quick: bool, plan: dict, result: dict) -> None:
+    """Parts 1 and 2: the VITS engine's sweep, then served per policy (into result)."""
     with tempfile.TemporaryDirectory() as folder:
-        model_dir = save_random_vits(Path(folder) / "random-mms", **(TINY if args.quick else {}))
-        engine = VitsEngine(str(model_dir), [VoiceSpec(VOICE, "en")], device=args.device)
+        model_dir = save_random_vits(Path(folder) / "random-mms", **(TINY if quick else {}))
+        engine = VitsEngine(str(model_dir), [VoiceSpec(VOICE, "en")], device=device)
     parameters = sum(p.numel() for p in engine.model.parameters())
-    result["model"] = {"config": "tiny" if args.quick else "VitsConfig defaults (MMS-TTS size)",
+    result["model"] = {"config": "tiny" if quick else "VitsConfig defaults (MMS-TTS size)",
                        "parameters_m": round(parameters / 1e6, 2), "sample_rate": engine.sample_rate}
     sentences = texts("mixed", plan["sentences"], seed=7)
     token_lists = [tokens for text in sentences for tokens in engine.tokenize(text, VOICE)]
-    print(f"{result['model']['config']}: {result['model']['parameters_m']} M parameters on {args.device}"
+    print(f"{result['model']['config']}: {result['model']['parameters_m']} M parameters on {device}"
           + (f" ({result['gpu']})" if "gpu" in result else ""), flush=True)
 
     print("engine sweep (length-sorted batches):", flush=True)
@@ -178,10 +175,31 @@ def main() -> None:
         "adaptive_vs_ceiling": round(by_policy["adaptive"] / ceiling, 3),
     }
     result["targets"] = {"adaptive_vs_static": 1.4, "adaptive_vs_ceiling": 0.8}
-    result["total_s"] = round(time.perf_counter() - started, 1)
     for name, value in result["ratios"].items():
         target = result["targets"].get(name)
         print(f"  {name:24s} {value:6.3f}" + (f"  (GPU target >= {target})" if target else ""), flush=True)
+    del engine  # its device memory goes before the autoregressive models load
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--quick", action="store_true", help="tiny models, short runs (a smoke test)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json")
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    result: dict = {"device": args.device, "quick": args.quick, "torch": torch.__version__,
+                    "python": platform.python_version(), "plan": plan}
+    if args.device == "cuda":
+        result["gpu"] = torch.cuda.get_device_name(0)
+        result["gpu_memory_gb"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    check_vits(args.device, args.quick, plan, result)
+    result["stepped"] = gpu_stepped.check(args.device, args.quick, started, BUDGET_S)
+    result["total_s"] = round(time.perf_counter() - started, 1)
     (args.out / "gpu_check.json").write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out / 'gpu_check.json'} in {result['total_s']} s", flush=True)
 

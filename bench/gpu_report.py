@@ -43,6 +43,32 @@ def _targets(result: dict) -> list[str]:
     return lines
 
 
+def _or_na(value) -> str:
+    return "n/a" if value is None else str(value)
+
+
+def _stepped_section(kind: str, part: dict) -> list[str]:
+    """One autoregressive model: served per policy, the ceiling, the ratios."""
+    if "skipped" in part:
+        return [f"### {kind}", "", f"Skipped: {part['skipped']}.", ""]
+    model, plan = part["model"], part["plan"]
+    lines = [f"### {kind}", "",
+             f"Random-weight {model['config']}: {model['parameters_m']} M parameters at {model['dtype']}, "
+             f"{model['frame_rate']} frames/s, up to {model['max_running']} running; {plan['clients']} callers of "
+             f"{plan['workload']} texts, {plan['served_s']} s per policy; this part took {part['seconds']} s.", "",
+             "| policy | audio-s/s | frames per step | steps | requests done | delivered audio-s/s | p50 ms | p95 ms "
+             "| out of memory |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in part["served"]:
+        cells = [row["policy"], row["audio_s_per_s"], row["frames_per_step"], row["steps"], row["requests_done"],
+                 row["delivered_audio_s_per_s"], _or_na(row["p50_ms"]), _or_na(row["p95_ms"]), row["out_of_memory"]]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    ceiling = part["ceiling"]
+    lines += ["", f"Engine ceiling (engine.synthesize of {ceiling['requests']} texts at once): "
+              f"{ceiling['audio_s_per_s']} audio-s/s, {ceiling['frames_per_step']} frames per step.", "",
+              *_targets(part), ""]
+    return lines
+
+
 def render(result: dict) -> str:
     where = f"{result['gpu']} ({result['gpu_memory_gb']} GiB)" if result.get("gpu") else result["device"]
     model = result["model"]
@@ -81,6 +107,19 @@ def render(result: dict) -> str:
         *_targets(result),
         "",
     ]
+    if "stepped" in result:
+        lines += [
+            "## Autoregressive models through the stepped batcher",
+            "",
+            "Continuous batching (adaptive: requests join and leave between steps) against request-level "
+            "batches (sequential; static: batches of 8, 500 ms, audio held until the batch is done). "
+            "audio-s/s is the audio the engine made per second of the run (every step's frames), so work in "
+            "flight when the run ends counts too; requests done and delivered audio are what callers got in "
+            "the run.",
+            "",
+        ]
+        for kind, part in result["stepped"].items():
+            lines += _stepped_section(kind, part)
     return "\n".join(lines)
 
 

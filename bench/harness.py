@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 from bench.load import closed_loop, open_loop, summarize
-from bench.report import write_docs, write_html
+from bench.report import LOWER_IS_BETTER, write_docs, write_html
 from bench.server import ROOT, ServerProcess, start_ray_peer, start_server
 from bench.soak import main as soak
 from bench.workload import texts
@@ -71,10 +71,9 @@ STEPPED_TARGETS = {"chorus_vs_sequential": 2.0, "chorus_vs_static": 1.3, "chorus
                    "first_audio_p95_vs_idle_p50": 2.0, "short_p95_vs_static": 0.5}
 STEPPED_PLAN = {"workloads": ["mixed"], "clients": 16, "streams": 8, "stream_workload": "mixed",
                 "ceiling_sizes": [1, 4, 16]}
-LOWER_IS_BETTER = {"short_p95_vs_sequential", "short_p95_vs_static", "idle_ms_over_raw",
-                   "first_audio_p95_vs_idle_p50"}
-# Voices the benchmark builds itself (random weights, no download): name -> (bench.random_model kind, tiny)
-BUILT_VOICES = {"pocket-random": ("pocket_tts", False), "pocket-tiny": ("pocket_tts", True)}
+# Voices the benchmark builds itself (random weights, no download): name -> (engine kind, size for its builder)
+BUILT_VOICES = {"pocket-random": ("pocket_tts", "default"), "pocket-tiny": ("pocket_tts", "tiny"),
+                "vibevoice-tiny": ("vibevoice", "tiny")}
 # Degrade mode, the cache and admission by predicted wait (the longest target allowed) are off: the
 # peers differ in batching and queue order only.
 OPERATOR = {"anonymous_tier": "enterprise", "degrade_enabled": False, "cache_enabled": False,
@@ -177,12 +176,16 @@ def built_voice(voice: str, out: Path) -> Path:
     import transformers
 
     from bench.random_model import save_random_pocket
+    from bench.random_vibevoice import save_random_vibevoice
 
-    kind, tiny = BUILT_VOICES[voice]
+    kind, size = BUILT_VOICES[voice]
     folder = Path.home() / ".cache" / "chorus" / f"bench-{voice}-transformers-{transformers.__version__}"
     if not (folder / "config.json").exists():
         print(f"building the random-weight model of {voice} in {folder} ...", flush=True)
-        save_random_pocket(folder, tiny=tiny, seed=0)
+        if kind == "vibevoice":
+            save_random_vibevoice(folder, size=size, seed=0)
+        else:
+            save_random_pocket(folder, tiny=size == "tiny", seed=0)
     registry = out / "voices.yaml"
     registry.write_text(f"voices:\n  {voice}: {{engine: {kind}, model: '{folder}', fixed_length: true, "
                         "pinned: true}\n")

@@ -1,6 +1,7 @@
 """Models with random weights, saved as folders the registry loads: for tests and benchmarks, no download.
 
     python -m bench.random_model pocket_tts DIR [--tiny] [--seed N]
+    python -m bench.random_model vibevoice DIR [--tiny] [--size 1.5b] [--seed N]
     python -m bench.random_model vits DIR [--tiny] [--seed N]
 
 pocket_tts: Kyutai's Pocket TTS at the released size (89 M parameters + a 20 M codec), or --tiny
@@ -15,6 +16,10 @@ end on their own in any useful way, so register such a model with `fixed_length:
     voices:
       random-pocket: {engine: pocket_tts, model: DIR, fixed_length: true}
 
+vibevoice: Microsoft's VibeVoice at the released 1.5 B layout (2.7 B parameters with its tokenizers), or
+--tiny (4 M); the same folder layout, a byte-level Qwen-like tokenizer, one shipped voice
+(bench/random_vibevoice.py).
+
 vits: a VITS model at MMS-TTS size, or --tiny (bench/random_vits.py).
 
 The audio of a random model is noise of the right length: enough to measure speed, memory and
@@ -25,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import math
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +105,8 @@ def byte_tokenizer() -> TokenizersBackend:
     return _wrapped(core, BYTE_VOCABULARY)
 
 
-def _prose(limit_chars: int = 3_000_000) -> list[str]:
+@functools.cache  # parsed once a process: every trained tokenizer reads it
+def prose(limit_chars: int = 3_000_000) -> list[str]:
     """English docstrings of the installed transformers: a corpus that needs no download."""
     texts, total = [], 0
     for path in sorted(Path(transformers.__file__).parent.rglob("*.py")):
@@ -116,23 +124,33 @@ def _prose(limit_chars: int = 3_000_000) -> list[str]:
     return texts
 
 
-def bpe_tokenizer() -> TokenizersBackend:
-    """A SentencePiece-like BPE of exactly 4000 ids, like the released one; trained once per
-    transformers version, then read from the cache."""
+def cached_tokenizer(name: str, train: Callable[[], Tokenizer]) -> Tokenizer:
+    """A tokenizer trained once per transformers version (its docstrings are the corpus), then read from
+    ~/.cache/chorus."""
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "chorus"
-    path = cache / f"pocket-bpe-{BPE_VOCABULARY}-transformers-{transformers.__version__}.json"
+    path = cache / f"{name}-transformers-{transformers.__version__}.json"
     if path.is_file():
-        return _wrapped(Tokenizer.from_file(str(path)), BPE_VOCABULARY)
-    core = Tokenizer(models.BPE(unk_token="<unk>"))
-    core.normalizer = normalizers.NFKC()
-    core.pre_tokenizer = pre_tokenizers.Metaspace()
-    core.decoder = decoders.Metaspace()
-    core.train_from_iterator(_prose(), trainers.BpeTrainer(vocab_size=BPE_VOCABULARY, special_tokens=SPECIALS,
-                                                           show_progress=False))
-    core.add_special_tokens([f"<unused{i}>" for i in range(BPE_VOCABULARY - core.get_vocab_size())])
+        return Tokenizer.from_file(str(path))
+    core = train()
     cache.mkdir(parents=True, exist_ok=True)
     core.save(str(path))
-    return _wrapped(core, BPE_VOCABULARY)
+    return core
+
+
+def bpe_tokenizer() -> TokenizersBackend:
+    """A SentencePiece-like BPE of exactly 4000 ids, like the released one."""
+
+    def train() -> Tokenizer:
+        core = Tokenizer(models.BPE(unk_token="<unk>"))
+        core.normalizer = normalizers.NFKC()
+        core.pre_tokenizer = pre_tokenizers.Metaspace()
+        core.decoder = decoders.Metaspace()
+        core.train_from_iterator(prose(), trainers.BpeTrainer(vocab_size=BPE_VOCABULARY, special_tokens=SPECIALS,
+                                                              show_progress=False))
+        core.add_special_tokens([f"<unused{i}>" for i in range(BPE_VOCABULARY - core.get_vocab_size())])
+        return core
+
+    return _wrapped(cached_tokenizer(f"pocket-bpe-{BPE_VOCABULARY}", train), BPE_VOCABULARY)
 
 
 # --- Pocket TTS -----------------------------------------------------------------------------------
@@ -151,8 +169,9 @@ def piper_speech(sample_rate: int, text: str = VOICE_TEXT) -> np.ndarray:
     return resample(np.concatenate(piper.synthesize(items)), piper.sample_rate, sample_rate)
 
 
-def save_random_pocket(folder: Path, tiny: bool = False, seed: int = 0) -> Path:
-    """Write a random Pocket TTS (model, codec in folder/codec, processor, voices/default.safetensors)."""
+def save_random_pocket(folder: Path, tiny: bool = False, seed: int = 0, clip: np.ndarray | None = None) -> Path:
+    """Write a random Pocket TTS (model, codec in folder/codec, processor, voices/default.safetensors); the
+    voice from `clip` (float mono at the codec's rate) where given, else from the bundled Piper voice."""
     from tts_core.engines.pocket_codec import encode_voice
 
     folder = Path(folder)
@@ -169,7 +188,8 @@ def save_random_pocket(folder: Path, tiny: bool = False, seed: int = 0) -> Path:
                                          pad_to_multiple_of=frame_size)
     tokenizer = byte_tokenizer() if tiny else bpe_tokenizer()
     PocketTTSProcessor(features, tokenizer, chat_template=CHAT_TEMPLATE).save_pretrained(folder)
-    voice = encode_voice(codec, features, piper_speech(features.sampling_rate), features.sampling_rate)
+    clip = piper_speech(features.sampling_rate) if clip is None else clip
+    voice = encode_voice(codec, features, clip, features.sampling_rate)
     (folder / "voices").mkdir(exist_ok=True)
     save_file({"audio_prompt_latents": torch.from_numpy(voice)}, str(folder / "voices" / "default.safetensors"))
     return folder
@@ -181,14 +201,22 @@ def _parameters(module: torch.nn.Module) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.random_model", description=__doc__.split("\n\n")[0])
-    parser.add_argument("kind", choices=["pocket_tts", "vits"])
+    parser.add_argument("kind", choices=["pocket_tts", "vibevoice", "vits"])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--tiny", action="store_true", help="a tiny model, for tests")
+    parser.add_argument("--size", choices=["1.5b"], default="1.5b", help="vibevoice: the released layout to copy")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.kind == "vits":
         save_random_vits(args.folder, seed=args.seed, **(TINY_VITS if args.tiny else {}))
         print(f"random VITS -> {args.folder}")
+        return
+    if args.kind == "vibevoice":
+        from bench.random_vibevoice import parameters_m, save_random_vibevoice
+
+        save_random_vibevoice(args.folder, "tiny" if args.tiny else args.size, seed=args.seed)
+        print(f"random VibeVoice: {parameters_m(args.folder)} M parameters -> {args.folder} "
+              "(register it with fixed_length: true)")
         return
     save_random_pocket(args.folder, tiny=args.tiny, seed=args.seed)
     model = PocketTTSForConditionalGeneration.from_pretrained(args.folder)

@@ -14,9 +14,9 @@ from tts_core.engines import ModelSpec, registry_specs
 from tts_core.request import SynthesisRequest
 
 
-def registry_spec(model: Path, voices: dict[str, dict], folder: Path) -> ModelSpec:
+def registry_spec(model: Path, voices: dict[str, dict], folder: Path, engine: str = "pocket_tts") -> ModelSpec:
     """The model's spec, read from a registry file naming these voices (name -> entry options)."""
-    entries = {name: {"engine": "pocket_tts", "model": str(model), **options} for name, options in voices.items()}
+    entries = {name: {"engine": engine, "model": str(model), **options} for name, options in voices.items()}
     path = folder / "voices.yaml"
     path.write_text(yaml.safe_dump({"voices": entries}, sort_keys=False))
     [spec] = registry_specs(Settings(voices_file=path, data_dir=folder, device="cpu"), set())

@@ -9,6 +9,7 @@ import time
 from . import gpu
 from .degrade import LoadInputs
 from .service import SpeechService
+from .stepping import SteppedBatcher
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class Monitor:
         service, metrics = self.service, self.service.metrics
         window = metrics.window()
         state = service.degrade.state
+        stepped = [batcher for batcher in service.batchers.values() if isinstance(batcher, SteppedBatcher)]
+        rates = [metrics.step_rate(batcher.engine.name) for batcher in stepped]
         point = {
             "t": time.time(),
             "queue_length": service.queue_length(),
@@ -88,6 +91,10 @@ class Monitor:
             "degraded": state.active,
             "gpu_used_fraction": device["used_fraction"] if device else None,
             "gpu_utilization_pct": device["utilization_pct"] if device else None,
+            # autoregressive engines: requests running, steps a second, frames a step (None without one)
+            "running_requests": sum(len(batcher.engine.running()) for batcher in stepped) if stepped else None,
+            "steps_per_s": sum(rate["steps_per_s"] for rate in rates) if stepped else None,
+            "frames_per_step": max((rate["frames_per_step"] for rate in rates), default=None),
         }
         metrics.series.append(point)
         return point

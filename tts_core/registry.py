@@ -53,10 +53,11 @@ class VoiceEntry(BaseModel):
     speed: float = Field(1.0, ge=0.25, le=4.0, description="default speed")
     pinned: bool = Field(False, description="load and warm at start-up and never unload")
     prompt: str | None = Field(None, min_length=1, description="voice prompt: .safetensors latents or an audio "
-                               "clip (pocket_tts); relative to the model folder")
-    fixed_length: bool = Field(False, description="pocket_tts: every request makes its whole frame budget "
-                               "(random-weight benchmark models)")
-    max_running: int | None = Field(None, ge=1, le=1024, description="pocket_tts: the most requests running at once")
+                               "clip (pocket_tts, vibevoice); relative to the model folder")
+    fixed_length: bool = Field(False, description="pocket_tts, vibevoice: every request makes its whole frame "
+                               "budget (random-weight benchmark models)")
+    max_running: int | None = Field(None, ge=1, le=1024, description="pocket_tts, vibevoice: the most requests "
+                                    "running at once")
 
 
 class Registry(BaseModel):

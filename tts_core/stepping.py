@@ -3,7 +3,7 @@
 Each turn of the loop, on the one thread that owns the engine: running requests whose caller has
 gone are stopped; the policy picks which queued requests join, and their prompts are prefilled
 together; every running request makes one frame; each request's new frames are decoded every
-DECODE_EVERY steps, and when it finishes, and handed out (a stream plays them as they come); a
+PIECE_S of audio, and when it finishes, and handed out (a stream plays them as they come); a
 finished request leaves at once and its future resolves with its whole audio. So a request
 joins at the next step and nobody waits for the longest member of a batch.
 
@@ -35,7 +35,7 @@ from .step_policy import StepPolicy, StepView
 
 log = logging.getLogger(__name__)
 
-DECODE_EVERY = 4  # steps between decodes of a request's new frames (320 ms of audio at 12.5 frames/s)
+PIECE_S = 0.3  # audio a request's new frames are decoded and handed out in (4 frames of Pocket TTS, 3 of VibeVoice)
 CALIBRATION_STEPS = 3  # steps timed per calibration point
 
 
@@ -60,6 +60,7 @@ class SteppedBatcher(Batcher):
         self.cpu_cache_bytes = cpu_cache_mb * 2**20  # the cache's budget where no device memory says otherwise
         self._progress: dict[SynthesisRequest, Progress] = {}
         self._steps = 0
+        self._decode_every = max(1, math.ceil(PIECE_S * engine.frame_rate))  # steps
 
     # --- warm-up ----------------------------------------------------------------------------------
 
@@ -201,7 +202,7 @@ class SteppedBatcher(Batcher):
             progress = self._progress[item]
             progress.frames += 1
             progress.engine_s += seconds / len(running)
-        if self._steps % DECODE_EVERY == 0:
+        if self._steps % self._decode_every == 0:
             self._decode([item for item in running if item not in finished], final=False)
         self._finish(finished)
 

@@ -18,6 +18,13 @@ def test_gpu_check_runs_on_the_cpu_and_its_json_renders_the_docs_page(tmp_path):
     assert [row["policy"] for row in result["served"]] == ["sequential", "static", "adaptive"]
     assert all(row["requests"] > 0 and row["p95_ms"] >= row["p50_ms"] > 0 for row in result["served"])
     assert set(result["ratios"]) == {"adaptive_vs_static", "adaptive_vs_sequential", "adaptive_vs_ceiling"}
+    assert list(result["stepped"]) == ["pocket_tts", "vibevoice"]  # the tiny models, through the stepped batcher
+    for part in result["stepped"].values():
+        assert [row["policy"] for row in part["served"]] == ["sequential", "static", "adaptive"]
+        assert all(row["audio_s_per_s"] > 0 and row["steps"] > 0 for row in part["served"])
+        assert [row["frames_per_step"] for row in part["served"]][0] == 1.0  # sequential: one at a time
+        assert part["served"][2]["frames_per_step"] > 1 and part["ceiling"]["frames_per_step"] > 1
+        assert set(part["ratios"]) == set(part["targets"]) and part["seconds"] < 60
     assert_renders(tmp_path / "gpu_check.json", result, tmp_path / "docs")
 
 
@@ -34,6 +41,10 @@ def assert_renders(path, result, docs):
         assert f"| {row['batch_size']} | {1000 * row['seconds_per_batch']:.1f} |" in page
     for name, value in result["ratios"].items():
         assert f"| {name} | {value} |" in page
+    for kind, part in result["stepped"].items():
+        assert f"### {kind}" in page and f"{part['ceiling']['audio_s_per_s']} audio-s/s" in page
+        for row in part["served"]:
+            assert f"| {row['policy']} | {row['audio_s_per_s']} | {row['frames_per_step']} |" in page
 
 
 def test_gpu_report_refuses_a_file_that_is_not_a_gpu_check_result(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -66,26 +67,42 @@ def _vits_kind(model: str, voices: list[VoiceSpec], name: str, settings: Setting
                                                                                   settings.dtype, name=name))
 
 
+def _stepped_options(voices: list[VoiceSpec]) -> dict:
+    """A stepped model's model-level options: any voice of the model may set them."""
+    options: dict = dict(fixed_length=any(voice.fixed_length for voice in voices))
+    max_running = [voice.max_running for voice in voices if voice.max_running]
+    if max_running:
+        options["max_running"] = max(max_running)
+    return options
+
+
 def _pocket_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings
                  ) -> tuple[list[Voice], Loader]:
     from .pocket_tts import PocketTTSEngine, describe_pocket_tts
 
-    # model-level options: any voice of the model may set them
-    options = dict(fixed_length=any(voice.fixed_length for voice in voices))
-    max_running = [voice.max_running for voice in voices if voice.max_running]
-    if max_running:
-        options["max_running"] = max(max_running)
+    options = _stepped_options(voices)
     return describe_pocket_tts(model, voices), _torch_loader(settings, lambda: PocketTTSEngine(
         model, voices, settings.device, settings.dtype, name=name, **options))
 
 
-def _torch_loader(settings: Settings, load: Callable[[], Engine]) -> Callable[[], Engine]:
-    """load, with torch's CPU threads set first (TTS_TORCH_THREADS; process-wide, as torch has it)."""
-    def loaded() -> Engine:
-        if settings.torch_threads:
-            import torch
+def _vibevoice_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings
+                    ) -> tuple[list[Voice], Loader]:
+    from .vibevoice import VibeVoiceEngine, describe_vibevoice
 
-            torch.set_num_threads(settings.torch_threads)
+    options = _stepped_options(voices)
+    return describe_vibevoice(model, voices), _torch_loader(settings, lambda: VibeVoiceEngine(
+        model, voices, settings.device, settings.dtype, name=name, **options))
+
+
+def _torch_loader(settings: Settings, load: Callable[[], Engine]) -> Callable[[], Engine]:
+    """load, with torch's CPU threads set first (TTS_TORCH_THREADS; process-wide, as torch has it). By
+    default one core is left to the event loop and the encoders: torch's threads wait for each other on
+    every operation, and one that lost its core to another process stalls them all (measured on 2 cores
+    under load: a tiny model's step from 1 ms to 400 ms with 2 threads, steady with 1)."""
+    def loaded() -> Engine:
+        import torch
+
+        torch.set_num_threads(settings.torch_threads or max(1, (os.cpu_count() or 2) - 1))
         return load()
 
     return loaded
@@ -97,6 +114,7 @@ ENGINE_KINDS: dict[str, Callable[[str, list[VoiceSpec], str, Settings], tuple[li
     "piper": _piper_kind,
     "vits": _vits_kind,
     "pocket_tts": _pocket_kind,
+    "vibevoice": _vibevoice_kind,
 }
 
 

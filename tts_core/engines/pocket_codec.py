@@ -18,7 +18,6 @@ import io
 import types
 from pathlib import Path
 
-import av
 import numpy as np
 import torch
 from torch import nn
@@ -109,7 +108,10 @@ class StreamingDecoder:
 
 
 def _resampled(frames, sample_rate: int) -> np.ndarray:
-    """PyAV audio frames (any layout and rate) -> float32 mono at sample_rate."""
+    """PyAV audio frames (any layout and rate) -> float32 mono at sample_rate. (PyAV is imported where it is
+    used: the engines load without it, as on a bare GPU machine, when no audio needs converting.)"""
+    import av
+
     resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
     pieces = [out.to_ndarray().reshape(-1) for frame in frames for out in resampler.resample(frame)]
     pieces += [out.to_ndarray().reshape(-1) for out in resampler.resample(None)]
@@ -121,6 +123,8 @@ def resample(audio: np.ndarray, sample_rate: int, target_rate: int) -> np.ndarra
     audio = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
     if sample_rate == target_rate or not audio.size:
         return audio
+    import av
+
     frame = av.AudioFrame.from_ndarray(audio[None, :], format="flt", layout="mono")
     frame.sample_rate = sample_rate
     return _resampled([frame], target_rate)
@@ -128,6 +132,8 @@ def resample(audio: np.ndarray, sample_rate: int, target_rate: int) -> np.ndarra
 
 def read_clip(path: Path, sample_rate: int) -> np.ndarray:
     """An audio file (wav, flac, ogg, mp3, ...) as float32 mono at sample_rate."""
+    import av
+
     with av.open(io.BytesIO(Path(path).read_bytes())) as container:
         return _resampled(container.decode(audio=0), sample_rate)
 

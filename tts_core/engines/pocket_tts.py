@@ -10,8 +10,8 @@ states into the next frames. The model's own rules end a request: its frame budg
 logit over `eos_threshold`, then `frames_after_eos` more frames), which `fixed_length` turns off for
 random-weight benchmark models.
 
-The cache (`SlotCache`) has one row per running request, each at its own position, compacted on
-release; its length doubles when a longer request joins. Audio comes from an exact streaming
+The cache (`SlotCache`, stepped_torch.py) has one row per running request, each at its own position,
+compacted on release; its length doubles when a longer request joins. Audio comes from an exact streaming
 decoder (pocket_codec.py), one state per running request, so pieces join seamlessly.
 
 Voices: a voice named in the registry takes its `prompt` (a `.safetensors` file holding
@@ -23,15 +23,13 @@ voice with no prompt also lists every shipped voice under its file's name.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 from transformers import (
-    GenerationConfig,
     PocketTTSAudioTokenizerConfig,
     PocketTTSAudioTokenizerModel,
     PocketTTSConfig,
@@ -41,60 +39,19 @@ from transformers import (
 )
 
 from ..request import SynthesisRequest
-from .base import EngineUnavailable, SteppedEngine, Voice, VoiceSpec
-from .pocket_codec import DecoderState, StreamingDecoder, encode_voice, read_clip
-from .vits import DTYPES, _loading, _offline, resolve_device
+from .base import Voice, VoiceSpec
+from .pocket_codec import DecoderState, StreamingDecoder, encode_voice
+from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
+from .vits import _loading
 
 MODEL_KIND = "pocket_tts"
 PROMPT_KEY = "audio_prompt_latents"  # the tensor a voice file holds: (frames, latent_dim)
-DEFAULT_VOICE = "default"  # the shipped voice a registry voice without a prompt speaks with
 # The released checkpoints' generation values (generation_pocket_tts.py), where a model's config sets none.
 GENERATION_DEFAULTS = {"num_flow_steps": 1, "eos_threshold": -4.0, "min_frames_before_eos": 6}
 DESCRIBE_FILES = ["*.json", "voices/*", "codec/*.json"]  # what describing a hub model reads
 
 
 # --- where a model and its voices are -------------------------------------------------------------
-
-
-def _model_folder(source: str, patterns: list[str] | None = None) -> Path:
-    """A local folder as is; a hub id from the local cache (or the hub, unless HF_HUB_OFFLINE)."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    if path.is_absolute() or source.startswith((".", "~")):
-        raise FileNotFoundError(f"no folder {source}")
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(source, allow_patterns=patterns, local_files_only=_offline()))
-
-
-def _voice_files(folder: Path, specs: Sequence[VoiceSpec]) -> dict[str, Path]:
-    """Voice name -> the file of its prompt (see the module's docstring)."""
-    shipped = {path.stem: path for path in sorted((folder / "voices").glob("*.safetensors"))}
-    files: dict[str, Path] = {}
-    lists_shipped = not specs
-    for spec in specs:
-        if spec.prompt:
-            files[spec.name] = folder / Path(spec.prompt).expanduser()  # an absolute prompt stays as it is
-        elif spec.name in shipped:
-            files[spec.name] = shipped[spec.name]
-        elif shipped:
-            files[spec.name] = shipped.get(DEFAULT_VOICE, next(iter(shipped.values())))
-            lists_shipped = True
-        else:
-            raise FileNotFoundError(f"voice {spec.name!r} has no prompt and the model ships no voices/*.safetensors")
-    for name, path in shipped.items() if lists_shipped else ():
-        files.setdefault(name, path)
-    missing = sorted(str(path) for path in files.values() if not path.is_file())
-    if missing:
-        raise FileNotFoundError(f"no voice prompt file {', '.join(missing)}")
-    return files
-
-
-def _pocket_voices(names: Sequence[str], specs: Sequence[VoiceSpec], sample_rate: int) -> list[Voice]:
-    languages = {spec.name: spec.language for spec in specs}
-    return [Voice(name, MODEL_KIND, languages.get(name) or "und", sample_rate, speed_control=False)
-            for name in names]
 
 
 def _sample_rate(folder: Path) -> int:
@@ -107,71 +64,9 @@ def describe_pocket_tts(source: str, specs: Sequence[VoiceSpec]) -> list[Voice]:
     """A model's voices from its configs and voice files alone (no weights loaded): this also checks,
     at start-up, that the model and every voice prompt are there."""
     with _loading(source):
-        folder = _model_folder(source, DESCRIBE_FILES)
+        folder = model_folder(source, DESCRIBE_FILES)
         PocketTTSConfig.from_pretrained(folder)
-        return _pocket_voices(list(_voice_files(folder, specs)), specs, _sample_rate(folder))
-
-
-# --- the cache ------------------------------------------------------------------------------------
-
-
-class SlotCache:
-    """The backbone's key/value cache, one row per running request, each at its own position: given to
-    the model as `past_key_values`, whose attention calls `update` once per layer. Running requests
-    hold rows 0..n-1 (a release moves the last row into the freed one), so a step attends over the
-    view `[:n, :, :longest]`, never a gather. The length dimension doubles when a longer request joins."""
-
-    def __init__(self, config, rows: int, dtype: torch.dtype, device: str):
-        self.layers, self.rows, self.dtype, self.device = config.num_hidden_layers, rows, dtype, device
-        self.heads, self.head_dim = config.num_key_value_heads, config.head_dim
-        self.bytes_per_token = 2 * self.layers * self.heads * self.head_dim * torch.finfo(dtype).bits // 8
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.capacity = 0
-        self._first_row = 0  # prefill: the joiners' first row
-        self._positions: torch.Tensor | None = None  # a step: where each row writes; None: a prefill
-        self._read = 0  # a step: the positions attended (the longest row's, plus the new one)
-
-    def reserve(self, length: int, rows_in_use: int) -> None:
-        """Room for `length` positions per row, keeping the rows in use."""
-        if length <= self.capacity:
-            return
-        capacity = 1 << max(6, (length - 1).bit_length())
-        shape = (self.rows, self.heads, capacity, self.head_dim)
-        keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
-        values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
-        for new, old in zip(keys + values, self.keys + self.values):
-            new[:rows_in_use, :, : self.capacity] = old[:rows_in_use]
-        self.keys, self.values, self.capacity = keys, values, capacity
-
-    def clear(self) -> None:
-        self.keys, self.values, self.capacity = [], [], 0
-
-    def start_prefill(self, first_row: int) -> None:
-        self._first_row, self._positions = first_row, None
-
-    def start_step(self, positions: torch.Tensor, read: int) -> None:
-        self._positions, self._read = positions, read
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
-        count = key_states.shape[0]
-        if self._positions is None:  # prefill (right-padded): each joiner's positions start at 0
-            rows = slice(self._first_row, self._first_row + count)
-            keys[rows, :, : key_states.shape[2]] = key_states
-            values[rows, :, : value_states.shape[2]] = value_states
-            return key_states, value_states
-        rows = torch.arange(count, device=keys.device)
-        keys[rows, :, self._positions] = key_states[:, :, 0]
-        values[rows, :, self._positions] = value_states[:, :, 0]
-        return keys[:count, :, : self._read], values[:count, :, : self._read]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self._read
-
-    def move(self, source: int, target: int, length: int) -> None:
-        for tensor in self.keys + self.values:
-            tensor[target, :, :length] = tensor[source, :, :length]
+        return prompted_voices(MODEL_KIND, list(voice_files(folder, specs)), specs, _sample_rate(folder))
 
 
 # --- the engine -----------------------------------------------------------------------------------
@@ -192,8 +87,8 @@ class _Running:
     done: bool = False
 
 
-class PocketTTSEngine(SteppedEngine):
-    out_of_memory_errors = (MemoryError, torch.cuda.OutOfMemoryError)
+class PocketTTSEngine(TorchSteppedEngine):
+    model_kind, prompt_key = MODEL_KIND, PROMPT_KEY
 
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
                  name: str | None = None, max_running: int = 16, fixed_length: bool = False,
@@ -201,29 +96,17 @@ class PocketTTSEngine(SteppedEngine):
         """source: a hub id or a local folder; voices: the registry's voices on this model (none: the
         shipped ones); fixed_length: every request makes its whole frame budget (random weights);
         temperature: of the flow head's noise (0: greedy)."""
-        self.source, self.name = source, name or source.rstrip("/").rsplit("/", 1)[-1]
-        self.device, self.dtype = resolve_device(device), DTYPES[dtype]
-        if self.dtype != torch.float32 and self.device == "cpu":
-            raise EngineUnavailable(f"{self.name}: {dtype} needs CUDA; use fp32 on the CPU")
+        self._place(source, device, dtype, name, seed)
         self.max_running, self.fixed_length, self.temperature = max_running, fixed_length, temperature
         with _loading(source):
-            folder = _model_folder(source)
-            files = _voice_files(folder, voices)
+            folder = model_folder(source)
+            files = voice_files(folder, voices)
             self._load_models(folder)
             self._specs = list(voices)
-            self._prompts: dict[str, torch.Tensor] = {}
-            self._voices: list[Voice] = []
             for voice_name, path in files.items():
                 self.add_voice(voice_name, self._read_prompt(path))
-        self._generator = torch.Generator(device=self.device)  # the engine's own: the global one stays as it is
-        if seed is None:
-            self._generator.seed()
-        else:
-            self._generator.manual_seed(seed)
         self._cache = SlotCache(self.model.config, max_running, self.dtype, self.device)
         self.kv_bytes_per_token = float(self._cache.bytes_per_token)
-        self._rows: list[_Running] = []  # by cache row
-        self._running: dict[SynthesisRequest, _Running] = {}  # in the order they joined
 
     def _load_models(self, folder: Path) -> None:
         """The codec from <folder>/codec when there is one: a processor saved with its codec records
@@ -251,45 +134,21 @@ class PocketTTSEngine(SteppedEngine):
         self._decoder = StreamingDecoder(self.codec)
         fade = int(self.processor.fade_in_duration * self.sample_rate)
         self._fade_in = np.linspace(0.0, 1.0, fade, dtype=np.float32)  # the processor's, on the first piece
-        generation = self.model.generation_config or GenerationConfig()
-        for key, default in GENERATION_DEFAULTS.items():
-            setattr(self, key, default if getattr(generation, key, None) is None else getattr(generation, key))
+        for key, value in generation_values(self.model, GENERATION_DEFAULTS).items():
+            setattr(self, key, value)
         config = self.model.config
         has_voice_bos = self.processor.audio_prompt_bos_token is not None
         self._voice_bos = [config.audio_prompt_bos_token_id] if has_voice_bos else []
 
     # --- voices ---------------------------------------------------------------------------------
 
-    def voices(self) -> list[Voice]:
-        return list(self._voices)
-
-    def batch_key(self, voice: str, speed: float) -> Hashable:
-        return self.name  # any voices run together, and there is no speaking rate
-
-    def _read_prompt(self, path: Path) -> np.ndarray:
-        if path.suffix == ".safetensors":
-            return load_file(str(path))[PROMPT_KEY].float().numpy()
-        return self.voice_prompt_from_audio(read_clip(path, self.sample_rate), self.sample_rate)
-
     def voice_prompt_from_audio(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
         """A voice clip (float mono at any rate) -> its voice prompt, latents (frames, latent_dim), to
         pass to `add_voice` or to save as `audio_prompt_latents` in a .safetensors file."""
         return encode_voice(self.codec, self.processor.feature_extractor, audio, sample_rate)
 
-    def add_voice(self, name: str, latents: np.ndarray) -> Voice:
-        """Offer (or replace) a voice with this prompt. Requests already running keep their voice. Any
-        thread may call it (and remove_voice): the tables are swapped whole."""
-        prompt = torch.as_tensor(np.asarray(latents, dtype=np.float32))
-        if prompt.ndim != 2 or prompt.shape[0] == 0 or prompt.shape[1] != self.model.config.latent_dim:
-            raise ValueError(f"a voice prompt is (frames, {self.model.config.latent_dim}), not {tuple(prompt.shape)}")
-        self._prompts = {**self._prompts, name: prompt.to(self.device)}
-        voice = _pocket_voices([name], self._specs, self.sample_rate)[0]
-        self._voices = [known for known in self._voices if known.name != name] + [voice]
-        return voice
-
-    def remove_voice(self, name: str) -> None:
-        self._prompts = {known: prompt for known, prompt in self._prompts.items() if known != name}
-        self._voices = [known for known in self._voices if known.name != name]
+    def _prompt_width(self) -> int:
+        return int(self.model.config.latent_dim)
 
     # --- text and budgets -----------------------------------------------------------------------
 
@@ -308,12 +167,6 @@ class PocketTTSEngine(SteppedEngine):
     def frames_needed(self, item: SynthesisRequest) -> int:
         return math.ceil((item.length / 3 + 2) * self.frame_rate)  # generate's budget, per request
 
-    def _voice_prompt(self, item: SynthesisRequest) -> torch.Tensor:
-        prompt = self._prompts.get(item.voice)
-        if prompt is None:
-            raise ValueError(f"{self.name} has no voice {item.voice!r}")
-        return prompt
-
     def _prompt_ids(self, item: SynthesisRequest) -> list[int]:
         config = self.model.config
         voice = [config.audio_prompt_token_id] * len(self._voice_prompt(item))
@@ -329,12 +182,6 @@ class PocketTTSEngine(SteppedEngine):
         return self.processor.frames_after_eos_short_text if short else self.processor.frames_after_eos
 
     # --- running --------------------------------------------------------------------------------
-
-    def running(self) -> list[SynthesisRequest]:
-        return list(self._running)
-
-    def context_length(self, item: SynthesisRequest) -> int:
-        return self._running[item].length
 
     def latents(self, item: SynthesisRequest) -> torch.Tensor:
         """The frames a running item has made, in the codec's space (frames, latent_dim)."""
@@ -372,7 +219,7 @@ class PocketTTSEngine(SteppedEngine):
             [torch.ones(len(run.voice), dtype=torch.long, device=self.device) for run in joiners], batch_first=True)
         causal = torch.ones(longest, longest, dtype=torch.bool, device=self.device).tril()
         positions = torch.arange(longest, device=self.device)[None].expand(count, -1)
-        self._cache.start_prefill(first_row)
+        self._cache.start_prefill(first_row, count)
         out = self.model(input_ids=ids.to(self.device), audio_prompt_latents=voices,
                          audio_prompt_latents_mask=voice_mask, position_ids=positions,
                          attention_mask=causal[None, None].expand(count, 1, -1, -1),
@@ -455,40 +302,5 @@ class PocketTTSEngine(SteppedEngine):
             self._cache.move(len(self._rows), row, last.length)
             self._rows[row] = last
 
-    # --- device memory --------------------------------------------------------------------------
-
-    def measure_memory(self, tokens: np.ndarray, sizes: Sequence[int] = (1, 4)) -> None:
-        """CUDA only: the peak bytes a batch takes beyond the cache (whose bytes are kv_bytes_per_token),
-        per context position."""
-        if self.device != "cuda":
-            return
-        voice = self._voices[0].name
-        batches = [[SynthesisRequest(tokens=tokens, voice=voice, speed=1.0, key=self.name, deadline=math.inf)
-                    for _ in range(size)] for size in sizes]
-        self.synthesize(batches[-1])  # the cache grows to these lengths first
-        per_token = []
-        for batch in batches:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            self.synthesize(batch)
-            torch.cuda.synchronize()
-            per_token.append((torch.cuda.max_memory_allocated() - before) / sum(map(self.context_tokens, batch)))
-        self.bytes_per_padded_token = max(per_token)
-
-    def free_memory_bytes(self) -> int | None:
-        if self.device != "cuda":
-            return None
-        free, _ = torch.cuda.mem_get_info()
-        return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-
-    def release_memory(self) -> None:
-        """With nothing running, the cache goes too (the next admission makes one to its size)."""
-        if not self._rows:
-            self._cache.clear()
-        if self.device == "cuda":
-            torch.cuda.empty_cache()
-
-    def memory_bytes(self) -> int:
-        tensors = [*self.model.parameters(), *self.model.buffers(), *self.codec.parameters(), *self.codec.buffers()]
-        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+    def _weights(self) -> list[torch.nn.Module]:
+        return [self.model, self.codec]

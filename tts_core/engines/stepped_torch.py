@@ -1,0 +1,259 @@
+"""What the torch stepped engines (Pocket TTS, VibeVoice) share: where a model and its voice prompts are,
+the slot cache of their backbones, their voice tables, their noise generator, and device memory."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from transformers import GenerationConfig
+
+from ..request import SynthesisRequest
+from .base import EngineUnavailable, SteppedEngine, Voice, VoiceSpec
+from .pocket_codec import read_clip
+from .vits import DTYPES, _offline, resolve_device
+
+DEFAULT_VOICE = "default"  # the shipped voice a registry voice without a prompt speaks with
+
+
+# --- where a model and its voices are -------------------------------------------------------------
+
+
+def model_folder(source: str, patterns: list[str] | None = None) -> Path:
+    """A local folder as is; a hub id from the local cache (or the hub, unless HF_HUB_OFFLINE)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_absolute() or source.startswith((".", "~")):
+        raise FileNotFoundError(f"no folder {source}")
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(source, allow_patterns=patterns, local_files_only=_offline()))
+
+
+def voice_files(folder: Path, specs: Sequence[VoiceSpec]) -> dict[str, Path]:
+    """Voice name -> the file of its prompt: a registry voice's `prompt` (relative to the model folder),
+    else the shipped voice of its name (`<folder>/voices/NAME.safetensors`), else the shipped default; a
+    voice with no prompt also lists every shipped voice under its file's name."""
+    shipped = {path.stem: path for path in sorted((folder / "voices").glob("*.safetensors"))}
+    files: dict[str, Path] = {}
+    lists_shipped = not specs
+    for spec in specs:
+        if spec.prompt:
+            files[spec.name] = folder / Path(spec.prompt).expanduser()  # an absolute prompt stays as it is
+        elif spec.name in shipped:
+            files[spec.name] = shipped[spec.name]
+        elif shipped:
+            files[spec.name] = shipped.get(DEFAULT_VOICE, next(iter(shipped.values())))
+            lists_shipped = True
+        else:
+            raise FileNotFoundError(f"voice {spec.name!r} has no prompt and the model ships no voices/*.safetensors")
+    for name, path in shipped.items() if lists_shipped else ():
+        files.setdefault(name, path)
+    missing = sorted(str(path) for path in files.values() if not path.is_file())
+    if missing:
+        raise FileNotFoundError(f"no voice prompt file {', '.join(missing)}")
+    return files
+
+
+def prompted_voices(kind: str, names: Sequence[str], specs: Sequence[VoiceSpec], sample_rate: int) -> list[Voice]:
+    """Voice-prompted models have no speaking-rate input."""
+    languages = {spec.name: spec.language for spec in specs}
+    return [Voice(name, kind, languages.get(name) or "und", sample_rate, speed_control=False) for name in names]
+
+
+def generation_values(model, defaults: dict) -> dict:
+    """The model's generation config's values for these keys, the defaults where it sets none."""
+    generation = model.generation_config or GenerationConfig()
+    return {key: default if getattr(generation, key, None) is None else getattr(generation, key)
+            for key, default in defaults.items()}
+
+
+# --- the cache ------------------------------------------------------------------------------------
+
+
+class SlotCache:
+    """The backbone's key/value cache, one row per running sequence, each at its own position: given to
+    the model as `past_key_values`, whose attention calls `update` once per layer. Running sequences
+    hold rows 0..n-1 (a release moves the last row into the freed one), so a step attends over the
+    view `[:n, :, :longest]`, never a gather. The length dimension doubles when a longer request joins."""
+
+    def __init__(self, config, rows: int, dtype: torch.dtype, device: str):
+        self.layers, self.rows, self.dtype, self.device = config.num_hidden_layers, rows, dtype, device
+        self.heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.bytes_per_token = 2 * self.layers * self.heads * self.head_dim * torch.finfo(dtype).bits // 8
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.capacity = 0
+        self._prefill_rows = slice(0, 0)  # a prefill: the joiners' rows
+        self._positions: torch.Tensor | None = None  # a step: where each row writes; None: a prefill
+        self._read = 0  # a step: the positions attended (the longest row's, plus the new one)
+
+    def reserve(self, length: int, rows_in_use: int) -> None:
+        """Room for `length` positions per row, keeping the rows in use."""
+        if length <= self.capacity:
+            return
+        capacity = 1 << max(6, (length - 1).bit_length())
+        shape = (self.rows, self.heads, capacity, self.head_dim)
+        keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
+        values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
+        for new, old in zip(keys + values, self.keys + self.values):
+            new[:rows_in_use, :, : self.capacity] = old[:rows_in_use]
+        self.keys, self.values, self.capacity = keys, values, capacity
+
+    def clear(self) -> None:
+        self.keys, self.values, self.capacity = [], [], 0
+
+    def start_prefill(self, first_row: int, count: int, stride: int = 1) -> None:
+        """The next forward prefills `count` sequences into rows first_row, first_row + stride, ..."""
+        self._prefill_rows, self._positions = slice(first_row, first_row + count * stride, stride), None
+
+    def start_step(self, positions: torch.Tensor, read: int) -> None:
+        self._positions, self._read = positions, read
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if self._positions is None:  # prefill (right-padded): each joiner's positions start at 0
+            keys[self._prefill_rows, :, : key_states.shape[2]] = key_states
+            values[self._prefill_rows, :, : value_states.shape[2]] = value_states
+            return key_states, value_states
+        count = key_states.shape[0]
+        rows = torch.arange(count, device=keys.device)
+        keys[rows, :, self._positions] = key_states[:, :, 0]
+        values[rows, :, self._positions] = value_states[:, :, 0]
+        return keys[:count, :, : self._read], values[:count, :, : self._read]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._read
+
+    def move(self, source: int, target: int, length: int) -> None:
+        for tensor in self.keys + self.values:
+            tensor[target, :, :length] = tensor[source, :, :length]
+
+
+# --- the engine -----------------------------------------------------------------------------------
+
+
+class TorchSteppedEngine(SteppedEngine):
+    """A stepped engine on torch with voice prompts. Subclasses keep `_rows` (running requests by cache
+    row, each with its `length`), `_running` (the same, by request, in the order they joined) and
+    `_cache` (a SlotCache); they say which modules hold their weights (`_weights`), how wide a voice
+    prompt's latents are (`_prompt_width`) and how a clip becomes a prompt (`voice_prompt_from_audio`)."""
+
+    out_of_memory_errors = (MemoryError, torch.cuda.OutOfMemoryError)
+    model_kind: str  # what its voices name as their model
+    prompt_key: str  # the tensor a voice file holds: (frames, width)
+    _cache: SlotCache
+
+    def _place(self, source: str, device: str, dtype: str, name: str | None, seed: int | None) -> None:
+        """Name, device, precision, the noise generator (the engine's own: the global one stays as it is)."""
+        self.source, self.name = source, name or source.rstrip("/").rsplit("/", 1)[-1]
+        self.device, self.dtype = resolve_device(device), DTYPES[dtype]
+        if self.dtype != torch.float32 and self.device == "cpu":
+            raise EngineUnavailable(f"{self.name}: {dtype} needs CUDA; use fp32 on the CPU")
+        self._generator = torch.Generator(device=self.device)
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(seed)
+        self._specs: list[VoiceSpec] = []
+        self._prompts: dict[str, torch.Tensor] = {}
+        self._voices: list[Voice] = []
+        self._rows: list = []
+        self._running: dict[SynthesisRequest, object] = {}
+
+    def _weights(self) -> list[torch.nn.Module]:
+        raise NotImplementedError
+
+    def _prompt_width(self) -> int:
+        raise NotImplementedError
+
+    def voice_prompt_from_audio(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
+        raise NotImplementedError
+
+    # --- voices ---------------------------------------------------------------------------------
+
+    def voices(self) -> list[Voice]:
+        return list(self._voices)
+
+    def batch_key(self, voice: str, speed: float) -> Hashable:
+        return self.name  # any voices run together, and there is no speaking rate
+
+    def _read_prompt(self, path: Path) -> np.ndarray:
+        """A voice file: .safetensors latents, else an audio clip (encoded now)."""
+        if path.suffix == ".safetensors":
+            return load_file(str(path))[self.prompt_key].float().numpy()
+        return self.voice_prompt_from_audio(read_clip(path, self.sample_rate), self.sample_rate)
+
+    def add_voice(self, name: str, latents: np.ndarray) -> Voice:
+        """Offer (or replace) a voice with this prompt, latents (frames, width). Any thread may call it (and
+        remove_voice): the tables are swapped whole, and requests already running keep their voice."""
+        prompt = torch.as_tensor(np.asarray(latents, dtype=np.float32))
+        width = self._prompt_width()
+        if prompt.ndim != 2 or prompt.shape[0] == 0 or prompt.shape[1] != width:
+            raise ValueError(f"a voice prompt is (frames, {width}), not {tuple(prompt.shape)}")
+        voice = prompted_voices(self.model_kind, [name], self._specs, self.sample_rate)[0]
+        self._prompts = {**self._prompts, name: prompt.to(self.device)}
+        self._voices = [known for known in self._voices if known.name != name] + [voice]
+        return voice
+
+    def remove_voice(self, name: str) -> None:
+        self._prompts = {known: prompt for known, prompt in self._prompts.items() if known != name}
+        self._voices = [known for known in self._voices if known.name != name]
+
+    def _voice_prompt(self, item: SynthesisRequest) -> torch.Tensor:
+        prompt = self._prompts.get(item.voice)
+        if prompt is None:
+            raise ValueError(f"{self.name} has no voice {item.voice!r}")
+        return prompt
+
+    # --- running --------------------------------------------------------------------------------
+
+    def running(self) -> list[SynthesisRequest]:
+        return list(self._running)
+
+    def context_length(self, item: SynthesisRequest) -> int:
+        return self._running[item].length
+
+    # --- device memory --------------------------------------------------------------------------
+
+    def measure_memory(self, tokens, sizes: Sequence[int] = (1, 4)) -> None:
+        """CUDA only: the peak bytes a batch takes beyond the cache (whose bytes are kv_bytes_per_token),
+        per context position."""
+        if self.device != "cuda":
+            return
+        voice = self._voices[0].name
+        batches = [[SynthesisRequest(tokens=tokens, voice=voice, speed=1.0, key=self.name, deadline=math.inf)
+                    for _ in range(size)] for size in sizes]
+        self.synthesize(batches[-1])  # the cache grows to these lengths first
+        per_token = []
+        for batch in batches:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            self.synthesize(batch)
+            torch.cuda.synchronize()
+            per_token.append((torch.cuda.max_memory_allocated() - before) / sum(map(self.context_tokens, batch)))
+        self.bytes_per_padded_token = max(per_token)
+
+    def free_memory_bytes(self) -> int | None:
+        if self.device != "cuda":
+            return None
+        free, _ = torch.cuda.mem_get_info()
+        return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+
+    def release_memory(self) -> None:
+        """With nothing running, the cache goes too (the next admission makes one to its size)."""
+        if not self._rows:
+            self._cache.clear()
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+
+    def memory_bytes(self) -> int:
+        tensors = [tensor for module in self._weights() for tensor in [*module.parameters(), *module.buffers()]]
+        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
