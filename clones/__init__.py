@@ -60,7 +60,7 @@ class VoiceClones:
             clip = await asyncio.to_thread(read_clip, data)
             latents = await service.cloner.encode(target, clip)
             path = prompt_path(self.data_dir, target, name)
-            await asyncio.to_thread(save_prompt, path, latents)
+            await asyncio.to_thread(save_prompt, path, latents, service.cloner.prompt_key(target))
             record = await asyncio.to_thread(self._store, name, target, caller.identity, clip.duration_s, transcript,
                                              path, consent_at)
             try:

@@ -5,8 +5,9 @@ A model can clone when its engine has `voice_prompt_from_audio(audio, sample_rat
 
 - `read_clip` decodes an upload with PyAV (what the bytes are, never what a file name says) and checks
   it: audio at all, in an accepted container, 3 to 30 s long, not silent.
-- A cloned voice's prompt is a file, the latents in safetensors under `audio_prompt_latents` (as a
-  Pocket TTS voice file holds them), at <data dir>/voices/cloned/<model>/<name>.safetensors.
+- A cloned voice's prompt is a file, the latents in safetensors under the key the model's own voice
+  files use (Pocket TTS `audio_prompt_latents`, VibeVoice `acoustic_latents`: so a file can also serve
+  as a registry `prompt`), at <data dir>/voices/cloned/<model>/<name>.safetensors.
 - `ClonedVoices` is the set the server offers, swapped whole on every change like the catalogue, which
   lists them and says who may use each. Its `give_to` is the load hook: a model that loads later (the
   pool loads lazily, and after a restart) gets its cloned voices before its batcher starts.
@@ -127,16 +128,18 @@ def prompt_path(data_dir: Path, model: str, name: str) -> Path:
     return Path(data_dir) / "voices" / "cloned" / model / f"{name}.safetensors"
 
 
-def save_prompt(path: Path, latents: np.ndarray) -> None:
+def save_prompt(path: Path, latents: np.ndarray, key: str = PROMPT_KEY) -> None:
     """Written beside, then moved into place: a crash never leaves half a file under the voice's name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
-    save_file({PROMPT_KEY: np.ascontiguousarray(latents, dtype=np.float32)}, str(partial))
+    save_file({key: np.ascontiguousarray(latents, dtype=np.float32)}, str(partial))
     os.replace(partial, path)
 
 
 def load_prompt(path: str | Path) -> np.ndarray:
-    return load_file(str(path))[PROMPT_KEY]
+    """The file's latents, under whichever key its model names them."""
+    tensors = load_file(str(path))
+    return tensors.get(PROMPT_KEY, next(iter(tensors.values())))
 
 
 # --- the voices offered -----------------------------------------------------------------------------
@@ -243,6 +246,11 @@ class Cloner:
         if not able:
             raise _cannot_clone(model, self.models())
         return able[0]
+
+    def prompt_key(self, model: str) -> str:
+        """What the model's own voice files call their latents."""
+        batcher = self.pool.loaded().get(model)
+        return getattr(batcher.engine if batcher is not None else None, "prompt_key", PROMPT_KEY)
 
     async def encode(self, model: str, clip: Clip) -> np.ndarray:
         """The clip's voice prompt, made by the model's codec on its engine's thread (loaded first)."""

@@ -1,5 +1,6 @@
-"""Voice cloning on a real server (a tiny random Pocket TTS from a registry, loaded when first asked for;
-a real SQLite file), with real clips: the bundled Piper voice's speech encoded as wav, mp3, flac and ogg.
+"""Voice cloning on a real server (a tiny random Pocket TTS and a tiny random VibeVoice from a registry,
+loaded when first asked for; a real SQLite file), with real clips: the bundled Piper voice's speech
+encoded as wav, mp3, flac and ogg.
 
 A clip makes a voice its owner (an API key, or an address) can use and others cannot see until the
 admin makes it public; each bad clip, name, model or missing consent is refused saying which; the
@@ -8,11 +9,13 @@ voice can be deleted; it survives a restart; the admin's actions are audited."""
 import httpx
 import numpy as np
 import pytest
+import safetensors.numpy
 from gradio_client import Client, handle_file
 
 from bench.server import start_server
 from tests.audio_check import decode
 from tests.pocket_models import build_tiny_pocket, request
+from tests.vibevoice_models import build_tiny_vibevoice
 from tts_core.audio import encode
 from tts_core.engines.piper import PiperEngine, bundled_voice_path
 
@@ -43,9 +46,10 @@ def clip(speech, seconds: float, format_name: str = "wav", level: float = 1.0) -
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cloning")
-    model = build_tiny_pocket(folder / "tiny-pocket")
+    pocket, vibe = build_tiny_pocket(folder / "tiny-pocket"), build_tiny_vibevoice(folder / "tiny-vibe")
     registry = folder / "voices.yaml"
-    registry.write_text(f"voices:\n  pocket: {{engine: pocket_tts, model: '{model}', fixed_length: true}}\n")
+    registry.write_text(f"voices:\n  pocket: {{engine: pocket_tts, model: '{pocket}', fixed_length: true}}\n"
+                        f"  vibe: {{engine: vibevoice, model: '{vibe}', fixed_length: true}}\n")
     settings = dict(voices_file=str(registry), device="cpu", calibration_sizes="1", admin_token=TOKEN,
                     trusted_proxies="127.0.0.1", max_cloned_voices_per_caller=str(CAP), torch_threads="1")
     return folder / "data", settings
@@ -97,6 +101,15 @@ def test_each_container_makes_a_voice_whatever_the_file_is_called(server, speech
     made = clone(server.base_url, clip(speech, 4.0, format_name), f"in-{format_name}", caller(2), filename="x.txt")
     assert made.status_code == 201, made.text
     assert speak(server.base_url, f"in-{format_name}", caller(2)).status_code == 200
+
+
+def test_a_voice_is_cloned_for_the_model_asked_for(server, speech):
+    made = clone(server.base_url, clip(speech, 4.0), "vibe-clone", caller(15), model="vibevoice")
+    assert made.status_code == 201 and (made.json()["model"], made.json()["engine"]) == ("vibevoice", "tiny-vibe")
+    spoken = speak(server.base_url, "vibe-clone", caller(15))
+    assert spoken.status_code == 200 and spoken.headers["x-chorus-voice"] == "vibe-clone"
+    tensors = safetensors.numpy.load_file(server_data(server) / "voices/cloned/tiny-vibe/vibe-clone.safetensors")
+    assert list(tensors) == ["acoustic_latents"]  # as the model's own voice files name them
 
 
 def test_others_cannot_see_or_use_a_voice_until_the_admin_makes_it_public(server, speech):
