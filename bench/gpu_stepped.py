@@ -80,7 +80,7 @@ def served(engine: SteppedEngine, policy_name: str, token_lists: list, plan: dic
     """`clients` callers, each sending the next text when its last returns, for served_s; what is still
     queued or running then is cancelled."""
     metrics = Metrics(window_s=3600.0)  # every step of the run stays in the window
-    policy = make_step_policy(policy_name, engine.max_running, engine.frame_rate)
+    policy = make_step_policy(policy_name, engine.max_running)
     batcher = SteppedBatcher(engine, policy, RequestQueue(max_size=4 * plan["clients"] + 64), metrics,
                              calibration_sizes=plan["calibration_sizes"])
     batcher.start()

@@ -64,7 +64,7 @@ class Settings(BaseSettings):
     onnx_inter_op_threads: int = Field(1, ge=0)
     piper_noise_scale: float | None = Field(None, ge=0)  # None: the voice's own; 0 with noise_w 0: deterministic
     piper_noise_w: float | None = Field(None, ge=0)
-    torch_threads: int = Field(0, ge=0)  # torch's CPU threads for transformers engines; 0: all cores but one
+    torch_threads: int = Field(0, ge=0)  # torch's CPU threads for transformers engines; 0: torch's own (one a core)
     onnx_spinning: bool = False  # busy-wait idle onnxruntime threads (faster alone, slower when serving)
     voices_file: Path | None = None  # YAML voice registry (transformers VITS models, named Piper voices)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # for transformers models

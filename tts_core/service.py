@@ -121,7 +121,7 @@ class SpeechService:
                              order=settings.queue_order, max_per_caller=settings.max_queue_per_caller)
         shared = (settings.calibration_sizes, settings.min_free_mem_mb, settings.empty_cache_every)
         if isinstance(engine, SteppedEngine):
-            policy = make_step_policy(settings.batch_policy, engine.max_running, engine.frame_rate)
+            policy = make_step_policy(settings.batch_policy, engine.max_running)
             return SteppedBatcher(engine, policy, queue, metrics, *shared, settings.cpu_cache_mb)
         policy = make_policy(settings.batch_policy, settings.max_batch_size, settings.max_batch_tokens)
         return Batcher(engine, policy, queue, metrics, *shared)

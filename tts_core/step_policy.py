@@ -6,10 +6,11 @@ batcher feeds back every step's timing, every prefill's and every decode's.
 
 `ContinuousPolicy` (TTS_BATCH_POLICY=adaptive, Chorus's): a candidate joins at the next step when a
 place is free, its cache fits the memory budget, and the cost model says the server is better off
-with it running: one more running request must raise the frames made per second by `min_gain`,
-and while a stream is running or joining, each request's time per frame (the step, plus decoding
-its frame) must stay within the frame period, so that every stream plays in real time. A request
-that finishes leaves at once; nobody waits for the longest member of a batch.
+with it running: one more running request must raise the frames made per second by `min_gain`.
+A request that finishes leaves at once; nobody waits for the longest member of a batch. (Holding
+streams back to keep the running ones in real time was tried: on 2 CPU cores only 5 streams fit,
+and 8 streams' first audio waited 6-10 s for a place instead of coming within a second; a listener
+buffers a stream that is made below real time, it cannot buffer one that has not started.)
 
 `RequestLevelPolicy` is how the peers Chorus is measured against batch an autoregressive model:
 a batch is admitted only when nothing runs (after waiting up to `max_wait_s` for `max_batch`
@@ -32,7 +33,6 @@ class StepView:
 
     context: int  # context positions it holds now (a candidate: its prompt)
     final_context: int  # positions it will hold when done: what the memory budget counts
-    stream: bool  # a stream's listener needs its frames in real time
     deadline: float = float("inf")
     enqueued_at: float = 0.0
 
@@ -77,9 +77,8 @@ class StepPolicy:
     learns = False
     holds_results = False  # True: members' audio is handed out when their whole batch is done
 
-    def __init__(self, max_running: int, frame_rate: float):
+    def __init__(self, max_running: int):
         self.max_running = max_running
-        self.frame_period_s = 1.0 / frame_rate
         self.cost = StepCostModel()
 
     @property
@@ -103,8 +102,8 @@ class ContinuousPolicy(StepPolicy):
     name = "adaptive"
     learns = True
 
-    def __init__(self, max_running: int, frame_rate: float, min_gain: float = 0.02):
-        super().__init__(max_running, frame_rate)
+    def __init__(self, max_running: int, min_gain: float = 0.02):
+        super().__init__(max_running)
         self.min_gain = min_gain
 
     def plan(self, running: Sequence[StepView], queued: Sequence[StepView], now: float,
@@ -132,18 +131,15 @@ class ContinuousPolicy(StepPolicy):
         with_it = max(longest, candidate.context)
         before = count / self.cost.frame_s(count, longest)
         after = (count + 1) / self.cost.frame_s(count + 1, with_it)
-        if after < before * (1 + self.min_gain):
-            return False
-        streaming = candidate.stream or any(view.stream for view in members)
-        return not streaming or self.cost.frame_s(count + 1, with_it) <= self.frame_period_s
+        return after >= before * (1 + self.min_gain)
 
 
 class RequestLevelPolicy(StepPolicy):
     learns = False
     holds_results = True
 
-    def __init__(self, name: str, max_batch: int, max_wait_s: float, frame_rate: float):
-        super().__init__(max_batch, frame_rate)
+    def __init__(self, name: str, max_batch: int, max_wait_s: float):
+        super().__init__(max_batch)
         self.name = name
         self.max_wait_s = max_wait_s
 
@@ -157,16 +153,16 @@ class RequestLevelPolicy(StepPolicy):
         return BatchPlan(take=tuple(range(min(self.max_running, len(queued)))))
 
 
-# TTS_BATCH_POLICY for stepped engines: (max_running, frame_rate) -> policy; the same names as tts_core.policy's
-STEP_POLICIES: dict[str, Callable[[int, float], StepPolicy]] = {
+# TTS_BATCH_POLICY for stepped engines: max_running -> policy; the same names as tts_core.policy's
+STEP_POLICIES: dict[str, Callable[[int], StepPolicy]] = {
     "adaptive": ContinuousPolicy,
-    "sequential": lambda running, rate: RequestLevelPolicy("sequential", 1, 0.0, rate),
-    "static": lambda running, rate: RequestLevelPolicy("static", min(8, running), 0.5, rate),
-    "window": lambda running, rate: RequestLevelPolicy("window", min(16, running), 0.010, rate),
+    "sequential": lambda running: RequestLevelPolicy("sequential", 1, 0.0),
+    "static": lambda running: RequestLevelPolicy("static", min(8, running), 0.5),
+    "window": lambda running: RequestLevelPolicy("window", min(16, running), 0.010),
 }
 
 
-def make_step_policy(name: str, max_running: int, frame_rate: float) -> StepPolicy:
+def make_step_policy(name: str, max_running: int) -> StepPolicy:
     if name not in STEP_POLICIES:
         raise ValueError(f"unknown batch policy {name!r}; one of {', '.join(STEP_POLICIES)}")
-    return STEP_POLICIES[name](max_running, frame_rate)
+    return STEP_POLICIES[name](max_running)

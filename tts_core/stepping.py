@@ -136,7 +136,7 @@ class SteppedBatcher(Batcher):
     def _views(self, items: Sequence[SynthesisRequest], queued: bool = False) -> list[StepView]:
         engine = self.engine
         return [StepView(item.length if queued else engine.context_length(item), engine.context_tokens(item),
-                         item.pieces is not None, item.deadline, item.enqueued_at) for item in items]
+                         item.deadline, item.enqueued_at) for item in items]
 
     def _memory_tokens(self) -> int | None:
         """Context positions the cache may still grow by: device memory where the engine has some to

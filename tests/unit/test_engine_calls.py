@@ -40,7 +40,7 @@ class RecordingEngine(FakeSteppedEngine):
 @pytest.fixture
 def stepped():
     engine = RecordingEngine()
-    batcher = SteppedBatcher(engine, make_step_policy("adaptive", engine.max_running, engine.frame_rate),
+    batcher = SteppedBatcher(engine, make_step_policy("adaptive", engine.max_running),
                              RequestQueue(64), Metrics(), calibration_sizes=(1,))
     batcher.start()
     assert batcher.ready.wait(30)

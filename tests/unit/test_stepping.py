@@ -33,7 +33,7 @@ def start():
     started = []
 
     def start(engine: FakeSteppedEngine, policy: str = "adaptive", cpu_cache_mb: int = 1024) -> SteppedBatcher:
-        batcher = SteppedBatcher(engine, make_step_policy(policy, engine.max_running, engine.frame_rate),
+        batcher = SteppedBatcher(engine, make_step_policy(policy, engine.max_running),
                                  RequestQueue(64), Metrics(), calibration_sizes=(1, 2), cpu_cache_mb=cpu_cache_mb)
         batcher.start()
         assert batcher.ready.wait(30)
@@ -194,12 +194,12 @@ def test_the_request_level_peer_holds_results_until_its_batch_is_done(start):
 
 # --- the pure policy -----------------------------------------------------------------------------------
 
-def view(context: int = 50, final: int = 200, stream: bool = False) -> StepView:
-    return StepView(context, final, stream)
+def view(context: int = 50, final: int = 200) -> StepView:
+    return StepView(context, final)
 
 
-def calibrated(frame_rate: float = 12.5, decode_s: float = 0.007) -> ContinuousPolicy:
-    policy = ContinuousPolicy(max_running=16, frame_rate=frame_rate)
+def calibrated(decode_s: float = 0.007) -> ContinuousPolicy:
+    policy = ContinuousPolicy(max_running=16)
     for running in (1, 2, 4, 8, 16):
         for longest in (100, 400):  # the research's CPU fit: 25.8 ms + 2.37 ms a request + 3.08 us a position
             policy.cost.observe_step(running, longest, 0.0258 + 0.00237 * running + 3.08e-6 * running * longest,
@@ -216,13 +216,6 @@ def test_the_continuous_policy_grows_the_running_set_while_it_pays():
     assert len(flat.plan([], [view() for _ in range(20)], now=0.0).take) > len(plan.take)
 
 
-def test_streams_keep_every_running_request_in_real_time():
-    policy = calibrated()
-    plan = policy.plan([], [view(stream=True) for _ in range(20)], now=0.0)
-    frame_s = policy.cost.frame_s(len(plan.take), 50)
-    assert frame_s <= 1 / 12.5 < policy.cost.frame_s(len(plan.take) + 1, 50)
-
-
 def test_the_memory_budget_bounds_who_joins():
     policy = calibrated()
     plan = policy.plan([view(final=300)], [view(final=300) for _ in range(5)], now=0.0, memory_tokens=1000)
@@ -230,8 +223,8 @@ def test_the_memory_budget_bounds_who_joins():
 
 
 def test_the_request_level_peer_waits_then_takes_a_batch_only_when_nothing_runs():
-    peer = RequestLevelPolicy("static", 8, 0.5, 12.5)
-    queued = [StepView(10, 50, False, enqueued_at=0.0) for _ in range(3)]
+    peer = RequestLevelPolicy("static", 8, 0.5)
+    queued = [StepView(10, 50, enqueued_at=0.0) for _ in range(3)]
     assert peer.plan([], queued, now=0.1).take == () and peer.plan([], queued, now=0.6).take == (0, 1, 2)
     assert peer.plan([view()], queued, now=5.0).take == ()
 
