@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .batcher import CALIBRATION_TEXT, Batcher
-from .engines.base import SteppedEngine
+from .engines.base import FILE_PIECE_S, STREAM_PIECE_S, SteppedEngine
 from .errors import ChorusError, ClientGone, Overloaded, SynthesisError
 from .metrics import Metrics
 from .queue import RequestQueue
@@ -36,11 +36,6 @@ from .step_policy import StepPolicy, StepView
 
 log = logging.getLogger(__name__)
 
-# A request's new frames are decoded every so much audio: a stream's in short pieces, so it plays soon after
-# its prefill (4 frames of Pocket TTS, 3 of VibeVoice); a whole file's in longer ones, which the codec decodes
-# for less a frame (measured with Pocket TTS on this CPU: 7.1 ms a frame in pieces of 4, 6.2 in pieces of 8+)
-STREAM_PIECE_S = 0.3
-FILE_PIECE_S = 1.2
 CALIBRATION_STEPS = 3  # steps timed per calibration point
 
 

@@ -259,3 +259,26 @@ def test_a_voice_without_speed_control_refuses_other_speeds(service):
     with pytest.raises(InvalidRequest) as refused:
         asyncio.run(service.synthesize("Hello there.", "fake-ar-voice", speed=1.5))
     assert refused.value.param == "speed" and "speaking-rate" in refused.value.message
+
+
+def test_one_shot_synthesize_joins_late_items_and_decodes_whole_files_in_pieces():
+    """SteppedEngine.synthesize (warm-up, the benchmark's ceiling) runs more items than fit, each joining
+    when a place frees, and takes each item's audio every FILE_PIECE_S (as the batcher does for a file)."""
+    from tts_core.engines.base import FILE_PIECE_S
+
+    class Counting(FakeSteppedEngine):
+        takes: list[int] = []
+
+        def take_audio(self, item, final=False):
+            audio = super().take_audio(item, final)
+            self.takes.append(audio.size // FRAME)
+            return audio
+
+    engine = Counting(max_running=2)
+    batch = [item(40, tag=1), item(5, tag=2), item(30, tag=3)]
+    audio = engine.synthesize(batch)
+    assert [a.size for a in audio] == [40 * FRAME, 5 * FRAME, 30 * FRAME]
+    assert [float(a[0]) for a in audio] == pytest.approx([0.001, 0.002, 0.003])  # each its own audio
+    piece = math.ceil(FILE_PIECE_S * engine.frame_rate)
+    assert max(engine.takes) == piece and len(engine.takes) == 40 // piece + 1 + 30 // piece + 1 + 1
+    assert max(engine.steps_run) == 2  # never more running than places
