@@ -1,6 +1,7 @@
 """The English text front end: what is said for what was written, the map back to the input, the
 options, other languages, and linear time on hostile input."""
 
+import random
 import time
 
 import pytest
@@ -178,6 +179,28 @@ def test_every_piece_maps_to_its_slice_of_the_input_in_order(text, normalize):
         assert (piece.start == piece.end) == (piece.kind == BREAK)
         if piece.kind == TEXT and text.isascii():  # as written: the same words (markup and white space aside)
             assert piece.spoken.split() == text[piece.start:piece.end].split(), piece
+
+
+PARTS = list("aZ09 .,:;!?-–()[]<>*_`~#|\\/@&+=%$€°'\"") + [
+    "\n", "\r\n", "http://", "www.", ".com", "@x.io", "![", "](", "](/ə/)", "\u0301", "😀", "ﬁ", "١", "am", "Nov",
+    " km", "e.g.", "Dr.", "| ", "|---|", "```", "> ", "- ", "1. ", "&amp;", "\\*", "<b>", "(s)", "1st", " million",
+    "\u200d"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_any_text_keeps_the_map_in_order(seed):
+    """Random texts of markdown, numbers and symbols: each is spoken or refused with a TextError, and the
+    pieces stay inside the input, in order."""
+    rng = random.Random(seed)
+    for _ in range(100):
+        text = "".join(rng.choice(PARTS) for _ in range(rng.randint(1, 60)))
+        try:
+            spoken = normalize_text(text, "en_US")
+        except TextError:
+            continue
+        assert spoken.text == spoken.text.strip() and "  " not in spoken.text, text
+        starts, ends = [piece.start for piece in spoken.pieces], [piece.end for piece in spoken.pieces]
+        assert starts == sorted(starts) and ends == sorted(ends) and 0 <= starts[0] and ends[-1] <= len(text), text
 
 
 def test_said_pieces_name_what_they_say():

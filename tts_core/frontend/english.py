@@ -14,7 +14,7 @@ from itertools import groupby
 
 from num2words import num2words
 
-from .lexer import EMAIL, NUMBER, SPACE, SYMBOL, URL, WORD, Token, lex
+from .lexer import DIGITS, EMAIL, NUMBER, SPACE, SYMBOL, URL, WORD, Token, lex
 from .mapped import Mapped
 from .options import NormalizationOptions
 from .pieces import TEXT, Piece, as_written, piece_of
@@ -177,7 +177,7 @@ def say_url(url: str) -> str:
     rest = rest.split("?", 1)[0].split("#", 1)[0].rstrip("/")
     host, _, path = rest.partition("/")
     host, _, port = host.partition(":")
-    words = [spell(host)] + (["colon", digits(port)] if port.isdigit() else [])
+    words = [spell(host)] + (["colon", digits(port)] if port and all(char in DIGITS for char in port) else [])
     words += [f"slash {spell(segment, {'.': 'dot'})}" for segment in path.split("/") if segment]
     return " ".join(words)
 
@@ -187,7 +187,7 @@ def spell(part: str, marks: dict[str, str] | None = None) -> str:
     are pauses."""
     marks = {".": "dot", "-": "dash"} if marks is None else marks
     words = []
-    for kind, run in groupby(part, lambda char: "digit" if char.isdigit() else "letter" if char.isalpha() else ""):
+    for kind, run in groupby(part, lambda char: "digit" if char in DIGITS else "letter" if char.isalnum() else ""):
         run = "".join(run)
         words.append(digits(run) if kind == "digit" else run if kind else " ".join(marks.get(mark, "") for mark in run))
     return " ".join(" ".join(words).split())

@@ -11,8 +11,7 @@ parses; this module only decides what is said and finds it in the source).
 
 Each inline token's text is found in the source by a forward search from where the last one was
 found, so every part keeps its place in the caller's input; the search stops for the rest of a block
-if a token is not where it should be (its text then maps to the rest of the block), so the work
-stays linear in the input's length whatever it is.
+if a token is not where it should be, so the work stays linear in the input's length whatever it is.
 """
 
 from __future__ import annotations
@@ -98,12 +97,14 @@ def markdown_parts(source: Mapped) -> list[Part]:
 
 
 class _InlineReader:
-    """Finds an inline token's children in source.text[cursor:limit], in order."""
+    """Finds an inline token's children in source.text[cursor:limit], in order. Should one not be
+    where it should be (markdown-it rewrote it: an escaped pipe in a table cell), the search stops
+    there: the rest of the block's text maps to the source from there to the block's end."""
 
     def __init__(self, source: Mapped, cursor: int, limit: int):
         self.source, self.text = source, source.text
         self.cursor, self.limit = cursor, limit
-        self.lost = False  # a child was not found: the rest of this block maps to cursor..limit
+        self.lost_from: int | None = None  # where the search stopped, if it did
 
     def read(self, children: list[Token]) -> list[Part]:
         parts: list[Part] = []
@@ -129,7 +130,7 @@ class _InlineReader:
         if kind == "text_special":  # an escape or an entity: its text stands for its markup
             return [self.take(child.markup, child.content)]
         if kind in ("softbreak", "hardbreak"):
-            return [Break(self.source.position(self.find("\n")), LINE)]
+            return [self.take("\n")]
         if kind == "code_inline":
             self.find(child.markup)
             code = self.take(child.content)
@@ -164,7 +165,7 @@ class _InlineReader:
         """Past an inline link's (destination "title") if one follows, or a reference's [label];
         returns the destination as written."""
         text, at, limit = self.text, self.cursor, self.limit
-        if self.lost or at >= limit or text[at] not in "([":
+        if self.lost_from is not None or at >= limit or text[at] not in "([":
             return None
         if text[at] == "[":
             self.find("]")
@@ -176,7 +177,7 @@ class _InlineReader:
         if at < limit and text[at] == ")":
             self.cursor = at + 1
             return destination.str if destination.ok else ""
-        self.lost = True
+        self._lose()
         return None
 
     def _skip_space(self, at: int) -> int:
@@ -185,28 +186,27 @@ class _InlineReader:
         return at
 
     def find(self, needle: str) -> int:
-        """The position of needle from the cursor on (the cursor moves past it); the cursor if lost."""
-        if not self.lost:
+        """The position of needle from the cursor on (the cursor moves past it)."""
+        if self.lost_from is None:
             found = self.text.find(needle, self.cursor, self.limit)
             if found >= 0:
                 self.cursor = found + len(needle)
                 return found
-            self.lost = True
+            self._lose()
         return self.cursor
+
+    def _lose(self) -> None:
+        self.lost_from = max(0, min(self.cursor, self.limit - 1))
+        self.cursor = self.limit
 
     def take(self, written: str, said: str | None = None) -> Mapped:
         """The source's `written` at the cursor on, as `said` (itself if None)."""
         said = written if said is None else said
-        if not self.lost:
-            start = self.find(written)
-            if not self.lost:
-                part = self.source.slice(start, self.cursor)
-                return part if said == written else part.replaced(said, 0, len(part))
-        rest = self.source.slice(self.cursor, self.limit) if self.cursor < self.limit else None
-        if rest is None:
-            position = self.source.position(self.cursor)
-            return Mapped(said, (position,) * len(said), (position,) * len(said))
-        return rest.replaced(said, 0, len(rest))
+        start = self.find(written)
+        if self.lost_from is None:
+            part = self.source.slice(start, self.cursor)
+            return part if said == written else part.replaced(said, 0, len(part))
+        return self.source.replaced(said, self.lost_from, max(self.limit, self.lost_from + 1))
 
 
 def _without_tags(source: Mapped, start: int, end: int) -> list[Part]:
