@@ -12,53 +12,53 @@ from __future__ import annotations
 from collections.abc import Callable
 from itertools import groupby
 
-from num2words import num2words
-
-from .lexer import DIGITS, EMAIL, NUMBER, SPACE, SYMBOL, URL, WORD, Token, lex
+from .english_words import (
+    CURRENCIES,
+    DEGREES,
+    MAX_CARDINAL_DIGITS,
+    MONTH_NAMES,
+    MONTHS,
+    ORDINAL_ENDINGS,
+    PAUSES,
+    PHRASES,
+    SCALE_SUFFIXES,
+    SCALE_WORDS,
+    SYMBOLS,
+    TITLES,
+    UNITS,
+    cardinal,
+    decade,
+    digits,
+    is_year,
+    number_words,
+    ordinal,
+    year,
+)
+from .lexer import (
+    DIGITS,
+    EMAIL,
+    NUMBER,
+    SPACE,
+    SYMBOL,
+    URL,
+    WORD,
+    Token,
+    after_space,
+    ends_sentence,
+    ends_word,
+    integer_at,
+    is_at,
+    lex,
+    starts_word,
+)
 from .mapped import Mapped
 from .options import NormalizationOptions
 from .pieces import TEXT, Piece, as_written, piece_of
 
 Found = tuple[int, str, str] | None  # (index after the tokens read, what they say, the option covering it)
-
-MAX_CARDINAL_DIGITS = 15  # longer digit strings are read digit by digit
-DIGIT_WORDS = {str(digit): num2words(digit, lang="en") for digit in range(10)}
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December")
-MONTH_NAMES = {**{month: month for month in MONTHS}, **{month[:3]: month for month in MONTHS}, "Sept": "September"}
-CURRENCIES = {"$": ("dollar", "dollars", "cent", "cents"), "€": ("euro", "euros", "cent", "cents"),
-              "£": ("pound", "pounds", "penny", "pence"), "¥": ("yen", "yen", "sen", "sen"),
-              "₹": ("rupee", "rupees", "paisa", "paise")}
-SCALE_WORDS = frozenset({"thousand", "million", "billion", "trillion"})  # after a space: $1.5 million
-SCALE_SUFFIXES = {"k": "thousand", "K": "thousand", "m": "million", "M": "million", "mn": "million",
-                  "b": "billion", "B": "billion", "bn": "billion", "T": "trillion", "tn": "trillion"}  # $2bn
-UNITS = {
-    "km": ("kilometer", "kilometers"), "m": ("meter", "meters"), "cm": ("centimeter", "centimeters"),
-    "mm": ("millimeter", "millimeters"), "mi": ("mile", "miles"), "ft": ("foot", "feet"), "yd": ("yard", "yards"),
-    "kg": ("kilogram", "kilograms"), "g": ("gram", "grams"), "mg": ("milligram", "milligrams"),
-    "lb": ("pound", "pounds"), "lbs": ("pound", "pounds"), "oz": ("ounce", "ounces"), "l": ("liter", "liters"),
-    "L": ("liter", "liters"), "ml": ("milliliter", "milliliters"), "mL": ("milliliter", "milliliters"),
-    "km/h": ("kilometer per hour", "kilometers per hour"), "kph": ("kilometer per hour", "kilometers per hour"),
-    "mph": ("mile per hour", "miles per hour"), "m/s": ("meter per second", "meters per second"),
-    "ms": ("millisecond", "milliseconds"), "sec": ("second", "seconds"), "min": ("minute", "minutes"),
-    "h": ("hour", "hours"), "hr": ("hour", "hours"), "hrs": ("hour", "hours"), "Hz": ("hertz", "hertz"),
-    "kHz": ("kilohertz", "kilohertz"), "MHz": ("megahertz", "megahertz"), "GHz": ("gigahertz", "gigahertz"),
-    "KB": ("kilobyte", "kilobytes"), "kB": ("kilobyte", "kilobytes"), "MB": ("megabyte", "megabytes"),
-    "GB": ("gigabyte", "gigabytes"), "TB": ("terabyte", "terabytes"), "Mbps": ("megabit per second",
-    "megabits per second"), "Gbps": ("gigabit per second", "gigabits per second"), "W": ("watt", "watts"),
-    "kW": ("kilowatt", "kilowatts"), "kWh": ("kilowatt hour", "kilowatt hours"), "V": ("volt", "volts"),
-    "mAh": ("milliamp hour", "milliamp hours"), "px": ("pixel", "pixels"),
-}
-DEGREES = {"C": ("degree Celsius", "degrees Celsius"), "F": ("degree Fahrenheit", "degrees Fahrenheit"),
-           "": ("degree", "degrees")}
-TITLES = {"Dr": "Doctor", "Mr": "Mister", "Mrs": "Missus", "Ms": "Miz", "Prof": "Professor", "Jr": "Junior",
-          "Sr": "Senior", "Mt": "Mount"}  # before a name: as written, with the period
-PHRASES = {"e.g": "for example", "i.e": "that is", "etc": "et cetera", "vs": "versus", "approx": "approximately"}
-SYMBOLS = {"&": "and", "+": "plus", "=": "equals", "@": "at", "/": "slash", "%": "percent"}
-PAUSES = frozenset("*_|\\^`{}[]<>#~")  # markup left over: a space, not a word
-ORDINAL_ENDINGS = frozenset({"st", "nd", "rd", "th"})
 MINUS = frozenset("-−")
 DASHES = frozenset("-–—")
+
 
 
 def verbalize(text: Mapped, options: NormalizationOptions) -> list[Piece]:
@@ -85,76 +85,6 @@ def _first_match(tokens: list[Token], index: int) -> Found:
         if (found := rule(tokens, index)) is not None:
             return found
     return None
-
-
-# --- number words ---------------------------------------------------------------------------------
-
-def number_words(written: str) -> str:
-    """A number as written ("1,234", "3.14", "007") in words."""
-    whole, _, fraction = written.replace(",", "").partition(".")
-    spoken = cardinal(whole)
-    return f"{spoken} point {digits(fraction)}" if fraction else spoken
-
-
-def cardinal(whole: str) -> str:
-    if (len(whole) > 1 and whole[0] == "0") or len(whole) > MAX_CARDINAL_DIGITS:
-        return digits(whole)
-    return num2words(int(whole), lang="en").replace(",", "")
-
-
-def digits(written: str) -> str:
-    return " ".join(DIGIT_WORDS[digit] for digit in written)
-
-
-def ordinal(whole: str) -> str:
-    return num2words(int(whole), lang="en", to="ordinal").replace(",", "")
-
-
-def year(whole: str) -> str:
-    return num2words(int(whole), lang="en", to="year").replace(",", "")
-
-
-def is_year(written: str) -> bool:
-    return len(written) == 4 and written.isdigit() and 1100 <= int(written) <= 2099
-
-
-def decade(written: str) -> str | None:
-    """The 1990s, the 80s: "nineteen nineties", "eighties"."""
-    if written[-1] != "0" or not (is_year(written) or (len(written) == 2 and written[0] != "0")):
-        return None
-    words = year(written) if len(written) == 4 else cardinal(written)
-    return words[:-1] + "ies" if words.endswith("y") else words + "s"
-
-
-# --- token tests ----------------------------------------------------------------------------------
-
-def _is(tokens: list[Token], index: int, kind: str, texts=None) -> bool:
-    return index < len(tokens) and tokens[index].kind == kind and (texts is None or tokens[index].text in texts)
-
-
-def _integer(tokens: list[Token], index: int, sizes=range(1, MAX_CARDINAL_DIGITS + 1)) -> bool:
-    """A number of digits only (no grouping, no decimals), of one of these lengths."""
-    return _is(tokens, index, NUMBER) and tokens[index].text.isdigit() and len(tokens[index].text) in sizes
-
-
-def _ends_word(tokens: list[Token], index: int) -> bool:
-    """Nothing that continues a word or number at tokens[index]."""
-    return index >= len(tokens) or tokens[index].kind not in (WORD, NUMBER)
-
-
-def _starts_word(tokens: list[Token], index: int) -> bool:
-    return index == 0 or tokens[index - 1].kind in (SPACE, SYMBOL)
-
-
-def _ends_sentence(tokens: list[Token], index: int) -> bool:
-    """A period read at tokens[index - 1] ended its sentence (text ends, or a capital follows)."""
-    return index >= len(tokens) or (tokens[index].kind == SPACE and (
-        index + 1 >= len(tokens) or "\n" in tokens[index].text or tokens[index + 1].text[:1].isupper()))
-
-
-def _space(tokens: list[Token], index: int) -> int:
-    """Past one plain space at tokens[index], if there is one."""
-    return index + 1 if _is(tokens, index, SPACE, (" ",)) else index
 
 
 # --- rules ----------------------------------------------------------------------------------------
@@ -207,8 +137,8 @@ def _say_date(month: int, day: int, year_written: str | None) -> str | None:
 def _numeric_date(tokens: list[Token], index: int) -> Found:
     """2026-11-30; 11/30/2026 (month first, as in the US), or 30/11/2026 where the first cannot be a month."""
     numbers = (index, index + 2, index + 4)
-    if not (all(_integer(tokens, at) for at in numbers) and _is(tokens, index + 1, SYMBOL, ("-", "/"))
-            and _is(tokens, index + 3, SYMBOL, (tokens[index + 1].text,)) and _ends_word(tokens, index + 5)):
+    if not (all(integer_at(tokens, at) for at in numbers) and is_at(tokens, index + 1, SYMBOL, ("-", "/"))
+            and is_at(tokens, index + 3, SYMBOL, (tokens[index + 1].text,)) and ends_word(tokens, index + 5)):
         return None
     first, second, third = (tokens[at].text for at in numbers)
     if tokens[index + 1].text == "-" and len(first) == 4 and len(second) == len(third) == 2:
@@ -223,26 +153,27 @@ def _numeric_date(tokens: list[Token], index: int) -> Found:
 
 def _day_number(tokens: list[Token], index: int) -> tuple[int, int] | None:
     """A day of the month, "30" or "30th": (the day, the index after it)."""
-    if not _integer(tokens, index, (1, 2)):
+    if not integer_at(tokens, index, (1, 2)):
         return None
-    end = index + 2 if _is(tokens, index + 1, WORD) and tokens[index + 1].text.lower() in ORDINAL_ENDINGS else index + 1
-    return (int(tokens[index].text), end) if _ends_word(tokens, end) else None
+    ordinal_ending = is_at(tokens, index + 1, WORD) and tokens[index + 1].text.lower() in ORDINAL_ENDINGS
+    end = index + 2 if ordinal_ending else index + 1
+    return (int(tokens[index].text), end) if ends_word(tokens, end) else None
 
 
 def _year_after(tokens: list[Token], index: int, comma: bool) -> tuple[str | None, int]:
     """An optional year after a date: ", 2026" or " 2026"."""
-    at = index + 1 if comma and _is(tokens, index, SYMBOL, (",",)) else index
-    at = _space(tokens, at)
-    if at > index and _integer(tokens, at, (4,)) and _ends_word(tokens, at + 1):
+    at = index + 1 if comma and is_at(tokens, index, SYMBOL, (",",)) else index
+    at = after_space(tokens, at)
+    if at > index and integer_at(tokens, at, (4,)) and ends_word(tokens, at + 1):
         return tokens[at].text, at + 1
     return None, index
 
 
 def _month_day(tokens: list[Token], index: int) -> Found:
     """Nov 30, 2026; November 30th; Nov. 30"""
-    if not _is(tokens, index, WORD) or tokens[index].text not in MONTH_NAMES:
+    if not is_at(tokens, index, WORD) or tokens[index].text not in MONTH_NAMES:
         return None
-    at = _space(tokens, index + 2 if _is(tokens, index + 1, SYMBOL, (".",)) else index + 1)
+    at = after_space(tokens, index + 2 if is_at(tokens, index + 1, SYMBOL, (".",)) else index + 1)
     day = _day_number(tokens, at) if at > index + 1 else None
     if day is None:
         return None
@@ -256,10 +187,10 @@ def _day_month(tokens: list[Token], index: int) -> Found:
     day = _day_number(tokens, index)
     if day is None:
         return None
-    at = _space(tokens, day[1])
-    if _is(tokens, at, WORD, ("of",)):
-        at = _space(tokens, at + 1)
-    if at == day[1] or not _is(tokens, at, WORD) or tokens[at].text not in MONTH_NAMES:
+    at = after_space(tokens, day[1])
+    if is_at(tokens, at, WORD, ("of",)):
+        at = after_space(tokens, at + 1)
+    if at == day[1] or not is_at(tokens, at, WORD) or tokens[at].text not in MONTH_NAMES:
         return None
     year_written, end = _year_after(tokens, at + 1, comma=False)
     month = MONTH_NAMES[tokens[at].text]
@@ -271,23 +202,23 @@ def _day_month(tokens: list[Token], index: int) -> Found:
 
 def phone(tokens: list[Token], index: int) -> Found:
     """+1 555 123 4567, (555) 123-4567, 555-123-4567, +44 20 7946 0958, 555-1234: digit by digit."""
-    plus = _is(tokens, index, SYMBOL, ("+",))
+    plus = is_at(tokens, index, SYMBOL, ("+",))
     at, groups, end = index + 1 if plus else index, [], index
     while at < len(tokens) and len(groups) < 6:
-        bracketed = _is(tokens, at, SYMBOL, ("(",)) and _integer(tokens, at + 1, (1, 2, 3, 4)) and _is(
+        bracketed = is_at(tokens, at, SYMBOL, ("(",)) and integer_at(tokens, at + 1, (1, 2, 3, 4)) and is_at(
             tokens, at + 2, SYMBOL, (")",))
-        if not (bracketed or _integer(tokens, at, (1, 2, 3, 4))):
+        if not (bracketed or integer_at(tokens, at, (1, 2, 3, 4))):
             break
         groups.append(tokens[at + 1 if bracketed else at].text)
         at, end = at + (3 if bracketed else 1), at + (3 if bracketed else 1)
-        if _is(tokens, at, SYMBOL, ("-", ".")) or _is(tokens, at, SPACE, (" ",)):
+        if is_at(tokens, at, SYMBOL, ("-", ".")) or is_at(tokens, at, SPACE, (" ",)):
             at += 1
-    if not groups or not _ends_word(tokens, end):
+    if not groups or not ends_word(tokens, end):
         return None
     sizes, total = [len(group) for group in groups], sum(len(group) for group in groups)
     international = plus and len(groups) > 1 and 8 <= total <= 15
     national = len(groups) >= 3 and sizes[-1] == 4 and min(sizes[1:]) >= 3 and total in (10, 11)
-    local = sizes == [3, 4] and _is(tokens, index + 1, SYMBOL, ("-",))
+    local = sizes == [3, 4] and is_at(tokens, index + 1, SYMBOL, ("-",))
     if not (international or national or local):
         return None
     return end, ("plus " if plus else "") + ", ".join(digits(group) for group in groups), "phone_normalization"
@@ -295,19 +226,19 @@ def phone(tokens: list[Token], index: int) -> Found:
 
 def time(tokens: list[Token], index: int) -> Found:
     """3:30 pm, 14:05, 10:30:15, 7am, 7 p.m."""
-    if not _integer(tokens, index, (1, 2)):
+    if not integer_at(tokens, index, (1, 2)):
         return None
     hour, at, minute, second = int(tokens[index].text), index + 1, None, None
-    if _is(tokens, at, SYMBOL, (":",)) and _integer(tokens, at + 1, (2,)):
+    if is_at(tokens, at, SYMBOL, (":",)) and integer_at(tokens, at + 1, (2,)):
         minute, at = int(tokens[at + 1].text), at + 2
-        if _is(tokens, at, SYMBOL, (":",)) and _integer(tokens, at + 1, (2,)):
+        if is_at(tokens, at, SYMBOL, (":",)) and integer_at(tokens, at + 1, (2,)):
             second, at = int(tokens[at + 1].text), at + 2
     period = _period(tokens, at)
     if (minute is None and period is None) or hour > (12 if period else 23) or (minute or 0) > 59 or (
             second or 0) > 59:
         return None
     end = period[0] if period else at
-    if not _ends_word(tokens, end):
+    if not ends_word(tokens, end):
         return None
     words = [cardinal(str(hour))]
     if minute:
@@ -323,35 +254,35 @@ def time(tokens: list[Token], index: int) -> Found:
 
 def _period(tokens: list[Token], index: int) -> tuple[int, str] | None:
     """am, pm, a.m., P.M. after a time: (the index after it, what it says)."""
-    at = _space(tokens, index)
-    if _is(tokens, at, WORD) and tokens[at].text.lower() in ("am", "pm") and _ends_word(tokens, at + 1):
+    at = after_space(tokens, index)
+    if is_at(tokens, at, WORD) and tokens[at].text.lower() in ("am", "pm") and ends_word(tokens, at + 1):
         return at + 1, f"{tokens[at].text[0].lower()} m"
     dotted = [token.text.lower() for token in tokens[at:at + 4]]
     if dotted[:3] in (["a", ".", "m"], ["p", ".", "m"]) and dotted[3:] == ["."]:
         end = at + 4
-        return end, f"{dotted[0]} m" + ("." if _ends_sentence(tokens, end) else "")
+        return end, f"{dotted[0]} m" + ("." if ends_sentence(tokens, end) else "")
     return None
 
 
 def money(tokens: list[Token], index: int) -> Found:
     """$5, $3.50, €20, £1.5 million, $2bn, -$5"""
-    negative = _is(tokens, index, SYMBOL, MINUS) and _starts_word(tokens, index)
+    negative = is_at(tokens, index, SYMBOL, MINUS) and starts_word(tokens, index)
     at = index + 1 if negative else index
-    if not (_is(tokens, at, SYMBOL, CURRENCIES) and _is(tokens, at + 1, NUMBER)):
+    if not (is_at(tokens, at, SYMBOL, CURRENCIES) and is_at(tokens, at + 1, NUMBER)):
         return None
     unit, units, cent, cents = CURRENCIES[tokens[at].text]
     written, end = tokens[at + 1].text, at + 2
-    scale, spaced = None, _space(tokens, end)
-    if _is(tokens, end, WORD, SCALE_SUFFIXES) and _ends_word(tokens, end + 1):
+    scale, spaced = None, after_space(tokens, end)
+    if is_at(tokens, end, WORD, SCALE_SUFFIXES) and ends_word(tokens, end + 1):
         scale, end = SCALE_SUFFIXES[tokens[end].text], end + 1
-    elif spaced > end and _is(tokens, spaced, WORD, SCALE_WORDS):
+    elif spaced > end and is_at(tokens, spaced, WORD, SCALE_WORDS):
         scale, end = tokens[spaced].text, spaced + 1
-    if not _ends_word(tokens, end):
+    if not ends_word(tokens, end):
         return None
     whole, _, fraction = written.replace(",", "").partition(".")
-    if _is(tokens, end, SYMBOL, DASHES):  # a range: $5-10, $5–$10
-        upper = end + 2 if _is(tokens, end + 1, SYMBOL, (tokens[at].text,)) else end + 1
-        if _is(tokens, upper, NUMBER) and _ends_word(tokens, upper + 1) and not scale:
+    if is_at(tokens, end, SYMBOL, DASHES):  # a range: $5-10, $5–$10
+        upper = end + 2 if is_at(tokens, end + 1, SYMBOL, (tokens[at].text,)) else end + 1
+        if is_at(tokens, upper, NUMBER) and ends_word(tokens, upper + 1) and not scale:
             spoken = f"{number_words(written)} to {number_words(tokens[upper].text)} {units}"
             return upper + 1, ("minus " if negative else "") + spoken, "currency_normalization"
     if scale:
@@ -369,28 +300,28 @@ def money(tokens: list[Token], index: int) -> Found:
 
 def abbreviation(tokens: list[Token], index: int) -> Found:
     """Dr. Smith, e.g., etc., vs., No. 5"""
-    if not (_is(tokens, index, WORD) and _starts_word(tokens, index)):
+    if not (is_at(tokens, index, WORD) and starts_word(tokens, index)):
         return None
     key, at = tokens[index].text, index + 1
-    if (len(key) == 1 and _is(tokens, at, SYMBOL, (".",)) and _is(tokens, at + 1, WORD)
+    if (len(key) == 1 and is_at(tokens, at, SYMBOL, (".",)) and is_at(tokens, at + 1, WORD)
             and len(tokens[at + 1].text) == 1):  # e.g., i.e.
         key, at = f"{key}.{tokens[at + 1].text}", at + 2
-    dotted = _is(tokens, at, SYMBOL, (".",))
+    dotted = is_at(tokens, at, SYMBOL, (".",))
     end = at + 1 if dotted else at
     if dotted and key in TITLES:
         return end, TITLES[key], "abbreviation_normalization"
     if key.lower() in PHRASES and (dotted or key.lower() == "vs"):
-        spoken = PHRASES[key.lower()] + ("." if dotted and _ends_sentence(tokens, end) else "")
+        spoken = PHRASES[key.lower()] + ("." if dotted and ends_sentence(tokens, end) else "")
         return end, spoken, "abbreviation_normalization"
-    if dotted and key in ("No", "no") and _integer(tokens, _space(tokens, end)):
+    if dotted and key in ("No", "no") and integer_at(tokens, after_space(tokens, end)):
         return end, "number", "abbreviation_normalization"
     return None
 
 
 def optional_plural(tokens: list[Token], index: int) -> Found:
     """file(s) -> files"""
-    if (_is(tokens, index, WORD) and _is(tokens, index + 1, SYMBOL, ("(",)) and _is(tokens, index + 2, WORD, ("s",))
-            and _is(tokens, index + 3, SYMBOL, (")",))):
+    if (is_at(tokens, index, WORD) and is_at(tokens, index + 1, SYMBOL, ("(",))
+            and is_at(tokens, index + 2, WORD, ("s",)) and is_at(tokens, index + 3, SYMBOL, (")",))):
         return index + 4, tokens[index].text + "s", "optional_pluralization_normalization"
     return None
 
@@ -398,12 +329,13 @@ def optional_plural(tokens: list[Token], index: int) -> Found:
 def quantity(tokens: list[Token], index: int) -> Found:
     """A number, with what makes it one thing to say: 12, -5, 3.14, 1st, 1990s, 5-10, 1990–2000, 50%,
     5 km, 20°C. A four-digit whole number from 1100 to 2099 standing alone reads as a year."""
-    negative = _is(tokens, index, SYMBOL, MINUS) and _starts_word(tokens, index) and _is(tokens, index + 1, NUMBER)
+    negative = is_at(tokens, index, SYMBOL, MINUS) and starts_word(tokens, index) and is_at(tokens, index + 1, NUMBER)
     at = index + 1 if negative else index
-    if not _is(tokens, at, NUMBER):
+    if not is_at(tokens, at, NUMBER):
         return None
     written, end = tokens[at].text, at + 1
-    if _integer(tokens, at) and not negative and _is(tokens, end, WORD) and _ends_word(tokens, end + 1):
+    if (integer_at(tokens, at, range(1, MAX_CARDINAL_DIGITS + 1)) and not negative and is_at(tokens, end, WORD)
+            and ends_word(tokens, end + 1)):
         ending = tokens[end].text
         if ending.lower() in ORDINAL_ENDINGS:
             return end + 1, ordinal(written), "number_normalization"
@@ -416,7 +348,7 @@ def quantity(tokens: list[Token], index: int) -> Found:
         spoken = f"{say(written)} to {say(other)}"
     else:
         spoken = ("minus " if negative else "") + number_words(written)
-    if _is(tokens, end, SYMBOL, ("%",)):
+    if is_at(tokens, end, SYMBOL, ("%",)):
         return end + 1, f"{spoken} percent", "number_normalization"
     if (unit := _unit(tokens, end)) is not None:
         one = second is None and written == "1"
@@ -428,37 +360,39 @@ def quantity(tokens: list[Token], index: int) -> Found:
 
 def _range_end(tokens: list[Token], index: int) -> int | None:
     """The index of the number ending a range: "5-10", "1990–2000", "1990 – 2000"."""
-    if _is(tokens, index, SYMBOL, DASHES) and _is(tokens, index + 1, NUMBER):
+    if is_at(tokens, index, SYMBOL, DASHES) and is_at(tokens, index + 1, NUMBER):
         return index + 1
-    if (_is(tokens, index, SPACE, (" ",)) and _is(tokens, index + 1, SYMBOL, ("–", "—"))
-            and _is(tokens, index + 2, SPACE, (" ",)) and _is(tokens, index + 3, NUMBER)):
+    if (is_at(tokens, index, SPACE, (" ",)) and is_at(tokens, index + 1, SYMBOL, ("–", "—"))
+            and is_at(tokens, index + 2, SPACE, (" ",)) and is_at(tokens, index + 3, NUMBER)):
         return index + 3
     return None
 
 
 def _unit(tokens: list[Token], index: int) -> tuple[int, tuple[str, str]] | None:
     """A unit after a number ("km", " kg", "°C", "km/h"): (the index after it, its names)."""
-    at = _space(tokens, index)
-    if _is(tokens, at, SYMBOL, ("°",)):
-        scale = tokens[at + 1].text if _is(tokens, at + 1, WORD, ("C", "F")) else ""
+    at = after_space(tokens, index)
+    if is_at(tokens, at, SYMBOL, ("°",)):
+        scale = tokens[at + 1].text if is_at(tokens, at + 1, WORD, ("C", "F")) else ""
         end = at + 2 if scale else at + 1
-        return (end, DEGREES[scale]) if _ends_word(tokens, end) else None
-    if not _is(tokens, at, WORD):
+        return (end, DEGREES[scale]) if ends_word(tokens, end) else None
+    if not is_at(tokens, at, WORD):
         return None
     name, end = tokens[at].text, at + 1
-    if _is(tokens, end, SYMBOL, ("/",)) and _is(tokens, end + 1, WORD) and f"{name}/{tokens[end + 1].text}" in UNITS:
-        name, end = f"{name}/{tokens[end + 1].text}", end + 2
-    return (end, UNITS[name]) if name in UNITS and _ends_word(tokens, end) else None
+    slashed = is_at(tokens, end, SYMBOL, ("/",)) and is_at(tokens, end + 1, WORD)
+    per = f"{name}/{tokens[end + 1].text}" if slashed else ""
+    if per in UNITS:  # km/h
+        name, end = per, end + 2
+    return (end, UNITS[name]) if name in UNITS and ends_word(tokens, end) else None
 
 
 def symbol(tokens: list[Token], index: int) -> Found:
     """& + = @ / % as words; # and ~ before a number as "number" and "about"; markup left over as a pause."""
-    if not _is(tokens, index, SYMBOL):
+    if not is_at(tokens, index, SYMBOL):
         return None
     mark = tokens[index].text
     if mark in SYMBOLS:
         return index + 1, SYMBOLS[mark], "replace_remaining_symbols"
-    if mark in "#~" and _is(tokens, index + 1, NUMBER):
+    if mark in "#~" and is_at(tokens, index + 1, NUMBER):
         return index + 1, "number" if mark == "#" else "about", "replace_remaining_symbols"
     if mark in PAUSES:
         return index + 1, " ", "replace_remaining_symbols"

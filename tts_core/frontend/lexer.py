@@ -120,3 +120,35 @@ def address_kind(word: str) -> str | None:
 
 def _is_label(label: str) -> bool:
     return bool(label) and label.isascii() and all(char.isalnum() or char == "-" for char in label)
+
+
+# --- what rules ask of tokens -------------------------------------------------------------------
+
+def is_at(tokens: list[Token], index: int, kind: str, texts=None) -> bool:
+    return index < len(tokens) and tokens[index].kind == kind and (texts is None or tokens[index].text in texts)
+
+
+def integer_at(tokens: list[Token], index: int, sizes=None) -> bool:
+    """A number of digits only (no grouping, no decimals), of one of these lengths if sizes says."""
+    return is_at(tokens, index, NUMBER) and tokens[index].text.isdigit() and (
+        sizes is None or len(tokens[index].text) in sizes)
+
+
+def ends_word(tokens: list[Token], index: int) -> bool:
+    """Nothing that continues a word or number at tokens[index]."""
+    return index >= len(tokens) or tokens[index].kind not in (WORD, NUMBER)
+
+
+def starts_word(tokens: list[Token], index: int) -> bool:
+    return index == 0 or tokens[index - 1].kind in (SPACE, SYMBOL)
+
+
+def ends_sentence(tokens: list[Token], index: int) -> bool:
+    """A period read at tokens[index - 1] ended its sentence (text ends, or a capital follows)."""
+    return index >= len(tokens) or (tokens[index].kind == SPACE and (
+        index + 1 >= len(tokens) or "\n" in tokens[index].text or tokens[index + 1].text[:1].isupper()))
+
+
+def after_space(tokens: list[Token], index: int) -> int:
+    """Past one plain space at tokens[index], if there is one."""
+    return index + 1 if is_at(tokens, index, SPACE, (" ",)) else index
