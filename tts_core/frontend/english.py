@@ -60,8 +60,8 @@ MINUS = frozenset("-−")
 DASHES = frozenset("-–—")
 
 
-
 def verbalize(text: Mapped, options: NormalizationOptions) -> list[Piece]:
+    """The pieces that say an English text: each rule's match said, or as written if its option is off."""
     tokens = lex(text.text)
     pieces: list[Piece] = []
     index = 0
