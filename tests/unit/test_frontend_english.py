@@ -29,7 +29,8 @@ def table(*rows):
        ("in 2005", "in two thousand and five"), ("the 1990s", "the nineteen nineties"),
        ("the '80s", "the 'eighties"), ("50%", "fifty percent"),
        ("-3.5%", "minus three point five percent"), ("5-10%", "five to ten percent"), ("H2O", "H two O"),
-       ("COVID-19", "COVID-nineteen"), ("1234567890123456789", "one two three four five six seven eight nine zero "
+       ("3x faster", "three times faster"), ("COVID-19", "COVID-nineteen"),
+       ("1234567890123456789", "one two three four five six seven eight nine zero "
        "one two three four five six seven eight nine"))
 def test_numbers(written, spoken):
     assert said(written) == spoken
@@ -97,7 +98,8 @@ def test_addresses(written, spoken):
 
 @table(("file(s)", "files"), ("Tom & Jerry", "Tom and Jerry"), ("AT&T", "AT and T"), ("C++", "C plus plus"),
        ("a = b", "a equals b"), ("@home", "at home"), ("#1 fan", "number one fan"),
-       ("~5 minutes", "about five minutes"), ("and/or", "and slash or"), ("snake_case", "snake case"), ("a | b", "a b"))
+       ("~5 minutes", "about five minutes"), ("and/or", "and slash or"),
+       ("$9.99/month", "nine dollars and ninety-nine cents per month"), ("snake_case", "snake case"), ("a | b", "a b"))
 def test_symbols(written, spoken):
     assert said(written) == spoken
 

@@ -327,7 +327,7 @@ def optional_plural(tokens: list[Token], index: int) -> Found:
 
 
 def quantity(tokens: list[Token], index: int) -> Found:
-    """A number, with what makes it one thing to say: 12, -5, 3.14, 1st, 1990s, 5-10, 1990–2000, 50%,
+    """A number, with what makes it one thing to say: 12, -5, 3.14, 1st, 1990s, 3x, 5-10, 1990–2000, 50%,
     5 km, 20°C. A four-digit whole number from 1100 to 2099 standing alone reads as a year."""
     negative = is_at(tokens, index, SYMBOL, MINUS) and starts_word(tokens, index) and is_at(tokens, index + 1, NUMBER)
     at = index + 1 if negative else index
@@ -341,6 +341,8 @@ def quantity(tokens: list[Token], index: int) -> Found:
             return end + 1, ordinal(written), "number_normalization"
         if ending == "s" and (words := decade(written)):
             return end + 1, words, "number_normalization"
+        if ending == "x":  # 3x faster
+            return end + 1, f"{number_words(written)} times", "number_normalization"
     second = None if negative else _range_end(tokens, end)
     if second is not None:
         other, end = tokens[second].text, second + 1
@@ -386,10 +388,13 @@ def _unit(tokens: list[Token], index: int) -> tuple[int, tuple[str, str]] | None
 
 
 def symbol(tokens: list[Token], index: int) -> Found:
-    """& + = @ / % as words; # and ~ before a number as "number" and "about"; markup left over as a pause."""
+    """& + = @ / % as words ("/" after a number, before a word, is "per": $9.99/month); # and ~ before
+    a number as "number" and "about"; markup left over as a pause."""
     if not is_at(tokens, index, SYMBOL):
         return None
     mark = tokens[index].text
+    if mark == "/" and index and tokens[index - 1].kind == NUMBER and is_at(tokens, index + 1, WORD):
+        return index + 1, "per", "replace_remaining_symbols"
     if mark in SYMBOLS:
         return index + 1, SYMBOLS[mark], "replace_remaining_symbols"
     if mark in "#~" and is_at(tokens, index + 1, NUMBER):
