@@ -63,9 +63,11 @@ def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int 
     service = request.app.state.service
     if body.stream or body.stream_format is not None:
         raise InvalidRequest("jobs are not streamed; leave out stream and stream_format", "stream", "unsupported_value")
-    text, voice, _ = service.validate(body.input, body.voice_name, body.model, body.speed, caller)
-    return _runner(request).submit(caller, {"input": text, "voice": voice.name, "model": body.model,
-                                            "speed": body.speed, "response_format": body.response_format}, priority)
+    normalization = body.normalization()
+    _, voice, _ = service.validate(body.input, body.voice_name, body.model, body.speed, caller, normalization)
+    return _runner(request).submit(caller, {"input": body.input, "voice": voice.name, "model": body.model,
+                                            "speed": body.speed, "response_format": body.response_format,
+                                            "normalization": normalization.model_dump()}, priority)
 
 
 @router.post("/v1/audio/jobs", status_code=202, responses=error_responses(400, 401, 429, 503))
@@ -169,7 +171,8 @@ async def _zip(request: Request, items: list[tuple[int, SpeechRequest | ChorusEr
     service = request.app.state.service
 
     async def speak(item: SpeechRequest):
-        return await service.speak(item.input, item.voice_name, item.model, item.speed, item.response_format, caller)
+        return await service.speak(item.input, item.voice_name, item.model, item.speed, item.response_format, caller,
+                                   item.normalization())
 
     valid = [(index, item) for index, item in items if not isinstance(item, ChorusError)]
     spoken = await until_disconnect(request, asyncio.gather(*(speak(item) for _, item in valid),

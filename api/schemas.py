@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints
 
 from tts_core.audio import FORMATS
+from tts_core.frontend import NormalizationOptions, requested
 
 ResponseFormat = Literal[tuple(FORMATS)]  # type: ignore[valid-type]
 
@@ -40,10 +41,17 @@ class SpeechRequest(BaseModel):
     stream: bool = Field(False, description="send audio as it is synthesized (chunked transfer)")
     stream_format: Literal["audio", "sse"] | None = Field(
         None, description="'audio': stream raw audio; 'sse': server-sent events with base64 audio deltas")
+    normalize: bool = Field(True, description="false: speak the input as written (no markdown, number or "
+                                              "symbol reading); the same as normalization_options.normalize")
+    normalization_options: NormalizationOptions | None = Field(
+        None, description="what the text front end rewrites, one switch per kind (all on by default)")
 
     @property
     def voice_name(self) -> str:
         return self.voice if isinstance(self.voice, str) else self.voice.id
+
+    def normalization(self) -> NormalizationOptions:
+        return requested(self.normalization_options, self.normalize)
 
 
 class JobRequest(SpeechRequest):
@@ -75,6 +83,8 @@ class SocketMessage(BaseModel):
     model: str | None = Field(None, min_length=1, max_length=128)
     speed: float | None = Field(None, ge=0.25, le=4.0)
     response_format: ResponseFormat | None = None
+    normalize: bool | None = None
+    normalization_options: NormalizationOptions | None = None
     flush: bool = Field(True, description="speak the buffered text now")
 
 

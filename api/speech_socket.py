@@ -11,6 +11,7 @@ TTS_WS_IDLE_TIMEOUT_S is closed (1001).
     {"text": "Hello", "flush": false}       buffer text
     {"text": " world.", "voice": "alloy"}   buffer, then speak the buffer with this voice
     {"voice": "...", "speed": 1.2, "model": "...", "response_format": "pcm"}   set for what follows
+    {"normalize": false} or {"normalization_options": {...}}   as in /v1/audio/speech, for what follows
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pydantic import ValidationError
 from tts_core.access import Caller
 from tts_core.audio import FORMATS
 from tts_core.errors import ChorusError, InvalidRequest, SynthesisError
+from tts_core.frontend import NormalizationOptions, requested
 from tts_core.service import SentenceStream, SpeechService, check_streamable
 
 from .errors import invalid_input
@@ -46,11 +48,13 @@ class Session:
     model: str | None = None
     speed: float = 1.0
     response_format: str = "pcm"
+    normalize: bool = True
+    normalization_options: NormalizationOptions | None = None
     buffer: list[str] = field(default_factory=list)
 
     def apply(self, message: SocketMessage) -> str | None:
         """Take a message's settings and text; returns the text to speak now, if it says flush."""
-        for name in ("voice", "model", "speed", "response_format"):
+        for name in ("voice", "model", "speed", "response_format", "normalize", "normalization_options"):
             if (value := getattr(message, name)) is not None:
                 setattr(self, name, value)
         if message.text:
@@ -59,6 +63,9 @@ class Session:
             return None
         text, self.buffer = "".join(self.buffer), []
         return text
+
+    def normalization(self) -> NormalizationOptions:
+        return requested(self.normalization_options, self.normalize)
 
     @property
     def buffered_chars(self) -> int:
@@ -166,8 +173,8 @@ class SpeechConnection:
     async def _read_query(self) -> SocketMessage | None:
         """Settings from the query string (browsers cannot send headers); its text is spoken at once."""
         query = self.socket.query_params
-        first = {name: query[name] for name in ("text", "input", "voice", "model", "speed", "response_format")
-                 if name in query}
+        first = {name: query[name] for name in ("text", "input", "voice", "model", "speed", "response_format",
+                                                "normalize") if name in query}
         if not first:
             return None
         first["flush"] = "text" in first or "input" in first
@@ -209,7 +216,8 @@ class SpeechConnection:
         utterance_id, accepted_at = next(self.ids), time.perf_counter()
         try:
             await self.access.hit(self.caller)
-            stream = await self.service.stream_pieces(text, session.voice, session.model, session.speed, self.caller)
+            stream = await self.service.stream_pieces(text, session.voice, session.model, session.speed, self.caller,
+                                                      session.normalization())
         except ChorusError as refusal:
             self._account(refusal.status, accepted_at, len(text))
             return await self._refuse(refusal, utterance_id)

@@ -30,6 +30,7 @@ from tts_core.access import Caller, Tier
 from tts_core.config import Settings
 from tts_core.degrade import OperatorSettings
 from tts_core.errors import ChorusError, Overloaded
+from tts_core.frontend import NormalizationOptions
 from tts_core.service import SpeechService, SpokenAudio
 
 log = logging.getLogger(__name__)
@@ -163,8 +164,11 @@ class JobRunner:
 
     async def _speak(self, job: dict) -> SpokenAudio:
         request = job["request"]
+        # Jobs queued before the text front end kept their text already normalised: spoken as written.
+        normalization = NormalizationOptions(**request.get("normalization", {"normalize": False}))
         return await self.service.speak(request["input"], request["voice"], request.get("model"),
-                                        request.get("speed", 1.0), request["response_format"], self._caller(job))
+                                        request.get("speed", 1.0), request["response_format"], self._caller(job),
+                                        normalization)
 
     # --- one attempt -------------------------------------------------------------------------------
 

@@ -14,8 +14,9 @@ from .config import Settings
 from .degrade import DegradeController
 from .engines import Voice
 from .errors import InvalidRequest, Overloaded
+from .frontend import NormalizationOptions, SpokenText, normalize_text
 from .metrics import Metrics
-from .text import TextError, normalize
+from .text import TextError
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 
@@ -27,37 +28,38 @@ class Admission:
         self.metrics = metrics
 
     def validate(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
-                 caller: Caller | None) -> tuple[str, Voice, str]:
-        """Returns the normalised text, the voice and the name of its model."""
+                 caller: Caller | None, normalization: NormalizationOptions = NormalizationOptions()
+                 ) -> tuple[SpokenText, Voice, str]:
+        """Returns what to say (the front end's text for the voice's language, with its map back to the
+        input), the voice and the name of its model."""
         voice_info, model_name = catalogue.resolve(voice, model, caller.identity if caller else None)
         if not MIN_SPEED <= speed <= MAX_SPEED:
             raise InvalidRequest(f"speed must be between {MIN_SPEED} and {MAX_SPEED}", "speed")
         if speed != 1.0 and not voice_info.speed_control:
             raise InvalidRequest(f"voice {voice_info.name!r} ({voice_info.model}) has no speaking-rate control; "
                                  "send speed 1.0", "speed", "unsupported_value")
-        text = self._normalized(text)
+        spoken = self._spoken(text, voice_info.language, normalization)
+        # Every length limit (this, TTS_MAX_CHARS, degrade mode's cap) is on what the caller sent, not on the
+        # spoken text, which number words and symbols make longer than what was written.
         tier = caller.tier if caller else Tier()
         if len(text) > tier.max_chars:
             raise InvalidRequest(f"input is {len(text)} characters long; the {caller.tier_name} tier allows "
                                  f"{tier.max_chars}", "input", "tier_text_limit")
-        return text, voice_info, model_name
+        return spoken, voice_info, model_name
 
-    def _normalized(self, text: str) -> str:
+    def _spoken(self, text: str, language: str, normalization: NormalizationOptions) -> SpokenText:
         limit = self.settings.max_chars
-        if len(text) > limit:  # checked before normalising, which costs time on huge input
+        if len(text) > limit:  # checked before the front end, whose work grows with the length
             raise InvalidRequest(f"input is {len(text)} characters long; the limit is {limit}", "input",
                                  "string_above_max_length")
         try:
-            text = normalize(text)
+            return normalize_text(text, language, normalization)
         except TextError as error:
             raise InvalidRequest(str(error), "input") from None
-        if len(text) > limit:
-            raise InvalidRequest(f"input is {len(text)} characters long once normalised; the limit is {limit}",
-                                 "input", "string_above_max_length")
-        return text
 
     def admit(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
-              caller: Caller | None) -> tuple[str, Voice, str]:
+              caller: Caller | None, normalization: NormalizationOptions = NormalizationOptions()
+              ) -> tuple[SpokenText, Voice, str]:
         """validate(), and the degrade actions that refuse work up front."""
         state, settings = self.degrade.state, self.degrade.settings
         tier = caller.tier if caller else Tier()
@@ -66,13 +68,13 @@ class Admission:
             retry = max(5, round(settings.exit_hold_s))  # the mode lasts at least that long once calm
             raise Overloaded("the server is under heavy load and is serving higher priorities only; "
                              f"retry after {retry} s", retry, "shed_low_priority")
-        text, voice_info, model_name = self.validate(catalogue, text, voice, model, speed, caller)
+        spoken, voice_info, model_name = self.validate(catalogue, text, voice, model, speed, caller, normalization)
         if "cap_text" in state.actions and len(text) > settings.cap_text_chars:
             self.metrics.degrade_actions.labels("cap_text").inc()
             raise InvalidRequest(f"the server is under heavy load: texts are limited to "
                                  f"{settings.cap_text_chars} characters for now (this one has {len(text)})",
                                  "input", "degraded_text_limit")
-        return text, voice_info, model_name
+        return spoken, voice_info, model_name
 
     def max_wait_s(self) -> float:
         """The longest predicted queue wait a request is accepted with (operator setting)."""

@@ -102,7 +102,7 @@ def _cloned(specs: list[ModelSpec], clones: Mapping[str, ClonedVoice], taken: se
             log.warning("cloned voice %r is not offered: its model %r is not configured, or the name is taken",
                         name, clone.model)
             continue
-        listed[name] = (replace(template, name=name, language="und", speaker=None, speed=1.0), clone)
+        listed[name] = (replace(template, name=name, speaker=None, speed=1.0), clone)  # speaks the model's language
     return listed
 
 

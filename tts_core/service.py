@@ -33,6 +33,7 @@ from .degrade import DegradeController
 from .engines import Engine, ModelSpec
 from .engines.base import SteppedEngine
 from .errors import Conflict, InvalidRequest
+from .frontend import NormalizationOptions, SpokenText
 from .metrics import Metrics
 from .policy import make_policy
 from .pool import ModelPool
@@ -222,17 +223,18 @@ class SpeechService:
 
     # --- synthesis -----------------------------------------------------------------------------
 
-    def validate(self, text: str, voice: str | None, model: str | None, speed: float,
-                 caller: Caller | None) -> tuple[str, object, str]:
-        """What a request is checked for whatever the load. Returns the normalised text, the voice
-        and its model's name."""
-        return self.admission.validate(self.catalogue, text, voice, model, speed, caller)
+    def validate(self, text: str, voice: str | None, model: str | None, speed: float, caller: Caller | None,
+                 normalization: NormalizationOptions = NormalizationOptions()) -> tuple[SpokenText, object, str]:
+        """What a request is checked for whatever the load. Returns what to say, the voice and its
+        model's name."""
+        return self.admission.validate(self.catalogue, text, voice, model, speed, caller, normalization)
 
     async def synthesize(self, text: str, voice: str | None = None, model: str | None = None,
-                         speed: float = 1.0, caller: Caller | None = None) -> Speech:
+                         speed: float = 1.0, caller: Caller | None = None,
+                         normalization: NormalizationOptions = NormalizationOptions()) -> Speech:
         """The raw speech of a text (validated, not admitted through degrade mode, not cached)."""
-        text, voice_info, model_name = self.validate(text, voice, model, speed, caller)
-        items = await self.scheduler.submit(text, voice_info, model_name, speed, caller)
+        spoken, voice_info, model_name = self.validate(text, voice, model, speed, caller, normalization)
+        items = await self.scheduler.submit(spoken.text, voice_info, model_name, speed, caller)
         return self._joined(items, await self.scheduler.collect(items), voice_info.sample_rate, voice_info.name)
 
     def _joined(self, items: list[SynthesisRequest], pieces: list[np.ndarray], sample_rate: int,
@@ -242,13 +244,16 @@ class SpeechService:
         return Speech(audio, sample_rate, voice, len(items), Timings.of(items))
 
     async def speak(self, text: str, voice: str | None = None, model: str | None = None, speed: float = 1.0,
-                    response_format: str = "mp3", caller: Caller | None = None) -> SpokenAudio:
+                    response_format: str = "mp3", caller: Caller | None = None,
+                    normalization: NormalizationOptions = NormalizationOptions()) -> SpokenAudio:
         """Synthesize and encode, with the caller's tier, the degrade actions, the queue's wait target
         and the cache in the way."""
-        text, voice_info, model_name = self.admission.admit(self.catalogue, text, voice, model, speed, caller)
+        spoken, voice_info, model_name = self.admission.admit(self.catalogue, text, voice, model, speed, caller,
+                                                              normalization)
         state, settings = self.degrade.state, self.degrade.settings
         use_cache = settings.cache_enabled or "cache_first" in state.actions
-        key = (model_name, voice_info.name, speed, response_format, text)
+        # keyed on what is said: inputs (or normalization options) that say the same share their audio
+        key = (model_name, voice_info.name, speed, response_format, spoken.text)
         if use_cache and (hit := self.cache.get(key)) is not None:
             self.metrics.cache_lookups.labels("hit").inc()
             if "cache_first" in state.actions:
@@ -256,7 +261,7 @@ class SpeechService:
             return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, "hit", state.actions)
         if use_cache:
             self.metrics.cache_lookups.labels("miss").inc()
-        items = await self.scheduler.submit(text, voice_info, model_name, speed, caller,
+        items = await self.scheduler.submit(spoken.text, voice_info, model_name, speed, caller,
                                             max_wait_s=self.admission.max_wait_s())
         speech = self._joined(items, await self.scheduler.collect(items), voice_info.sample_rate, voice_info.name)
         data = await asyncio.to_thread(encode, speech.audio, speech.sample_rate, response_format)
@@ -267,18 +272,20 @@ class SpeechService:
                            self.degrade.state.actions, speech.timings)
 
     async def speak_stream(self, text: str, voice: str | None = None, model: str | None = None,
-                           speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None
-                           ) -> SentenceStream:
+                           speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None,
+                           normalization: NormalizationOptions = NormalizationOptions()) -> SentenceStream:
         """stream_pieces for a streamed encoded response: the format is checked first."""
         check_streamable(response_format)
-        return await self.stream_pieces(text, voice, model, speed, caller)
+        return await self.stream_pieces(text, voice, model, speed, caller, normalization)
 
     async def stream_pieces(self, text: str, voice: str | None = None, model: str | None = None,
-                            speed: float = 1.0, caller: Caller | None = None) -> SentenceStream:
+                            speed: float = 1.0, caller: Caller | None = None,
+                            normalization: NormalizationOptions = NormalizationOptions()) -> SentenceStream:
         """Queue every sentence now and return their audio as a SentenceStream. Refusals (validation,
         limits, the queue's wait) raise here, before any audio exists."""
         started = time.monotonic()
-        text, voice_info, model_name = self.admission.admit(self.catalogue, text, voice, model, speed, caller)
-        items = await self.scheduler.submit(text, voice_info, model_name, speed, caller, streaming=True,
+        spoken, voice_info, model_name = self.admission.admit(self.catalogue, text, voice, model, speed, caller,
+                                                              normalization)
+        items = await self.scheduler.submit(spoken.text, voice_info, model_name, speed, caller, streaming=True,
                                             max_wait_s=self.admission.max_wait_s())
         return SentenceStream(voice_info, items, started, self.metrics, self.settings.request_timeout_s)

@@ -1,4 +1,4 @@
-"""Text normalisation and chunking.
+"""Sentence and chunk splitting of the text to speak (what the front end, tts_core.frontend, made).
 
 Everything here is a single left-to-right scan (no backtracking regular expressions), so the
 time taken is linear in the input length whatever the input is.
@@ -6,31 +6,12 @@ time taken is linear in the input length whatever the input is.
 
 from __future__ import annotations
 
-import unicodedata
-
 SENTENCE_ENDS = frozenset(".!?…。！？")
 CLAUSE_ENDS = frozenset(",;:—–)")
-_ALLOWED_CONTROLS = frozenset("\t\n\r")
 
 
 class TextError(ValueError):
     """The text cannot be spoken as given; the message says why."""
-
-
-def normalize(text: str) -> str:
-    """NFKC-normalise, refuse control characters, collapse runs of spaces within each line."""
-    text = unicodedata.normalize("NFKC", text)
-    for position, char in enumerate(text):
-        category = unicodedata.category(char)
-        if (category == "Cc" and char not in _ALLOWED_CONTROLS) or category == "Cs":
-            raise TextError(
-                f"input contains a control character (U+{ord(char):04X}) at position {position}"
-            )
-    lines = (" ".join(line.split()) for line in text.splitlines())
-    text = "\n".join(line for line in lines if line)
-    if not text:
-        raise TextError("input is empty")
-    return text
 
 
 def _split_after(text: str, ends: frozenset[str]) -> list[str]:

@@ -188,8 +188,8 @@ def test_voices_are_described_without_the_weights_and_a_bad_model_is_named(model
     configs_only = tmp_path / "configs-only"
     shutil.copytree(model, configs_only, ignore=shutil.ignore_patterns("*.safetensors"))
     shutil.copytree(model / "voices", configs_only / "voices", dirs_exist_ok=True)
-    voices = describe_pocket_tts(str(configs_only), [VoiceSpec("a"), VoiceSpec("default", language="en")])
-    assert [(voice.name, voice.language) for voice in voices] == [("a", "und"), ("default", "en")]
+    voices = describe_pocket_tts(str(configs_only), [VoiceSpec("a"), VoiceSpec("default", language="en_GB")])
+    assert [(voice.name, voice.language) for voice in voices] == [("a", "en"), ("default", "en_GB")]
     with pytest.raises(EngineUnavailable, match="configs-only"):  # the weights are not there
         PocketTTSEngine(str(configs_only), [], device="cpu")
     with pytest.raises(EngineUnavailable, match="missing.safetensors"):

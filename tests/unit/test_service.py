@@ -5,6 +5,7 @@ import pytest
 from tests.fakes import SAMPLES_PER_TOKEN, FakeEngine
 from tts_core.config import Settings
 from tts_core.errors import InvalidRequest, Overloaded
+from tts_core.frontend import NormalizationOptions
 from tts_core.metrics import Metrics
 from tts_core.service import SpeechService
 
@@ -62,7 +63,9 @@ def test_full_queue_is_refused_before_any_work(service):
     engine.gate.clear()  # hold the engine so the queue fills
 
     async def scenario():
-        running = asyncio.ensure_future(service.synthesize("a|b|c|d", "alloy"))  # 1 runs, 3 queue
+        as_written = NormalizationOptions(normalize=False)  # "|" is the fake engine's sentence break: keep it
+        # 1 runs, 3 queue
+        running = asyncio.ensure_future(service.synthesize("a|b|c|d", "alloy", normalization=as_written))
         await asyncio.sleep(0.3)
         filling = asyncio.ensure_future(service.synthesize("e", "alloy"))  # the 4th queued item
         await asyncio.sleep(0.1)
@@ -75,3 +78,18 @@ def test_full_queue_is_refused_before_any_work(service):
         await asyncio.gather(running, filling)
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_the_front_end_runs_for_the_voices_language_and_the_cache_keys_on_what_is_said(service):
+    def speak(text, **options):
+        return asyncio.run(service.speak(text, "alloy", "tts-1", response_format="wav",
+                                         normalization=NormalizationOptions(**options)))
+
+    plain = speak("It costs $5.")
+    assert plain.cache == "miss" and plain.duration_s == len("It costs five dollars.") * SAMPLES_PER_TOKEN / 16000
+    assert speak("It costs **$5**.").cache == "hit"  # another input that says the same
+    written = speak("It costs $5.", currency_normalization=False)
+    assert written.cache == "miss" and written.duration_s == len("It costs $5.") * SAMPLES_PER_TOKEN / 16000
+    with pytest.raises(InvalidRequest) as raised:
+        speak("😀\n```\ncode\n```")
+    assert raised.value.param == "input" and "nothing to speak" in raised.value.message

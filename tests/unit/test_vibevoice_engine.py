@@ -219,9 +219,9 @@ def test_voices_are_described_without_the_weights_and_a_bad_model_is_named(model
     configs_only = tmp_path / "configs-only"
     shutil.copytree(model, configs_only, ignore=shutil.ignore_patterns("*.safetensors"))
     shutil.copytree(model / "voices", configs_only / "voices", dirs_exist_ok=True)
-    voices = describe_vibevoice(str(configs_only), [VoiceSpec("a"), VoiceSpec("default", language="en")])
-    assert [(voice.name, voice.language, voice.model) for voice in voices] == [("a", "und", "vibevoice"),
-                                                                                ("default", "en", "vibevoice")]
+    voices = describe_vibevoice(str(configs_only), [VoiceSpec("a"), VoiceSpec("default", language="zh")])
+    assert [(voice.name, voice.language, voice.model) for voice in voices] == [("a", "en", "vibevoice"),
+                                                                                ("default", "zh", "vibevoice")]
     with pytest.raises(EngineUnavailable, match="configs-only"):  # the weights are not there
         VibeVoiceEngine(str(configs_only), [], device="cpu")
     with pytest.raises(EngineUnavailable, match="missing.safetensors"):

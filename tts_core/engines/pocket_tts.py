@@ -45,6 +45,7 @@ from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, mod
 from .vits import _loading
 
 MODEL_KIND = "pocket_tts"
+MODEL_LANGUAGE = "en"  # Pocket TTS speaks English
 PROMPT_KEY = "audio_prompt_latents"  # the tensor a voice file holds: (frames, latent_dim)
 # The released checkpoints' generation values (generation_pocket_tts.py), where a model's config sets none.
 GENERATION_DEFAULTS = {"num_flow_steps": 1, "eos_threshold": -4.0, "min_frames_before_eos": 6}
@@ -66,7 +67,8 @@ def describe_pocket_tts(source: str, specs: Sequence[VoiceSpec]) -> list[Voice]:
     with _loading(source):
         folder = model_folder(source, DESCRIBE_FILES)
         PocketTTSConfig.from_pretrained(folder)
-        return prompted_voices(MODEL_KIND, list(voice_files(folder, specs)), specs, _sample_rate(folder))
+        return prompted_voices(MODEL_KIND, MODEL_LANGUAGE, list(voice_files(folder, specs)), specs,
+                               _sample_rate(folder))
 
 
 # --- the engine -----------------------------------------------------------------------------------
@@ -88,7 +90,7 @@ class _Running:
 
 
 class PocketTTSEngine(TorchSteppedEngine):
-    model_kind, prompt_key = MODEL_KIND, PROMPT_KEY
+    model_kind, model_language, prompt_key = MODEL_KIND, MODEL_LANGUAGE, PROMPT_KEY
 
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
                  name: str | None = None, max_running: int = 16, fixed_length: bool = False,

@@ -60,10 +60,12 @@ def voice_files(folder: Path, specs: Sequence[VoiceSpec]) -> dict[str, Path]:
     return files
 
 
-def prompted_voices(kind: str, names: Sequence[str], specs: Sequence[VoiceSpec], sample_rate: int) -> list[Voice]:
-    """Voice-prompted models have no speaking-rate input."""
+def prompted_voices(kind: str, language: str, names: Sequence[str], specs: Sequence[VoiceSpec],
+                    sample_rate: int) -> list[Voice]:
+    """Voice-prompted models have no speaking-rate input. A voice speaks the model's language unless the
+    registry names another (the text front end reads numbers and dates for it)."""
     languages = {spec.name: spec.language for spec in specs}
-    return [Voice(name, kind, languages.get(name) or "und", sample_rate, speed_control=False) for name in names]
+    return [Voice(name, kind, languages.get(name) or language, sample_rate, speed_control=False) for name in names]
 
 
 def generation_values(model, defaults: dict) -> dict:
@@ -147,6 +149,7 @@ class TorchSteppedEngine(SteppedEngine):
 
     out_of_memory_errors = (MemoryError, torch.cuda.OutOfMemoryError)
     model_kind: str  # what its voices name as their model
+    model_language: str  # what its voices speak unless the registry says otherwise
     prompt_key: str  # the tensor a voice file holds: (frames, width)
     _cache: SlotCache
 
@@ -197,7 +200,7 @@ class TorchSteppedEngine(SteppedEngine):
         width = self._prompt_width()
         if prompt.ndim != 2 or prompt.shape[0] == 0 or prompt.shape[1] != width:
             raise ValueError(f"a voice prompt is (frames, {width}), not {tuple(prompt.shape)}")
-        voice = prompted_voices(self.model_kind, [name], self._specs, self.sample_rate)[0]
+        voice = prompted_voices(self.model_kind, self.model_language, [name], self._specs, self.sample_rate)[0]
         self._prompts = {**self._prompts, name: prompt.to(self.device)}
         self._voices = [known for known in self._voices if known.name != name] + [voice]
         return voice

@@ -52,6 +52,7 @@ from .vibevoice_parts import DPMSolver, StreamCaches, encode_voice
 from .vits import _loading
 
 MODEL_KIND = "vibevoice"
+MODEL_LANGUAGE = "en"  # VibeVoice speaks English and Chinese; English unless the registry says zh
 PROMPT_KEY = "acoustic_latents"  # the tensor a voice file holds: (frames, latent_dim)
 SYSTEM_PROMPT = (" Transform the text provided by various speakers into speech output, utilizing the distinct "
                  "voice of each respective speaker.\n")
@@ -68,7 +69,7 @@ def describe_vibevoice(source: str, specs: Sequence[VoiceSpec]) -> list[Voice]:
         folder = model_folder(source, DESCRIBE_FILES)
         VibeVoiceConfig.from_pretrained(folder)
         rate = VibeVoiceAcousticTokenizerFeatureExtractor.from_pretrained(folder).sampling_rate
-        return prompted_voices(MODEL_KIND, list(voice_files(folder, specs)), specs, int(rate))
+        return prompted_voices(MODEL_KIND, MODEL_LANGUAGE, list(voice_files(folder, specs)), specs, int(rate))
 
 
 @dataclass(eq=False)
@@ -87,7 +88,7 @@ class _Running:
 
 
 class VibeVoiceEngine(TorchSteppedEngine):
-    model_kind, prompt_key = MODEL_KIND, PROMPT_KEY
+    model_kind, model_language, prompt_key = MODEL_KIND, MODEL_LANGUAGE, PROMPT_KEY
 
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
                  name: str | None = None, max_running: int = 16, fixed_length: bool = False,

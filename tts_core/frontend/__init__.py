@@ -1,0 +1,78 @@
+"""The text front end: from what a caller wrote to what a voice is given to say.
+
+    normalize_text(text, language, options) -> SpokenText
+
+1. The input is checked (no control characters) and NFKC-normalised, keeping a map back to it (mapped.py).
+2. Markdown and HTML are read as a listener needs them (markup.py), emoji left out: any language.
+3. The language's rules say numbers, money, dates, units, symbols and addresses as words. A language
+   plugs in by adding its `verbalize` to LANGUAGES; one without rules gets its text as written.
+4. The pieces are tidied and joined (pieces.py); each names the slice of the input it speaks.
+
+With options.normalize false only step 1 and the tidying run: the text is spoken as written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..text import SENTENCE_ENDS, TextError
+from . import english
+from .mapped import Mapped, source_text
+from .markup import CELL, LINE, SENTENCE, Break, Override, Part, drop_emoji, markdown_parts
+from .options import NormalizationOptions, requested
+from .pieces import BREAK, PRONUNCIATION, Piece, SpokenText, as_written, tidy
+
+__all__ = ["LANGUAGES", "NormalizationOptions", "Piece", "SpokenText", "normalize_text", "requested"]
+
+Verbalize = Callable[[Mapped, NormalizationOptions], list[Piece]]
+
+LANGUAGES: dict[str, Verbalize] = {"en": english.verbalize}  # by language code, without region: "en_US" is "en"
+
+_PUNCTUATION = frozenset(SENTENCE_ENDS | set(",;:"))
+
+
+def normalize_text(text: str, language: str, options: NormalizationOptions = NormalizationOptions()) -> SpokenText:
+    """What to say for `text` in a voice of `language` ("en_US", "en-us", "fr"): the spoken text and
+    its pieces. Raises TextError for control characters, or when nothing is left to say."""
+    source = source_text(text)
+    if not options.normalize:
+        spoken = tidy(as_written(source))
+    else:
+        verbalize = LANGUAGES.get(language.replace("-", "_").split("_")[0].lower(), _as_written)
+        parts = markdown_parts(source) if options.markdown_normalization else [source]
+        spoken = tidy(_spoken_parts(parts, verbalize, options))
+    if not spoken.text:
+        raise TextError("input is empty" if not text.strip() else
+                        "input has nothing to speak once normalised (markup, code and emoji are not read)")
+    return spoken
+
+
+def _as_written(text: Mapped, options: NormalizationOptions) -> list[Piece]:
+    return as_written(text)
+
+
+def _spoken_parts(parts: list[Part], verbalize: Verbalize, options: NormalizationOptions) -> list[Piece]:
+    pieces: list[Piece] = []
+    run: list[Mapped] = []  # text parts next to each other are read as one (a rule may span them: "$**5**")
+    for part in [*parts, None]:
+        if isinstance(part, Mapped):
+            run.append(part)
+            continue
+        if run:
+            text = Mapped.join(run)
+            pieces.extend(verbalize(drop_emoji(text) if options.emoji_normalization else text, options))
+            run = []
+        if isinstance(part, Override):
+            pieces.append(Piece(part.start, part.end, part.word, PRONUNCIATION, part.ipa))
+        elif isinstance(part, Break):
+            pieces.append(_break(part, pieces))
+    return pieces
+
+
+def _break(part: Break, before: list[Piece]) -> Piece:
+    """A line break; a table cell's comma; a sentence's end: a period and a line break. No comma or
+    period after punctuation, or where nothing was said since the last break (an empty cell)."""
+    last = next((piece for piece in reversed(before) if piece.kind == BREAK or piece.spoken.strip()), None)
+    said = last is not None and last.kind != BREAK and last.spoken.rstrip()[-1] not in _PUNCTUATION
+    spoken = {LINE: "\n", CELL: ", " if said else " ", SENTENCE: ".\n" if said else "\n"}[part.kind]
+    return Piece(part.position, part.position, spoken, BREAK)
