@@ -19,6 +19,7 @@ from pydantic_settings import SettingsError
 from admin.api import router as admin_router
 from admin.control import OperatorControl
 from admin.gate import AdminGate
+from admin.lexicon import LexiconControl
 from admin.ui import build_admin_tab
 from api import build_api
 from api.access import AccessControl
@@ -57,6 +58,8 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
     service = SpeechService(settings, models, Metrics(), clones=clones)
     request_log = RequestLogWriter(storage)
     control = OperatorControl(storage, service, request_log, defaults=settings.operator_defaults)
+    lexicon = LexiconControl(storage, service.admission)
+    control.on_reload.append(lexicon.refresh)  # the lexicon's changes, from any replica, within a refresh
     control.reload()  # stored settings apply before the first request
     monitor = Monitor(service)
     job_runner = JobRunner(storage, service, settings, lambda: service.degrade.settings)
@@ -86,7 +89,7 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
 
     api = build_api(service, access, request_log, lifespan)
     api.state.control, api.state.monitor, api.state.admin_gate = control, monitor, gate
-    api.state.jobs = job_runner
+    api.state.jobs, api.state.lexicon = job_runner, lexicon
     api.include_router(admin_router)
     page = build_ui(service, admit_ui, identify_ui, api.state.clones, request_log,
                     [lambda: build_admin_tab(service, monitor, control, access, gate, api.state.clones)])

@@ -1,5 +1,5 @@
-"""Admin REST API: /admin/api/settings, audit, stats, keys, voices/reload and cloned voices, behind a bearer
-token."""
+"""Admin REST API: /admin/api/settings, audit, stats, keys, voices/reload, cloned voices and the pronunciation
+lexicon, behind a bearer token."""
 
 from __future__ import annotations
 
@@ -7,17 +7,20 @@ import asyncio
 import json
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from api.schemas import VoiceName, error_responses
-from storage import StorageError
+from storage import AlreadyExists, StorageError
 from tts_core.access import Tier, client_address
 from tts_core.degrade import OperatorSettings
 from tts_core.engines import EngineUnavailable, registry_specs
-from tts_core.errors import InvalidSetting, NotFound, RateLimited, StorageUnavailable
+from tts_core.errors import Conflict, InvalidRequest, InvalidSetting, NotFound, RateLimited, StorageUnavailable
+from tts_core.lexicon import LexiconEntry, LexiconFileError
 
 from .control import OperatorControl
 from .gate import AdminRefused
+from .lexicon import LexiconControl
 from .stats import collect_stats
 
 router = APIRouter(prefix="/admin/api", tags=["admin"], responses=error_responses(400, 401, 403, 422, 429))
@@ -183,3 +186,72 @@ async def delete_cloned(request: Request, name: VoiceName = Path(), actor: str =
 async def publish_cloned(body: PublicFlag, request: Request, name: VoiceName = Path(),
                          actor: str = Depends(require_admin)) -> dict:
     return cloned_view(await request.app.state.clones.set_public(name, body.public, actor))
+
+
+# --- pronunciation lexicon ------------------------------------------------------------------------
+
+TSV = "text/tab-separated-values"
+EntryId = Path(ge=1, le=2**63 - 1)
+
+
+def _lexicon(request: Request) -> LexiconControl:
+    return request.app.state.lexicon
+
+
+@router.get("/lexicon", responses=error_responses(503))
+async def list_lexicon(request: Request, language: str | None = Query(None, min_length=2, max_length=16),
+                       _: str = Depends(require_admin)) -> dict:
+    return {"object": "list", "data": await asyncio.to_thread(_lexicon(request).entries, language)}
+
+
+@router.post("/lexicon", status_code=201, responses=error_responses(409, 503))
+async def add_lexicon_entry(entry: LexiconEntry, request: Request, actor: str = Depends(require_admin)) -> dict:
+    try:
+        return await asyncio.to_thread(_lexicon(request).add, entry, actor)
+    except AlreadyExists as error:
+        raise Conflict(str(error), "phrase", "lexicon_entry_exists") from None
+
+
+@router.put("/lexicon/{entry_id}", responses=error_responses(404, 409, 503))
+async def change_lexicon_entry(entry: LexiconEntry, request: Request, entry_id: int = EntryId,
+                               actor: str = Depends(require_admin)) -> dict:
+    """The entry as the body says (every field: what is left out takes its default)."""
+    try:
+        record = await asyncio.to_thread(_lexicon(request).change, entry_id, entry, actor)
+    except AlreadyExists as error:
+        raise Conflict(str(error), "phrase", "lexicon_entry_exists") from None
+    if record is None:
+        raise NotFound(f"no lexicon entry with id {entry_id}", "entry_id")
+    return record
+
+
+@router.delete("/lexicon/{entry_id}", responses=error_responses(404, 503))
+async def delete_lexicon_entry(request: Request, entry_id: int = EntryId, actor: str = Depends(require_admin)) -> dict:
+    record = await asyncio.to_thread(_lexicon(request).delete, entry_id, actor)
+    if record is None:
+        raise NotFound(f"no lexicon entry with id {entry_id}", "entry_id")
+    return record
+
+
+@router.get("/lexicon/export", response_class=PlainTextResponse, responses={200: {"content": {TSV: {}}}})
+async def export_lexicon(request: Request, language: str | None = Query(None, min_length=2, max_length=16),
+                         _: str = Depends(require_admin)) -> PlainTextResponse:
+    text = await asyncio.to_thread(_lexicon(request).export_tsv, language)
+    return PlainTextResponse(text, media_type=TSV,
+                             headers={"Content-Disposition": 'attachment; filename="lexicon.tsv"'})
+
+
+@router.post("/lexicon/import", responses=error_responses(413, 503),
+             openapi_extra={"requestBody": {"required": True, "content": {TSV: {"schema": {"type": "string"}}}}})
+async def import_lexicon(request: Request, actor: str = Depends(require_admin)) -> dict:
+    """Merge a TSV file (as export writes it) into the lexicon: its entries are added, or change the entry
+    with the same language and phrase; entries it does not name stay. All or nothing: one bad line and
+    nothing is stored, and the answer (400) names every bad line. At most MAX_IMPORT_LINES entries."""
+    try:
+        text = (await request.body()).decode("utf-8-sig")  # its size is bounded as every body's is (api/limits.py)
+    except UnicodeDecodeError:
+        raise InvalidRequest("the file is not UTF-8 text", "body", "invalid_lexicon_file") from None
+    try:
+        return await asyncio.to_thread(_lexicon(request).import_tsv, text, actor)
+    except LexiconFileError as error:
+        raise InvalidRequest(str(error), "body", "invalid_lexicon_file") from None

@@ -21,10 +21,14 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .models import ApiKey, AuditEntry, ClonedVoiceRow, Job, RequestLogEntry, Setting
+from .models import ApiKey, AuditEntry, ClonedVoiceRow, Job, LexiconRow, LexiconVersion, RequestLogEntry, Setting
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class AlreadyExists(Exception):
+    """A row with that unique key is there already (the message names it)."""
 
 
 class StorageError(Exception):
@@ -341,6 +345,114 @@ class Storage:
                 session.add(_voice_audit(_now(), actor, "cloned_voice.public", name, row.public, public))
                 row.public = public
             return _cloned_voice_dict(row)
+
+    # --- pronunciation lexicon (each change audited, and the version raised, in its transaction) ---------
+
+    def lexicon_version(self) -> int:
+        with self._transaction() as session:
+            return session.scalar(select(LexiconVersion.version).where(LexiconVersion.id == 1)) or 0
+
+    def lexicon_entries(self, language: str | None = None) -> list[dict]:
+        query = select(LexiconRow).order_by(LexiconRow.language, LexiconRow.phrase)
+        if language is not None:
+            query = query.where(LexiconRow.language == language)
+        with self._transaction() as session:
+            return [_lexicon_dict(row) for row in session.scalars(query)]
+
+    def add_lexicon_entry(self, entry: dict, actor: str) -> dict:
+        """entry: language, phrase, ipa, respelling, case_sensitive. Raises AlreadyExists."""
+        with self._lexicon_change() as session:
+            self._check_free(session, entry["language"], entry["phrase"], None)
+            row = LexiconRow(**entry, updated_at=_now(), updated_by=actor)
+            session.add(row)
+            session.flush()
+            session.add(_lexicon_audit(row.updated_at, actor, "lexicon.add", f"lexicon:{row.id}", None, entry))
+            return _lexicon_dict(row)
+
+    def change_lexicon_entry(self, entry_id: int, entry: dict, actor: str) -> dict | None:
+        """The entry as changed; None when there is none with that id. Raises AlreadyExists."""
+        with self._lexicon_change() as session:
+            row = session.get(LexiconRow, entry_id)
+            if row is None:
+                return None
+            self._check_free(session, entry["language"], entry["phrase"], entry_id)
+            old = _lexicon_fields(row)
+            if old != entry:
+                for name, value in entry.items():
+                    setattr(row, name, value)
+                row.updated_at, row.updated_by = _now(), actor
+                session.add(_lexicon_audit(row.updated_at, actor, "lexicon.change", f"lexicon:{row.id}", old, entry))
+            return _lexicon_dict(row)
+
+    def delete_lexicon_entry(self, entry_id: int, actor: str) -> dict | None:
+        """The deleted entry as it was; None when there is none."""
+        with self._lexicon_change() as session:
+            row = session.get(LexiconRow, entry_id)
+            if row is None:
+                return None
+            record = _lexicon_dict(row)
+            session.delete(row)
+            session.add(_lexicon_audit(_now(), actor, "lexicon.delete", f"lexicon:{entry_id}",
+                                       _lexicon_fields(row), None))
+            return record
+
+    def merge_lexicon(self, entries: list[dict], actor: str) -> dict:
+        """Entries added, or changed where their language and phrase have one: all in one transaction,
+        one audit row for the lot. Returns how many were added, changed and already so."""
+        counts = {"added": 0, "changed": 0, "unchanged": 0}
+        with self._lexicon_change() as session:
+            now = _now()
+            existing = {(row.language, row.phrase): row for row in session.scalars(select(LexiconRow))}
+            for entry in entries:
+                row = existing.get((entry["language"], entry["phrase"]))
+                if row is None:
+                    session.add(LexiconRow(**entry, updated_at=now, updated_by=actor))
+                    counts["added"] += 1
+                elif _lexicon_fields(row) != entry:
+                    for name, value in entry.items():
+                        setattr(row, name, value)
+                    row.updated_at, row.updated_by = now, actor
+                    counts["changed"] += 1
+                else:
+                    counts["unchanged"] += 1
+            session.add(_lexicon_audit(now, actor, "lexicon.import", "lexicon", None, counts))
+        return counts
+
+    @contextmanager
+    def _lexicon_change(self) -> Iterator[Session]:
+        try:
+            with self._transaction(write=True) as session:
+                yield session
+                session.execute(update(LexiconVersion).where(LexiconVersion.id == 1)
+                                .values(version=LexiconVersion.version + 1))
+        except StorageError as error:
+            if isinstance(error.__cause__, IntegrityError):  # the same phrase, at the same moment, on another replica
+                raise AlreadyExists("the lexicon has that phrase for that language already") from None
+            raise
+
+    @staticmethod
+    def _check_free(session: Session, language: str, phrase: str, entry_id: int | None) -> None:
+        taken = session.scalar(select(LexiconRow.id).where(LexiconRow.language == language,
+                                                           LexiconRow.phrase == phrase))
+        if taken is not None and taken != entry_id:
+            raise AlreadyExists(f"the lexicon has {phrase!r} for {language} already (entry {taken})")
+
+
+_LEXICON_FIELDS = ("language", "phrase", "ipa", "respelling", "case_sensitive")
+
+
+def _lexicon_fields(row: LexiconRow) -> dict:
+    return {name: getattr(row, name) for name in _LEXICON_FIELDS}
+
+
+def _lexicon_dict(row: LexiconRow) -> dict:
+    return {"id": row.id, **_lexicon_fields(row), "updated_at": _iso(row.updated_at), "updated_by": row.updated_by}
+
+
+def _lexicon_audit(at: datetime, actor: str, action: str, key: str, old: Any, new: Any) -> AuditEntry:
+    return AuditEntry(at=at, actor=actor, action=action, key=key,
+                      old_value=None if old is None else json.dumps(old),
+                      new_value=None if new is None else json.dumps(new))
 
 
 def _voice_audit(at: datetime, actor: str, action: str, name: str, old: Any, new: Any) -> AuditEntry:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, DateTime, Float, Integer, String, Text
+from sqlalchemy import Boolean, DateTime, Float, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -98,3 +98,29 @@ class ClonedVoiceRow(Base):
     transcript: Mapped[str | None] = mapped_column(Text, nullable=True)  # what the clip says, if the caller said
     path: Mapped[str] = mapped_column(String(512))
     consent_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # when the caller affirmed consent
+
+
+class LexiconRow(Base):
+    """A pronunciation lexicon entry: a word or phrase of a language, said with IPA and/or a respelling."""
+
+    __tablename__ = "lexicon"
+    __table_args__ = (UniqueConstraint("language", "phrase"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    language: Mapped[str] = mapped_column(String(16))
+    phrase: Mapped[str] = mapped_column(String(128))
+    ipa: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    respelling: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    case_sensitive: Mapped[bool] = mapped_column(Boolean, default=False)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_by: Mapped[str] = mapped_column(String(128))
+
+
+class LexiconVersion(Base):
+    """One row, its version raised by every change to the lexicon: what replicas poll (cheap, and exact
+    whatever their clocks say) to know when to read the entries again."""
+
+    __tablename__ = "lexicon_version"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)

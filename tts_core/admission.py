@@ -15,6 +15,7 @@ from .degrade import DegradeController
 from .engines import Voice
 from .errors import InvalidRequest, Overloaded
 from .frontend import NormalizationOptions, SpokenText, normalize_text
+from .lexicon import Lexicon
 from .metrics import Metrics
 from .text import TextError
 
@@ -26,6 +27,8 @@ class Admission:
         self.settings = settings
         self.degrade = degrade
         self.metrics = metrics
+        # the operator's pronunciations: a snapshot, replaced whole (one assignment) when the stored ones change
+        self.lexicon = Lexicon()
 
     def validate(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
                  caller: Caller | None, normalization: NormalizationOptions = NormalizationOptions()
@@ -53,7 +56,7 @@ class Admission:
             raise InvalidRequest(f"input is {len(text)} characters long; the limit is {limit}", "input",
                                  "string_above_max_length")
         try:
-            return normalize_text(text, language, normalization)
+            return normalize_text(text, language, normalization, self.lexicon)
         except TextError as error:
             raise InvalidRequest(str(error), "input") from None
 

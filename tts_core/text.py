@@ -1,10 +1,13 @@
 """Sentence and chunk splitting of the text to speak (what the front end, tts_core.frontend, made).
 
 Everything here is a single left-to-right scan (no backtracking regular expressions), so the
-time taken is linear in the input length whatever the input is.
+time taken is linear in the input length whatever the input is. A pronunciation's marked span
+(tts_core.pronunciation) is never cut: it is one word here, whatever it holds.
 """
 
 from __future__ import annotations
+
+from .pronunciation import CLOSE, OPEN
 
 SENTENCE_ENDS = frozenset(".!?…。！？")
 CLAUSE_ENDS = frozenset(",;:—–)")
@@ -16,11 +19,12 @@ class TextError(ValueError):
 
 def _split_after(text: str, ends: frozenset[str]) -> list[str]:
     """Split after each end character that is followed by white space (or the end)."""
-    pieces, start = [], 0
+    pieces, start, inside = [], 0, False
     for index, char in enumerate(text):
-        at_boundary = char == "\n" or (
+        inside = (inside or char == OPEN) and char != CLOSE
+        at_boundary = not inside and (char == "\n" or (
             char in ends and (index + 1 == len(text) or text[index + 1].isspace())
-        )
+        ))
         if at_boundary:
             piece = text[start : index + 1].strip()
             if piece:
@@ -32,12 +36,31 @@ def _split_after(text: str, ends: frozenset[str]) -> list[str]:
     return pieces
 
 
+def _words(text: str) -> list[str]:
+    """text.split(), with each pronunciation's span one word."""
+    if OPEN not in text:
+        return text.split()
+    words, start, inside = [], None, False
+    for index, char in enumerate(text):
+        inside = (inside or char == OPEN) and char != CLOSE
+        if char.isspace() and not inside:
+            if start is not None:
+                words.append(text[start:index])
+            start = None
+        elif start is None:
+            start = index
+    if start is not None:
+        words.append(text[start:])
+    return words
+
+
 def _pack_words(text: str, max_chars: int) -> list[str]:
-    """Greedily pack whole words into pieces of at most max_chars (a longer word is cut)."""
+    """Greedily pack whole words into pieces of at most max_chars (a longer word is cut, but not a
+    pronunciation's span)."""
     pieces: list[str] = []
     current = ""
-    for word in text.split():
-        while len(word) > max_chars:
+    for word in _words(text):
+        while len(word) > max_chars and OPEN not in word:
             if current:
                 pieces.append(current)
                 current = ""

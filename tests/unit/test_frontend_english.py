@@ -9,6 +9,7 @@ import pytest
 
 from tts_core.frontend import LANGUAGES, NormalizationOptions, normalize_text
 from tts_core.frontend.pieces import BREAK, PRONUNCIATION, SAID, TEXT
+from tts_core.pronunciation import Pronounced, as_text
 from tts_core.text import TextError
 
 
@@ -121,13 +122,14 @@ def test_markdown_html_and_emoji(written, spoken):
     assert said(written) == spoken
 
 
-def test_a_pronunciation_override_is_kept_whole_and_speaks_its_word():
+def test_a_pronunciation_override_is_kept_whole_as_a_marked_span():
     text = "Visit [Worcester](/ˈwʊstər/) today."
     spoken = normalize_text(text, "en_US")
-    assert spoken.text == "Visit Worcester today."
+    marked = Pronounced("Worcester", "ˈwʊstər").marked()
+    assert spoken.text == f"Visit {marked} today." and as_text(spoken.text) == "Visit Worcester today."
     [override] = [piece for piece in spoken.pieces if piece.kind == PRONUNCIATION]
     assert (text[override.start:override.end], override.spoken, override.ipa) == (
-        "[Worcester](/ˈwʊstər/)", "Worcester", "ˈwʊstər")
+        "[Worcester](/ˈwʊstər/)", marked, "ˈwʊstər")
     assert said("[docs](/docs/guide/)") == "docs"  # a path is a link, not an override
 
 

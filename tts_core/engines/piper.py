@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import json
 import logging
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime
-from piper.config import PiperConfig
+from piper.config import PhonemeType, PiperConfig
 from piper.voice import PiperVoice
 
+from ..pronunciation import OPEN, Pronounced, as_text, split_marked
 from ..request import SynthesisRequest
 from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
 
@@ -89,9 +91,18 @@ class PiperEngine(Engine):
         return self._model_bytes
 
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
-        sentences = self._front_end.phonemize(text)
+        sentences = self._front_end.phonemize(self._with_phonemes(text))
         return [np.asarray(self._front_end.phonemes_to_ids(phonemes), dtype=np.int64)
                 for phonemes in sentences if phonemes]
+
+    def _with_phonemes(self, text: str) -> str:
+        """Each pronunciation with IPA as a raw phoneme block, `[[ ˈwʊstər ]]`, which Piper's front end
+        splices between espeak's phonemes for the text around it; IPA symbols the voice has no id for
+        are dropped there, with a warning in the log. Without IPA (or in a voice that reads
+        characters, not espeak phonemes) a pronunciation is its respelling, else its word."""
+        if OPEN not in text or self.config.phoneme_type != PhonemeType.ESPEAK:
+            return as_text(text)
+        return "".join(part if isinstance(part, str) else _phoneme_block(part) for part in split_marked(text))
 
     def _speaker_id(self, voice: str) -> int:
         return self._speaker_ids.get(voice, self.config.default_speaker_id)
@@ -128,6 +139,13 @@ class PiperEngine(Engine):
             inputs = {**self._last_inputs, "input": self._last_inputs["input"][:, :1],
                       "input_lengths": np.ones(1, dtype=np.int64)}
             self._session.run(None, inputs, self._shrink_arena)
+
+
+def _phoneme_block(pronounced: Pronounced) -> str:
+    if not pronounced.ipa:
+        return pronounced.as_text
+    ipa = unicodedata.normalize("NFD", pronounced.ipa.replace("[", "").replace("]", ""))  # as espeak's are
+    return f"[[ {ipa} ]]"
 
 
 def _piper_voices(name: str, config: PiperConfig, named_voices: Sequence[VoiceSpec]

@@ -38,6 +38,7 @@ from transformers import (
     PocketTTSProcessor,
 )
 
+from ..pronunciation import as_text
 from ..request import SynthesisRequest
 from .base import Voice, VoiceSpec
 from .pocket_codec import DecoderState, StreamingDecoder, encode_voice
@@ -157,6 +158,7 @@ class PocketTTSEngine(TorchSteppedEngine):
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
         """The text's ids, as the processor's chat template and tokenizer prepare it (no placeholders:
         admission builds the prompt)."""
+        text = as_text(text)  # a pronunciation: its respelling, else its word
         prepared = text
         if self.processor.chat_template is not None:
             message = {"role": "user", "content": [{"type": "text", "text": text}]}

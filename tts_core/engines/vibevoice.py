@@ -45,6 +45,7 @@ from transformers import (
     VibeVoiceProcessor,
 )
 
+from ..pronunciation import as_text
 from ..request import SynthesisRequest
 from .base import Voice, VoiceSpec
 from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
@@ -151,7 +152,7 @@ class VibeVoiceEngine(TorchSteppedEngine):
 
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
         """The ids of the text's script line (one line: its own line breaks become spaces)."""
-        words = " ".join(text.split())
+        words = " ".join(as_text(text).split())  # a pronunciation: its respelling, else its word
         return [np.asarray(self._encode(f" Speaker 0: {words}\n"), dtype=np.int64)] if words else []
 
     def frames_needed(self, item: SynthesisRequest) -> int:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from transformers import VitsConfig, VitsModel, VitsTokenizer
 
+from ..pronunciation import as_text
 from ..request import SynthesisRequest
 from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
 
@@ -130,7 +131,7 @@ class VitsEngine(Engine):
         return list(self._voices)
 
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
-        ids = self.tokenizer(text)["input_ids"]
+        ids = self.tokenizer(as_text(text))["input_ids"]  # a pronunciation: its respelling, else its word
         return [np.asarray(ids, dtype=np.int64)] if len(ids) else []
 
     def batch_key(self, voice: str, speed: float) -> Hashable:

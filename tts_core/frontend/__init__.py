@@ -6,15 +6,20 @@
 2. Markdown and HTML are read as a listener needs them (markup.py), emoji left out: any language.
 3. The language's rules say numbers, money, dates, units, symbols and addresses as words. A language
    plugs in by adding its `verbalize` to LANGUAGES; one without rules gets its text as written.
+   Before that, the operator's lexicon (tts_core.lexicon) turns the phrases it knows into pronunciations,
+   as an inline `[word](/IPA/)` is: each is written into the spoken text as one marked span
+   (tts_core.pronunciation) that the voice's engine says as it can.
 4. The pieces are tidied and joined (pieces.py); each names the slice of the input it speaks.
 
-With options.normalize false only step 1 and the tidying run: the text is spoken as written.
+With options.normalize false only step 1, the lexicon and the tidying run: the text is spoken as written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..lexicon import Lexicon, language_code
+from ..pronunciation import Pronounced
 from ..text import SENTENCE_ENDS, TextError
 from . import english
 from .mapped import Mapped, source_text
@@ -31,16 +36,21 @@ LANGUAGES: dict[str, Verbalize] = {"en": english.verbalize}  # by language code,
 _PUNCTUATION = frozenset(SENTENCE_ENDS | set(",;:"))
 
 
-def normalize_text(text: str, language: str, options: NormalizationOptions = NormalizationOptions()) -> SpokenText:
+_EMPTY = Lexicon()
+
+
+def normalize_text(text: str, language: str, options: NormalizationOptions = NormalizationOptions(),
+                   lexicon: Lexicon = _EMPTY) -> SpokenText:
     """What to say for `text` in a voice of `language` ("en_US", "en-us", "fr"): the spoken text and
     its pieces. Raises TextError for control characters, or when nothing is left to say."""
     source = source_text(text)
     if not options.normalize:
-        spoken = tidy(as_written(source))
+        spoken = tidy([piece for part in _looked_up(source, language, lexicon)
+                       for piece in (_as_written(part, options) if isinstance(part, Mapped) else [_pronounced(part)])])
     else:
-        verbalize = LANGUAGES.get(language.replace("-", "_").split("_")[0].lower(), _as_written)
+        verbalize = LANGUAGES.get(language_code(language), _as_written)
         parts = markdown_parts(source) if options.markdown_normalization else [source]
-        spoken = tidy(_spoken_parts(parts, verbalize, options))
+        spoken = tidy(_spoken_parts(parts, verbalize, options, lambda run: _looked_up(run, language, lexicon)))
     if not spoken.text:
         raise TextError("input is empty" if not text.strip() else
                         "input has nothing to speak once normalised (markup, code and emoji are not read)")
@@ -51,7 +61,22 @@ def _as_written(text: Mapped, options: NormalizationOptions) -> list[Piece]:
     return as_written(text)
 
 
-def _spoken_parts(parts: list[Part], verbalize: Verbalize, options: NormalizationOptions) -> list[Piece]:
+def _looked_up(text: Mapped, language: str, lexicon: Lexicon) -> list[Mapped | Override]:
+    """The text with each phrase the lexicon has for the language as an Override."""
+    parts: list[Mapped | Override] = []
+    at = 0
+    for start, end, entry in lexicon.matches(language, text.text):
+        if start > at:
+            parts.append(text.slice(at, start))
+        parts.append(Override(*text.span(start, end), text.text[start:end], entry.ipa, entry.respelling))
+        at = end
+    if at < len(text):
+        parts.append(text.slice(at, len(text)))
+    return parts
+
+
+def _spoken_parts(parts: list[Part], verbalize: Verbalize, options: NormalizationOptions,
+                  look_up: Callable[[Mapped], list[Mapped | Override]]) -> list[Piece]:
     pieces: list[Piece] = []
     run: list[Mapped] = []  # text parts next to each other are read as one (a rule may span them: "$**5**")
     for part in [*parts, None]:
@@ -60,13 +85,19 @@ def _spoken_parts(parts: list[Part], verbalize: Verbalize, options: Normalizatio
             continue
         if run:
             text = Mapped.join(run)
-            pieces.extend(verbalize(drop_emoji(text) if options.emoji_normalization else text, options))
+            for found in look_up(drop_emoji(text) if options.emoji_normalization else text):
+                pieces.extend(verbalize(found, options) if isinstance(found, Mapped) else [_pronounced(found)])
             run = []
         if isinstance(part, Override):
-            pieces.append(Piece(part.start, part.end, part.word, PRONUNCIATION, part.ipa))
+            pieces.append(_pronounced(part))
         elif isinstance(part, Break):
             pieces.append(_break(part, pieces))
     return pieces
+
+
+def _pronounced(override: Override) -> Piece:
+    marked = Pronounced(override.word, override.ipa, override.respelling).marked()
+    return Piece(override.start, override.end, marked, PRONUNCIATION, override.ipa, override.respelling)
 
 
 def _break(part: Break, before: list[Piece]) -> Piece:

@@ -44,12 +44,13 @@ class Break:
 
 @dataclass(frozen=True)
 class Override:
-    """[word](/IPA/): the word, said as the IPA says."""
+    """[word](/IPA/), or a lexicon entry's phrase: the word, said as the IPA or respelling says."""
 
     start: int
     end: int
     word: str
-    ipa: str
+    ipa: str | None
+    respelling: str | None = None
 
 
 Part = Mapped | Break | Override

@@ -10,7 +10,7 @@ from .mapped import Mapped
 
 TEXT = "text"  # the caller's words as written (Unicode-normalised, white space collapsed)
 SAID = "said"  # written form replaced by words: numbers, symbols, abbreviations, addresses
-PRONUNCIATION = "pronunciation"  # [word](/IPA/): the word, with a pronunciation the voice may use
+PRONUNCIATION = "pronunciation"  # [word](/IPA/) or a lexicon entry: spoken as a marked span (tts_core.pronunciation)
 BREAK = "break"  # a pause the text's layout implies (a heading's end, a table cell's): no source
 
 
@@ -23,7 +23,8 @@ class Piece:
     end: int
     spoken: str
     kind: str = TEXT
-    ipa: str | None = None  # a pronunciation override's IPA, between its slashes
+    ipa: str | None = None  # a pronunciation's IPA (an inline override's, between its slashes)
+    respelling: str | None = None  # a pronunciation's respelling (lexicon entries only)
 
 
 @dataclass(frozen=True)
