@@ -1,5 +1,5 @@
-"""The Admin tab: live charts, degrade state, the settings form, API keys, cloned voices and the audit log,
-behind a token."""
+"""The Admin tab: live charts, degrade state, the settings form, API keys, cloned voices, the pronunciation
+lexicon and the audit log, behind a token."""
 
 from __future__ import annotations
 
@@ -9,18 +9,21 @@ from datetime import datetime
 
 import gradio as gr
 import plotly.graph_objects as go
+from pydantic import ValidationError
 
 from api.access import AccessControl
 from clones import VoiceClones
-from storage import StorageError
+from storage import AlreadyExists, StorageError
 from tts_core.access import client_address
 from tts_core.degrade import OperatorSettings
 from tts_core.errors import ChorusError, InvalidSetting, StorageUnavailable
+from tts_core.lexicon import LexiconEntry, LexiconFileError
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
 
 from .control import OperatorControl
 from .gate import AdminGate, AdminRefused
+from .lexicon import LexiconControl
 from .stats import collect_stats
 
 CHARTS = [  # (title, [(series key, label)], y axis title)
@@ -38,6 +41,7 @@ CHARTS = [  # (title, [(series key, label)], y axis title)
 AUDIT_COLUMNS = ["time", "actor", "setting", "old value", "new value"]
 KEY_COLUMNS = ["id", "prefix", "name", "tier", "created", "revoked"]
 CLONE_COLUMNS = ["name", "model", "owner", "public", "created", "duration (s)"]
+LEXICON_COLUMNS = ["id", "language", "phrase", "ipa", "respelling", "case sensitive", "updated", "by"]
 ABSENT = {"GPU": "no GPU (NVML not available)",  # charts whose data may not exist here: what to say instead
           "Autoregressive engines": "no autoregressive engine loaded"}
 
@@ -139,6 +143,83 @@ def _render_clones(signed_in: gr.State, clones: VoiceClones) -> gr.Dataframe:
     return table
 
 
+def _lexicon_rows(lexicon: LexiconControl) -> list[list]:
+    try:
+        rows = lexicon.entries()
+    except StorageError:
+        return []
+    return [[e["id"], e["language"], e["phrase"], e["ipa"] or "", e["respelling"] or "",
+             "yes" if e["case_sensitive"] else "no", e["updated_at"][:19], e["updated_by"]] for e in rows]
+
+
+def _render_lexicon(signed_in: gr.State, lexicon: LexiconControl) -> gr.Dataframe:
+    """The pronunciation lexicon section: the entries, a form to add, change (give the id) or delete one,
+    and TSV export and import (merge) through a text box; each change audited. Returns the table."""
+    gr.Markdown("### Pronunciation lexicon")
+    table = gr.Dataframe(headers=LEXICON_COLUMNS, interactive=False)
+    with gr.Row():
+        entry_id = gr.Number(label="id (empty: a new entry)", precision=0, scale=1)
+        language = gr.Textbox(label="language", value="en", scale=1)
+        phrase = gr.Textbox(label="word or phrase", scale=2)
+        ipa = gr.Textbox(label="IPA (no slashes)", scale=2)
+        respelling = gr.Textbox(label="respelling", scale=2)
+        case_sensitive = gr.Checkbox(label="case sensitive", scale=1)
+    with gr.Row():
+        save, delete = gr.Button("Save entry", scale=1), gr.Button("Delete entry", variant="stop", scale=1)
+        export, import_ = gr.Button("Export TSV", scale=1), gr.Button("Import TSV (merge)", scale=1)
+    tsv = gr.Code(label="TSV: language, phrase, ipa, respelling, case_sensitive", language=None)
+    message = gr.Markdown()
+
+    def run(is_signed_in: bool, change) -> tuple:
+        if not is_signed_in:
+            return "Sign in first.", gr.skip()
+        try:
+            return change(), _lexicon_rows(lexicon)
+        except ValidationError as error:
+            return "Not done: " + "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}"
+                                             for e in error.errors()), gr.skip()
+        except (AlreadyExists, LexiconFileError) as error:
+            return f"Not done: {error}", gr.skip()
+        except StorageError:
+            return f"Not done: {StorageUnavailable().message}", gr.skip()
+
+    def save_entry(is_signed_in: bool, number, language: str, phrase: str, ipa: str, respelling: str,
+                   case_sensitive: bool):
+        def change() -> str:
+            entry = LexiconEntry(language=language, phrase=phrase, ipa=ipa or None, respelling=respelling or None,
+                                 case_sensitive=case_sensitive)
+            if number is None:
+                return f"Entry {lexicon.add(entry, 'admin-ui')['id']} added."
+            return f"Entry {int(number)} changed." if lexicon.change(int(number), entry, "admin-ui") \
+                else f"No entry with id {int(number)}."
+        return run(is_signed_in, change)
+
+    def delete_entry(is_signed_in: bool, number):
+        if number is None:
+            return "Give the id of the entry to delete.", gr.skip()
+        return run(is_signed_in, lambda: f"Entry {int(number)} deleted." if lexicon.delete(int(number), "admin-ui")
+                   else f"No entry with id {int(number)}.")
+
+    def import_tsv(is_signed_in: bool, text: str):
+        return run(is_signed_in, lambda: "Imported: {added} added, {changed} changed, {unchanged} unchanged."
+                   .format(**lexicon.import_tsv(text or "", "admin-ui")))
+
+    def export_tsv(is_signed_in: bool):
+        if not is_signed_in:
+            return gr.skip(), "Sign in first."
+        try:
+            return lexicon.export_tsv(), ""
+        except StorageError:
+            return gr.skip(), f"Not done: {StorageUnavailable().message}"
+
+    form = [entry_id, language, phrase, ipa, respelling, case_sensitive]
+    save.click(save_entry, [signed_in, *form], [message, table], api_visibility="private")
+    delete.click(delete_entry, [signed_in, entry_id], [message, table], api_visibility="private")
+    import_.click(import_tsv, [signed_in, tsv], [message, table], api_visibility="private")
+    export.click(export_tsv, [signed_in], [tsv, message], api_visibility="private")
+    return table
+
+
 def _address(request: gr.Request | None, access: AccessControl) -> str:
     peer = request.client.host if request is not None and request.client else None
     forwarded = request.headers.get("x-forwarded-for") if request is not None else None
@@ -146,7 +227,7 @@ def _address(request: gr.Request | None, access: AccessControl) -> str:
 
 
 def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorControl, access: AccessControl,
-                    gate: AdminGate, clones: VoiceClones) -> None:
+                    gate: AdminGate, clones: VoiceClones, lexicon: LexiconControl) -> None:
     """Render the tab inside the current gr.Blocks. Its handlers are plain functions (Gradio runs them in
     worker threads) or, for cloned voices, coroutines whose storage calls run in worker threads: the
     database is never waited on from the event loop."""
@@ -198,6 +279,7 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
                 revoke_id = gr.Number(label="key id to revoke", precision=0, scale=2)
                 revoke = gr.Button("Revoke key", variant="stop", scale=1)
             clones_table = _render_clones(signed_in, clones)
+            lexicon_table = _render_lexicon(signed_in, lexicon)
             gr.Markdown("### Audit log")
             audit = gr.Dataframe(headers=AUDIT_COLUMNS, interactive=False)
         timer = gr.Timer(1.0)
@@ -221,9 +303,14 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
         async def list_clones(is_signed_in: bool):
             return await _clone_rows(clones) if is_signed_in else gr.skip()
 
+        def list_lexicon(is_signed_in: bool):
+            return _lexicon_rows(lexicon) if is_signed_in else gr.skip()
+
         login.click(sign_in, [token], [signed_in, login_box, panel, login_message, audit, keys_table,
                                        *inputs.values()],
-                    api_visibility="private").then(list_clones, [signed_in], [clones_table], api_visibility="private")
+                    api_visibility="private").then(list_clones, [signed_in], [clones_table], api_visibility="private"
+                                                   ).then(list_lexicon, [signed_in], [lexicon_table],
+                                                          api_visibility="private")
 
         def refresh(is_signed_in: bool):
             if not is_signed_in:

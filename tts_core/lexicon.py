@@ -52,7 +52,9 @@ class LexiconEntry(BaseModel):
     @field_validator("phrase")
     @classmethod
     def _phrase(cls, value: str) -> str:
-        value = " ".join(unicodedata.normalize("NFKC", value).split())
+        value = " ".join(unicodedata.normalize("NFKC", value).split())  # as the front end reads the text
+        if len(value) > MAX_PHRASE_CHARS:  # NFKC can make it longer ("ﷺ" is 18 letters)
+            raise ValueError(f"must be at most {MAX_PHRASE_CHARS} characters once normalised")
         _check_characters(value)
         if not any(char.isalnum() for char in value):
             raise ValueError("must have a letter or a digit")

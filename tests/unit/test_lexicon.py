@@ -1,12 +1,15 @@
 """The pronunciation lexicon: matching, TSV, the front end's pronunciations, chunk splitting around
-them, what each kind of engine is given, storage with its version and audit, and replicas."""
+them, what each kind of engine is given, storage with its version and audit, replicas, and the Admin
+tab's section."""
 
 import time
 
+import gradio as gr
 import pytest
 from pydantic import ValidationError
 
 from admin.lexicon import LexiconControl
+from admin.ui import _render_lexicon
 from storage import AlreadyExists, Storage, sqlite_url
 from tests.fakes import FakeEngine
 from tts_core.config import Settings
@@ -157,3 +160,23 @@ def test_storage_audits_each_change_and_replicas_follow(tmp_path):
     assert actions == ["lexicon.delete", "lexicon.import", "lexicon.change", "lexicon.add"]
     assert here.export_tsv("en") == "language\tphrase\tipa\trespelling\tcase_sensitive\nen\tNguyen\t\twin\tfalse\n"
     assert here.entries("de") == []
+
+
+def test_the_admin_tab_section_adds_changes_imports_and_deletes(tmp_path):
+    storage = Storage(sqlite_url(tmp_path / "chorus.db"))
+    storage.migrate()
+    lexicon = LexiconControl(storage, SpeechService(Settings(), [FakeEngine()], Metrics()).admission)
+    with gr.Blocks() as page:
+        _render_lexicon(gr.State(True), lexicon)
+    handlers = {function.name: function.fn for function in page.fns.values()}
+    assert handlers["save_entry"](True, None, "en", "Worcester", "ˈwʊstər", "", False)[0] == "Entry 1 added."
+    assert "give ipa, respelling or both" in handlers["save_entry"](True, None, "en", "Worcester", "", "", False)[0]
+    message, rows = handlers["save_entry"](True, 1, "en", "Worcester", "ˈwʊstɚ", "", True)
+    assert message == "Entry 1 changed." and rows[0][1:6] == ["en", "Worcester", "ˈwʊstɚ", "", "yes"]
+    assert "line 1" in handlers["import_tsv"](True, "en\tbad\n")[0]
+    assert handlers["import_tsv"](True, "en\tNguyen\t\twin\n")[0] == "Imported: 1 added, 0 changed, 0 unchanged."
+    assert handlers["export_tsv"](True)[0].splitlines()[1:] == ["en\tNguyen\t\twin\tfalse",
+                                                                "en\tWorcester\tˈwʊstɚ\t\ttrue"]
+    assert handlers["delete_entry"](True, 1)[0] == "Entry 1 deleted."
+    assert handlers["delete_entry"](False, 2)[0] == "Sign in first."
+    assert [entry.phrase for entry in lexicon.admission.lexicon.entries] == ["Nguyen"]
