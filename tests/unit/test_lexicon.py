@@ -14,7 +14,7 @@ from storage import AlreadyExists, Storage, sqlite_url
 from tests.fakes import FakeEngine
 from tts_core.config import Settings
 from tts_core.engines.piper import PiperEngine, bundled_voice_path
-from tts_core.frontend import normalize_text
+from tts_core.frontend import NormalizationOptions, normalize_text
 from tts_core.frontend.pieces import PRONUNCIATION
 from tts_core.lexicon import MAX_IMPORT_LINES, Lexicon, LexiconEntry, LexiconFileError, from_tsv, to_tsv
 from tts_core.metrics import Metrics
@@ -85,6 +85,9 @@ def test_the_front_end_makes_the_same_pronunciation_as_an_inline_override():
     [piece] = [piece for piece in from_lexicon.pieces if piece.kind == PRONUNCIATION]
     assert (piece.start, piece.end, piece.ipa) == (6, 15, "ˈwʊstər")
     assert as_text(from_lexicon.text) == "Visit Worcester on the third of May."
+    assert as_text(normalize_text("Worcester$5", "en", lexicon=lexicon).text) == "Worcester five dollars"
+    as_written = normalize_text("Worcester $5", "en", NormalizationOptions(normalize=False), lexicon).text
+    assert as_written == Pronounced("Worcester", "ˈwʊstər").marked() + " $5"
 
 
 def test_a_respelling_is_what_character_voices_say():

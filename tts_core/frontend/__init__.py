@@ -44,13 +44,17 @@ def normalize_text(text: str, language: str, options: NormalizationOptions = Nor
     """What to say for `text` in a voice of `language` ("en_US", "en-us", "fr"): the spoken text and
     its pieces. Raises TextError for control characters, or when nothing is left to say."""
     source = source_text(text)
-    if not options.normalize:
-        spoken = tidy([piece for part in _looked_up(source, language, lexicon)
-                       for piece in (_as_written(part, options) if isinstance(part, Mapped) else [_pronounced(part)])])
+
+    def look_up(run: Mapped) -> list[Mapped | Override]:
+        return _looked_up(run, language, lexicon)
+
+    if not options.normalize:  # as written, but for the lexicon's pronunciations
+        spoken = tidy([piece for part in look_up(source)
+                       for piece in (as_written(part) if isinstance(part, Mapped) else [_pronounced(part)])])
     else:
         verbalize = LANGUAGES.get(language_code(language), _as_written)
         parts = markdown_parts(source) if options.markdown_normalization else [source]
-        spoken = tidy(_spoken_parts(parts, verbalize, options, lambda run: _looked_up(run, language, lexicon)))
+        spoken = tidy(_spoken_parts(parts, verbalize, options, look_up))
     if not spoken.text:
         raise TextError("input is empty" if not text.strip() else
                         "input has nothing to speak once normalised (markup, code and emoji are not read)")

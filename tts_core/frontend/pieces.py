@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from itertools import groupby
 
+from ..pronunciation import CLOSE, OPEN
 from .mapped import Mapped
 
 TEXT = "text"  # the caller's words as written (Unicode-normalised, white space collapsed)
@@ -61,7 +62,7 @@ def tidy(pieces: list[Piece]) -> SpokenText:
         before = kept[-1][1][-1][-1] if kept else "\n"
         if before in " \n" and spoken[:1] in (" ", "\n"):
             spoken = spoken[1:]
-        elif before.isalnum() and spoken[:1].isalnum() and SAID in (piece.kind, kept[-1][0].kind):
+        elif _wordlike(before) and _wordlike(spoken[:1]) and SAID in (piece.kind, kept[-1][0].kind):
             spoken = " " + spoken
         if not spoken:
             continue
@@ -73,6 +74,11 @@ def tidy(pieces: list[Piece]) -> SpokenText:
     _strip_end(kept, " \n")
     joined = tuple(replace(piece, spoken="".join(parts)) for piece, parts in kept)
     return SpokenText(joined, "".join(piece.spoken for piece in joined))
+
+
+def _wordlike(char: str) -> bool:
+    """A letter or digit, or a pronunciation's edge (a word): a said piece next to it needs a space."""
+    return char.isalnum() or char in (OPEN, CLOSE)
 
 
 def _strip_end(kept: list[tuple[Piece, list[str]]], chars: str) -> None:
