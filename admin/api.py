@@ -233,7 +233,9 @@ async def delete_lexicon_entry(request: Request, entry_id: int = EntryId, actor:
     return record
 
 
-@router.get("/lexicon/export", response_class=PlainTextResponse, responses={200: {"content": {TSV: {}}}})
+# No response_class: the route's errors stay documented as JSON; its file is documented here.
+@router.get("/lexicon/export", responses={200: {"content": {TSV: {"schema": {"type": "string"}}}},
+                                          **error_responses(503)})
 async def export_lexicon(request: Request, language: str | None = Query(None, min_length=2, max_length=16),
                          _: str = Depends(require_admin)) -> PlainTextResponse:
     text = await asyncio.to_thread(_lexicon(request).export_tsv, language)
