@@ -4,7 +4,9 @@
 
 One Chorus server (a process on 127.0.0.1, the bundled Piper voice, degrade mode at its defaults).
 Its capacity is measured first: a closed loop of CAPACITY_CLIENTS clients for CAPACITY_S with the
-same traffic as the soak (this is also the warm-up). Then open-loop traffic (Poisson arrivals) in
+same traffic as the soak; then WARM_UP_OVERLOAD_S of open-loop traffic at 3x, whose answers are all
+awaited (the capacity run and this are the warm-up: every path the soak takes, the refusals and a
+deep queue included, has run once). Then open-loop traffic (Poisson arrivals) in
 three phases: MINUTES / 2 at 70% of that capacity ("before"), OVERLOAD_S at 3x ("overload"), and
 MINUTES / 2 at 70% again ("after"); below MINUTES = 2 the overload and the capacity run last no
 longer than each 70% phase, so a smoke run stays short. The traffic is plain POST /v1/audio/speech
@@ -17,13 +19,16 @@ any other), or a loss: "timeout" (no answer within REQUEST_TIMEOUT_S), "connecti
 no WebSocket `done`). Once a second the server's resident memory, open files, queue length and
 degrade state are sampled. Memory growth compares two idle moments: after the warm-up and after
 the last answer, each read once the server has nothing queued or running (an engine hands its
-working memory back when it goes idle); the peak under load is printed beside it.
+working memory back when it goes idle); the peak under load is printed beside it. (Measured from
+after the capacity run alone, the first overload's one-time allocations read as growth: +14.9%.)
 
 Recovery time: from the end of the overload to the last bad moment that is followed by a clean
 hold window (HOLD_S, or half the "after" phase if that is shorter) within the "after" phase;
 bad moments are 503 answers and queue_length samples above the 70% level (the longest queue
 sampled in the "before" phase). The first such window counts (a later relapse shows in the 503
-count of the "after" phase). None: the server did not recover within the run.
+count of the "after" phase). None: the server did not recover within the run. Printed beside it for
+scale: a backlog as long as admission allows (queue_wait_target_s of predicted wait) drains at the
+capacity left over at 70% load in target / (1 - 0.7) seconds.
 """
 
 from __future__ import annotations
@@ -47,12 +52,13 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 from bench.load import PCM_BYTES_PER_S, percentile, user_address
 from bench.server import ROOT, ServerProcess, start_server
 from bench.workload import MIXES, sentence
+from tts_core.degrade import OperatorSettings
 from tts_core.errors import ERROR_TYPES
 
 KINDS = ("plain", "stream", "sse", "ws")
-PHASES = ("capacity", "before", "overload", "after")
+PHASES = ("capacity", "warm-up", "before", "overload", "after")
 STEADY, OVERLOAD = 0.7, 3.0  # offered load, as a share of the measured capacity
-OVERLOAD_S, CAPACITY_S, CAPACITY_CLIENTS, HOLD_S = 60.0, 15.0, 8, 10.0
+OVERLOAD_S, CAPACITY_S, CAPACITY_CLIENTS, HOLD_S, WARM_UP_OVERLOAD_S = 60.0, 15.0, 8, 10.0, 15.0
 USERS = 64
 REQUEST_TIMEOUT_S = 330.0  # past the enterprise tier's 300 s deadline: the server has its say first
 LOST = ("timeout", "connection_error", "cut_short")
@@ -62,6 +68,7 @@ TARGETS = {"lost": 0, "memory_growth_pct": 5.0, "recovery_s": 10.0, "refused_out
 # never repeat, so it could only fill to its budget (64 MB, bounded by design), which would read as
 # memory growth and hide a leak.
 OPERATOR = {"anonymous_tier": "enterprise", "cache_max_mb": 0}
+WAIT_TARGET_S = OperatorSettings().queue_wait_target_s  # at its default: what admission lets queue up
 # A WebSocket error event's type -> the HTTP status it stands for (the first status of a type wins)
 SOCKET_STATUS = {kind: str(status) for status, kind in reversed(ERROR_TYPES.items())}
 
@@ -359,6 +366,7 @@ def plan_for(minutes: float) -> dict:
     steady_s = 30.0 * minutes
     return {"minutes": minutes, "steady_s": steady_s, "overload_s": min(OVERLOAD_S, steady_s),
             "capacity_s": min(CAPACITY_S, steady_s), "capacity_clients": CAPACITY_CLIENTS,
+            "warm_up_overload_s": min(WARM_UP_OVERLOAD_S, steady_s),
             "hold_s": min(HOLD_S, steady_s / 2), "request_timeout_s": REQUEST_TIMEOUT_S, "users": USERS,
             "kinds": list(KINDS), "steady_share": STEADY, "overload_share": OVERLOAD, "operator": OPERATOR}
 
@@ -370,7 +378,11 @@ async def drive(server: ServerProcess, plan: dict, voice: str) -> dict:
     try:
         print(f"capacity: closed loop, {CAPACITY_CLIENTS} clients, {plan['capacity_s']:.0f} s ...", flush=True)
         capacity = await measure_capacity(traffic, plan["capacity_s"], CAPACITY_CLIENTS)
-        warm = await idle_reading(traffic.base_url, pid)  # after warm-up: the capacity run was the server's first load
+        print(f"warm-up: {OVERLOAD:g}x for {plan['warm_up_overload_s']:.0f} s, every answer awaited ...", flush=True)
+        warm_up: list = []
+        await offer(traffic, "warm-up", OVERLOAD * capacity["requests_per_s"], plan["warm_up_overload_s"], warm_up)
+        await asyncio.wait(warm_up, timeout=plan["request_timeout_s"] + 30)
+        warm = await idle_reading(traffic.base_url, pid)
         sampler = asyncio.ensure_future(sample(traffic, pid, stop, samples))
         rates = {"before": STEADY * capacity["requests_per_s"], "overload": OVERLOAD * capacity["requests_per_s"],
                  "after": STEADY * capacity["requests_per_s"]}
@@ -470,7 +482,7 @@ def summarize(run: dict, plan: dict) -> dict:
     measured = {"lost": sum(lost.values()), "memory_growth_pct": server["memory_growth_pct"],
                 "recovery_s": recovered["seconds"],
                 "refused_outside_overload": sum(table[phase]["all"]["by_status"].get("503", 0)
-                                                for phase in PHASES if phase != "overload")}
+                                                for phase in PHASES if phase not in ("warm-up", "overload"))}
     met = {"lost": measured["lost"] <= TARGETS["lost"],
            "memory_growth_pct": measured["memory_growth_pct"] is not None
            and measured["memory_growth_pct"] < TARGETS["memory_growth_pct"],
@@ -539,7 +551,9 @@ def _print_server(result: dict) -> None:
     seconds = recovered["seconds"]
     print(f"recovery: {'not within the run' if seconds is None else f'{seconds} s'}: from the end of the overload to "
           f"the last 503 or queue sample above {recovered['queue_level']} that is followed by "
-          f"{recovered['hold_s']:.0f} s with neither (within the {recovered['after_phase_s']} s after it)")
+          f"{recovered['hold_s']:.0f} s with neither (within the {recovered['after_phase_s']} s after it); "
+          f"for scale: a backlog at the wait target ({WAIT_TARGET_S:g} s) drains at {1 - STEADY:.0%} spare "
+          f"capacity in {WAIT_TARGET_S / (1 - STEADY):.0f} s")
     cpu = result.get("cpu", {})
     print("cpu: " + "; ".join(f"{phase} server {share['server_cores']} cores, others {share['other_cores']}"
                               for phase, share in cpu.items()) + f" (of {os.cpu_count()})")
