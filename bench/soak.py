@@ -371,6 +371,15 @@ def plan_for(minutes: float) -> dict:
             "kinds": list(KINDS), "steady_share": STEADY, "overload_share": OVERLOAD, "operator": OPERATOR}
 
 
+async def await_answers(tasks: list, request_timeout_s: float) -> None:
+    """Each request's task ends by itself within the request timeout; the margin is for a stuck client,
+    whose task is cancelled (Traffic.give_up then counts it as a timeout)."""
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=request_timeout_s + 30)
+        for task in pending:
+            task.cancel()
+
+
 async def drive(server: ServerProcess, plan: dict, voice: str) -> dict:
     """Capacity, then the three open-loop phases, then every answer awaited; samples throughout."""
     traffic, pid = Traffic(server, voice, plan["request_timeout_s"]), server.process.pid
@@ -381,7 +390,7 @@ async def drive(server: ServerProcess, plan: dict, voice: str) -> dict:
         print(f"warm-up: {OVERLOAD:g}x for {plan['warm_up_overload_s']:.0f} s, every answer awaited ...", flush=True)
         warm_up: list = []
         await offer(traffic, "warm-up", OVERLOAD * capacity["requests_per_s"], plan["warm_up_overload_s"], warm_up)
-        await asyncio.wait(warm_up, timeout=plan["request_timeout_s"] + 30)
+        await await_answers(warm_up, plan["request_timeout_s"])
         warm = await idle_reading(traffic.base_url, pid)
         sampler = asyncio.ensure_future(sample(traffic, pid, stop, samples))
         rates = {"before": STEADY * capacity["requests_per_s"], "overload": OVERLOAD * capacity["requests_per_s"],
@@ -394,11 +403,8 @@ async def drive(server: ServerProcess, plan: dict, voice: str) -> dict:
             await offer(traffic, phase, rate, lengths[phase], tasks)
             bounds[phase] = [round(started, 2), round(traffic.now(), 2)]
         print(f"waiting for the last {len(traffic.in_flight)} answers ...", flush=True)
-        if tasks:  # each ends by itself within the request timeout; the margin is for a stuck client
-            _, pending = await asyncio.wait(tasks, timeout=plan["request_timeout_s"] + 30)
-            for task in pending:
-                task.cancel()
-            traffic.give_up()
+        await await_answers(tasks, plan["request_timeout_s"])
+        traffic.give_up()
         stop.set()
         await sampler
         end = {**await idle_reading(traffic.base_url, pid), "exit_code": server.process.poll()}  # None: still running
