@@ -64,10 +64,12 @@ def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int 
     if body.stream or body.stream_format is not None:
         raise InvalidRequest("jobs are not streamed; leave out stream and stream_format", "stream", "unsupported_value")
     normalization = body.normalization()
-    _, voice, _ = service.validate(body.input, body.voice_name, body.model, body.speed, caller, normalization)
-    return _runner(request).submit(caller, {"input": body.input, "voice": voice.name, "model": body.model,
+    script = service.validate(body.input, body.voice_name, body.model, body.speed, caller, normalization,
+                              body.input_type)
+    return _runner(request).submit(caller, {"input": body.input, "voice": script.voice.name, "model": body.model,
                                             "speed": body.speed, "response_format": body.response_format,
-                                            "normalization": normalization.model_dump()}, priority)
+                                            "normalization": normalization.model_dump(),
+                                            "input_type": body.input_type}, priority)
 
 
 @router.post("/v1/audio/jobs", status_code=202, responses=error_responses(400, 401, 429, 503))
@@ -172,7 +174,7 @@ async def _zip(request: Request, items: list[tuple[int, SpeechRequest | ChorusEr
 
     async def speak(item: SpeechRequest):
         return await service.speak(item.input, item.voice_name, item.model, item.speed, item.response_format, caller,
-                                   item.normalization())
+                                   item.normalization(), item.input_type)
 
     valid = [(index, item) for index, item in items if not isinstance(item, ChorusError)]
     spoken = await until_disconnect(request, asyncio.gather(*(speak(item) for _, item in valid),

@@ -45,6 +45,9 @@ class SpeechRequest(BaseModel):
                                               "symbol reading); the same as normalization_options.normalize")
     normalization_options: NormalizationOptions | None = Field(
         None, description="what the text front end rewrites, one switch per kind (all on by default)")
+    input_type: Literal["auto", "text", "ssml"] = Field(
+        "auto", description="'ssml': the input is SSML (<speak>...</speak>); 'text': plain text or markdown; "
+                            "'auto': SSML if the input starts with <speak>")
 
     @property
     def voice_name(self) -> str:

@@ -96,7 +96,7 @@ async def create_speech(body: SpeechRequest, request: Request,
     request.state.speech["characters"] = len(body.input)
     if body.stream or body.stream_format is not None:
         stream = await service.speak_stream(body.input, body.voice_name, body.model, body.speed,
-                                            body.response_format, caller, body.normalization())
+                                            body.response_format, caller, body.normalization(), body.input_type)
         headers = {"X-Chorus-Voice": stream.voice.name, **(limit.headers() if limit else {})}
         request.state.speech["voice"] = stream.voice.name
         chunks = audio_bytes(stream.encoded(body.response_format), request.state.speech)
@@ -104,7 +104,8 @@ async def create_speech(body: SpeechRequest, request: Request,
             return StreamingResponse(server_sent_events(chunks), media_type="text/event-stream", headers=headers)
         return StreamingResponse(chunks, media_type=FORMATS[body.response_format].content_type, headers=headers)
     spoken = await until_disconnect(request, service.speak(
-        body.input, body.voice_name, body.model, body.speed, body.response_format, caller, body.normalization()))
+        body.input, body.voice_name, body.model, body.speed, body.response_format, caller, body.normalization(),
+        body.input_type))
     request.state.speech.update(voice=spoken.voice, audio_s=spoken.duration_s, **asdict(spoken.timings))
     headers = {"X-Chorus-Voice": spoken.voice, "X-Chorus-Audio-Duration": f"{spoken.duration_s:.3f}",
                "X-Chorus-Cache": spoken.cache}

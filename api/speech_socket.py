@@ -216,8 +216,9 @@ class SpeechConnection:
         utterance_id, accepted_at = next(self.ids), time.perf_counter()
         try:
             await self.access.hit(self.caller)
+            # the buffer is cut at sentences as text arrives, so it is plain text (an SSML document may be cut)
             stream = await self.service.stream_pieces(text, session.voice, session.model, session.speed, self.caller,
-                                                      session.normalization())
+                                                      session.normalization(), "text")
         except ChorusError as refusal:
             self._account(refusal.status, accepted_at, len(text))
             return await self._refuse(refusal, utterance_id)

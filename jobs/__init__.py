@@ -168,7 +168,7 @@ class JobRunner:
         normalization = NormalizationOptions(**request.get("normalization", {"normalize": False}))
         return await self.service.speak(request["input"], request["voice"], request.get("model"),
                                         request.get("speed", 1.0), request["response_format"], self._caller(job),
-                                        normalization)
+                                        normalization, request.get("input_type", "auto"))
 
     # --- one attempt -------------------------------------------------------------------------------
 

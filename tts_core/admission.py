@@ -14,12 +14,14 @@ from .config import Settings
 from .degrade import DegradeController
 from .engines import Voice
 from .errors import InvalidRequest, Overloaded
-from .frontend import NormalizationOptions, SpokenText, normalize_text
+from .frontend import NormalizationOptions, normalize_text, spoken_parts, ssml
 from .lexicon import Lexicon
 from .metrics import Metrics
+from .script import Passage, Script
 from .text import TextError
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
+INPUT_TYPES = ("auto", "text", "ssml")  # auto: SSML if the input starts as an SSML document
 
 
 class Admission:
@@ -31,38 +33,61 @@ class Admission:
         self.lexicon = Lexicon()
 
     def validate(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
-                 caller: Caller | None, normalization: NormalizationOptions = NormalizationOptions()
-                 ) -> tuple[SpokenText, Voice, str]:
-        """Returns what to say (the front end's text for the voice's language, with its map back to the
-        input), the voice and the name of its model."""
+                 caller: Caller | None, normalization: NormalizationOptions = NormalizationOptions(),
+                 input_type: str = "auto") -> Script:
+        """What to say (the front end's text for each voice's language, with its map back to the input),
+        in which voices, at what speeds."""
         voice_info, model_name = catalogue.resolve(voice, model, caller.identity if caller else None)
-        if not MIN_SPEED <= speed <= MAX_SPEED:
-            raise InvalidRequest(f"speed must be between {MIN_SPEED} and {MAX_SPEED}", "speed")
-        if speed != 1.0 and not voice_info.speed_control:
-            raise InvalidRequest(f"voice {voice_info.name!r} ({voice_info.model}) has no speaking-rate control; "
-                                 "send speed 1.0", "speed", "unsupported_value")
-        spoken = self._spoken(text, voice_info.language, normalization)
+        _check_speed(voice_info, speed, "speed")
+        limit = self.settings.max_chars
+        if len(text) > limit:  # checked before the front end, whose work grows with the length
+            raise InvalidRequest(f"input is {len(text)} characters long; the limit is {limit}", "input",
+                                 "string_above_max_length")
+        try:
+            if input_type == "ssml" or (input_type == "auto" and ssml.is_ssml(text)):
+                script = self._ssml_script(catalogue, text, voice_info, model_name, speed, caller, normalization)
+            else:
+                spoken = normalize_text(text, voice_info.language, normalization, self.lexicon)
+                script = Script.plain(spoken, voice_info, model_name, speed)
+        except TextError as error:
+            raise InvalidRequest(str(error), "input", getattr(error, "code", None)) from None
         # Every length limit (this, TTS_MAX_CHARS, degrade mode's cap) is on what the caller sent, not on the
         # spoken text, which number words and symbols make longer than what was written.
         tier = caller.tier if caller else Tier()
         if len(text) > tier.max_chars:
             raise InvalidRequest(f"input is {len(text)} characters long; the {caller.tier_name} tier allows "
                                  f"{tier.max_chars}", "input", "tier_text_limit")
-        return spoken, voice_info, model_name
+        return script
 
-    def _spoken(self, text: str, language: str, normalization: NormalizationOptions) -> SpokenText:
-        limit = self.settings.max_chars
-        if len(text) > limit:  # checked before the front end, whose work grows with the length
-            raise InvalidRequest(f"input is {len(text)} characters long; the limit is {limit}", "input",
-                                 "string_above_max_length")
-        try:
-            return normalize_text(text, language, normalization, self.lexicon)
-        except TextError as error:
-            raise InvalidRequest(str(error), "input") from None
+    def _ssml_script(self, catalogue: Catalogue, text: str, voice_info: Voice, model_name: str, speed: float,
+                     caller: Caller | None, normalization: NormalizationOptions) -> Script:
+        """An SSML document's passages, each in its voice's language; a passage with nothing to say leaves
+        its pause to the next."""
+        parsed = ssml.parse(text)
+        passages, carried = [], None
+        for raw in parsed.passages:
+            voice, model = voice_info, model_name
+            if raw.voice is not None:
+                try:
+                    voice, model = catalogue.resolve_voice(raw.voice, None, caller.identity if caller else None)
+                except InvalidRequest as error:
+                    raise InvalidRequest(f"<voice> at {raw.at}: {error.message}", "input", error.code) from None
+            _check_speed(voice, speed * raw.rate, "input", f"<prosody rate> at {raw.at}: ")
+            spoken = spoken_parts(raw.parts, voice.language, normalization, self.lexicon)
+            pauses = [pause for pause in (carried, raw.pause_before_s) if pause is not None]
+            pause = sum(pauses) if pauses else None
+            if not spoken.text:
+                carried = pause
+                continue
+            passages.append(Passage(spoken, voice, model, speed * raw.rate, pause))
+            carried = None
+        if not passages:
+            raise InvalidRequest("input has nothing to speak", "input")
+        return Script(tuple(passages), voice_info, model_name, parsed.pause_after_s + (carried or 0))
 
     def admit(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
-              caller: Caller | None, normalization: NormalizationOptions = NormalizationOptions()
-              ) -> tuple[SpokenText, Voice, str]:
+              caller: Caller | None, normalization: NormalizationOptions = NormalizationOptions(),
+              input_type: str = "auto") -> Script:
         """validate(), and the degrade actions that refuse work up front."""
         state, settings = self.degrade.state, self.degrade.settings
         tier = caller.tier if caller else Tier()
@@ -71,14 +96,22 @@ class Admission:
             retry = max(5, round(settings.exit_hold_s))  # the mode lasts at least that long once calm
             raise Overloaded("the server is under heavy load and is serving higher priorities only; "
                              f"retry after {retry} s", retry, "shed_low_priority")
-        spoken, voice_info, model_name = self.validate(catalogue, text, voice, model, speed, caller, normalization)
+        script = self.validate(catalogue, text, voice, model, speed, caller, normalization, input_type)
         if "cap_text" in state.actions and len(text) > settings.cap_text_chars:
             self.metrics.degrade_actions.labels("cap_text").inc()
             raise InvalidRequest(f"the server is under heavy load: texts are limited to "
                                  f"{settings.cap_text_chars} characters for now (this one has {len(text)})",
                                  "input", "degraded_text_limit")
-        return spoken, voice_info, model_name
+        return script
 
     def max_wait_s(self) -> float:
         """The longest predicted queue wait a request is accepted with (operator setting)."""
         return self.degrade.settings.queue_wait_target_s
+
+
+def _check_speed(voice: Voice, speed: float, param: str, where: str = "") -> None:
+    if not MIN_SPEED <= speed <= MAX_SPEED:
+        raise InvalidRequest(f"{where}speed must be between {MIN_SPEED} and {MAX_SPEED} (it is {speed:g})", param)
+    if speed != 1.0 and not voice.speed_control:
+        raise InvalidRequest(f"{where}voice {voice.name!r} ({voice.model}) has no speaking-rate control; "
+                             "send speed 1.0", param, "unsupported_value")

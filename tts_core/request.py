@@ -52,6 +52,8 @@ class SynthesisRequest:
     caller: str = ""  # who asked ("key:<id>", "ip:<address>"): one caller's items keep their order
     due_s: float = 0.0  # a stream's later chunk: how long after the stream's first audio it is needed
     cost_s: float = 0.0  # predicted engine time, for the queue's wait predictions
+    sample_rate: int = 0  # the engine's: its audio's rate
+    pause_s: float = 0.0  # silence before its audio where the answer joins it to the item before
     enqueued_at: float = 0.0
     start: float = 0.0  # the queue's rank: virtual start time, set when queued
     future: Future = field(default_factory=Future)

@@ -17,16 +17,16 @@ from collections.abc import AsyncIterator
 import numpy as np
 
 from .access import Caller, Tier
-from .audio import StreamEncoder, faded
+from .audio import JOIN_PAUSE_S, StreamEncoder, faded, resample, silence
 from .batcher import Batcher
 from .config import Settings
-from .engines import Voice
 from .engines.base import SteppedEngine
 from .errors import DeadlineExceeded, InvalidRequest, Overloaded
 from .metrics import Metrics
 from .pool import ModelPool
 from .queue import QueueClosed
 from .request import AudioPieces, SynthesisRequest
+from .script import Passage, Script
 from .text import ramp_up, split_chunks
 
 STREAM_DUE_MARGIN = 0.8  # a stream's piece is scheduled as if due at 80% of its estimated play time
@@ -39,18 +39,38 @@ class Scheduler:
         self.pool = pool
         self.metrics = metrics
 
-    async def submit(self, text: str, voice: Voice, model_name: str, speed: float, caller: Caller | None,
-                     streaming: bool = False, max_wait_s: float = math.inf) -> list[SynthesisRequest]:
-        """Queue a text (loading its model first if need be); the items' futures resolve to their
-        audio, in order."""
+    async def submit(self, script: Script, caller: Caller | None, streaming: bool = False,
+                     max_wait_s: float = math.inf) -> list[SynthesisRequest]:
+        """Queue a script's passages (loading their models first if need be); the items' futures resolve
+        to their audio, in order. Each item knows the pause before it and its audio's sample rate."""
+        items: list[SynthesisRequest] = []
+        played_s = 0.0  # a stream's audio before a passage (estimated low), for its pieces' due times
+        try:
+            for passage in script.passages:
+                queued, played_s = await self._submit_passage(passage, not items, caller, streaming, max_wait_s,
+                                                              played_s)
+                items += queued
+        except BaseException:  # one passage refused: none of the request runs
+            for item in items:
+                item.abandon()
+            raise
+        if not items:
+            raise InvalidRequest("input has nothing that can be spoken", "input")
+        self.metrics.characters.inc(sum(len(passage.spoken.text) for passage in script.passages))
+        return items
+
+    async def _submit_passage(self, passage: Passage, first: bool, caller: Caller | None, streaming: bool,
+                              max_wait_s: float, played_s: float) -> tuple[list[SynthesisRequest], float]:
+        """The passage's items, queued (none if the voice finds nothing to say in it: "." alone)."""
         tier = caller.tier if caller else Tier()
         identity = caller.identity if caller else ""
         timeout_s = min(self.settings.request_timeout_s, tier.request_timeout_s)
+        voice, model_name = passage.voice, passage.model
         batcher = await self.pool.batcher(model_name)
-        speed *= voice.speed  # the voice's default speed, times the request's
+        speed = passage.speed * voice.speed  # the voice's default speed, times the request's
         stepped = isinstance(batcher.engine, SteppedEngine)  # its audio streams out as frames are made
-        chunks = split_chunks(text, self.settings.max_chunk_chars)
-        if streaming and not stepped and self.settings.stream_first_chunk_chars:  # a short first piece, sooner
+        chunks = split_chunks(passage.spoken.text, self.settings.max_chunk_chars)
+        if streaming and first and not stepped and self.settings.stream_first_chunk_chars:
             chunks = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)
         share = None if tier.max_queue_share >= 1 else max(1, int(tier.max_queue_share * batcher.queue.max_size))
         tier_name = caller.tier_name if caller else ""
@@ -60,19 +80,21 @@ class Scheduler:
             lambda: [tokens for chunk in chunks for tokens in engine.tokenize(chunk, voice.name)])
         token_lists = [tokens for tokens in token_lists if tokens.size]
         if not token_lists:
-            raise InvalidRequest("input has nothing that can be spoken", "input")
+            return [], played_s
         deadline = time.monotonic() + timeout_s
         key = engine.batch_key(voice.name, speed)
         items = [SynthesisRequest(tokens=tokens, voice=voice.name, speed=speed, key=key, deadline=deadline,
-                                  priority=tier.priority, tier=tier_name, caller=identity)
+                                  priority=tier.priority, tier=tier_name, caller=identity,
+                                  sample_rate=engine.sample_rate, pause_s=JOIN_PAUSE_S)
                  for tokens in token_lists]
+        first_pause = passage.pause_before_s
+        items[0].pause_s = (0.0 if first else JOIN_PAUSE_S) if first_pause is None else first_pause
         if streaming:
-            _set_due_times(items, batcher, speed)
+            played_s = _set_due_times(items, batcher, speed, played_s)
             for item in items if stepped else ():
                 item.pieces = AudioPieces()
         await self._queue(items, batcher, model_name, share, max_wait_s)
-        self.metrics.characters.inc(len(text))
-        return items
+        return items, played_s
 
     async def _queue(self, items: list[SynthesisRequest], batcher: Batcher, model_name: str, share: int | None,
                      max_wait_s: float) -> None:
@@ -84,10 +106,12 @@ class Scheduler:
                 batcher = await self.pool.batcher(model_name)
         raise Overloaded(f"model {model_name} is being reloaded; retry", 1, "model_reloading")
 
-    async def collect(self, items: list[SynthesisRequest]) -> list[np.ndarray]:
-        """Every item's audio, in order. If one fails or the caller goes, nothing else runs for it."""
+    async def collect(self, items: list[SynthesisRequest], sample_rate: int) -> list[np.ndarray]:
+        """Every item's audio at sample_rate, in order. If one fails or the caller goes, nothing else runs
+        for it."""
         try:
-            return list(await asyncio.gather(*(audio_of(item, self.settings.request_timeout_s) for item in items)))
+            audio = await asyncio.gather(*(audio_of(item, self.settings.request_timeout_s) for item in items))
+            return [resample(piece, item.sample_rate, sample_rate) for item, piece in zip(items, audio, strict=True)]
         except BaseException:  # caller gone, deadline or engine error
             for item in items:
                 item.abandon()
@@ -122,13 +146,15 @@ async def _bounded(item: SynthesisRequest, future, run_allowance_s: float):
         raise DeadlineExceeded(f"request timed out: no audio within {patience:.0f} s") from None
 
 
-def _set_due_times(items: list[SynthesisRequest], batcher: Batcher, speed: float) -> None:
-    """Each piece of a stream is needed once the ones before it have played (estimated low)."""
-    played = 0.0
+def _set_due_times(items: list[SynthesisRequest], batcher: Batcher, speed: float, played_s: float) -> float:
+    """Each piece of a stream is needed once the ones before it have played (estimated low): returns the
+    audio the stream has once these have played."""
     for item in items:
-        item.due_s = STREAM_DUE_MARGIN * played
+        played_s += item.pause_s
+        item.due_s = STREAM_DUE_MARGIN * played_s
         item.deadline += item.due_s
-        played += item.length * batcher.audio_s_per_token / speed
+        played_s += item.length * batcher.audio_s_per_token / speed
+    return played_s
 
 
 class SentenceStream:
@@ -136,9 +162,10 @@ class SentenceStream:
     concatenate (edges faded, the pause in front). Closing it, or leaving a loop over it early,
     takes the sentences not yet synthesized out of the queue."""
 
-    def __init__(self, voice: Voice, items: list[SynthesisRequest], started: float, metrics: Metrics,
+    def __init__(self, script: Script, items: list[SynthesisRequest], started: float, metrics: Metrics,
                  run_allowance_s: float):
-        self.voice, self.sample_rate, self.items = voice, voice.sample_rate, items
+        self.voice, self.sample_rate, self.items = script.voice, script.voice.sample_rate, items
+        self._pause_after_s = script.pause_after_s
         self._started, self._metrics, self._run_allowance_s = started, metrics, run_allowance_s
 
     async def __aiter__(self) -> AsyncIterator[np.ndarray]:
@@ -148,10 +175,13 @@ class SentenceStream:
                 async for piece_index, audio in _numbered(pieces_of(item, self._run_allowance_s)):
                     if index == 0 and piece_index == 0:
                         self._metrics.first_audio(time.monotonic() - self._started)
+                    audio = resample(audio, item.sample_rate, self.sample_rate)
                     self._metrics.audio_seconds.inc(audio.size / self.sample_rate)
                     # a sentence's first piece fades in after the pause; only a whole one knows its end
                     yield faded(audio, self.sample_rate, fade_in=piece_index == 0, fade_out=whole,
-                                pause_before=index > 0 and piece_index == 0)
+                                pause_s=item.pause_s if piece_index == 0 else 0.0)
+            if self._pause_after_s:
+                yield silence(self._pause_after_s, self.sample_rate)
             self._metrics.chunks_per_request.observe(len(self.items))
         finally:
             self.close()

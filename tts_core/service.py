@@ -23,7 +23,7 @@ import numpy as np
 from . import gpu
 from .access import Caller
 from .admission import Admission
-from .audio import FORMATS, STREAMABLE, encode, join
+from .audio import FORMATS, STREAMABLE, encode, join, silence
 from .batcher import Batcher
 from .cache import AudioCache, CachedAudio
 from .catalogue import Catalogue
@@ -33,13 +33,14 @@ from .degrade import DegradeController
 from .engines import Engine, ModelSpec
 from .engines.base import SteppedEngine
 from .errors import Conflict, InvalidRequest
-from .frontend import NormalizationOptions, SpokenText
+from .frontend import NormalizationOptions
 from .metrics import Metrics
 from .policy import make_policy
 from .pool import ModelPool
 from .queue import RequestQueue
 from .request import SynthesisRequest
 from .scheduling import Scheduler, SentenceStream
+from .script import Script
 from .step_policy import make_step_policy
 from .stepping import SteppedBatcher
 
@@ -224,36 +225,37 @@ class SpeechService:
     # --- synthesis -----------------------------------------------------------------------------
 
     def validate(self, text: str, voice: str | None, model: str | None, speed: float, caller: Caller | None,
-                 normalization: NormalizationOptions = NormalizationOptions()) -> tuple[SpokenText, object, str]:
-        """What a request is checked for whatever the load. Returns what to say, the voice and its
-        model's name."""
-        return self.admission.validate(self.catalogue, text, voice, model, speed, caller, normalization)
+                 normalization: NormalizationOptions = NormalizationOptions(), input_type: str = "auto") -> Script:
+        """What a request is checked for whatever the load: what it says, in which voices."""
+        return self.admission.validate(self.catalogue, text, voice, model, speed, caller, normalization, input_type)
 
     async def synthesize(self, text: str, voice: str | None = None, model: str | None = None,
                          speed: float = 1.0, caller: Caller | None = None,
-                         normalization: NormalizationOptions = NormalizationOptions()) -> Speech:
+                         normalization: NormalizationOptions = NormalizationOptions(),
+                         input_type: str = "auto") -> Speech:
         """The raw speech of a text (validated, not admitted through degrade mode, not cached)."""
-        spoken, voice_info, model_name = self.validate(text, voice, model, speed, caller, normalization)
-        items = await self.scheduler.submit(spoken.text, voice_info, model_name, speed, caller)
-        return self._joined(items, await self.scheduler.collect(items), voice_info.sample_rate, voice_info.name)
+        script = self.validate(text, voice, model, speed, caller, normalization, input_type)
+        items = await self.scheduler.submit(script, caller)
+        return await self._joined(script, items)
 
-    def _joined(self, items: list[SynthesisRequest], pieces: list[np.ndarray], sample_rate: int,
-                voice: str) -> Speech:
-        audio = join(pieces, sample_rate)
-        self.metrics.audio_seconds.inc(audio.size / sample_rate)
-        return Speech(audio, sample_rate, voice, len(items), Timings.of(items))
+    async def _joined(self, script: Script, items: list[SynthesisRequest]) -> Speech:
+        rate = script.voice.sample_rate
+        pieces = await self.scheduler.collect(items, rate)
+        audio = join([*pieces, silence(script.pause_after_s, rate)], rate, [item.pause_s for item in items] + [0.0])
+        self.metrics.audio_seconds.inc(audio.size / rate)
+        return Speech(audio, rate, script.voice.name, len(items), Timings.of(items))
 
     async def speak(self, text: str, voice: str | None = None, model: str | None = None, speed: float = 1.0,
                     response_format: str = "mp3", caller: Caller | None = None,
-                    normalization: NormalizationOptions = NormalizationOptions()) -> SpokenAudio:
+                    normalization: NormalizationOptions = NormalizationOptions(),
+                    input_type: str = "auto") -> SpokenAudio:
         """Synthesize and encode, with the caller's tier, the degrade actions, the queue's wait target
         and the cache in the way."""
-        spoken, voice_info, model_name = self.admission.admit(self.catalogue, text, voice, model, speed, caller,
-                                                              normalization)
+        script = self.admission.admit(self.catalogue, text, voice, model, speed, caller, normalization, input_type)
         state, settings = self.degrade.state, self.degrade.settings
         use_cache = settings.cache_enabled or "cache_first" in state.actions
         # keyed on what is said: inputs (or normalization options) that say the same share their audio
-        key = (model_name, voice_info.name, speed, response_format, spoken.text)
+        key = (script.model, speed, response_format, script.key)
         if use_cache and (hit := self.cache.get(key)) is not None:
             self.metrics.cache_lookups.labels("hit").inc()
             if "cache_first" in state.actions:
@@ -261,9 +263,8 @@ class SpeechService:
             return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, "hit", state.actions)
         if use_cache:
             self.metrics.cache_lookups.labels("miss").inc()
-        items = await self.scheduler.submit(spoken.text, voice_info, model_name, speed, caller,
-                                            max_wait_s=self.admission.max_wait_s())
-        speech = self._joined(items, await self.scheduler.collect(items), voice_info.sample_rate, voice_info.name)
+        items = await self.scheduler.submit(script, caller, max_wait_s=self.admission.max_wait_s())
+        speech = await self._joined(script, items)
         data = await asyncio.to_thread(encode, speech.audio, speech.sample_rate, response_format)
         content_type = FORMATS[response_format].content_type
         if use_cache:
@@ -273,19 +274,19 @@ class SpeechService:
 
     async def speak_stream(self, text: str, voice: str | None = None, model: str | None = None,
                            speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None,
-                           normalization: NormalizationOptions = NormalizationOptions()) -> SentenceStream:
+                           normalization: NormalizationOptions = NormalizationOptions(),
+                           input_type: str = "auto") -> SentenceStream:
         """stream_pieces for a streamed encoded response: the format is checked first."""
         check_streamable(response_format)
-        return await self.stream_pieces(text, voice, model, speed, caller, normalization)
+        return await self.stream_pieces(text, voice, model, speed, caller, normalization, input_type)
 
     async def stream_pieces(self, text: str, voice: str | None = None, model: str | None = None,
                             speed: float = 1.0, caller: Caller | None = None,
-                            normalization: NormalizationOptions = NormalizationOptions()) -> SentenceStream:
+                            normalization: NormalizationOptions = NormalizationOptions(),
+                            input_type: str = "auto") -> SentenceStream:
         """Queue every sentence now and return their audio as a SentenceStream. Refusals (validation,
         limits, the queue's wait) raise here, before any audio exists."""
         started = time.monotonic()
-        spoken, voice_info, model_name = self.admission.admit(self.catalogue, text, voice, model, speed, caller,
-                                                              normalization)
-        items = await self.scheduler.submit(spoken.text, voice_info, model_name, speed, caller, streaming=True,
-                                            max_wait_s=self.admission.max_wait_s())
-        return SentenceStream(voice_info, items, started, self.metrics, self.settings.request_timeout_s)
+        script = self.admission.admit(self.catalogue, text, voice, model, speed, caller, normalization, input_type)
+        items = await self.scheduler.submit(script, caller, streaming=True, max_wait_s=self.admission.max_wait_s())
+        return SentenceStream(script, items, started, self.metrics, self.settings.request_timeout_s)

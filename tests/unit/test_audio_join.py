@@ -49,5 +49,5 @@ def test_joins_have_no_dc_step():
 
 
 def test_streamed_pieces_concatenate_to_the_same_join():
-    pieces = [faded(chunk, RATE, pause_before=index > 0) for index, chunk in enumerate(CHUNKS)]
+    pieces = [faded(chunk, RATE, pause_s=JOIN_PAUSE_S if index else 0.0) for index, chunk in enumerate(CHUNKS)]
     assert np.array_equal(np.concatenate(pieces), join(CHUNKS, RATE))

@@ -19,7 +19,7 @@ from tts_core.scheduling import audio_of
 def test_an_item_queued_on_a_model_unloaded_meanwhile_runs_on_the_reloaded_model():
     service = make_service([spec("pin", pinned=True), spec("a"), spec("b")], max_loaded_models=2)
     try:
-        voice, model = service.catalogue.resolve("a-voice")
+        script = service.validate("hello", "a-voice", None, 1.0, None)
         lookup = service.pool.batcher
 
         async def scenario():
@@ -32,8 +32,8 @@ def test_an_item_queued_on_a_model_unloaded_meanwhile_runs_on_the_reloaded_model
                 return stale
 
             service.pool.batcher = stale_first
-            items = await service.scheduler.submit("hello", voice, model, 1.0, None)
-            return await asyncio.wait_for(service.scheduler.collect(items), 10)
+            items = await service.scheduler.submit(script, None)
+            return await asyncio.wait_for(service.scheduler.collect(items, script.voice.sample_rate), 10)
 
         assert asyncio.run(scenario())[0].size > 0
         assert service.batchers["a"] is not None  # loaded again, and the item ran there

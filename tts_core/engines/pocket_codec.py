@@ -119,15 +119,10 @@ def _resampled(frames, sample_rate: int) -> np.ndarray:
 
 
 def resample(audio: np.ndarray, sample_rate: int, target_rate: int) -> np.ndarray:
-    """float32 mono at another rate."""
-    audio = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
-    if sample_rate == target_rate or not audio.size:
-        return audio
-    import av
+    """float32 mono at another rate (PyAV, imported here: see _resampled)."""
+    from ..audio import resample as resampled
 
-    frame = av.AudioFrame.from_ndarray(audio[None, :], format="flt", layout="mono")
-    frame.sample_rate = sample_rate
-    return _resampled([frame], target_rate)
+    return resampled(audio, sample_rate, target_rate)
 
 
 def read_clip(path: Path, sample_rate: int) -> np.ndarray:

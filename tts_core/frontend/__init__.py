@@ -12,26 +12,45 @@
 4. The pieces are tidied and joined (pieces.py); each names the slice of the input it speaks.
 
 With options.normalize false only step 1, the lexicon and the tidying run: the text is spoken as written.
+SSML (ssml.py) is read into passages of parts instead of step 2; each passage's parts go through 3 and 4.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..lexicon import Lexicon, language_code
 from ..pronunciation import Pronounced
 from ..text import SENTENCE_ENDS, TextError
 from . import english
 from .mapped import Mapped, source_text
-from .markup import CELL, LINE, SENTENCE, Break, Override, Part, drop_emoji, markdown_parts
+from .markup import CELL, LINE, SENTENCE, Break, Override, drop_emoji, markdown_parts
 from .options import NormalizationOptions, requested
-from .pieces import BREAK, PRONUNCIATION, Piece, SpokenText, as_written, tidy
+from .pieces import BREAK, PRONUNCIATION, Piece, SpokenText, as_written, piece_of, tidy
+from .ssml import Part, SayAs
 
-__all__ = ["LANGUAGES", "NormalizationOptions", "Piece", "SpokenText", "normalize_text", "requested"]
+__all__ = ["LANGUAGES", "NormalizationOptions", "Piece", "SpokenText", "normalize_text", "requested",
+           "spoken_parts"]
 
-Verbalize = Callable[[Mapped, NormalizationOptions], list[Piece]]
 
-LANGUAGES: dict[str, Verbalize] = {"en": english.verbalize}  # by language code, without region: "en_US" is "en"
+@dataclass(frozen=True)
+class Language:
+    verbalize: Callable[[Mapped, NormalizationOptions], list[Piece]]  # numbers, symbols, ... as words
+    say_as: Callable[[str, str, str | None], str | None]  # SSML <say-as>: (written, interpret_as, format)
+
+
+def _as_written(text: Mapped, options: NormalizationOptions) -> list[Piece]:
+    return as_written(text)
+
+
+def _spelt(written: str, interpret_as: str, _format: str | None) -> str | None:
+    """<say-as> where a language has no rules: letters one by one; anything else as written."""
+    return " ".join(char for char in written if char.isalnum()) if interpret_as in ("characters", "spell-out") else None
+
+
+LANGUAGES: dict[str, Language] = {"en": Language(english.verbalize, english.say_as)}  # by code: "en_US" is "en"
+_NO_RULES = Language(_as_written, _spelt)
 
 _PUNCTUATION = frozenset(SENTENCE_ENDS | set(",;:"))
 
@@ -44,25 +63,41 @@ def normalize_text(text: str, language: str, options: NormalizationOptions = Nor
     """What to say for `text` in a voice of `language` ("en_US", "en-us", "fr"): the spoken text and
     its pieces. Raises TextError for control characters, or when nothing is left to say."""
     source = source_text(text)
-
-    def look_up(run: Mapped) -> list[Mapped | Override]:
-        return _looked_up(run, language, lexicon)
-
-    if not options.normalize:  # as written, but for the lexicon's pronunciations
-        spoken = tidy([piece for part in look_up(source)
-                       for piece in (as_written(part) if isinstance(part, Mapped) else [_pronounced(part)])])
-    else:
-        verbalize = LANGUAGES.get(language_code(language), _as_written)
-        parts = markdown_parts(source) if options.markdown_normalization else [source]
-        spoken = tidy(_spoken_parts(parts, verbalize, options, look_up))
+    parts = markdown_parts(source) if options.normalize and options.markdown_normalization else [source]
+    spoken = spoken_parts(parts, language, options, lexicon)
     if not spoken.text:
         raise TextError("input is empty" if not text.strip() else
                         "input has nothing to speak once normalised (markup, code and emoji are not read)")
     return spoken
 
 
-def _as_written(text: Mapped, options: NormalizationOptions) -> list[Piece]:
-    return as_written(text)
+def spoken_parts(parts: list[Part], language: str, options: NormalizationOptions = NormalizationOptions(),
+                 lexicon: Lexicon = _EMPTY) -> SpokenText:
+    """What a text's parts say (plain text's, markdown's, an SSML passage's); may be empty. With
+    options.normalize false the text is said as written, but for pronunciations and <say-as>."""
+    rules = LANGUAGES.get(language_code(language), _NO_RULES)
+    verbalize = rules.verbalize if options.normalize else _as_written
+    drop = options.normalize and options.emoji_normalization
+    pieces: list[Piece] = []
+    run: list[Mapped] = []  # text parts next to each other are read as one (a rule may span them: "$**5**")
+    for part in [*parts, None]:
+        if isinstance(part, Mapped):
+            run.append(part)
+            continue
+        if run:
+            text = Mapped.join(run)
+            for found in _looked_up(drop_emoji(text) if drop else text, language, lexicon):
+                pieces.extend(verbalize(found, options) if isinstance(found, Mapped) else [_pronounced(found)])
+            run = []
+        if isinstance(part, Override):
+            pieces.append(_pronounced(part))
+        elif isinstance(part, Break):
+            pieces.append(_break(part, pieces))
+        elif isinstance(part, SayAs):
+            said = rules.say_as(part.text.text, part.interpret_as, part.format)
+            pieces.extend(as_written(part.text) if said is None else
+                          [piece_of(part.text, 0, len(part.text), said)])
+    return tidy(pieces)
 
 
 def _looked_up(text: Mapped, language: str, lexicon: Lexicon) -> list[Mapped | Override]:
@@ -77,26 +112,6 @@ def _looked_up(text: Mapped, language: str, lexicon: Lexicon) -> list[Mapped | O
     if at < len(text):
         parts.append(text.slice(at, len(text)))
     return parts
-
-
-def _spoken_parts(parts: list[Part], verbalize: Verbalize, options: NormalizationOptions,
-                  look_up: Callable[[Mapped], list[Mapped | Override]]) -> list[Piece]:
-    pieces: list[Piece] = []
-    run: list[Mapped] = []  # text parts next to each other are read as one (a rule may span them: "$**5**")
-    for part in [*parts, None]:
-        if isinstance(part, Mapped):
-            run.append(part)
-            continue
-        if run:
-            text = Mapped.join(run)
-            for found in look_up(drop_emoji(text) if options.emoji_normalization else text):
-                pieces.extend(verbalize(found, options) if isinstance(found, Mapped) else [_pronounced(found)])
-            run = []
-        if isinstance(part, Override):
-            pieces.append(_pronounced(part))
-        elif isinstance(part, Break):
-            pieces.append(_break(part, pieces))
-    return pieces
 
 
 def _pronounced(override: Override) -> Piece:

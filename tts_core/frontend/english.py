@@ -406,3 +406,57 @@ def symbol(tokens: list[Token], index: int) -> Found:
 
 RULES: tuple[Callable[[list[Token], int], Found], ...] = (
     address, date, phone, time, money, abbreviation, optional_plural, quantity, symbol)
+
+
+# --- SSML <say-as> ----------------------------------------------------------------------------------
+
+DATE_FORMATS = frozenset({"mdy", "dmy", "ymd", "md", "dm", "ym", "my", "y", "m", "d"})
+
+
+def say_as(written: str, interpret_as: str, date_format: str | None) -> str | None:
+    """What <say-as interpret-as="..."> says for `written`; None when it is not one of those (a
+    "cardinal" that is no number): then it is read as written."""
+    written = written.strip()
+    if interpret_as in ("characters", "spell-out"):
+        return " ".join(digits(char) if char in DIGITS else char.upper() for char in written if char.isalnum())
+    numeric = written.replace(",", "")
+    if interpret_as in ("cardinal", "number"):
+        negative = numeric[:1] in MINUS
+        number = numeric[1:] if negative else numeric
+        if number.replace(".", "", 1).isdigit() and number[:1] in DIGITS:
+            return ("minus " if negative else "") + number_words(number)
+        return None
+    if interpret_as == "ordinal":
+        number = numeric.rstrip(".").removesuffix("th").removesuffix("st").removesuffix("nd").removesuffix("rd")
+        return ordinal(number) if number.isdigit() else None
+    if interpret_as == "telephone":
+        groups = [group for group in "".join(char if char in DIGITS else " " for char in written).split()]
+        return ("plus " if written.startswith("+") else "") + ", ".join(map(digits, groups)) if groups else None
+    if interpret_as == "date":
+        return _say_as_date(written, date_format or "mdy")
+    return None
+
+
+def _say_as_date(written: str, date_format: str) -> str | None:
+    """A date whose numbers come in the format's order (mdy: 11/30/2026; ymd: 2026-11-30; my: 11/2026)."""
+    if date_format not in DATE_FORMATS:
+        return None
+    numbers = "".join(char if char in DIGITS else " " for char in written).split()
+    if len(numbers) != len(date_format):
+        return None
+    values = dict(zip(date_format, numbers))
+    month = int(values["m"]) if "m" in values else None
+    if month is not None and not 1 <= month <= 12:
+        return None
+    if "d" in values and not 1 <= int(values["d"]) <= 31:
+        return None
+    said = []
+    if "d" in values and month is not None:
+        said.append(f"{MONTHS[month - 1]} {ordinal(values['d'])}")
+    elif "d" in values:
+        said.append(f"the {ordinal(values['d'])}")
+    elif month is not None:
+        said.append(MONTHS[month - 1])
+    if "y" in values:
+        said.append(year(values["y"]) if len(values["y"]) == 4 else cardinal(values["y"]))
+    return ", ".join(said) if "d" in values and "y" in values else " ".join(said)
