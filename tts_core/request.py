@@ -64,6 +64,8 @@ class SynthesisRequest:
     queue_s: float = 0.0
     batch_s: float = 0.0
     batch_size: int = 0
+    # Stamped by an engine that times words: audio samples each token spans, summing to the item's audio length
+    token_samples: np.ndarray | None = None
 
     @property
     def length(self) -> int:

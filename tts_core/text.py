@@ -36,7 +36,7 @@ def _split_after(text: str, ends: frozenset[str]) -> list[str]:
     return pieces
 
 
-def _words(text: str) -> list[str]:
+def words(text: str) -> list[str]:
     """text.split(), with each pronunciation's span one word."""
     if OPEN not in text:
         return text.split()
@@ -59,7 +59,7 @@ def _pack_words(text: str, max_chars: int) -> list[str]:
     pronunciation's span)."""
     pieces: list[str] = []
     current = ""
-    for word in _words(text):
+    for word in words(text):
         while len(word) > max_chars and OPEN not in word:
             if current:
                 pieces.append(current)

@@ -1,11 +1,15 @@
-"""The real bundled voice through the engine alone: batched output equals solo output."""
+"""The real bundled voice through the engine alone: batched output equals solo output, and word timing."""
 
+import json
 import math
 
 import numpy as np
 import pytest
 
+from tests.unit.test_word_timing import check_word_ids
+from tts_core.engines.base import word_spans
 from tts_core.engines.piper import PiperEngine, bundled_voice_path, load_piper_engines
+from tts_core.pronunciation import Pronounced
 from tts_core.request import SynthesisRequest
 
 TEXTS = ["Hi.", "This sentence is quite a bit longer than the first one.", "A middle one, here."]
@@ -55,3 +59,62 @@ def test_voices_folder_adds_voices_and_skips_broken_ones(tmp_path, caplog):
     names = [engine.name for engine in load_piper_engines(tmp_path)]
     assert names == ["en_US-joe-medium", "en_US-copy-medium"]
     assert "broken" in caplog.text
+
+
+# Texts as the front end leaves them (numbers are words), with the three of 32 measured whose
+# espeak words are not the text's words: a merge ("Wait... what?"), a split ("iPhone"), a dash.
+WORDED = ["Hello, world!", "It costs twenty-five dollars.", "The state-of-the-art model works.",
+          "Mister Smith went to Washington. I don't know what you mean!", 'She said, "Let\'s go home."',
+          "Wait... what?", "iPhone and iPad users rejoice.", "This is a test - a simple one.",
+          "Say " + Pronounced("Worcester", "ˈwʊs tər").marked() + " twice, " + Pronounced("Leicester").marked() + "."]
+
+
+@pytest.mark.parametrize("text", WORDED)
+def test_every_word_gets_tokens_in_order(engine, text):
+    assert engine.times_words
+    check_word_ids(engine, engine.name, text)
+
+
+def test_token_samples_sum_to_each_padded_items_audio(engine):
+    batch = items(engine, TEXTS)
+    for item, audio in zip(batch, engine.synthesize(batch)):
+        assert item.token_samples.shape == item.tokens.shape and item.token_samples.sum() == audio.size
+        assert (item.token_samples[[0, -1]] > 0).all()  # the last token is real, not padding
+
+
+def spans(engine, text):
+    (ids, owners), = engine.tokenize_words(text, engine.name)
+    item = SynthesisRequest(tokens=ids, voice=engine.name, speed=1.0, key=None, deadline=math.inf)
+    audio = engine.synthesize([item])[0]
+    return audio, {word: span for word, span in zip(text.split(), word_spans(owners, item.token_samples).values())}
+
+
+def test_word_spans_hold_the_words_speech_in_order(engine):
+    audio, found = spans(engine, "One, two, three.")
+    start = found["One,"][0]
+    assert list(found) == ["One,", "two,", "three."] and start > 0
+    edges = [edge for span in found.values() for edge in span]
+    assert edges == sorted(edges) and edges[-1] <= audio.size
+    quiet = np.sqrt(np.mean(audio[:start] ** 2))  # before the first word: the sentence start's silence
+    for start, end in found.values():
+        assert np.sqrt(np.mean(audio[start:end] ** 2)) > max(0.05, 5 * quiet)
+    for end, start in zip(edges[1:-1:2], edges[2::2]):  # the commas' pauses between the words
+        assert start - end > 0.05 * engine.sample_rate and np.sqrt(np.mean(audio[end:start] ** 2)) < 0.05
+
+
+def test_longer_words_get_longer_spans(engine):
+    examples = [("A wonderful day.", "A", "wonderful"), ("The extraordinary cat.", "cat.", "extraordinary")]
+    for text, short, long in examples:
+        found = spans(engine, text)[1]
+        assert np.diff(found[long]) > 1.5 * np.diff(found[short])
+
+
+def test_a_voice_that_reads_characters_times_words_too(tmp_path):
+    source = bundled_voice_path()
+    (tmp_path / "chars.onnx").symlink_to(source)
+    config = json.loads(source.with_name(source.name + ".json").read_text())
+    (tmp_path / "chars.onnx.json").write_text(json.dumps({**config, "phoneme_type": "text"}))
+    characters = PiperEngine(tmp_path / "chars.onnx")
+    assert characters.times_words
+    for text in ["hello, world! again", "a - b", "Say " + Pronounced("Worcester", None, "wuss ter").marked()]:
+        check_word_ids(characters, characters.name, text)

@@ -50,6 +50,7 @@ class Engine(ABC):
     sample_rate: int
     out_of_memory_errors: tuple[type[BaseException], ...] = (MemoryError,)  # what `synthesize` raises when full
     bytes_per_padded_token: float | None = None  # device memory a batch needs per padded token, if measured
+    times_words: bool = False  # tokenize_words and token_samples are implemented (word timestamps)
 
     @abstractmethod
     def voices(self) -> list[Voice]: ...
@@ -57,6 +58,14 @@ class Engine(ABC):
     @abstractmethod
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
         """Model input ids for text: one array per sentence the model's front end finds."""
+
+    def tokenize_words(self, text: str, voice: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """tokenize's arrays, each with the word each of its tokens speaks: an int64 array as long as
+        the ids, holding the index of a word in tts_core.text.words(text) (white-space separated; a
+        pronunciation's marked span is one word), or -1 for tokens that speak no word (padding,
+        sentence start/end, pauses). Indices run on across the arrays of one text. Only engines with
+        times_words implement it."""
+        raise NotImplementedError
 
     def batch_key(self, voice: str, speed: float) -> Hashable:
         """Items with equal keys can share one model call."""
@@ -95,6 +104,14 @@ def peak_normalize(audio: np.ndarray) -> np.ndarray:
     if peak < 1e-8:
         return np.zeros_like(audio, dtype=np.float32)
     return np.clip(audio / peak, -1.0, 1.0).astype(np.float32)
+
+
+def word_spans(word_ids: np.ndarray, token_samples: np.ndarray) -> dict[int, tuple[int, int]]:
+    """For each word index, (first sample, end sample) of its tokens in the item's audio."""
+    ends = np.cumsum(token_samples)
+    starts = ends - token_samples
+    return {int(word): (int(starts[word_ids == word].min()), int(ends[word_ids == word].max()))
+            for word in np.unique(word_ids[word_ids >= 0])}
 
 
 # A request's new frames are decoded every so much audio: a stream's in short pieces, so it plays soon after

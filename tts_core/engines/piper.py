@@ -3,7 +3,8 @@
 The exported graph returns audio padded to the longest item and no per-item length; the padded
 tail is decoder noise, not silence. The graph does compute each phoneme's duration in frames
 (the `Ceil` node), so at load time that tensor is added as a graph output, and each item is
-trimmed to sum(durations) * hop_length samples.
+trimmed to sum(durations) * hop_length samples; those durations are also each token's audio
+(`token_samples`), which word timestamps are read from.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ import numpy as np
 import onnx
 import onnxruntime
 from piper.config import PhonemeType, PiperConfig
+from piper.const import BOS, EOS, PAD
 from piper.voice import PiperVoice
 
 from ..pronunciation import OPEN, Pronounced, as_text, split_marked
 from ..request import SynthesisRequest
+from ..text import words
+from .alignment import unit_words
 from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
 
 log = logging.getLogger(__name__)
@@ -83,6 +87,9 @@ class PiperEngine(Engine):
         self.noise_w = self.config.noise_w_scale if noise_w is None else noise_w
         self._multi_speaker = self.config.num_speakers > 1
         self._voices, self._speaker_ids = _piper_voices(self.name, self.config, named_voices)
+        # Voices whose phonemes are a list of symbols with " " between words (phonemes_to_ids
+        # maps each to its ids); Chinese and the other languages' phonemizers build ids differently.
+        self.times_words = self.config.phoneme_type in (PhonemeType.ESPEAK, PhonemeType.TEXT)
 
     def voices(self) -> list[Voice]:
         return list(self._voices)
@@ -91,9 +98,35 @@ class PiperEngine(Engine):
         return self._model_bytes
 
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
-        sentences = self._front_end.phonemize(self._with_phonemes(text))
         return [np.asarray(self._front_end.phonemes_to_ids(phonemes), dtype=np.int64)
-                for phonemes in sentences if phonemes]
+                for phonemes in self._phonemes(text)]
+
+    def _phonemes(self, text: str) -> list[list[str]]:
+        """Each sentence's phonemes, those the voice has no id for left out (as phonemes_to_ids does)."""
+        id_map = self.config.phoneme_id_map
+        sentences = self._front_end.phonemize(self._with_phonemes(text))
+        return [[phoneme for phoneme in phonemes if phoneme in id_map] for phonemes in sentences if phonemes]
+
+    def tokenize_words(self, text: str, voice: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Phonemes map to words by tts_core.engines.alignment.unit_words (the phonemes between " " are
+        a word; espeak's punctuation is no word's). phonemes_to_ids writes BOS, PAD, then each
+        phoneme's ids followed by a PAD, then EOS: a phoneme's PAD is its word's (as in Piper's own
+        alignments); BOS, its PAD, EOS and a " " with its PAD are no word's, unless a word espeak says
+        as nothing (a lone dash) takes the " " (or EOS) where it was, for the pause there."""
+        sentences = self._phonemes(text)
+        flat = [phoneme for phonemes in sentences for phoneme in [*phonemes, " "]]  # a sentence ends a word
+        labels = iter(unit_words(flat, words(text), lambda word: sum(self._phonemes(word), [])).tolist())
+        id_map = self.config.phoneme_id_map
+        pad = len(id_map[PAD])
+        tokenized = []
+        for phonemes in sentences:
+            owners = [-1] * (len(id_map[BOS]) + pad)
+            for phoneme in phonemes:
+                owners += [next(labels)] * (len(id_map[phoneme]) + pad)
+            owners += [next(labels)] * len(id_map[EOS])  # the sentence's end, no word's but a dropped one's
+            tokenized.append((np.asarray(self._front_end.phonemes_to_ids(phonemes), dtype=np.int64),
+                              np.asarray(owners, dtype=np.int64)))
+        return tokenized
 
     def _with_phonemes(self, text: str) -> str:
         """Each pronunciation with IPA as a raw phoneme block, `[[ ˈwʊstər ]]`, which Piper's front end
@@ -127,8 +160,10 @@ class PiperEngine(Engine):
         self._last_inputs = {name: value[:1] if value.ndim and name != "scales" else value
                              for name, value in inputs.items()}
         audio = audio.reshape(len(batch), -1)
-        samples = durations.reshape(len(batch), -1).sum(axis=1) * self.config.hop_length
-        return [peak_normalize(audio[row, : int(samples[row])]) for row in range(len(batch))]
+        durations = durations.reshape(len(batch), -1).astype(np.int64) * self.config.hop_length
+        for row, item in enumerate(batch):
+            item.token_samples = durations[row, : item.length]  # padded positions have none
+        return [peak_normalize(audio[row, : int(item.token_samples.sum())]) for row, item in enumerate(batch)]
 
 
     def release_memory(self) -> None:

@@ -5,6 +5,8 @@ item's length in samples (`sequence_lengths`), so every item is trimmed to its o
 model masks padding everywhere but in its vocoder, whose convolutions would let the padded
 frames leak into the last ~20 ms of a shorter item; `_VocoderMask` zeroes them before every
 convolution, so a batched item decodes exactly as it does alone.
+The model's duration predictor is hooked to keep each token's duration, so every item also gets
+its `token_samples` (for word timestamps) and is trimmed by exactly those.
 `speaking_rate` is one number per forward call and the speaker one id, so both are part of the
 batch key. On CUDA the engine keeps a memory model (peak bytes per padded token, measured at
 warm-up) that the batcher asks for a token budget.
@@ -24,6 +26,8 @@ from transformers import VitsConfig, VitsModel, VitsTokenizer
 
 from ..pronunciation import as_text
 from ..request import SynthesisRequest
+from ..text import words
+from .alignment import unit_words
 from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
 
 log = logging.getLogger(__name__)
@@ -101,6 +105,7 @@ class _VocoderMask:
 
 class VitsEngine(Engine):
     out_of_memory_errors = (MemoryError, torch.cuda.OutOfMemoryError)
+    times_words = True
 
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
                  noise_scale: float | None = None, noise_scale_duration: float | None = None,
@@ -118,6 +123,9 @@ class VitsEngine(Engine):
         self.model.to(self.device, self.dtype).eval()
         self._wanted_dtype = self.dtype
         _VocoderMask(self.model.decoder)
+        self._log_durations: tuple[torch.Tensor, torch.Tensor] | None = None  # the last call's, with its mask
+        self.model.duration_predictor.register_forward_hook(self._keep_log_durations)
+        self.hop_length = int(np.prod(self.model.config.upsample_rates))
         if noise_scale is not None:
             self.model.noise_scale = noise_scale
         if noise_scale_duration is not None:
@@ -133,6 +141,24 @@ class VitsEngine(Engine):
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
         ids = self.tokenizer(as_text(text))["input_ids"]  # a pronunciation: its respelling, else its word
         return [np.asarray(ids, dtype=np.int64)] if len(ids) else []
+
+    def _units(self, ids: np.ndarray) -> list[str]:
+        """The characters (or phonemes) that ids spell, without the blanks interspersed between them."""
+        return self.tokenizer.convert_ids_to_tokens((ids[1::2] if self.tokenizer.add_blank else ids).tolist())
+
+    def tokenize_words(self, text: str, voice: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Characters map to words by tts_core.engines.alignment.unit_words (the characters between spaces
+        are a word). A pronunciation's respelling can be several words: all are its span's one word,
+        as unit_words finds by saying each word alone. The blank after a character is its word's; the
+        first blank is no word's."""
+        tokenized = self.tokenize(text, voice)
+        if not tokenized:
+            return []
+        ids = tokenized[0]
+        labels = unit_words(self._units(ids), words(text),
+                            lambda word: self._units(np.asarray(self.tokenizer(as_text(word))["input_ids"])))
+        owners = np.concatenate([[-1], np.repeat(labels, 2)]) if self.tokenizer.add_blank else labels
+        return [(ids, owners.astype(np.int64))]
 
     def batch_key(self, voice: str, speed: float) -> Hashable:
         return (self.name, self._speakers.get(voice), speed)
@@ -159,8 +185,21 @@ class VitsEngine(Engine):
         output = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
                             speaker_id=self._speakers.get(batch[0].voice), speaking_rate=batch[0].speed)
         waveform = output.waveform.float().cpu().numpy()
-        lengths = output.sequence_lengths.cpu().numpy()
-        return [peak_normalize(waveform[row, : int(lengths[row])]) for row in range(len(batch))]
+        durations = self._durations(batch[0].speed)
+        for row, item in enumerate(batch):
+            item.token_samples = durations[row, : item.length]
+        return [peak_normalize(waveform[row, : int(item.token_samples.sum())]) for row, item in enumerate(batch)]
+
+    def _keep_log_durations(self, _module: nn.Module, args: tuple, log_durations: torch.Tensor) -> None:
+        self._log_durations = (log_durations, args[1])
+
+    def _durations(self, speed: float) -> np.ndarray:
+        """Audio samples of each token of the last batch: VitsModel.forward's own durations in frames,
+        recomputed from its duration predictor's output with the same operations (so they are equal,
+        as are their sums and the model's sequence_lengths), times the vocoder's hop."""
+        log_durations, padding_mask = self._log_durations
+        frames = torch.ceil(torch.exp(log_durations) * padding_mask * (1.0 / speed))  # as VitsModel.forward
+        return frames[:, 0].long().cpu().numpy() * self.hop_length
 
     # --- device memory ---------------------------------------------------------------------------
 
