@@ -57,6 +57,14 @@ class SpeechRequest(BaseModel):
         return requested(self.normalization_options, self.normalize)
 
 
+class CaptionedSpeechRequest(SpeechRequest):
+    """POST /v1/audio/speech/captioned: speech with when each word of the input is spoken."""
+
+    timestamps_format: Literal["json", "srt", "vtt"] = Field(
+        "json", description="'json': the audio (base64) and its words; 'srt' or 'vtt': subtitles only")
+    return_timestamps: bool = Field(True, description="Accepted for Kokoro-FastAPI's clients; the words always come")
+
+
 class JobRequest(SpeechRequest):
     """POST /v1/audio/jobs: a speech request to run in the background."""
 

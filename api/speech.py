@@ -1,4 +1,5 @@
-"""POST /v1/audio/speech, OpenAI-compatible."""
+"""POST /v1/audio/speech, OpenAI-compatible; and with word timestamps, POST /v1/audio/speech/captioned (also
+at Kokoro-FastAPI's /dev/captioned_speech, in its shape)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from fastapi.responses import StreamingResponse
 
 from tts_core.access import Caller, RateLimitState
 from tts_core.audio import FORMATS
-from tts_core.errors import ClientGone
-from tts_core.service import SpeechService
+from tts_core.captions import CaptionWord, caption_words, subtitles
+from tts_core.errors import ClientGone, InvalidRequest
+from tts_core.service import SpeechService, SpokenAudio
 
-from .schemas import SpeechRequest, error_responses
+from .schemas import CaptionedSpeechRequest, SpeechRequest, error_responses
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["speech"])
@@ -61,12 +63,12 @@ async def admitted(request: Request) -> tuple[Caller, RateLimitState | None]:
     return caller, limit
 
 
-async def audio_bytes(encoded: AsyncIterator[tuple[bytes, float]], details: dict) -> AsyncIterator[bytes]:
+async def audio_bytes(encoded: AsyncIterator[tuple[bytes, float, list]], details: dict) -> AsyncIterator[bytes]:
     """The encoded stream's bytes; the audio seconds sent so far are kept in the request's details
     (for the request log and the dashboard, which read them when the response ends)."""
     details["audio_s"] = 0.0
     try:
-        async for data, seconds in encoded:
+        async for data, seconds, _ in encoded:
             details["audio_s"] += seconds
             if data:
                 yield data
@@ -114,3 +116,72 @@ async def create_speech(body: SpeechRequest, request: Request,
     if spoken.degraded:
         headers["X-Chorus-Degraded"] = ",".join(spoken.degraded)
     return Response(spoken.data, media_type=spoken.content_type, headers=headers)
+
+
+# --- captioned speech ----------------------------------------------------------------------------------
+
+SUBTITLE_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt"}
+NDJSON = "application/x-ndjson"
+CAPTIONED_RESPONSES = {
+    200: {"content": {"application/json": {"schema": {"type": "object"}}, NDJSON: {"schema": {"type": "string"}},
+                      **{kind: {"schema": {"type": "string"}} for kind in SUBTITLE_TYPES.values()}},
+          "description": "The audio (base64) and its words' times; newline-delimited JSON when streamed; or subtitles"},
+    **error_responses(400, 401, 413, 429, 500, 503, 504)}
+
+
+def _answer(audio: bytes, response_format: str, words: list[CaptionWord], kokoro: bool) -> dict:
+    """One captioned answer (or streamed piece): ours, or Kokoro-FastAPI's shape at its path."""
+    encoded = base64.b64encode(audio).decode()
+    if kokoro:
+        return {"audio": encoded, "audio_format": response_format,
+                "timestamps": [{"word": word.word, "start_time": round(word.start, 3), "end_time": round(word.end, 3)}
+                               for word in words]}
+    return {"audio": encoded, "response_format": response_format, "words": [word.as_json() for word in words]}
+
+
+async def _captioned(body: CaptionedSpeechRequest, request: Request, caller: Caller, limit: RateLimitState | None,
+                     kokoro: bool) -> Response:
+    service: SpeechService = request.app.state.service
+    request.state.speech["characters"] = len(body.input)
+    headers = limit.headers() if limit else {}
+    if body.stream:
+        if body.timestamps_format != "json":
+            raise InvalidRequest("subtitles are made of the whole audio: send stream false for srt or vtt",
+                                 "timestamps_format", "unsupported_value")
+        stream = await service.speak_stream(body.input, body.voice_name, body.model, body.speed, body.response_format,
+                                            caller, body.normalization(), body.input_type, words=True)
+        request.state.speech["voice"] = stream.voice.name
+
+        async def lines() -> AsyncIterator[str]:
+            async for data, seconds, timed in stream.encoded(body.response_format):
+                request.state.speech["audio_s"] = request.state.speech.get("audio_s", 0.0) + seconds
+                words = caption_words(stream.script, body.input, timed)
+                if data or words:
+                    yield json.dumps(_answer(data, body.response_format, words, kokoro)) + "\n"
+        return StreamingResponse(lines(), media_type=NDJSON, headers={"X-Chorus-Voice": stream.voice.name, **headers})
+    spoken: SpokenAudio = await until_disconnect(request, service.speak(
+        body.input, body.voice_name, body.model, body.speed, body.response_format, caller, body.normalization(),
+        body.input_type, words=True))
+    request.state.speech.update(voice=spoken.voice, audio_s=spoken.duration_s, **asdict(spoken.timings))
+    headers |= {"X-Chorus-Voice": spoken.voice, "X-Chorus-Audio-Duration": f"{spoken.duration_s:.3f}"}
+    words = list(spoken.words or ())
+    if body.timestamps_format in SUBTITLE_TYPES:
+        return Response(subtitles(words, body.timestamps_format), media_type=SUBTITLE_TYPES[body.timestamps_format],
+                        headers=headers)
+    return Response(json.dumps(_answer(spoken.data, body.response_format, words, kokoro)),
+                    media_type="application/json", headers=headers)
+
+
+@router.post("/v1/audio/speech/captioned", response_class=Response, responses=CAPTIONED_RESPONSES)
+async def create_captioned_speech(body: CaptionedSpeechRequest, request: Request,
+                                  admission: tuple[Caller, RateLimitState | None] = Depends(admitted)) -> Response:
+    return await _captioned(body, request, *admission, kokoro=False)
+
+
+@router.post("/dev/captioned_speech", response_class=Response, responses=CAPTIONED_RESPONSES)
+async def create_captioned_speech_kokoro(body: CaptionedSpeechRequest, request: Request,
+                                         admission: tuple[Caller, RateLimitState | None] = Depends(admitted)
+                                         ) -> Response:
+    """Kokoro-FastAPI's path and answer shape: {"audio", "audio_format", "timestamps": [{"word", "start_time",
+    "end_time"}]}."""
+    return await _captioned(body, request, *admission, kokoro=True)

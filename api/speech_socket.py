@@ -244,7 +244,7 @@ class SpeechConnection:
                                     "response_format": utterance.response_format, "sample_rate": output_rate,
                                     "sentences": len(stream.items)})
             sentence = 0
-            async for data, seconds in stream.encoded(utterance.response_format):
+            async for data, seconds, _ in stream.encoded(utterance.response_format):
                 if data:
                     await socket.send_bytes(data)
                 if seconds:

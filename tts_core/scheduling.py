@@ -19,8 +19,9 @@ import numpy as np
 from .access import Caller, Tier
 from .audio import JOIN_PAUSE_S, StreamEncoder, faded, resample, silence
 from .batcher import Batcher
+from .captions import Timed, timed_words
 from .config import Settings
-from .engines.base import SteppedEngine
+from .engines.base import Engine, SteppedEngine
 from .errors import DeadlineExceeded, InvalidRequest, Overloaded
 from .metrics import Metrics
 from .pool import ModelPool
@@ -28,6 +29,7 @@ from .queue import QueueClosed
 from .request import AudioPieces, SynthesisRequest
 from .script import Passage, Script
 from .text import ramp_up, split_chunks
+from .text import words as text_words
 
 STREAM_DUE_MARGIN = 0.8  # a stream's piece is scheduled as if due at 80% of its estimated play time
 SUBMIT_TRIES = 3  # a model unloaded between lookup and queueing is loaded again, this often at most
@@ -40,15 +42,16 @@ class Scheduler:
         self.metrics = metrics
 
     async def submit(self, script: Script, caller: Caller | None, streaming: bool = False,
-                     max_wait_s: float = math.inf) -> list[SynthesisRequest]:
+                     max_wait_s: float = math.inf, words: bool = False) -> list[SynthesisRequest]:
         """Queue a script's passages (loading their models first if need be); the items' futures resolve
-        to their audio, in order. Each item knows the pause before it and its audio's sample rate."""
+        to their audio, in order. Each item knows the pause before it and its audio's sample rate, and
+        with `words`, which word of its passage each token says (voices that time words only)."""
         items: list[SynthesisRequest] = []
         played_s = 0.0  # a stream's audio before a passage (estimated low), for its pieces' due times
         try:
-            for passage in script.passages:
-                queued, played_s = await self._submit_passage(passage, not items, caller, streaming, max_wait_s,
-                                                              played_s)
+            for index, passage in enumerate(script.passages):
+                queued, played_s = await self._submit_passage(passage, index, not items, caller, streaming,
+                                                              max_wait_s, played_s, words)
                 items += queued
         except BaseException:  # one passage refused: none of the request runs
             for item in items:
@@ -59,8 +62,9 @@ class Scheduler:
         self.metrics.characters.inc(sum(len(passage.spoken.text) for passage in script.passages))
         return items
 
-    async def _submit_passage(self, passage: Passage, first: bool, caller: Caller | None, streaming: bool,
-                              max_wait_s: float, played_s: float) -> tuple[list[SynthesisRequest], float]:
+    async def _submit_passage(self, passage: Passage, index: int, first: bool, caller: Caller | None,
+                              streaming: bool, max_wait_s: float, played_s: float, words: bool
+                              ) -> tuple[list[SynthesisRequest], float]:
         """The passage's items, queued (none if the voice finds nothing to say in it: "." alone)."""
         tier = caller.tier if caller else Tier()
         identity = caller.identity if caller else ""
@@ -76,17 +80,20 @@ class Scheduler:
         tier_name = caller.tier_name if caller else ""
         batcher.queue.check(len(chunks), tier_name, identity, tier.priority, share, max_wait_s, timeout_s)
         engine = batcher.engine
-        token_lists = await asyncio.to_thread(
-            lambda: [tokens for chunk in chunks for tokens in engine.tokenize(chunk, voice.name)])
-        token_lists = [tokens for tokens in token_lists if tokens.size]
-        if not token_lists:
+        if words and not engine.times_words:
+            raise InvalidRequest(f"voice {voice.name!r} ({voice.model}) cannot time its words: word timestamps need "
+                                 "a model that reports its durations (Piper, VITS)", "voice", "timestamps_unsupported")
+        tokenized = await asyncio.to_thread(_tokenized, engine, chunks, voice.name, words)
+        tokenized = [(tokens, word_ids) for tokens, word_ids in tokenized if tokens.size]
+        if not tokenized:
             return [], played_s
         deadline = time.monotonic() + timeout_s
         key = engine.batch_key(voice.name, speed)
         items = [SynthesisRequest(tokens=tokens, voice=voice.name, speed=speed, key=key, deadline=deadline,
                                   priority=tier.priority, tier=tier_name, caller=identity,
-                                  sample_rate=engine.sample_rate, pause_s=JOIN_PAUSE_S)
-                 for tokens in token_lists]
+                                  sample_rate=engine.sample_rate, pause_s=JOIN_PAUSE_S, passage=index,
+                                  word_ids=word_ids)
+                 for tokens, word_ids in tokenized]
         first_pause = passage.pause_before_s
         items[0].pause_s = (0.0 if first else JOIN_PAUSE_S) if first_pause is None else first_pause
         if streaming:
@@ -116,6 +123,20 @@ class Scheduler:
             for item in items:
                 item.abandon()
             raise
+
+
+def _tokenized(engine: Engine, chunks: list[str], voice: str, words: bool
+               ) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """Each sentence's model input, and with `words` the word of the passage each token says (the
+    chunks' words, in order, are the passage's)."""
+    if not words:
+        return [(tokens, None) for chunk in chunks for tokens in engine.tokenize(chunk, voice)]
+    tokenized, first = [], 0
+    for chunk in chunks:
+        tokenized += [(tokens, np.where(word_ids >= 0, word_ids + first, -1))
+                      for tokens, word_ids in engine.tokenize_words(chunk, voice)]
+        first += len(text_words(chunk))
+    return tokenized
 
 
 async def audio_of(item: SynthesisRequest, run_allowance_s: float) -> np.ndarray:
@@ -164,11 +185,18 @@ class SentenceStream:
 
     def __init__(self, script: Script, items: list[SynthesisRequest], started: float, metrics: Metrics,
                  run_allowance_s: float):
-        self.voice, self.sample_rate, self.items = script.voice, script.voice.sample_rate, items
+        self.script, self.voice, self.sample_rate, self.items = script, script.voice, script.voice.sample_rate, items
         self._pause_after_s = script.pause_after_s
         self._started, self._metrics, self._run_allowance_s = started, metrics, run_allowance_s
 
     async def __aiter__(self) -> AsyncIterator[np.ndarray]:
+        async for piece, _ in self.timed():
+            yield piece
+
+    async def timed(self) -> AsyncIterator[tuple[np.ndarray, list[Timed]]]:
+        """The pieces, each with the words it speaks timed from the stream's start (when the items were
+        queued with their words; else none)."""
+        played = 0  # samples yielded
         try:
             for index, item in enumerate(self.items):
                 whole = item.pieces is None
@@ -178,10 +206,13 @@ class SentenceStream:
                     audio = resample(audio, item.sample_rate, self.sample_rate)
                     self._metrics.audio_seconds.inc(audio.size / self.sample_rate)
                     # a sentence's first piece fades in after the pause; only a whole one knows its end
-                    yield faded(audio, self.sample_rate, fade_in=piece_index == 0, fade_out=whole,
-                                pause_s=item.pause_s if piece_index == 0 else 0.0)
+                    piece = faded(audio, self.sample_rate, fade_in=piece_index == 0, fade_out=whole,
+                                  pause_s=item.pause_s if piece_index == 0 else 0.0)
+                    speech_at = (played + piece.size - audio.size) / self.sample_rate
+                    played += piece.size
+                    yield piece, timed_words(item, speech_at) if piece_index == 0 else []
             if self._pause_after_s:
-                yield silence(self._pause_after_s, self.sample_rate)
+                yield silence(self._pause_after_s, self.sample_rate), []
             self._metrics.chunks_per_request.observe(len(self.items))
         finally:
             self.close()
@@ -190,15 +221,15 @@ class SentenceStream:
         for item in self.items:
             item.abandon()
 
-    async def encoded(self, response_format: str) -> AsyncIterator[tuple[bytes, float]]:
-        """The stream encoded as one file in a streamable format: (bytes, seconds of audio they
-        add); the last pair flushes the encoder."""
+    async def encoded(self, response_format: str) -> AsyncIterator[tuple[bytes, float, list[Timed]]]:
+        """The stream encoded as one file in a streamable format: (bytes, seconds of audio they add, the
+        words they speak); the last one flushes the encoder."""
         encoder = StreamEncoder(response_format, self.sample_rate)
         try:
-            async for audio in aiter(self):
+            async for audio, words in self.timed():
                 data = await asyncio.to_thread(encoder.encode, audio)
-                yield data, audio.size / self.sample_rate
-            yield await asyncio.to_thread(encoder.finish), 0.0
+                yield data, audio.size / self.sample_rate, words
+            yield await asyncio.to_thread(encoder.finish), 0.0, []
         finally:
             self.close()
 

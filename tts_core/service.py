@@ -26,6 +26,7 @@ from .admission import Admission
 from .audio import FORMATS, STREAMABLE, encode, join, silence
 from .batcher import Batcher
 from .cache import AudioCache, CachedAudio
+from .captions import CaptionWord, caption_words, timed_words
 from .catalogue import Catalogue
 from .cloning import ClonedVoice, ClonedVoices, Cloner
 from .config import Settings
@@ -72,6 +73,7 @@ class Speech:
     voice: str
     chunks: int
     timings: Timings = Timings()
+    speech_starts_s: tuple[float, ...] = ()  # when each item's speech starts in the audio
 
     @property
     def duration_s(self) -> float:
@@ -89,6 +91,7 @@ class SpokenAudio:
     cache: str  # "hit", "miss" or "off"
     degraded: tuple[str, ...]  # degrade actions in force when it was served
     timings: Timings = Timings()
+    words: tuple[CaptionWord, ...] | None = None  # asked for: when each word of the input is spoken
 
 
 class SpeechService:
@@ -243,17 +246,22 @@ class SpeechService:
         pieces = await self.scheduler.collect(items, rate)
         audio = join([*pieces, silence(script.pause_after_s, rate)], rate, [item.pause_s for item in items] + [0.0])
         self.metrics.audio_seconds.inc(audio.size / rate)
-        return Speech(audio, rate, script.voice.name, len(items), Timings.of(items))
+        starts, at = [], 0
+        for item, piece in zip(items, pieces, strict=True):
+            at += silence(item.pause_s, rate).size
+            starts.append(at / rate)
+            at += piece.size
+        return Speech(audio, rate, script.voice.name, len(items), Timings.of(items), tuple(starts))
 
     async def speak(self, text: str, voice: str | None = None, model: str | None = None, speed: float = 1.0,
                     response_format: str = "mp3", caller: Caller | None = None,
                     normalization: NormalizationOptions = NormalizationOptions(),
-                    input_type: str = "auto") -> SpokenAudio:
+                    input_type: str = "auto", words: bool = False) -> SpokenAudio:
         """Synthesize and encode, with the caller's tier, the degrade actions, the queue's wait target
-        and the cache in the way."""
+        and the cache in the way; with `words`, when each word of the input is spoken (not cached)."""
         script = self.admission.admit(self.catalogue, text, voice, model, speed, caller, normalization, input_type)
         state, settings = self.degrade.state, self.degrade.settings
-        use_cache = settings.cache_enabled or "cache_first" in state.actions
+        use_cache = not words and (settings.cache_enabled or "cache_first" in state.actions)
         # keyed on what is said: inputs (or normalization options) that say the same share their audio
         key = (script.model, speed, response_format, script.key)
         if use_cache and (hit := self.cache.get(key)) is not None:
@@ -263,30 +271,35 @@ class SpeechService:
             return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, "hit", state.actions)
         if use_cache:
             self.metrics.cache_lookups.labels("miss").inc()
-        items = await self.scheduler.submit(script, caller, max_wait_s=self.admission.max_wait_s())
+        items = await self.scheduler.submit(script, caller, max_wait_s=self.admission.max_wait_s(), words=words)
         speech = await self._joined(script, items)
         data = await asyncio.to_thread(encode, speech.audio, speech.sample_rate, response_format)
         content_type = FORMATS[response_format].content_type
         if use_cache:
             self.cache.put(key, CachedAudio(data, content_type, speech.voice, speech.duration_s))
+        timed = [word for item, start in zip(items, speech.speech_starts_s, strict=True)
+                 for word in timed_words(item, start)]
         return SpokenAudio(data, content_type, speech.voice, speech.duration_s, "miss" if use_cache else "off",
-                           self.degrade.state.actions, speech.timings)
+                           self.degrade.state.actions, speech.timings,
+                           tuple(caption_words(script, text, timed)) if words else None)
 
     async def speak_stream(self, text: str, voice: str | None = None, model: str | None = None,
                            speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None,
                            normalization: NormalizationOptions = NormalizationOptions(),
-                           input_type: str = "auto") -> SentenceStream:
+                           input_type: str = "auto", words: bool = False) -> SentenceStream:
         """stream_pieces for a streamed encoded response: the format is checked first."""
         check_streamable(response_format)
-        return await self.stream_pieces(text, voice, model, speed, caller, normalization, input_type)
+        return await self.stream_pieces(text, voice, model, speed, caller, normalization, input_type, words)
 
     async def stream_pieces(self, text: str, voice: str | None = None, model: str | None = None,
                             speed: float = 1.0, caller: Caller | None = None,
                             normalization: NormalizationOptions = NormalizationOptions(),
-                            input_type: str = "auto") -> SentenceStream:
-        """Queue every sentence now and return their audio as a SentenceStream. Refusals (validation,
-        limits, the queue's wait) raise here, before any audio exists."""
+                            input_type: str = "auto", words: bool = False) -> SentenceStream:
+        """Queue every sentence now and return their audio as a SentenceStream (with `words`, each piece's
+        words timed: SentenceStream.timed). Refusals (validation, limits, the queue's wait) raise here,
+        before any audio exists."""
         started = time.monotonic()
         script = self.admission.admit(self.catalogue, text, voice, model, speed, caller, normalization, input_type)
-        items = await self.scheduler.submit(script, caller, streaming=True, max_wait_s=self.admission.max_wait_s())
+        items = await self.scheduler.submit(script, caller, streaming=True, max_wait_s=self.admission.max_wait_s(),
+                                            words=words)
         return SentenceStream(script, items, started, self.metrics, self.settings.request_timeout_s)

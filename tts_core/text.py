@@ -38,20 +38,23 @@ def _split_after(text: str, ends: frozenset[str]) -> list[str]:
 
 def words(text: str) -> list[str]:
     """text.split(), with each pronunciation's span one word."""
-    if OPEN not in text:
-        return text.split()
-    words, start, inside = [], None, False
+    return text.split() if OPEN not in text else [text[start:end] for start, end in word_bounds(text)]
+
+
+def word_bounds(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each of words(text) in text."""
+    bounds, start, inside = [], None, False
     for index, char in enumerate(text):
         inside = (inside or char == OPEN) and char != CLOSE
         if char.isspace() and not inside:
             if start is not None:
-                words.append(text[start:index])
+                bounds.append((start, index))
             start = None
         elif start is None:
             start = index
     if start is not None:
-        words.append(text[start:])
-    return words
+        bounds.append((start, len(text)))
+    return bounds
 
 
 def _pack_words(text: str, max_chars: int) -> list[str]:

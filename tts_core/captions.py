@@ -1,0 +1,149 @@
+"""Word timestamps: when each word of the caller's input is spoken, and subtitles made of them.
+
+An engine that times words (Engine.times_words) says which word of a chunk each token speaks and how
+many samples each token spans; the scheduler numbers the words across their passage
+(SynthesisRequest.word_ids). Here those times are carried back through the front end's pieces to the
+caller's input: spoken words that say one written thing ("five dollars" for "$5", the words of an SSML
+<sub> alias) make one caption word, named as the caller wrote it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+import unicodedata
+from dataclasses import dataclass
+
+from .engines.base import word_spans
+from .frontend import SpokenText
+from .frontend.pieces import TEXT
+from .request import SynthesisRequest
+from .script import Script
+from .text import word_bounds
+
+SUBTITLE_FORMATS = ("srt", "vtt")
+CUE_MAX_CHARS = 42  # a subtitle line, as broadcasters keep it
+CUE_MAX_S = 5.0
+CUE_GAP_S = 0.6  # a pause this long starts a new cue
+
+
+@dataclass(frozen=True)
+class CaptionWord:
+    word: str
+    start: float  # seconds from the start of the audio
+    end: float
+    input_start: int  # input[input_start:input_end] is what it names
+    input_end: int
+
+    def as_json(self) -> dict:
+        return {"word": self.word, "start": round(self.start, 3), "end": round(self.end, 3)}
+
+
+Timed = tuple[int, int, float, float]  # (passage, spoken word of the passage, start s, end s)
+
+
+def timed_words(item: SynthesisRequest, start_s: float) -> list[Timed]:
+    """The item's words with their times, its speech starting at start_s in the answer."""
+    if item.word_ids is None or item.token_samples is None:
+        return []
+    rate = item.sample_rate
+    return [(item.passage, word, start_s + first / rate, start_s + end / rate)
+            for word, (first, end) in word_spans(item.word_ids, item.token_samples).items()]
+
+
+def caption_words(script: Script, text: str, timed: list[Timed]) -> list[CaptionWord]:
+    """The caller's words (of `text`, the input as sent) with when they are spoken, in order."""
+    layouts: dict[int, _Layout] = {}
+    captions: list[CaptionWord] = []
+    for passage, word, start, end in timed:
+        layout = layouts.get(passage) or layouts.setdefault(passage, _Layout(script.passages[passage].spoken, text))
+        span = layout.source_span(word)
+        if span is None:
+            continue
+        last = captions[-1] if captions else None
+        if last is not None and span[0] < last.input_end and last.input_start < span[1]:  # says the same words
+            first, stop = min(span[0], last.input_start), max(span[1], last.input_end)
+            captions[-1] = CaptionWord(_written(text[first:stop]), last.start, max(end, last.end), first, stop)
+        else:
+            captions.append(CaptionWord(_written(text[span[0]:span[1]]), start, end, *span))
+    return [caption for caption in captions if caption.word]
+
+
+class _Layout:
+    """Where each word of a passage's spoken text came from in the input."""
+
+    def __init__(self, spoken: SpokenText, text: str):
+        self.text = text
+        self.words = word_bounds(spoken.text)
+        self.pieces = spoken.pieces
+        self.offsets, at = [], 0
+        for piece in spoken.pieces:
+            self.offsets.append(at)
+            at += len(piece.spoken)
+
+    def source_span(self, word: int) -> tuple[int, int] | None:
+        if not 0 <= word < len(self.words):
+            return None
+        first, stop = self.words[word]
+        spans = []
+        for index in range(max(0, bisect.bisect_right(self.offsets, first) - 1), len(self.pieces)):
+            offset, piece = self.offsets[index], self.pieces[index]
+            if offset >= stop:
+                break
+            end = offset + len(piece.spoken)
+            if piece.end > piece.start and end > first:
+                spans.append(self._in_piece(index, max(first, offset) - offset, min(stop, end) - offset))
+        spans = [span for span in spans if span is not None]
+        return (min(span[0] for span in spans), max(span[1] for span in spans)) if spans else None
+
+    def _in_piece(self, index: int, first: int, stop: int) -> tuple[int, int] | None:
+        """The input a stretch of a piece's spoken text names: in the caller's own text (a TEXT piece),
+        the written words it says; elsewhere the whole of what the piece says."""
+        piece = self.pieces[index]
+        if not piece.spoken[first:stop].strip():
+            return None
+        if piece.kind != TEXT:
+            return piece.start, piece.end
+        said = word_bounds(piece.spoken)
+        written = word_bounds(self.text[piece.start:piece.end])
+        if len(said) != len(written):
+            return piece.start, piece.end
+        hit = [position for position, (start, end) in enumerate(said) if start < stop and first < end]
+        if not hit:
+            return None
+        return piece.start + written[hit[0]][0], piece.start + written[hit[-1]][1]
+
+
+def _written(text: str) -> str:
+    """A caption word as the caller wrote it: entities read, white space single, no punctuation at its edges."""
+    text = " ".join(html.unescape(text).split())
+    edges = [index for index, char in enumerate(text) if not unicodedata.category(char).startswith("P")]
+    return text[edges[0]:edges[-1] + 1] if edges else text
+
+
+# --- subtitles --------------------------------------------------------------------------------------
+
+def subtitles(words: list[CaptionWord], kind: str) -> str:
+    """SubRip ("srt") or WebVTT ("vtt") cues of the words: a cue is at most a line of CUE_MAX_CHARS and
+    CUE_MAX_S long, and a pause of CUE_GAP_S starts a new one."""
+    cues: list[list[CaptionWord]] = []
+    for word in words:
+        cue = cues[-1] if cues else None
+        if (cue is None or word.start - cue[-1].end >= CUE_GAP_S or word.end - cue[0].start > CUE_MAX_S
+                or sum(len(each.word) + 1 for each in cue) + len(word.word) > CUE_MAX_CHARS):
+            cues.append([word])
+        else:
+            cue.append(word)
+    separator = "," if kind == "srt" else "."
+    blocks = [f"{_stamp(cue[0].start, separator)} --> {_stamp(cue[-1].end, separator)}\n"
+              f"{' '.join(word.word for word in cue)}\n" for cue in cues]
+    if kind == "srt":
+        return "\n".join(f"{number}\n{block}" for number, block in enumerate(blocks, 1))
+    return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def _stamp(seconds: float, separator: str) -> str:
+    millis = round(seconds * 1000)
+    hours, millis = divmod(millis, 3_600_000)
+    minutes, millis = divmod(millis, 60_000)
+    return f"{hours:02d}:{minutes:02d}:{millis // 1000:02d}{separator}{millis % 1000:03d}"
