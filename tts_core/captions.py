@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from .engines.base import word_spans
 from .frontend import SpokenText
-from .frontend.pieces import TEXT
+from .frontend.pieces import PRONUNCIATION, TEXT
+from .pronunciation import Pronounced
 from .request import SynthesisRequest
 from .script import Script
 from .text import word_bounds
@@ -61,11 +62,12 @@ def caption_words(script: Script, text: str, timed: list[Timed]) -> list[Caption
         if span is None:
             continue
         last = captions[-1] if captions else None
-        if last is not None and span[0] < last.input_end and last.input_start < span[1]:  # says the same words
-            first, stop = min(span[0], last.input_start), max(span[1], last.input_end)
-            captions[-1] = CaptionWord(_written(text[first:stop]), last.start, max(end, last.end), first, stop)
-        else:
-            captions.append(CaptionWord(_written(text[span[0]:span[1]]), start, end, *span))
+        if last is not None and span[0] <= last.input_end and last.input_start < span[1]:
+            # the same written word, or one written with no space after the last ("H2O" says "H two O")
+            span = min(span[0], last.input_start), max(span[1], last.input_end)
+            start, end = last.start, max(end, last.end)
+            captions.pop()
+        captions.append(CaptionWord(layout.written.get(span) or _written(text[span[0]:span[1]]), start, end, *span))
     return [caption for caption in captions if caption.word]
 
 
@@ -76,6 +78,9 @@ class _Layout:
         self.text = text
         self.words = word_bounds(spoken.text)
         self.pieces = spoken.pieces
+        # a pronunciation is named by its word, not by its markup: [Worcester](/ˈwʊstər/) is "Worcester"
+        self.written = {(piece.start, piece.end): Pronounced.read(piece.spoken).word
+                        for piece in spoken.pieces if piece.kind == PRONUNCIATION}
         self.offsets, at = [], 0
         for piece in spoken.pieces:
             self.offsets.append(at)

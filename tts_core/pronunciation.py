@@ -30,6 +30,13 @@ class Pronounced:
         return self.respelling or self.word
 
 
+    @staticmethod
+    def read(marked: str) -> Pronounced:
+        """The pronunciation a marked span (one from `marked`, white space around it allowed) holds."""
+        word, ipa, respelling = (marked.strip().strip(OPEN + CLOSE).split(FIELD) + ["", ""])[:3]
+        return Pronounced(word, ipa or None, respelling or None)
+
+
 def split_marked(text: str) -> list[str | Pronounced]:
     """The text's plain runs and its pronunciations, in order (one scan)."""
     parts: list[str | Pronounced] = []
@@ -40,8 +47,7 @@ def split_marked(text: str) -> list[str | Pronounced]:
             break
         if opening > at:
             parts.append(text[at:opening])
-        word, ipa, respelling = (text[opening + 1:closing].split(FIELD) + ["", ""])[:3]
-        parts.append(Pronounced(word, ipa or None, respelling or None))
+        parts.append(Pronounced.read(text[opening:closing + 1]))
         at = closing + 1
     if at < len(text):
         parts.append(text[at:])

@@ -1,0 +1,75 @@
+"""Caption words from spoken-word times: named as the caller wrote them, one per written thing; and
+subtitles made of them."""
+
+import asyncio
+
+import pytest
+
+from tests.fakes import FakeEngine
+from tts_core.captions import CaptionWord, caption_words, subtitles
+from tts_core.config import Settings
+from tts_core.engines.base import Voice
+from tts_core.errors import InvalidRequest
+from tts_core.frontend import normalize_text, spoken_parts, ssml
+from tts_core.metrics import Metrics
+from tts_core.script import Passage, Script
+from tts_core.service import SpeechService
+from tts_core.text import words
+
+VOICE = Voice("v", "fake", "en", 16000)
+
+
+def captions_of(text: str) -> list[tuple[str, float, float]]:
+    """Each spoken word said for 1 s, one after another: the caption words and their times."""
+    if ssml.is_ssml(text):
+        passages = tuple(Passage(spoken_parts(raw.parts, "en"), VOICE, "fake", 1.0) for raw in ssml.parse(text).passages)
+    else:
+        passages = (Passage(normalize_text(text, "en"), VOICE, "fake", 1.0),)
+    script = Script(passages, VOICE, "fake")
+    timed, at = [], 0.0
+    for index, passage in enumerate(passages):
+        for word in range(len(words(passage.spoken.text))):
+            timed.append((index, word, at, at + 1.0))
+            at += 1.0
+    return [(word.word, word.start, word.end) for word in caption_words(script, text, timed)]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Hello, world!", [("Hello", 0, 1), ("world", 1, 2)]),
+    ("It costs $5 today.", [("It", 0, 1), ("costs", 1, 2), ("$5", 2, 4), ("today", 4, 5)]),
+    ("Meet   me\nat 7:45 pm.", [("Meet", 0, 1), ("me", 1, 2), ("at", 2, 3), ("7:45 pm", 3, 7)]),
+    ("**Bold** and [a link](http://x.y) H2O", [("Bold", 0, 1), ("and", 1, 2), ("a", 2, 3), ("link", 3, 4),
+                                                ("H2O", 4, 7)]),
+    ("Visit [Worcester](/ˈwʊstər/) now", [("Visit", 0, 1), ("Worcester", 1, 2), ("now", 2, 3)]),
+    ('<speak><sub alias="World Wide Web">WWW</sub> &amp; <say-as interpret-as="characters">abc</say-as>'
+     '<break time="1s"/>caf&#233;</speak>', [("WWW", 0, 3), ("&", 3, 4), ("abc", 4, 7), ("café", 7, 8)]),
+])
+def test_caption_words_are_the_callers_words(text, expected):
+    assert captions_of(text) == expected
+
+
+def test_subtitles_in_both_formats():
+    words = [CaptionWord("One", 0.0, 0.5, 0, 3), CaptionWord("two", 0.5, 1.0, 4, 7),
+             CaptionWord("three", 2.0, 2.5, 8, 13),  # after a pause: a new cue
+             *[CaptionWord("word", 3.2 + index * 0.2, 3.4 + index * 0.2, 0, 0) for index in range(10)]]
+    srt = subtitles(words, "srt")
+    assert srt.startswith("1\n00:00:00,000 --> 00:00:01,000\nOne two\n\n2\n00:00:02,000 --> 00:00:02,500\nthree\n")
+    vtt = subtitles(words, "vtt")
+    assert vtt.startswith("WEBVTT\n\n00:00:00.000 --> 00:00:01.000\nOne two\n\n00:00:02.000 --> 00:00:02.500\n")
+    cues = [block.split("\n")[-1] for block in vtt.strip().split("\n\n")[1:]]
+    assert all(len(cue) <= 42 for cue in cues) and cues[2:] == ["word word word word word word word word",
+                                                                 "word word"]
+    assert subtitles([CaptionWord("late", 3725.5, 3726.0, 0, 4)], "srt") == (
+        "1\n01:02:05,500 --> 01:02:06,000\nlate\n")
+
+
+def test_a_voice_that_cannot_time_its_words_is_refused_for_captions():
+    service = SpeechService(Settings(batch_policy="sequential"), [FakeEngine()], Metrics())
+    service.start()
+    try:
+        with pytest.raises(InvalidRequest) as refused:
+            asyncio.run(service.speak("hello", "fake-voice", words=True))
+        assert refused.value.code == "timestamps_unsupported" and refused.value.param == "voice"
+        assert asyncio.run(service.speak("hello", "fake-voice")).words is None  # plain speech is unchanged
+    finally:
+        service.stop()
