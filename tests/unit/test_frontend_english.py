@@ -37,6 +37,18 @@ def test_numbers(written, spoken):
     assert said(written) == spoken
 
 
+@table(("1/2 cup", "one half cup"), ("3/4 of it", "three quarters of it"), ("2/3", "two thirds"),
+       ("5/8 inch", "five eighths inch"), ("2 1/2 hours", "two and one half hours"), ("1/12", "one twelfth"),
+       ("24/7", "twenty-four slash seven"), ("9/10", "nine slash ten"), ("3/2", "three slash two"),
+       ("Version 3.10.2", "Version three point ten point two"), ("v1.2.3", "v one point two point three"),
+       ("192.168.0.1", "one hundred and ninety-two dot one hundred and sixty-eight dot zero dot one"),
+       ("555.123.4567", "five five five, one two three, four five six seven"),
+       ("on 30.11.2026", "on November thirtieth, twenty twenty-six"), ("1,234.5", "one thousand two hundred and "
+       "thirty-four point five"), ("It ends in 3.14.", "It ends in three point one four."))
+def test_fractions_and_dotted_numbers(written, spoken):
+    assert said(written) == spoken
+
+
 @table(("$5", "five dollars"), ("$1", "one dollar"), ("$3.50", "three dollars and fifty cents"),
        ("$0.99", "ninety-nine cents"), ("$1.01", "one dollar and one cent"), ("$1,000", "one thousand dollars"),
        ("€20", "twenty euros"), ("£1.5 million", "one point five million pounds"), ("$2bn", "two billion dollars"),

@@ -224,6 +224,51 @@ def phone(tokens: list[Token], index: int) -> Found:
     return end, ("plus " if plus else "") + ", ".join(digits(group) for group in groups), "phone_normalization"
 
 
+def dotted(tokens: list[Token], index: int) -> Found:
+    """Numbers in dotted groups: 30.11.2026 (a date, day first), 555.123.4567 (a phone number),
+    192.168.0.1 (an address, "dot"), 3.10.2 (a version, "point")."""
+    if not is_at(tokens, index, NUMBER) or tokens[index].text.count(".") < 2:
+        return None
+    groups = tokens[index].text.split(".")
+    sizes = [len(group) for group in groups]
+    if len(groups) == 3 and sizes[2] == 4 and max(sizes[:2]) <= 2:
+        spoken = _say_date(int(groups[1]), int(groups[0]), groups[2])
+        if spoken:
+            return index + 1, spoken, "date_normalization"
+    if sizes == [3, 3, 4]:
+        return index + 1, ", ".join(map(digits, groups)), "phone_normalization"
+    if len(groups) == 4 and all(int(group) <= 255 for group in groups):
+        return index + 1, " dot ".join(map(cardinal, groups)), "number_normalization"
+    return index + 1, " point ".join(map(cardinal, groups)), "number_normalization"
+
+
+FRACTION_DENOMINATORS = frozenset({2, 3, 4, 5, 6, 8, 12, 16, 32, 64})  # not 10: 9/10 is often a score
+
+
+def fraction(tokens: list[Token], index: int) -> Found:
+    """1/2, 3/4 cup, 2 1/2 hours: "one half", "three quarters", "two and one half". Only proper fractions
+    of the usual denominators (24/7 and 9/11 stay as they are read otherwise)."""
+    whole = None
+    at = index
+    if integer_at(tokens, at) and is_at(tokens, at + 1, SPACE, (" ",)) and _fraction_at(tokens, at + 2):
+        whole, at = tokens[at].text, at + 2
+    said = _fraction_at(tokens, at) if starts_word(tokens, index) else None
+    if said is None:
+        return None
+    return at + 3, (f"{cardinal(whole)} and {said}" if whole else said), "number_normalization"
+
+
+def _fraction_at(tokens: list[Token], index: int) -> str | None:
+    if not (integer_at(tokens, index, (1, 2)) and is_at(tokens, index + 1, SYMBOL, ("/",))
+            and integer_at(tokens, index + 2, (1, 2, 3)) and ends_word(tokens, index + 3)):
+        return None
+    numerator, denominator = int(tokens[index].text), int(tokens[index + 2].text)
+    if not (0 < numerator < denominator and denominator in FRACTION_DENOMINATORS):
+        return None
+    name = {2: "half", 4: "quarter"}.get(denominator) or ordinal(str(denominator))
+    return f"{cardinal(str(numerator))} {name if numerator == 1 else name + 's'}".replace("halfs", "halves")
+
+
 def time(tokens: list[Token], index: int) -> Found:
     """3:30 pm, 14:05, 10:30:15, 7am, 7 p.m."""
     if not integer_at(tokens, index, (1, 2)):
@@ -405,7 +450,7 @@ def symbol(tokens: list[Token], index: int) -> Found:
 
 
 RULES: tuple[Callable[[list[Token], int], Found], ...] = (
-    address, date, phone, time, money, abbreviation, optional_plural, quantity, symbol)
+    address, date, dotted, phone, fraction, time, money, abbreviation, optional_plural, quantity, symbol)
 
 
 # --- SSML <say-as> ----------------------------------------------------------------------------------

@@ -86,14 +86,17 @@ def _token_end(text: str, at: int) -> int:
 
 
 def number_end(text: str, at: int) -> int:
-    """Digits, with thousands grouped by commas ("1,234,567") and a decimal part ("3.14")."""
+    """Digits, with thousands grouped by commas ("1,234,567") and a decimal part ("3.14"), or dotted groups
+    ("3.10.2", "192.168.0.1", "555.123.4567", "30.11.2026")."""
     end = _skip(text, at, DIGITS.__contains__)
     if end - at <= 3:
         while (end + 3 < len(text) and text[end] == "," and all(char in DIGITS for char in text[end + 1:end + 4])
                and (end + 4 == len(text) or text[end + 4] not in DIGITS)):
             end += 4
-    if end + 1 < len(text) and text[end] == "." and text[end + 1] in DIGITS:
+    dotted = end + 1 < len(text) and text[end] == "." and text[end + 1] in DIGITS
+    while dotted:
         end = _skip(text, end + 1, DIGITS.__contains__)
+        dotted = end + 1 < len(text) and text[end] == "." and text[end + 1] in DIGITS and "," not in text[at:end]
     return end
 
 
