@@ -76,8 +76,12 @@ async def audio_bytes(encoded: AsyncIterator[tuple[bytes, float, list]], details
         await encoded.aclose()
 
 
-async def server_sent_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
-    """OpenAI's speech SSE: speech.audio.delta events with base64 audio, then speech.audio.done."""
+AUDIO_TOKENS_PER_S = 50  # the SSE usage counts audio in 20 ms frames (Chorus has no tokens)
+
+
+async def server_sent_events(chunks: AsyncIterator[bytes], details: dict) -> AsyncIterator[str]:
+    """OpenAI's speech SSE: speech.audio.delta events with base64 audio, then speech.audio.done with
+    its usage: the input's characters, and the audio in 20 ms frames (`details` is the request's)."""
     try:
         async for data in chunks:
             event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
@@ -87,7 +91,9 @@ async def server_sent_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]
         event = {"type": "error", "error": {"message": str(error), "type": "server_error"}}
         yield "data: " + json.dumps(event) + "\n\n"
         return
-    yield "data: " + json.dumps({"type": "speech.audio.done"}) + "\n\n"
+    input_tokens, output_tokens = details.get("characters", 0), round(details.get("audio_s", 0) * AUDIO_TOKENS_PER_S)
+    usage = {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
+    yield "data: " + json.dumps({"type": "speech.audio.done", "usage": usage}) + "\n\n"
 
 
 @router.post("/v1/audio/speech", response_class=Response, responses=AUDIO_RESPONSES)
@@ -103,7 +109,8 @@ async def create_speech(body: SpeechRequest, request: Request,
         request.state.speech["voice"] = stream.voice.name
         chunks = audio_bytes(stream.encoded(body.response_format), request.state.speech)
         if body.stream_format == "sse":
-            return StreamingResponse(server_sent_events(chunks), media_type="text/event-stream", headers=headers)
+            return StreamingResponse(server_sent_events(chunks, request.state.speech), media_type="text/event-stream",
+                                     headers=headers)
         return StreamingResponse(chunks, media_type=FORMATS[body.response_format].content_type, headers=headers)
     spoken = await until_disconnect(request, service.speak(
         body.input, body.voice_name, body.model, body.speed, body.response_format, caller, body.normalization(),

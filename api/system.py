@@ -32,6 +32,14 @@ async def list_models(request: Request) -> dict:
     return {"object": "list", "data": [_model_card(model_id) for model_id in ids]}
 
 
+@router.get("/v1/audio/models", tags=["catalogue"])
+async def list_audio_models(request: Request) -> dict:
+    """The models in the shape Open WebUI and Kokoro-FastAPI's clients read: {"models": [{"id", ...}]}."""
+    catalogue = _service(request).catalogue
+    return {"object": "list", "models": [_model_card(model_id)
+                                         for model_id in catalogue.models + sorted(catalogue.model_aliases)]}
+
+
 @router.get("/v1/models/{model_id}", tags=["catalogue"], responses=error_responses(404))
 async def get_model(model_id: str, request: Request):
     catalogue = _service(request).catalogue

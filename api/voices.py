@@ -3,13 +3,14 @@ cloning one from a clip, and deleting a cloned one."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, File, Form, Path, Request, Response, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, Response, UploadFile
 
 from clones import VoiceClones
 from tts_core.access import Caller, RateLimitState
 from tts_core.catalogue import Catalogue
 from tts_core.engines import Voice
 from tts_core.errors import Unauthorized
+from tts_core.lexicon import language_code
 
 from .schemas import VoiceName, error_responses
 from .speech import admitted
@@ -46,15 +47,27 @@ def voice_entry(voice: Voice, engine: str, catalogue: Catalogue, aliases: list[s
     return entry
 
 
+def speaks(voice: Voice, language: str) -> bool:
+    """A voice speaks "en" if its language is English of any region; "en-US" only if it is US English."""
+    wanted = language.replace("-", "_").lower()
+    return voice.language.replace("-", "_").lower() == wanted or (
+        "_" not in wanted and language_code(voice.language) == wanted)
+
+
 @router.get("/v1/audio/voices", tags=["catalogue"], responses=error_responses(401))
-async def list_voices(request: Request) -> dict:
+async def list_voices(request: Request, language: str | None = Query(None, max_length=35, description="en, en-US"),
+                      model: str | None = Query(None, max_length=128, description="a model id")) -> dict:
+    """The voices the caller may use: OpenAI-style `data`, and `voices` ([{"id", "name", ...}]) as Open
+    WebUI and Kokoro-FastAPI's clients read them."""
     catalogue, caller = request.app.state.service.catalogue, listed_caller(request)
     aliases: dict[str, list[str]] = {}
     for alias, target in catalogue.voice_aliases.items():
         aliases.setdefault(target, []).append(alias)
-    return {"object": "list", "default": catalogue.default_voice, "data": [
-        voice_entry(voice, engine, catalogue, aliases.get(voice.name, []), caller)
-        for voice, engine in catalogue.visible_voices(caller)]}
+    entries = [voice_entry(voice, engine, catalogue, aliases.get(voice.name, []), caller)
+               for voice, engine in catalogue.visible_voices(caller)
+               if (language is None or speaks(voice, language)) and model in (None, voice.model, engine)]
+    return {"object": "list", "default": catalogue.default_voice, "data": entries,
+            "voices": [{**entry, "name": f"{entry['id']} ({entry['language']})"} for entry in entries]}
 
 
 @router.post("/v1/audio/voices", status_code=201, responses=error_responses(400, 401, 409, 413, 429, 500, 503))

@@ -132,3 +132,20 @@ def test_two_instances_share_one_limit_through_redis(tmp_path, redis_url):
     finally:
         first.stop()
         second.stop()
+
+
+def test_open_webui_reads_the_lists_without_a_key_then_speaks_with_one(server):
+    """Open WebUI's calls, replayed: the model and voice lists in its shape (no Authorization header),
+    then speech with the key its operator configured, in its body (model, input, voice: mp3 back)."""
+    models = httpx.get(f"{server}/v1/audio/models").json()["models"]
+    voices = httpx.get(f"{server}/v1/audio/voices").json()["voices"]
+    assert {"tts-1", "piper"} <= {model["id"] for model in models}
+    assert all({"id", "name"} <= set(voice) for voice in voices) and voices
+    english = httpx.get(f"{server}/v1/audio/voices", params={"language": "en"}).json()["voices"]
+    assert english == voices and httpx.get(f"{server}/v1/audio/voices", params={"language": "de"}).json()[
+        "voices"] == []
+    assert httpx.get(f"{server}/v1/audio/voices", params={"language": "en-GB"}).json()["voices"] == []
+    key = new_key(server, "pro", "open-webui")
+    response = httpx.post(f"{server}/v1/audio/speech", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                          json={"model": models[0]["id"], "input": "Hello from Open WebUI.", "voice": voices[0]["id"]})
+    assert response.status_code == 200 and response.headers["content-type"] == "audio/mpeg"

@@ -56,10 +56,14 @@ def test_server_sent_events_carry_the_whole_audio(sentence_server):
                       json=body(response_format="pcm", stream_format="sse")) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         events = [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: ")]
-    assert events[-1] == {"type": "speech.audio.done"}
     deltas = [event for event in events if event["type"] == "speech.audio.delta"]
     assert len(deltas) >= 3
     audio = b"".join(base64.b64decode(event["audio"]) for event in deltas)
+    usage = events[-1].pop("usage")
+    assert events[-1] == {"type": "speech.audio.done"}  # with OpenAI's usage: characters in, 20 ms frames out
+    assert usage["input_tokens"] == len(body()["input"])
+    assert usage["output_tokens"] == round(len(audio) / 2 / 24000 * 50)
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
     assert len(audio) / 2 / 24000 == pytest.approx(len(whole) / 2 / 24000, abs=0.06)
 
 
