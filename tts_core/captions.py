@@ -81,6 +81,7 @@ class _Layout:
         # a pronunciation is named by its word, not by its markup: [Worcester](/ˈwʊstər/) is "Worcester"
         self.written = {(piece.start, piece.end): Pronounced.read(piece.spoken).word
                         for piece in spoken.pieces if piece.kind == PRONUNCIATION}
+        self._found: dict[int, list[tuple[int, int] | None]] = {}
         self.offsets, at = [], 0
         for piece in spoken.pieces:
             self.offsets.append(at)
@@ -109,14 +110,27 @@ class _Layout:
             return None
         if piece.kind != TEXT:
             return piece.start, piece.end
-        said = word_bounds(piece.spoken)
-        written = word_bounds(self.text[piece.start:piece.end])
-        if len(said) != len(written):
-            return piece.start, piece.end
-        hit = [position for position, (start, end) in enumerate(said) if start < stop and first < end]
-        if not hit:
+        spans = [span for (start, end), span in zip(word_bounds(piece.spoken), self._written_words(index), strict=True)
+                 if start < stop and first < end]
+        if not spans:
             return None
-        return piece.start + written[hit[0]][0], piece.start + written[hit[-1]][1]
+        if None in spans:  # a word not found as written (an entity, a character NFKC changed): the whole piece
+            return piece.start, piece.end
+        return piece.start + spans[0][0], piece.start + spans[-1][1]
+
+    def _written_words(self, index: int) -> list[tuple[int, int] | None]:
+        """Where each word of a TEXT piece's spoken text is in the input (relative to the piece), found in
+        order; None for one that is not there as written. A markup tag beside a word is not part of it."""
+        if index not in self._found:
+            piece = self.pieces[index]
+            written, cursor, found = self.text[piece.start:piece.end], 0, []
+            for start, end in word_bounds(piece.spoken):
+                word = _written(piece.spoken[start:end])  # without its punctuation, which markup may come before
+                at = written.find(word, cursor)
+                found.append(None if at < 0 else (at, at + len(word)))
+                cursor = cursor if at < 0 else at + len(word)
+            self._found[index] = found
+        return self._found[index]
 
 
 def _written(text: str) -> str:
@@ -140,8 +154,9 @@ def subtitles(words: list[CaptionWord], kind: str) -> str:
         else:
             cue.append(word)
     separator = "," if kind == "srt" else "."
+    escape = (lambda text: html.escape(text, quote=False)) if kind == "vtt" else str  # WebVTT cue text is markup
     blocks = [f"{_stamp(cue[0].start, separator)} --> {_stamp(cue[-1].end, separator)}\n"
-              f"{' '.join(word.word for word in cue)}\n" for cue in cues]
+              f"{escape(' '.join(word.word for word in cue))}\n" for cue in cues]
     if kind == "srt":
         return "\n".join(f"{number}\n{block}" for number, block in enumerate(blocks, 1))
     return "WEBVTT\n\n" + "\n".join(blocks)

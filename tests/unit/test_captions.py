@@ -73,3 +73,10 @@ def test_a_voice_that_cannot_time_its_words_is_refused_for_captions():
         assert asyncio.run(service.speak("hello", "fake-voice")).words is None  # plain speech is unchanged
     finally:
         service.stop()
+
+
+def test_markup_beside_a_word_is_not_part_of_it_and_webvtt_cues_are_escaped():
+    assert [word for word, _, _ in captions_of('Salt <b>& "pepper"</b> & <i>chips</i>.')] == [
+        "Salt", "&", "pepper", "&", "chips"]
+    vtt = subtitles([CaptionWord("<3", 0.0, 0.5, 0, 2), CaptionWord("&", 0.5, 1.0, 3, 4)], "vtt")
+    assert vtt.endswith("\n&lt;3 &amp;\n")
