@@ -22,7 +22,8 @@ VOICE = Voice("v", "fake", "en", 16000)
 def captions_of(text: str) -> list[tuple[str, float, float]]:
     """Each spoken word said for 1 s, one after another: the caption words and their times."""
     if ssml.is_ssml(text):
-        passages = tuple(Passage(spoken_parts(raw.parts, "en"), VOICE, "fake", 1.0) for raw in ssml.parse(text).passages)
+        passages = tuple(Passage(spoken_parts(raw.parts, "en"), VOICE, "fake", 1.0)
+                         for raw in ssml.parse(text).passages)
     else:
         passages = (Passage(normalize_text(text, "en"), VOICE, "fake", 1.0),)
     script = Script(passages, VOICE, "fake")
