@@ -5,6 +5,7 @@ voices, and the public ones)."""
 from __future__ import annotations
 
 import asyncio
+import html
 import logging
 import shutil
 import tempfile
@@ -22,7 +23,9 @@ from storage.request_log import RequestLogWriter
 from tts_core.access import Caller
 from tts_core.admission import MAX_SPEED, MIN_SPEED
 from tts_core.audio import encode
+from tts_core.captions import SUBTITLE_FORMATS, CaptionWord, caption_words, subtitles
 from tts_core.errors import ChorusError, InvalidRequest, StorageUnavailable
+from tts_core.scheduling import SentenceStream
 from tts_core.service import SpeechService
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,47 @@ def _prune(folder: Path, older_than_s: float) -> None:
     for path in folder.glob("*"):
         if path.stat().st_mtime < limit:
             path.unlink(missing_ok=True)
+
+
+def words_html(words: Sequence[CaptionWord], timed: bool) -> str:
+    """The caption words, each a span with when it is spoken (the highlighter reads them); escaped, as
+    they are the caller's text."""
+    if not timed:
+        return '<p class="chorus-untimed">This voice cannot time its words.</p>'
+    return " ".join(f'<span class="chorus-word" data-start="{word.start:.3f}" data-end="{word.end:.3f}">'
+                    f"{html.escape(word.word)}</span>" for word in words)
+
+
+# Installed once per page: marks the word whose [start, end) holds the speech player's time, every frame
+# while it plays (timeupdate alone fires ~4 times a second) and on each seek or timeupdate. Media events do
+# not bubble, so they are caught on the document in the capture phase, from whichever <audio> is inside
+# the player now (Gradio may make a new one for each answer).
+HIGHLIGHTER = """
+if (!window.chorusHighlighter) {
+  window.chorusHighlighter = true;
+  let current = null, frame = 0;
+  const mark = (time) => {
+    const spans = document.querySelectorAll('#speech-words .chorus-word');
+    const next = [...spans].find(span => +span.dataset.start <= time && time < +span.dataset.end) || null;
+    if (next === current) return;
+    current?.classList.remove('spoken');
+    next?.classList.add('spoken');
+    current = next;
+  };
+  const follow = (event) => {
+    const audio = event.target;
+    if (!(audio instanceof HTMLMediaElement) || !audio.closest('#speech-player')) return;
+    cancelAnimationFrame(frame);
+    mark(audio.currentTime);
+    if (!audio.paused && !audio.ended) frame = requestAnimationFrame(() => follow(event));
+  };
+  for (const type of ['play', 'playing', 'timeupdate', 'seeked', 'pause', 'ended']) {
+    document.addEventListener(type, follow, true);
+  }
+}
+"""
+WORDS_CSS = (".chorus-word.spoken { background: var(--color-accent); color: var(--button-primary-text-color); "
+             "border-radius: 2px; box-shadow: 0 0 0 2px var(--color-accent); }")  # the Synthesize button's colours
 
 
 Admit = Callable[[gr.Request], Awaitable[tuple[Caller, object]]]  # identifies and rate-limits a UI caller
@@ -61,29 +105,52 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
     metrics = service.metrics
     next_prune = 0.0
 
+    async def open_stream(text: str, voice: str, speed: float, caller: Caller) -> tuple[SentenceStream, bool]:
+        """The stream, with its words timed where the voice can time them (the scheduler knows, once the
+        voice's model is loaded: a Piper voice's phonemes decide); True if they are."""
+        try:
+            return await service.stream_pieces(text, voice, None, speed, caller, words=True), True
+        except InvalidRequest as error:
+            if error.code != "timestamps_unsupported":
+                raise
+        return await service.stream_pieces(text, voice, None, speed, caller), False
+
+    def save(data: bytes, response_format: str, words: list[CaptionWord]) -> tuple[str, list[str] | None]:
+        """The audio file, and its subtitles beside it (if its words are timed)."""
+        path = out_dir / f"chorus-{uuid.uuid4().hex[:12]}.{response_format}"
+        path.write_bytes(data)
+        if not words:
+            return str(path), None
+        for kind in SUBTITLE_FORMATS:
+            path.with_suffix(f".{kind}").write_text(subtitles(words, kind), encoding="utf-8")
+        return str(path), [str(path.with_suffix(f".{kind}")) for kind in SUBTITLE_FORMATS]
+
     async def synthesize(text: str, voice: str, speed: float, response_format: str, request: gr.Request):
-        """Plays each sentence as it is synthesized, then offers the whole text as a file."""
+        """Plays each sentence as it is synthesized, with the words said so far, then offers the whole
+        text as a file, and its subtitles."""
         nonlocal next_prune
         started, status, details, audio_s = time.perf_counter(), 200, {}, 0.0
         client = request.client.host if request and request.client else "unknown"
+        text = text or ""
         try:
             caller, _ = await admit(request)
             client = caller.identity
-            stream = await service.stream_pieces(text or "", voice, None, float(speed), caller)
-            details, pieces = {"voice": stream.voice.name}, []
-            async for piece in stream:
+            stream, timing = await open_stream(text, voice, float(speed), caller)
+            details, pieces, timed, words = {"voice": stream.voice.name}, [], [], []
+            async for piece, piece_words in stream.timed():
                 pieces.append(piece)
-                if streaming:
-                    yield await asyncio.to_thread(encode, piece, stream.sample_rate, "wav"), gr.skip()
+                timed += piece_words
+                words = caption_words(stream.script, text, timed)
+                chunk = await asyncio.to_thread(encode, piece, stream.sample_rate, "wav") if streaming else gr.skip()
+                yield chunk, words_html(words, timing), gr.skip(), gr.skip()
             audio = np.concatenate(pieces)
             audio_s = audio.size / stream.sample_rate
             data = await asyncio.to_thread(encode, audio, stream.sample_rate, response_format)
             if time.monotonic() >= next_prune:
                 next_prune = time.monotonic() + PRUNE_EVERY_S
                 await asyncio.to_thread(_prune, out_dir, KEEP_FILES_S)
-            path = out_dir / f"chorus-{uuid.uuid4().hex[:12]}.{response_format}"
-            path.write_bytes(data)
-            yield gr.skip() if streaming else str(path), str(path)
+            path, subtitle_paths = await asyncio.to_thread(save, data, response_format, words)
+            yield gr.skip() if streaming else path, gr.skip(), path, subtitle_paths
         except ChorusError as error:
             status = error.status
             raise gr.Error(error.message) from None
@@ -167,11 +234,18 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
                     speed = gr.Slider(MIN_SPEED, MAX_SPEED, value=1.0, step=0.05, label="Speed")
                     response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format")
                     button = gr.Button("Synthesize", variant="primary", elem_id="synthesize")
+            # The browser's own player, streaming or not (no waveform): an <audio> in the page, whose time the
+            # highlighter follows.
             player = gr.Audio(label="Speech", streaming=streaming, autoplay=True, interactive=False,
-                              type="filepath")
-            download = gr.File(label="The whole text, in the chosen format", interactive=False)
-            button.click(synthesize, [text, voice, speed, response_format], [player, download],
-                         api_name="synthesize", concurrency_limit=None)
+                              type="filepath", elem_id="speech-player",
+                              waveform_options=gr.WaveformOptions(show_recording_waveform=False))
+            captions = gr.HTML(elem_id="speech-words", js_on_load=HIGHLIGHTER, css_template=WORDS_CSS)
+            with gr.Row():
+                download = gr.File(label="The whole text, in the chosen format", interactive=False)
+                subtitle_files = gr.File(label="Subtitles (SubRip .srt and WebVTT .vtt)", file_count="multiple",
+                                         interactive=False)
+            button.click(synthesize, [text, voice, speed, response_format],
+                         [player, captions, download, subtitle_files], api_name="synthesize", concurrency_limit=None)
             clone_models = render_cloning(voice)
         for render_tab in extra_tabs:
             render_tab()

@@ -1,8 +1,53 @@
+import re
+from html.parser import HTMLParser
+
 import httpx
+import pytest
 from gradio_client import Client
 
+from app import create_app
 from tests.audio_check import decode
-from tests.serve import require_tools
+from tests.fakes import FakeEngine
+from tests.serve import require_tools, serve_in_thread
+from tts_core.config import Settings
+
+VOICE = "en_US-joe-medium"
+
+
+def synthesize(server: str, text: str, voice: str = VOICE, response_format: str = "wav") -> list[tuple]:
+    """Every update the synthesis tab gave: (player, words, file, subtitle files)."""
+    job = Client(f"{server}/", verbose=False).submit(text, voice, 1.0, response_format, api_name="/synthesize")
+    job.result(timeout=60)
+    return job.outputs()
+
+
+class Words(HTMLParser):
+    """The caption words of the tab's HTML, as a browser reads them: (text, start, end); and any other tag."""
+
+    def __init__(self, page: str):
+        super().__init__()
+        self.words, self.other_tags, self._open = [], [], None
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "span" and attrs.get("class") == "chorus-word":
+            self._open = ["", float(attrs["data-start"]), float(attrs["data-end"])]
+        else:
+            self.other_tags.append(tag)
+
+    def handle_data(self, data):
+        if self._open is not None:
+            self._open[0] += data
+
+    def handle_endtag(self, tag):
+        if tag == "span" and self._open is not None:
+            self.words.append(tuple(self._open))
+            self._open = None
+
+
+def last_words(updates: list[tuple]) -> Words:
+    return Words([words for _, words, _, _ in updates if isinstance(words, str)][-1])
 
 
 def test_page_loads(server):
@@ -12,14 +57,64 @@ def test_page_loads(server):
 
 def test_synthesis_streams_each_sentence_then_offers_the_whole_file(server):
     require_tools("ffmpeg", install="apt-get install ffmpeg")  # Gradio's streaming player encodes with it
-    client = Client(f"{server}/", verbose=False)
-    job = client.submit("Hello from the browser tab. A second sentence follows. And then a third one.",
-                        "en_US-joe-medium", 1.0, "wav", api_name="/synthesize")
-    job.result(timeout=60)
-    updates = job.outputs()
-    streamed = [player for player, _ in updates[:-1]]
+    updates = synthesize(server, "Hello from the browser tab. A second sentence follows. And then a third one.")
+    streamed = [player for player, *_ in updates[:-1]]
     # One update per piece: each sentence, the first one cut short so it starts sooner.
     assert len(streamed) >= 3 and all(str(chunk).endswith(".m3u8") for chunk in streamed)
-    with open(updates[-1][1], "rb") as file:
+    with open(updates[-1][2], "rb") as file:
         samples, rate = decode(file.read(), "wav")
     assert rate == 22050 and 2.5 < samples.size / rate < 9
+
+
+def test_the_words_appear_as_they_are_spoken_with_their_subtitles(server):
+    text = "Hello from the browser tab. A second sentence follows. And then a third one."
+    updates = synthesize(server, text)
+    counts = [len(Words(words).words) for _, words, _, _ in updates if isinstance(words, str)]
+    assert len(counts) >= 3 and counts == sorted(counts) and counts[0] < counts[-1]  # more with each piece
+    words = last_words(updates).words
+    assert [word for word, _, _ in words] == re.findall(r"\w+", text)
+    assert all(start < end for _, start, end in words)
+    assert all(earlier[2] <= later[1] for earlier, later in zip(words, words[1:]))
+    with open(updates[-1][2], "rb") as file:
+        samples, rate = decode(file.read(), "wav")
+    assert words[-1][2] <= samples.size / rate
+
+    assert [path.rsplit(".", 1)[1] for path in updates[-1][3]] == ["srt", "vtt"]
+    srt, vtt = (open(path, encoding="utf-8").read() for path in updates[-1][3])
+    stamp = r"(\d\d):([0-5]\d):([0-5]\d)[.,](\d{3})"
+    header, *vtt_blocks = vtt.rstrip("\n").split("\n\n")  # cues apart by a blank line, after the header
+    vtt_cues = [re.fullmatch(rf"{stamp} --> {stamp}\n(.+)", block) for block in vtt_blocks]
+    srt_cues = [re.fullmatch(rf"(\d+)\n{stamp} --> {stamp}\n(.+)", block) for block in srt.rstrip("\n").split("\n\n")]
+    assert header == "WEBVTT" and vtt_cues and all(vtt_cues) and all(srt_cues)
+    assert [cue.groups() for cue in vtt_cues] == [cue.groups()[1:] for cue in srt_cues]
+    assert [int(cue[1]) for cue in srt_cues] == list(range(1, len(srt_cues) + 1))
+    assert " ".join(cue[9] for cue in vtt_cues).split() == re.findall(r"\w+", text)
+    seconds = [int(h) * 3600 + int(m) * 60 + int(s) + int(ms) / 1000
+               for cue in vtt_cues for h, m, s, ms in (cue.groups()[0:4], cue.groups()[4:8])]
+    assert seconds == sorted(seconds) and seconds[0] == pytest.approx(words[0][1], abs=0.001)
+
+
+def test_the_callers_words_are_escaped(server):
+    updates = synthesize(server, 'Salt <b>& "pepper"</b> & <i>chips</i>.')
+    words = last_words(updates)
+    assert not words.other_tags  # no <b> or <i> made it into the page as a tag
+    assert "&" in [word for word, _, _ in words.words] and "<b>" in " ".join(word for word, _, _ in words.words)
+
+
+@pytest.fixture(scope="module")
+def fake_server(tmp_path_factory):
+    """A voice whose engine cannot time its words."""
+    settings = Settings(data_dir=tmp_path_factory.mktemp("ui-fake"), calibration_sizes=[1], model_aliases={},
+                        voice_aliases={}, default_voice="fake-voice",
+                        operator_defaults={"anonymous_tier": "enterprise"})
+    with serve_in_thread(create_app(settings, engines=[FakeEngine()])) as base:
+        yield base
+
+
+def test_a_voice_that_cannot_time_its_words_still_speaks(fake_server):
+    updates = synthesize(fake_server, "No words timed here.", voice="fake-voice")
+    _, _, path, subtitles = updates[-1]
+    with open(path, "rb") as file:
+        samples, rate = decode(file.read(), "wav")
+    assert rate == 16000 and samples.size > 0 and subtitles is None
+    assert "cannot time its words" in [words for _, words, _, _ in updates if isinstance(words, str)][-1]
