@@ -25,6 +25,7 @@ from api import build_api
 from api.access import AccessControl
 from api.connections import request_deadline_protocol
 from api.logs import redacting_handler
+from api.wyoming import WyomingServer
 from clones import stored_clones
 from jobs import JobRunner
 from storage import Storage, StorageError
@@ -64,6 +65,8 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
     monitor = Monitor(service)
     job_runner = JobRunner(storage, service, settings, lambda: service.degrade.settings)
     gate = AdminGate(settings.admin_token.get_secret_value() if settings.admin_token else None)
+    wyoming = None if settings.wyoming_port is None else WyomingServer(
+        service, access, request_log, settings.host, settings.wyoming_port, settings.wyoming_tier)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -71,8 +74,12 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
             part.start()
         await job_runner.start()
         try:
+            if wyoming is not None:
+                await wyoming.start()
             yield
         finally:
+            if wyoming is not None:
+                await wyoming.stop()
             await job_runner.stop()
             for part in (monitor, control, request_log, service):
                 part.stop()

@@ -56,6 +56,11 @@ def join(chunks: list[np.ndarray], sample_rate: int, pauses_s: list[float] | Non
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
 
 
+def pcm16(audio: np.ndarray) -> bytes:
+    """float32 audio in [-1, 1] as raw 16-bit signed little-endian samples, at its own rate."""
+    return np.rint(np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+
+
 def silence(seconds: float, sample_rate: int) -> np.ndarray:
     return np.zeros(round(seconds * sample_rate), dtype=np.float32)
 

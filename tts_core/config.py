@@ -87,6 +87,10 @@ class Settings(BaseSettings):
     upload_max_mb_per_caller_per_hour: float = Field(20.0, ge=0)  # their bytes per caller an hour
     upload_max_total_mb: float = Field(256.0, ge=0)  # uploads Gradio keeps on disk, all callers together
 
+    # Wyoming (Home Assistant, Rhasspy): off unless a port is set; it binds `host`, and has no authentication
+    wyoming_port: int | None = Field(None, ge=1, le=65535)
+    wyoming_tier: str | None = None  # the operator tier its callers get; None: the anonymous tier
+
     @field_validator("calibration_sizes", mode="before")
     @classmethod
     def _comma_separated_ints(cls, value):

@@ -36,6 +36,16 @@ def _split_after(text: str, ends: frozenset[str]) -> list[str]:
     return pieces
 
 
+def complete_sentences(text: str) -> tuple[str, str]:
+    """Text arriving in pieces cut after its last complete sentence: (the complete sentences, the rest).
+    A sentence is complete once white space follows its end ("3." may yet become "3.14"), or at a line end."""
+    cut = 0
+    for index, char in enumerate(text):
+        if char == "\n" or (char in SENTENCE_ENDS and index + 1 < len(text) and text[index + 1].isspace()):
+            cut = index + 1
+    return text[:cut], text[cut:]
+
+
 def words(text: str) -> list[str]:
     """text.split(), with each pronunciation's span one word."""
     return text.split() if OPEN not in text else [text[start:end] for start, end in word_bounds(text)]

@@ -3,7 +3,7 @@ import time
 import pytest
 
 from tts_core.frontend import NormalizationOptions, normalize_text
-from tts_core.text import TextError, ramp_up, split_chunks
+from tts_core.text import TextError, complete_sentences, ramp_up, split_chunks
 
 
 def normalize(text: str) -> str:
@@ -71,3 +71,14 @@ def test_ramp_up_starts_short_and_doubles_without_losing_or_cutting_words():
     assert all(len(chunk) <= 120 for chunk in chunks)
     assert chunks[0] == "Alpha beta gamma delta,"  # cut at the clause, not mid-word
     assert ramp_up(["Short."], 24, 120) == ["Short."]
+
+
+@pytest.mark.parametrize(("text", "cut"), [
+    ("One. Two", ("One.", " Two")),
+    ("One. Two! Three", ("One. Two!", " Three")),
+    ("It costs 3.", ("", "It costs 3.")),  # may yet be 3.14: complete once white space follows
+    ("A line\nand more", ("A line\n", "and more")),
+    ("", ("", "")),
+])
+def test_complete_sentences_cut_text_arriving_in_pieces(text, cut):
+    assert complete_sentences(text) == cut

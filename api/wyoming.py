@@ -1,0 +1,354 @@
+"""Wyoming (Home Assistant, Rhasspy): speech as the Wyoming protocol's events over TCP, served by the same
+process as the HTTP API when TTS_WYOMING_PORT is set (on TTS_HOST).
+
+    describe                  -> info: every voice, with its language and speaker
+    synthesize {text, voice}  -> audio-start, audio-chunk (as the pieces are made), audio-stop
+    synthesize-start {voice}, synthesize-chunk {text}..., synthesize-stop
+                              -> each run of complete sentences spoken as soon as it has arrived (audio-start,
+                                 audio-chunk..., audio-stop), the rest at synthesize-stop, then synthesize-stopped
+
+Inside a stream the client also sends the whole text as one `synthesize`, for servers that cannot stream
+(the protocol asks it to): it is not spoken twice. Speech goes through the service as every surface's does:
+the same queue, batcher, admission and metrics. Wyoming has no authentication: its callers are counted by
+address ("wyoming:<address>") in TTS_WYOMING_TIER (default: the anonymous tier), one rate-limit hit per
+synthesize or stream. A refusal, or an event that cannot be used, is answered with an `error` event (text,
+code) and the connection stays open; events meant for other services (Wyoming carries many) are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice, TtsVoiceSpeaker
+from wyoming.ping import Ping, Pong
+from wyoming.server import AsyncEventHandler
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
+
+from storage.request_log import RequestLogWriter
+from tts_core.access import Caller
+from tts_core.audio import pcm16
+from tts_core.errors import ChorusError, InvalidRequest, SynthesisError
+from tts_core.service import SpeechService
+from tts_core.text import complete_sentences
+
+from .access import AccessControl
+
+log = logging.getLogger(__name__)
+
+SAMPLES_PER_CHUNK = 1024  # as wyoming-piper sends them: a satellite plays each chunk as it comes
+WIDTH, CHANNELS = 2, 1  # 16-bit mono
+ATTRIBUTION = Attribution(name="Chorus", url="")
+
+
+def error_event(error: ChorusError) -> Event:
+    """The one mapping of a refusal or failure to what a Wyoming client sees."""
+    return Error(text=error.message, code=error.code).event()
+
+
+async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Event | None:
+    """The next event (None once the client has gone), read as the wyoming package reads one but bounded,
+    since anyone may connect: InvalidRequest "invalid_event" for a line that is not an event (the next
+    line may be one), "event_too_large" for data and payload over max_bytes (nothing after it can be read)."""
+    try:
+        line = await reader.readline()
+    except ValueError:  # over the reader's 64 KiB limit: asyncio has dropped it
+        raise InvalidRequest("an event's header line is longer than 64 KiB", None, "invalid_event") from None
+    if not line:
+        return None
+    try:
+        header = json.loads(line)
+        kind, data = header["type"], header.get("data") or {}
+        lengths = int(header.get("data_length") or 0), int(header.get("payload_length") or 0)
+        if not isinstance(kind, str) or not isinstance(data, dict) or min(lengths) < 0:
+            raise ValueError
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise InvalidRequest("not a Wyoming event: send a JSON line with a type", None, "invalid_event") from None
+    if sum(lengths) > max_bytes:
+        raise InvalidRequest(f"the event is larger than {max_bytes} bytes", None, "event_too_large")
+    if lengths[0]:
+        try:
+            more = json.loads(await reader.readexactly(lengths[0]))
+        except ValueError:  # not JSON, or not UTF-8
+            more = None
+        if not isinstance(more, dict):
+            raise InvalidRequest("an event's data must be a JSON object", None, "invalid_event")
+        data.update(more)
+    payload = await reader.readexactly(lengths[1]) if lengths[1] else None
+    return Event(type=kind, data=data, payload=payload)
+
+
+@dataclass
+class Request:
+    """One synthesize, or one stream from synthesize-start to synthesize-stop, as it is accounted."""
+
+    accepted_at: float = field(default_factory=time.perf_counter)
+    characters: int = 0
+    status: int = 200  # the first refusal or failure's, if any
+    voice: str | None = None
+    audio_s: float = 0.0
+
+    def failed(self, status: int) -> None:
+        if self.status == 200:
+            self.status = status
+
+
+@dataclass
+class Stream:
+    """A synthesize-start ... synthesize-stop stream: its voice and the text not yet spoken."""
+
+    voice: str | None
+    request: Request
+    refused: bool = False  # its start was refused: its text is dropped, its stop still answered
+    text: str = ""
+
+
+class WyomingServer:
+    """The Wyoming TCP server, started and stopped with the app."""
+
+    def __init__(self, service: SpeechService, access: AccessControl, request_log: RequestLogWriter | None,
+                 host: str, port: int, tier: str | None):
+        self.service, self.access, self.request_log = service, access, request_log
+        self.host, self.port, self.tier = host, port, tier
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        try:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        except OSError as error:  # the port is taken, or the address is not this machine's
+            raise RuntimeError(f"TTS_WYOMING_PORT: cannot listen on {self.host}:{self.port}: "
+                               f"{error.strerror or error}") from None
+        tier = self.caller("").tier_name
+        if self.tier not in (None, tier):
+            log.warning("TTS_WYOMING_TIER %r is not an operator tier; Wyoming callers get %r", self.tier, tier)
+        log.info("Wyoming server on tcp://%s:%d (no authentication; callers get the %r tier)",
+                 self.host, self.port, tier)
+
+    async def stop(self) -> None:
+        """Stop listening and end the connections (their queued sentences leave the queue)."""
+        if self._server is None:
+            return
+        self._server.close()
+        for task in self._connections:
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._connections.add(task)
+        try:
+            await WyomingConnection(reader, writer, self).run()
+        except asyncio.CancelledError:  # stop(): nothing awaits this task, and asyncio logs a cancelled one
+            pass
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    def caller(self, address: str) -> Caller:
+        """Looked up at each request: the operator's tiers may change while a connection is open."""
+        operator = self.access.operator()
+        name = self.tier if self.tier in operator.tiers else operator.anonymous_tier
+        return Caller(f"wyoming:{address}", name, operator.tiers[name])
+
+    def info(self, caller: Caller) -> Info:
+        voices = [TtsVoice(name=voice.name, attribution=ATTRIBUTION, installed=True, version=None,
+                           description=f"{voice.name} ({voice.model}, {voice.sample_rate} Hz)",
+                           languages=[voice.language],
+                           speakers=[TtsVoiceSpeaker(name=voice.speaker)] if voice.speaker else None)
+                  for voice in self.service.catalogue.voice_list(caller.identity)]
+        return Info(tts=[TtsProgram(name="chorus", attribution=ATTRIBUTION, installed=True, version=None,
+                                    description="Chorus text to speech", voices=voices,
+                                    supports_synthesize_streaming=True)])
+
+
+class WyomingConnection(AsyncEventHandler):
+    """One client's connection: its events in order, each answered before the next is read."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: WyomingServer):
+        super().__init__(reader, writer)
+        self.server, self.service = server, server.service
+        peer = writer.get_extra_info("peername")
+        self.address = peer[0] if peer else "unknown"
+        self.stream: Stream | None = None
+
+    async def run(self) -> None:
+        """Events until the client leaves (or sends one too large to skip); a lost client ends it quietly."""
+        try:
+            while True:
+                try:
+                    event = await read_event(self.reader, self.service.settings.max_body_bytes)
+                except InvalidRequest as unreadable:
+                    await self.write_event(error_event(unreadable))
+                    if unreadable.code == "event_too_large":
+                        break
+                    continue
+                except asyncio.IncompleteReadError:
+                    break
+                if event is None:
+                    break
+                await self.handle_event(event)
+        except ConnectionError:
+            pass
+        finally:
+            if self.stream is not None:  # left mid-stream
+                self._account(self.stream.request, 499)
+
+    async def handle_event(self, event: Event) -> bool:
+        try:
+            await self._handle(event)
+        except ChorusError as refusal:
+            await self.write_event(error_event(refusal))
+        except ConnectionError:
+            raise
+        except Exception:
+            log.exception("Wyoming event %r failed", event.type)
+            await self.write_event(error_event(SynthesisError("internal error", code="internal_error")))
+        return True
+
+    async def _handle(self, event: Event) -> None:
+        if Describe.is_type(event.type):
+            await self.write_event(self.server.info(self.server.caller(self.address)).event())
+        elif Ping.is_type(event.type):
+            await self.write_event(Pong(text=event.data.get("text")).event())
+        elif Synthesize.is_type(event.type):
+            if self.stream is None:  # inside a stream it is the stream's text again
+                await self._synthesize(event)
+        elif SynthesizeStart.is_type(event.type):
+            await self._start(event)
+        elif SynthesizeChunk.is_type(event.type):
+            await self._chunk(event)
+        elif SynthesizeStop.is_type(event.type):
+            await self._stop()
+
+    async def _synthesize(self, event: Event) -> None:
+        request = Request()
+        try:
+            text = _text(event)
+            request.characters = len(text)
+            voice = self._voice(event)
+            await self.server.access.hit(self.server.caller(self.address))
+            await self._speak(text, voice, request, "auto")  # a text that is an SSML document is read as one
+        except ChorusError as refusal:
+            request.failed(refusal.status)
+            raise
+        finally:
+            self._account(request)
+
+    async def _start(self, event: Event) -> None:
+        if self.stream is not None:  # a new stream before the last one stopped: that one is given up
+            self._account(self.stream.request, 499)
+        self.stream = Stream(None, Request())
+        try:
+            voice = self._voice(event)
+            self.service.catalogue.resolve(voice, None, self.server.caller(self.address).identity)
+            await self.server.access.hit(self.server.caller(self.address))
+        except ChorusError as refusal:
+            self.stream.refused = True
+            self.stream.request.failed(refusal.status)
+            raise
+        self.stream.voice = voice
+
+    async def _chunk(self, event: Event) -> None:
+        stream = self.stream
+        if stream is None:
+            raise InvalidRequest("synthesize-chunk outside a stream: send synthesize-start first", None,
+                                 "no_stream")
+        text = _text(event)
+        if stream.refused:
+            return
+        stream.request.characters += len(text)
+        complete, stream.text = complete_sentences(stream.text + text)
+        if len(stream.text) >= self.service.settings.max_chars:  # no sentence end in sight: speak it anyway
+            complete, stream.text = complete + stream.text, ""
+        await self._speak_in_stream(complete)
+
+    async def _stop(self) -> None:
+        stream = self.stream
+        if stream is None:
+            raise InvalidRequest("synthesize-stop outside a stream: send synthesize-start first", None, "no_stream")
+        if not stream.refused:
+            await self._speak_in_stream(stream.text)
+        self.stream = None
+        self._account(stream.request)
+        await self.write_event(SynthesizeStopped().event())
+
+    async def _speak_in_stream(self, text: str) -> None:
+        """Sentences of the stream: a refusal is answered and the stream goes on."""
+        if not text.strip():
+            return
+        try:
+            await self._speak(text, self.stream.voice, self.stream.request, "text")
+        except ChorusError as refusal:
+            self.stream.request.failed(refusal.status)
+            await self.write_event(error_event(refusal))
+
+    async def _speak(self, text: str, voice: str | None, request: Request, input_type: str) -> None:
+        """audio-start, the audio as it is made, audio-stop. Refusals raise before audio-start; a failure
+        after it is answered with an error event, and audio-stop still closes the audio."""
+        stream = await self.service.stream_pieces(text, voice, caller=self.server.caller(self.address),
+                                                  input_type=input_type)
+        rate, request.voice = stream.sample_rate, stream.voice.name
+        try:
+            await self.write_event(AudioStart(rate=rate, width=WIDTH, channels=CHANNELS).event())
+            try:
+                async for piece in stream:
+                    request.audio_s += piece.size / rate
+                    data, step = pcm16(piece), SAMPLES_PER_CHUNK * WIDTH * CHANNELS
+                    for start in range(0, len(data), step):
+                        await self.write_event(AudioChunk(rate=rate, width=WIDTH, channels=CHANNELS,
+                                                          audio=data[start:start + step]).event())
+            except ChorusError as failure:
+                request.failed(failure.status)
+                await self.write_event(error_event(failure))
+            await self.write_event(AudioStop().event())
+        except ConnectionError:
+            request.failed(499)
+            raise
+        finally:
+            stream.close()
+
+    def _voice(self, event: Event) -> str | None:
+        """The voice an event asks for: by name (a speaker is each voice's own), else the default voice if it
+        speaks the language asked for, else the first that does; None: the default voice."""
+        voice = event.data.get("voice") or {}
+        if not isinstance(voice, dict) or not all(isinstance(value, str) for value in voice.values()):
+            raise InvalidRequest(f"a {event.type} event's voice must be an object of strings", "voice",
+                                 "invalid_event")
+        if voice.get("name") or not voice.get("language"):
+            return voice.get("name") or None
+        wanted = _language(voice["language"])
+        catalogue = self.service.catalogue
+        speaking = [entry.name for entry in catalogue.voice_list(self.server.caller(self.address).identity)
+                    if _language(entry.language) == wanted or _language(entry.language).startswith(wanted + "-")]
+        if not speaking:
+            raise InvalidRequest(f"no voice speaks {voice['language']!r}", "voice", "voice_not_found")
+        return catalogue.default_voice if catalogue.default_voice in speaking else speaking[0]
+
+    def _account(self, request: Request, status: int | None = None) -> None:
+        """Metrics and the request log, as the HTTP routes get them."""
+        status = status or request.status
+        self.service.metrics.request_answered("wyoming", status, time.perf_counter() - request.accepted_at,
+                                              request.audio_s)
+        if self.server.request_log is not None:
+            self.server.request_log.record(client=f"wyoming:{self.address}", source="wyoming", status=status,
+                                           voice=request.voice, characters=request.characters)
+
+
+def _text(event: Event) -> str:
+    text = event.data.get("text")
+    if not isinstance(text, str):
+        raise InvalidRequest(f"a {event.type} event needs a text (a string)", "text", "invalid_event")
+    return text
+
+
+def _language(code: str) -> str:
+    """en_US, en-US and en-us alike."""
+    return code.replace("_", "-").lower()
