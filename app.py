@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import tempfile
@@ -68,16 +69,27 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
     wyoming = None if settings.wyoming_port is None else WyomingServer(
         service, access, request_log, settings.host, settings.wyoming_port, settings.wyoming_tier)
 
+    async def announce_ready() -> None:
+        """One line once the server serves, with where (the wait is in short spells: a stop is never held)."""
+        while not await asyncio.to_thread(service.wait_ready, 1.0):
+            pass
+        host = "localhost" if settings.host in ("0.0.0.0", "::", "") else settings.host
+        url = f"http://{host}:{settings.port}"
+        logging.getLogger("chorus").info("Chorus is ready: the UI at %s/ , the API at %s/v1 (docs at %s/docs)",
+                                         url, url, url)
+
     @asynccontextmanager
     async def lifespan(_app):
         for part in (service, request_log, control, monitor):
             part.start()
+        announcing = asyncio.create_task(announce_ready())
         await job_runner.start()
         try:
             if wyoming is not None:
                 await wyoming.start()
             yield
         finally:
+            announcing.cancel()
             if wyoming is not None:
                 await wyoming.stop()
             await job_runner.stop()

@@ -17,6 +17,7 @@ from storage import StorageError
 from tts_core.access import Caller, RateLimitState
 from tts_core.audio import FORMATS
 from tts_core.errors import ChorusError, Conflict, Gone, InvalidRequest, NotFound, SynthesisError
+from tts_core.service import check_format
 
 from .errors import invalid_input, unavailable
 from .schemas import BatchRequest, JobRequest, SpeechRequest, error_responses
@@ -64,10 +65,11 @@ def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int 
     if body.stream or body.stream_format is not None:
         raise InvalidRequest("jobs are not streamed; leave out stream and stream_format", "stream", "unsupported_value")
     normalization = body.normalization()
-    script = service.validate(body.input, body.voice_name, body.model, body.speed, caller, normalization,
-                              body.input_type)
+    check_format(body.response_format, body.sample_rate)
+    script = service.validate(body.input, body.voice_name, body.model, body.speed, caller, body.reading())
     return _runner(request).submit(caller, {"input": body.input, "voice": script.voice.name, "model": body.model,
                                             "speed": body.speed, "response_format": body.response_format,
+                                            "sample_rate": body.sample_rate,
                                             "normalization": normalization.model_dump(),
                                             "input_type": body.input_type}, priority)
 
@@ -174,7 +176,7 @@ async def _zip(request: Request, items: list[tuple[int, SpeechRequest | ChorusEr
 
     async def speak(item: SpeechRequest):
         return await service.speak(item.input, item.voice_name, item.model, item.speed, item.response_format, caller,
-                                   item.normalization(), item.input_type)
+                                   item.reading(), sample_rate=item.sample_rate)
 
     valid = [(index, item) for index, item in items if not isinstance(item, ChorusError)]
     spoken = await until_disconnect(request, asyncio.gather(*(speak(item) for _, item in valid),

@@ -6,8 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints
 
-from tts_core.audio import FORMATS
+from tts_core.audio import FORMATS, MAX_RATE, MIN_RATE
 from tts_core.frontend import NormalizationOptions, requested
+from tts_core.script import Reading
 
 ResponseFormat = Literal[tuple(FORMATS)]  # type: ignore[valid-type]
 
@@ -33,8 +34,11 @@ class SpeechRequest(BaseModel):
 
     model: str = Field(min_length=1, max_length=128, description="A model id or alias (see /v1/models)")
     input: str = Field(min_length=1, description="The text to speak")
-    voice: VoiceName | VoiceRef = Field(description="A voice name or alias (see /v1/audio/voices)")
+    voice: VoiceName | VoiceRef | None = Field(
+        None, description="A voice name or alias (see /v1/audio/voices); none: the one for `language`, or the default")
     response_format: ResponseFormat = "mp3"
+    sample_rate: int | None = Field(None, ge=MIN_RATE, le=MAX_RATE, description="resample the answer to this rate "
+                                    "(Hz); default: the format's (pcm, opus: 24000) or else the voice's")
     speed: float = Field(1.0, ge=0.25, le=4.0)
     instructions: str | None = Field(None, max_length=4096,
                                      description="Accepted for compatibility; Piper voices ignore it")
@@ -49,12 +53,19 @@ class SpeechRequest(BaseModel):
         "auto", description="'ssml': the input is SSML (<speak>...</speak>); 'text': plain text or markdown; "
                             "'auto': SSML if the input starts with <speak>")
 
+    language: str | None = Field(None, min_length=2, max_length=35, pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$",
+                                 description="BCP 47 or ISO 639 (en, en-US, fr): with no voice, picks one that "
+                                             "speaks it; with a voice of another language, a 400")
+
     @property
-    def voice_name(self) -> str:
-        return self.voice if isinstance(self.voice, str) else self.voice.id
+    def voice_name(self) -> str | None:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
 
     def normalization(self) -> NormalizationOptions:
         return requested(self.normalization_options, self.normalize)
+
+    def reading(self) -> Reading:
+        return Reading(self.normalization(), self.input_type, self.language)
 
 
 class CaptionedSpeechRequest(SpeechRequest):
@@ -94,6 +105,7 @@ class SocketMessage(BaseModel):
     model: str | None = Field(None, min_length=1, max_length=128)
     speed: float | None = Field(None, ge=0.25, le=4.0)
     response_format: ResponseFormat | None = None
+    sample_rate: int | None = Field(None, ge=MIN_RATE, le=MAX_RATE)
     normalize: bool | None = None
     normalization_options: NormalizationOptions | None = None
     flush: bool = Field(True, description="speak the buffered text now")

@@ -104,17 +104,17 @@ async def create_speech(body: SpeechRequest, request: Request,
     request.state.speech["characters"] = len(body.input)
     if body.stream or body.stream_format is not None:
         stream = await service.speak_stream(body.input, body.voice_name, body.model, body.speed,
-                                            body.response_format, caller, body.normalization(), body.input_type)
+                                            body.response_format, caller, body.reading(), sample_rate=body.sample_rate)
         headers = {"X-Chorus-Voice": stream.voice.name, **(limit.headers() if limit else {})}
         request.state.speech["voice"] = stream.voice.name
-        chunks = audio_bytes(stream.encoded(body.response_format), request.state.speech)
+        chunks = audio_bytes(stream.encoded(body.response_format, body.sample_rate), request.state.speech)
         if body.stream_format == "sse":
             return StreamingResponse(server_sent_events(chunks, request.state.speech), media_type="text/event-stream",
                                      headers=headers)
         return StreamingResponse(chunks, media_type=FORMATS[body.response_format].content_type, headers=headers)
     spoken = await until_disconnect(request, service.speak(
-        body.input, body.voice_name, body.model, body.speed, body.response_format, caller, body.normalization(),
-        body.input_type))
+        body.input, body.voice_name, body.model, body.speed, body.response_format, caller, body.reading(),
+        sample_rate=body.sample_rate))
     request.state.speech.update(voice=spoken.voice, audio_s=spoken.duration_s, **asdict(spoken.timings))
     headers = {"X-Chorus-Voice": spoken.voice, "X-Chorus-Audio-Duration": f"{spoken.duration_s:.3f}",
                "X-Chorus-Cache": spoken.cache}
@@ -156,19 +156,19 @@ async def _captioned(body: CaptionedSpeechRequest, request: Request, caller: Cal
             raise InvalidRequest("subtitles are made of the whole audio: send stream false for srt or vtt",
                                  "timestamps_format", "unsupported_value")
         stream = await service.speak_stream(body.input, body.voice_name, body.model, body.speed, body.response_format,
-                                            caller, body.normalization(), body.input_type, words=True)
+                                            caller, body.reading(), words=True, sample_rate=body.sample_rate)
         request.state.speech["voice"] = stream.voice.name
 
         async def lines() -> AsyncIterator[str]:
-            async for data, seconds, timed in stream.encoded(body.response_format):
+            async for data, seconds, timed in stream.encoded(body.response_format, body.sample_rate):
                 request.state.speech["audio_s"] = request.state.speech.get("audio_s", 0.0) + seconds
                 words = caption_words(stream.script, body.input, timed)
                 if data or words:
                     yield json.dumps(_answer(data, body.response_format, words, kokoro)) + "\n"
         return StreamingResponse(lines(), media_type=NDJSON, headers={"X-Chorus-Voice": stream.voice.name, **headers})
     spoken: SpokenAudio = await until_disconnect(request, service.speak(
-        body.input, body.voice_name, body.model, body.speed, body.response_format, caller, body.normalization(),
-        body.input_type, words=True))
+        body.input, body.voice_name, body.model, body.speed, body.response_format, caller, body.reading(),
+        words=True, sample_rate=body.sample_rate))
     request.state.speech.update(voice=spoken.voice, audio_s=spoken.duration_s, **asdict(spoken.timings))
     headers |= {"X-Chorus-Voice": spoken.voice, "X-Chorus-Audio-Duration": f"{spoken.duration_s:.3f}"}
     words = list(spoken.words or ())

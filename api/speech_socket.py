@@ -29,7 +29,8 @@ from tts_core.access import Caller
 from tts_core.audio import FORMATS
 from tts_core.errors import ChorusError, InvalidRequest, SynthesisError
 from tts_core.frontend import NormalizationOptions, requested
-from tts_core.service import SentenceStream, SpeechService, check_streamable
+from tts_core.script import Reading
+from tts_core.service import SentenceStream, SpeechService, check_format
 
 from .errors import invalid_input
 from .schemas import SocketMessage
@@ -48,13 +49,15 @@ class Session:
     model: str | None = None
     speed: float = 1.0
     response_format: str = "pcm"
+    sample_rate: int | None = None  # None: the format's own (pcm: 24 kHz), else the voice's
     normalize: bool = True
     normalization_options: NormalizationOptions | None = None
     buffer: list[str] = field(default_factory=list)
 
     def apply(self, message: SocketMessage) -> str | None:
         """Take a message's settings and text; returns the text to speak now, if it says flush."""
-        for name in ("voice", "model", "speed", "response_format", "normalize", "normalization_options"):
+        for name in ("voice", "model", "speed", "response_format", "sample_rate", "normalize",
+                     "normalization_options"):
             if (value := getattr(message, name)) is not None:
                 setattr(self, name, value)
         if message.text:
@@ -77,6 +80,7 @@ class Utterance:
     id: int
     stream: SentenceStream
     response_format: str
+    sample_rate: int | None
     accepted_at: float
     characters: int
 
@@ -174,7 +178,7 @@ class SpeechConnection:
         """Settings from the query string (browsers cannot send headers); its text is spoken at once."""
         query = self.socket.query_params
         first = {name: query[name] for name in ("text", "input", "voice", "model", "speed", "response_format",
-                                                "normalize") if name in query}
+                                                "sample_rate", "normalize") if name in query}
         if not first:
             return None
         first["flush"] = "text" in first or "input" in first
@@ -204,8 +208,9 @@ class SpeechConnection:
             return await self._refuse(InvalidRequest(
                 f"buffered text would exceed {max_chars} characters; flush first", "text", "string_above_max_length"))
         try:  # a format, voice or model that cannot serve is refused before it becomes the session's
-            if message.response_format is not None:
-                check_streamable(message.response_format)
+            if message.response_format is not None or message.sample_rate is not None:
+                check_format(message.response_format or session.response_format,
+                             message.sample_rate or session.sample_rate, streamed=True)
             self.service.catalogue.resolve(message.voice or session.voice, message.model or session.model,
                                            self.caller.identity)
         except ChorusError as error:
@@ -218,12 +223,13 @@ class SpeechConnection:
             await self.access.hit(self.caller)
             # the buffer is cut at sentences as text arrives, so it is plain text (an SSML document may be cut)
             stream = await self.service.stream_pieces(text, session.voice, session.model, session.speed, self.caller,
-                                                      session.normalization(), "text")
+                                                      Reading(session.normalization(), "text"))
         except ChorusError as refusal:
             self._account(refusal.status, accepted_at, len(text))
             return await self._refuse(refusal, utterance_id)
         self.speaking += 1
-        await self.pending.put(Utterance(utterance_id, stream, session.response_format, accepted_at, len(text)))
+        await self.pending.put(Utterance(utterance_id, stream, session.response_format, session.sample_rate,
+                                         accepted_at, len(text)))
 
     async def _write(self) -> None:
         """Send the queued utterances, one after the other, each as it is synthesized."""
@@ -237,14 +243,14 @@ class SpeechConnection:
 
     async def _send(self, utterance: Utterance) -> None:
         stream, status, audio_s = utterance.stream, 499, 0.0  # 499 unless it ends: the client left first
-        output_rate = FORMATS[utterance.response_format].sample_rate or stream.sample_rate
+        output_rate = FORMATS[utterance.response_format].rate(stream.sample_rate, utterance.sample_rate)
         socket = self.socket
         try:
             await socket.send_json({"type": "started", "id": utterance.id, "voice": stream.voice.name,
                                     "response_format": utterance.response_format, "sample_rate": output_rate,
                                     "sentences": len(stream.items)})
             sentence = 0
-            async for data, seconds, _ in stream.encoded(utterance.response_format):
+            async for data, seconds, _ in stream.encoded(utterance.response_format, utterance.sample_rate):
                 if data:
                     await socket.send_bytes(data)
                 if seconds:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -54,8 +54,11 @@ async def health() -> dict:
 
 
 @router.get("/ready", tags=["probes"], responses={503: {"description": "Warming up"}})
-async def ready(request: Request):
-    if _service(request).ready:
+async def ready(request: Request, calibrated: bool = Query(
+        False, description="true: 200 only once the batchers' calibration sweeps have run too (benchmarks)")):
+    """200 once the server serves: warmed up. The calibration sweep runs after, between the first requests."""
+    service = _service(request)
+    if service.ready and (service.calibrated or not calibrated):
         return {"status": "ready"}
     return JSONResponse({"status": "warming_up"}, status_code=503, headers={"Retry-After": "2"})
 

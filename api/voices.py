@@ -7,10 +7,9 @@ from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, Respon
 
 from clones import VoiceClones
 from tts_core.access import Caller, RateLimitState
-from tts_core.catalogue import Catalogue
+from tts_core.catalogue import Catalogue, speaks
 from tts_core.engines import Voice
 from tts_core.errors import Unauthorized
-from tts_core.lexicon import language_code
 
 from .schemas import VoiceName, error_responses
 from .speech import admitted
@@ -45,13 +44,6 @@ def voice_entry(voice: Voice, engine: str, catalogue: Catalogue, aliases: list[s
         if clone.owner == caller:  # others are not told who made a public voice
             entry["owner"] = clone.owner
     return entry
-
-
-def speaks(voice: Voice, language: str) -> bool:
-    """A voice speaks "en" if its language is English of any region; "en-US" only if it is US English."""
-    wanted = language.replace("-", "_").lower()
-    return voice.language.replace("-", "_").lower() == wanted or (
-        "_" not in wanted and language_code(voice.language) == wanted)
 
 
 @router.get("/v1/audio/voices", tags=["catalogue"], responses=error_responses(401))

@@ -35,6 +35,7 @@ from storage.request_log import RequestLogWriter
 from tts_core.access import Caller
 from tts_core.audio import pcm16
 from tts_core.errors import ChorusError, InvalidRequest, SynthesisError
+from tts_core.script import Reading
 from tts_core.service import SpeechService
 from tts_core.text import complete_sentences
 
@@ -294,7 +295,7 @@ class WyomingConnection(AsyncEventHandler):
         """audio-start, the audio as it is made, audio-stop. Refusals raise before audio-start; a failure
         after it is answered with an error event, and audio-stop still closes the audio."""
         stream = await self.service.stream_pieces(text, voice, caller=self.server.caller(self.address),
-                                                  input_type=input_type)
+                                                  reading=Reading(input_type=input_type))
         rate, request.voice = stream.sample_rate, stream.voice.name
         try:
             await self.write_event(AudioStart(rate=rate, width=WIDTH, channels=CHANNELS).event())
@@ -317,20 +318,16 @@ class WyomingConnection(AsyncEventHandler):
 
     def _voice(self, event: Event) -> str | None:
         """The voice an event asks for: by name (a speaker is each voice's own), else the default voice if it
-        speaks the language asked for, else the first that does; None: the default voice."""
+        speaks the language asked for, else the first that does (the catalogue's voice for a language); None: the
+        default voice."""
         voice = event.data.get("voice") or {}
         if not isinstance(voice, dict) or not all(isinstance(value, str) for value in voice.values()):
             raise InvalidRequest(f"a {event.type} event's voice must be an object of strings", "voice",
                                  "invalid_event")
         if voice.get("name") or not voice.get("language"):
             return voice.get("name") or None
-        wanted = _language(voice["language"])
-        catalogue = self.service.catalogue
-        speaking = [entry.name for entry in catalogue.voice_list(self.server.caller(self.address).identity)
-                    if _language(entry.language) == wanted or _language(entry.language).startswith(wanted + "-")]
-        if not speaking:
-            raise InvalidRequest(f"no voice speaks {voice['language']!r}", "voice", "voice_not_found")
-        return catalogue.default_voice if catalogue.default_voice in speaking else speaking[0]
+        caller = self.server.caller(self.address).identity
+        return self.service.catalogue.voice_for_language(voice["language"], None, caller)[0].name
 
     def _account(self, request: Request, status: int | None = None) -> None:
         """Metrics and the request log, as the HTTP routes get them."""
@@ -347,8 +344,3 @@ def _text(event: Event) -> str:
     if not isinstance(text, str):
         raise InvalidRequest(f"a {event.type} event needs a text (a string)", "text", "invalid_event")
     return text
-
-
-def _language(code: str) -> str:
-    """en_US, en-US and en-us alike."""
-    return code.replace("_", "-").lower()

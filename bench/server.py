@@ -71,7 +71,8 @@ def _start(command: list[str], env: dict, port: int, data_dir: Path, ready_timeo
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{log_path.read_text()}")
         try:
-            if httpx.get(f"{server.base_url}/ready", timeout=2).status_code == 200:
+            # calibrated: measurements (and tests of batching) start with the batchers' sweeps done
+            if httpx.get(f"{server.base_url}/ready?calibrated=true", timeout=2).status_code == 200:
                 return server
         except httpx.HTTPError:
             pass

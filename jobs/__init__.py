@@ -31,6 +31,7 @@ from tts_core.config import Settings
 from tts_core.degrade import OperatorSettings
 from tts_core.errors import ChorusError, Overloaded
 from tts_core.frontend import NormalizationOptions
+from tts_core.script import Reading
 from tts_core.service import SpeechService, SpokenAudio
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,8 @@ class JobRunner:
         normalization = NormalizationOptions(**request.get("normalization", {"normalize": False}))
         return await self.service.speak(request["input"], request["voice"], request.get("model"),
                                         request.get("speed", 1.0), request["response_format"], self._caller(job),
-                                        normalization, request.get("input_type", "auto"))
+                                        Reading(normalization, request.get("input_type", "auto")),
+                                        sample_rate=request.get("sample_rate"))
 
     # --- one attempt -------------------------------------------------------------------------------
 

@@ -20,8 +20,9 @@ class FakeEngine(Engine):
     token, filled with the item's first token so a test can tell whose audio it got."""
 
     def __init__(self, cost: Callable[[int, int], float] = lambda size, padded: 0.0,
-                 sample_rate: int = 16000, name: str = "fake"):
+                 sample_rate: int = 16000, name: str = "fake", voice: str = "fake-voice", language: str = "en"):
         self.name = name
+        self.voice, self.language = voice, language
         self.sample_rate = sample_rate
         self.cost = cost
         self.seen: list[list[int]] = []  # first token of each item, per call
@@ -30,7 +31,7 @@ class FakeEngine(Engine):
         self.calls_started = threading.Semaphore(0)
 
     def voices(self) -> list[Voice]:
-        return [Voice("fake-voice", "fake", "en", self.sample_rate)]
+        return [Voice(self.voice, "fake", self.language, self.sample_rate)]
 
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
         return [np.full(len(sentence), 7, dtype=np.int64) for sentence in text.split("|") if sentence]

@@ -18,7 +18,7 @@ from bench.server import free_port
 
 
 @contextmanager
-def serve_in_thread(app, ready_path: str = "/ready"):
+def serve_in_thread(app, ready_path: str = "/ready?calibrated=true"):
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            proxy_headers=False))

@@ -34,6 +34,10 @@ class Tier(BaseModel):
 
 
 DEFAULT_TIERS = {
+    # what a fresh server gives callers without a key: one person's use (a script of requests, Open WebUI reading
+    # a long answer a sentence per request); a public server sets its anonymous tier to "free"
+    "personal": Tier(rate_limit="300/minute", priority=0, max_chars=5000, sheddable=True, max_queue_share=0.8,
+                     request_timeout_s=120.0),
     "free": Tier(rate_limit="10/minute", priority=0, max_chars=1000, sheddable=True, max_queue_share=0.5,
                  request_timeout_s=60.0),
     "pro": Tier(rate_limit="120/minute", priority=1, max_chars=5000, sheddable=False, max_queue_share=0.8,

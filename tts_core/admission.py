@@ -9,7 +9,7 @@ a request would have in the queue is checked where it is queued (tts_core.schedu
 from __future__ import annotations
 
 from .access import Caller, Tier
-from .catalogue import Catalogue
+from .catalogue import Catalogue, speaks
 from .config import Settings
 from .degrade import DegradeController
 from .engines import Voice
@@ -17,11 +17,10 @@ from .errors import InvalidRequest, Overloaded
 from .frontend import NormalizationOptions, normalize_text, spoken_parts, ssml
 from .lexicon import Lexicon
 from .metrics import Metrics
-from .script import Passage, Script
+from .script import Passage, Reading, Script
 from .text import TextError
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
-INPUT_TYPES = ("auto", "text", "ssml")  # auto: SSML if the input starts as an SSML document
 
 
 class Admission:
@@ -33,21 +32,21 @@ class Admission:
         self.lexicon = Lexicon()
 
     def validate(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
-                 caller: Caller | None, normalization: NormalizationOptions = NormalizationOptions(),
-                 input_type: str = "auto") -> Script:
+                 caller: Caller | None, reading: Reading = Reading()) -> Script:
         """What to say (the front end's text for each voice's language, with its map back to the input),
         in which voices, at what speeds."""
-        voice_info, model_name = catalogue.resolve(voice, model, caller.identity if caller else None)
+        voice_info, model_name = _voice(catalogue, voice, model, caller, reading.language)
         _check_speed(voice_info, speed, "speed")
         limit = self.settings.max_chars
         if len(text) > limit:  # checked before the front end, whose work grows with the length
             raise InvalidRequest(f"input is {len(text)} characters long; the limit is {limit}", "input",
                                  "string_above_max_length")
         try:
-            if input_type == "ssml" or (input_type == "auto" and ssml.is_ssml(text)):
-                script = self._ssml_script(catalogue, text, voice_info, model_name, speed, caller, normalization)
+            if reading.input_type == "ssml" or (reading.input_type == "auto" and ssml.is_ssml(text)):
+                script = self._ssml_script(catalogue, text, voice_info, model_name, speed, caller,
+                                           reading.normalization)
             else:
-                spoken = normalize_text(text, voice_info.language, normalization, self.lexicon)
+                spoken = normalize_text(text, voice_info.language, reading.normalization, self.lexicon)
                 script = Script.plain(spoken, voice_info, model_name, speed)
         except TextError as error:
             raise InvalidRequest(str(error), "input", getattr(error, "code", None)) from None
@@ -86,8 +85,7 @@ class Admission:
         return Script(tuple(passages), voice_info, model_name, parsed.pause_after_s + (carried or 0))
 
     def admit(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
-              caller: Caller | None, normalization: NormalizationOptions = NormalizationOptions(),
-              input_type: str = "auto") -> Script:
+              caller: Caller | None, reading: Reading = Reading()) -> Script:
         """validate(), and the degrade actions that refuse work up front."""
         state, settings = self.degrade.state, self.degrade.settings
         tier = caller.tier if caller else Tier()
@@ -96,7 +94,7 @@ class Admission:
             retry = max(5, round(settings.exit_hold_s))  # the mode lasts at least that long once calm
             raise Overloaded("the server is under heavy load and is serving higher priorities only; "
                              f"retry after {retry} s", retry, "shed_low_priority")
-        script = self.validate(catalogue, text, voice, model, speed, caller, normalization, input_type)
+        script = self.validate(catalogue, text, voice, model, speed, caller, reading)
         if "cap_text" in state.actions and len(text) > settings.cap_text_chars:
             self.metrics.degrade_actions.labels("cap_text").inc()
             raise InvalidRequest(f"the server is under heavy load: texts are limited to "
@@ -107,6 +105,20 @@ class Admission:
     def max_wait_s(self) -> float:
         """The longest predicted queue wait a request is accepted with (operator setting)."""
         return self.degrade.settings.queue_wait_target_s
+
+
+def _voice(catalogue: Catalogue, voice: str | None, model: str | None, caller: Caller | None,
+           language: str | None) -> tuple[Voice, str]:
+    """The request's voice and its model's name: the one it names (which must speak its language, if it
+    names one too), else the one for its language, else the default."""
+    identity = caller.identity if caller else None
+    if voice is None and language:
+        return catalogue.voice_for_language(language, model, identity)
+    voice_info, model_name = catalogue.resolve(voice, model, identity)
+    if language and not speaks(voice_info, language):
+        raise InvalidRequest(f"voice {voice_info.name!r} speaks {voice_info.language}, not {language}; leave out "
+                             "the voice to get one that does", "language", "language_mismatch")
+    return voice_info, model_name
 
 
 def _check_speed(voice: Voice, speed: float, param: str, where: str = "") -> None:

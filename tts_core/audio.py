@@ -8,6 +8,9 @@ from dataclasses import dataclass
 import av
 import numpy as np
 
+MIN_RATE, MAX_RATE = 8000, 48000  # what a request may ask for
+_MPEG_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
+
 
 @dataclass(frozen=True)
 class AudioFormat:
@@ -15,12 +18,17 @@ class AudioFormat:
     codec: str
     content_type: str
     sample_rate: int | None = None  # None: keep the engine's rate
+    rates: tuple[int, ...] | None = None  # the rates the codec takes; None: any
+
+    def rate(self, engine_rate: int, asked: int | None = None) -> int:
+        """The rate to encode at: the one asked for (resampled to), else the format's own, else the engine's."""
+        return asked or self.sample_rate or engine_rate
 
 
 FORMATS: dict[str, AudioFormat] = {
-    "mp3": AudioFormat("mp3", "libmp3lame", "audio/mpeg"),
-    "opus": AudioFormat("ogg", "libopus", "audio/ogg", 24000),  # Opus runs at 8/12/16/24/48 kHz
-    "aac": AudioFormat("adts", "aac", "audio/aac"),
+    "mp3": AudioFormat("mp3", "libmp3lame", "audio/mpeg", rates=_MPEG_RATES),
+    "opus": AudioFormat("ogg", "libopus", "audio/ogg", 24000, (8000, 12000, 16000, 24000, 48000)),
+    "aac": AudioFormat("adts", "aac", "audio/aac", rates=_MPEG_RATES),
     "flac": AudioFormat("flac", "flac", "audio/flac"),
     "wav": AudioFormat("wav", "pcm_s16le", "audio/wav"),
     # What OpenAI documents for pcm: 24 kHz, 16-bit signed little-endian, mono, no header.
@@ -31,15 +39,26 @@ JOIN_PAUSE_S = 0.12
 EDGE_FADE_S = 0.005
 
 
-def encode(audio: np.ndarray, sample_rate: int, format_name: str) -> bytes:
-    """Encode float32 mono audio in [-1, 1]; PyAV resamples to what the codec needs."""
+def unsupported_rate(format_name: str, rate: int | None) -> str | None:
+    """Why a format cannot be encoded at a rate a request asks for (None: it can)."""
+    allowed = FORMATS[format_name].rates
+    if rate is None or (MIN_RATE <= rate <= MAX_RATE and (allowed is None or rate in allowed)):
+        return None
+    if allowed is None:
+        return f"sample_rate must be between {MIN_RATE} and {MAX_RATE}"
+    return f"{format_name} takes a sample_rate of {', '.join(map(str, allowed))}"
+
+
+def encode(audio: np.ndarray, sample_rate: int, format_name: str, out_rate: int | None = None) -> bytes:
+    """Encode float32 mono audio in [-1, 1] at out_rate (or the format's rate, or sample_rate); PyAV's
+    resampler converts."""
     spec = FORMATS[format_name]
     buffer = io.BytesIO()
     frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(audio, dtype=np.float32)[None, :],
                                        format="flt", layout="mono")
     frame.sample_rate = sample_rate
     with av.open(buffer, "w", format=spec.container) as container:
-        stream = container.add_stream(spec.codec, rate=spec.sample_rate or sample_rate, layout="mono")
+        stream = container.add_stream(spec.codec, rate=spec.rate(sample_rate, out_rate), layout="mono")
         for packet in stream.encode(frame if audio.size else None):
             container.mux(packet)
         for packet in stream.encode(None):
@@ -87,13 +106,15 @@ class StreamEncoder:
     drained and returned. WAV goes out with an unknown-size header, as streaming players expect.
     """
 
-    def __init__(self, format_name: str, sample_rate: int):
+    def __init__(self, format_name: str, sample_rate: int, out_rate: int | None = None):
+        """out_rate: the rate asked for. The codec keeps one resampler for the whole stream, so pieces
+        join as one resampled signal (no edge effects at their joins)."""
         if format_name not in STREAMABLE:
             raise ValueError(f"{format_name} cannot be streamed")
         self.format_name = format_name
         self._spec = FORMATS["pcm" if format_name == "wav" else format_name]
         self._rate = sample_rate
-        self._out_rate = sample_rate if format_name == "wav" else (self._spec.sample_rate or sample_rate)
+        self._out_rate = FORMATS[format_name].rate(sample_rate, out_rate)
         self._buffer = io.BytesIO()
         # The MP3 muxer would seek back at the end to fill in a Xing header: not in a stream.
         # Ogg pages are cut every 100 ms rather than every second, so the first audio leaves early.

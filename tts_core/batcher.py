@@ -9,6 +9,7 @@ thread with `run_on_engine`, and runs at the top of a loop turn: never beside a 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -52,7 +53,8 @@ class Batcher:
         self.queue = queue
         self.metrics = metrics
         self.calibration_sizes = [s for s in calibration_sizes if 1 <= s <= policy.max_batch_size]
-        self.ready = threading.Event()
+        self.ready = threading.Event()  # serving: warmed up, the wait predictions seeded
+        self.calibrated = threading.Event()  # the calibration sweep has run (between requests, once ready)
         self._candidate_limit = 2 * policy.max_batch_size
         self.item_cost = ItemCost()  # engine time per item as batches run now, for the queue's predictions
         self.audio_s_per_token = 0.0  # moving estimate of audio produced per input token (at speed 1)
@@ -112,8 +114,9 @@ class Batcher:
     # --- the engine thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
+        sweep: deque[Callable[[], None]] = deque()
         try:
-            self.warm_up()
+            sweep.extend(self.warm_up())
         except Exception:
             log.exception("warm-up of %s failed; serving without calibration", self.engine.name)
         finally:
@@ -122,6 +125,11 @@ class Batcher:
         while not self.queue.closed:
             try:
                 self._run_errands()
+                if sweep and self._idle():  # one point of the sweep, then the queue is looked at again
+                    self._calibrate_next(sweep)
+                    continue
+                if not sweep:
+                    self._calibrated()
                 self.step()
             except Exception:  # the loop must outlive any bug in one dispatch
                 log.exception("batcher %s: dispatch failed", self.engine.name)
@@ -151,11 +159,30 @@ class Batcher:
             except Exception as error:  # the caller's to handle, on its Future
                 future.set_exception(error)
 
+    def _calibrate_next(self, sweep: deque[Callable[[], None]]) -> None:
+        try:
+            sweep.popleft()()
+        except Exception:
+            sweep.clear()
+            log.exception("calibration of %s failed; serving with what it measured", self.engine.name)
+        if not sweep:
+            self._calibrated()
+
+    def _calibrated(self) -> None:
+        if not self.calibrated.is_set():
+            self.calibrated.set()
+            log.info("%s is calibrated: %s", self.engine.name, json.dumps(self.policy.describe(), default=float))
+
+    def _idle(self) -> bool:
+        """Nothing queued (or running): a calibration point may use the engine."""
+        return not len(self.queue)
+
     def _stopped(self) -> None:
         """The queue has closed and the loop ends: whatever is still running ends too (stepped engines)."""
 
-    def warm_up(self) -> None:
-        """One untimed run, then (for a learning policy) the calibration sweep."""
+    def warm_up(self) -> list[Callable[[], None]]:
+        """One untimed run and the wait predictions' seed; returns the calibration sweep (for a learning
+        policy), whose points run one at a time while nothing is queued, so the server serves at once."""
         voice = self.engine.voices()[0].name
         tokens = np.concatenate(self.engine.tokenize(CALIBRATION_TEXT, voice))
         key = self.engine.batch_key(voice, 1.0)
@@ -173,14 +200,15 @@ class Batcher:
         for length in CALIBRATION_LENGTHS:  # seed the wait predictions
             self.item_cost.add(1, length, timed(1, length))
         self.engine.measure_memory(tokens[: CALIBRATION_LENGTHS[-1]])
-        if not self.policy.learns:
-            return
-        for length in CALIBRATION_LENGTHS:
-            for size in self.calibration_sizes:
-                # the faster of two runs: others' work on the cores only ever adds time
-                seconds = min(timed(size, length), timed(size, length))
-                self.policy.observe(size, size * length, seconds, calibration=True)
-        log.info("%s calibrated: %s", self.engine.name, self.policy.describe())
+
+        def point(size: int, length: int) -> Callable[[], None]:
+            def measure() -> None:  # the faster of two runs: others' work on the cores only ever adds time
+                self.policy.observe(size, size * length, min(timed(size, length), timed(size, length)),
+                                    calibration=True)
+            return measure
+
+        return [point(size, length) for length in CALIBRATION_LENGTHS for size in self.calibration_sizes
+                ] if self.policy.learns else []
 
     def step(self) -> None:
         """One dispatch: plan a batch from the queue and run it (or wait, as the policy says)."""

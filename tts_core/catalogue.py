@@ -19,6 +19,7 @@ from .cloning import ClonedVoice
 from .config import Settings
 from .engines import ModelSpec, Voice
 from .errors import InvalidRequest
+from .lexicon import language_code
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ class Catalogue:
     voice_aliases: dict[str, str]
     default_voice: str
     clones: dict[str, ClonedVoice] = field(default_factory=dict)  # the cloned voices among `voices`
+    language_voices: dict[str, str] = field(default_factory=dict)  # a language's voice, when a request names none
 
     @classmethod
     def build(cls, specs: Iterable[ModelSpec], settings: Settings,
@@ -48,7 +50,8 @@ class Catalogue:
         voices.update({name: (voice, clone.model) for name, (voice, clone) in listed.items()})
         return cls(voices, models, _valid_aliases(settings.model_aliases, set(models), "model"),
                    _valid_aliases(settings.voice_aliases, set(voices), "voice"), default,
-                   {name: clone for name, (_, clone) in listed.items()})
+                   {name: clone for name, (_, clone) in listed.items()},
+                   _valid_aliases(settings.language_voices, set(voices), "language voice"))
 
     def visible(self, name: str, caller: str | None) -> bool:
         """Whether the caller ("key:<id>", "ip:<address>"; None: nobody in particular) may see and use the
@@ -88,6 +91,31 @@ class Catalogue:
         model_id = self.resolve_model(model) if model is not None else None
         return self.resolve_voice(voice or self.default_voice, None if model in self.model_aliases else model_id,
                                   caller)
+
+
+    def voice_for_language(self, language: str, model: str | None = None, caller: str | None = None
+                           ) -> tuple[Voice, str]:
+        """The voice for a request that names a language and no voice: the operator's for that language
+        (TTS_LANGUAGE_VOICES), else the default voice if it speaks it, else the first that does (of the
+        model asked for, if it names one of ours)."""
+        model_id = self.resolve_model(model) if model is not None else None
+        family = None if model in self.model_aliases else model_id
+        wanted = [self.language_voices.get(language), self.language_voices.get(language_code(language)),
+                  self.default_voice, *(voice.name for voice in self.voice_list(caller))]
+        for name in wanted:
+            entry = self.voices.get(name) if name and self.visible(name, caller) else None
+            if entry is not None and speaks(entry[0], language) and family in (None, entry[0].model):
+                return entry
+        offered = sorted({voice.language for voice in self.voice_list(caller)})
+        raise InvalidRequest(f"no voice speaks {language!r}; the languages offered are {', '.join(offered)}",
+                             "language", "unsupported_language")
+
+
+def speaks(voice: Voice, language: str) -> bool:
+    """A voice speaks "en" if its language is English of any region; "en-US" only if it is US English."""
+    wanted = language.replace("-", "_").lower()
+    return voice.language.replace("-", "_").lower() == wanted or (
+        "_" not in wanted and language_code(voice.language) == wanted)
 
 
 def _cloned(specs: list[ModelSpec], clones: Mapping[str, ClonedVoice], taken: set[str]

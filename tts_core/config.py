@@ -78,6 +78,7 @@ class Settings(BaseSettings):
     max_cloned_voices_per_caller: int = Field(20, ge=0)  # cloned voices one caller may keep; 0: no limit
     model_aliases: dict[str, str] = {name: "piper" for name in OPENAI_MODEL_NAMES}
     voice_aliases: dict[str, str] = {name: DEFAULT_VOICE for name in OPENAI_VOICE_NAMES}
+    language_voices: dict[str, str] = {}  # a request's language with no voice -> the voice to use ("fr": "mms-fra")
 
     # Connections and hostile input (#14)
     header_timeout_s: float = Field(10.0, gt=0)  # an HTTP request's headers and body must arrive whole within this

@@ -53,7 +53,7 @@ class OperatorSettings(BaseModel):
     request_log_max_rows: int = Field(100_000, ge=0, le=100_000_000, description="request log rows kept")
     tiers: dict[TierName, Tier] = Field(default_factory=lambda: dict(DEFAULT_TIERS), min_length=1, max_length=64,
                                         description="caller tiers: rate limit, priority, limits")
-    anonymous_tier: TierName = Field("free", description="tier of callers without an API key")
+    anonymous_tier: TierName = Field("personal", description="tier of callers without an API key")
 
     def merged(self, changes: dict[str, Any]) -> OperatorSettings:
         """These settings with changes applied, or InvalidSetting naming the first bad field."""

@@ -221,10 +221,11 @@ class SentenceStream:
         for item in self.items:
             item.abandon()
 
-    async def encoded(self, response_format: str) -> AsyncIterator[tuple[bytes, float, list[Timed]]]:
-        """The stream encoded as one file in a streamable format: (bytes, seconds of audio they add, the
-        words they speak); the last one flushes the encoder."""
-        encoder = StreamEncoder(response_format, self.sample_rate)
+    async def encoded(self, response_format: str, sample_rate: int | None = None
+                      ) -> AsyncIterator[tuple[bytes, float, list[Timed]]]:
+        """The stream encoded as one file in a streamable format (at sample_rate, if asked): (bytes, seconds of
+        audio they add, the words they speak); the last one flushes the encoder."""
+        encoder = StreamEncoder(response_format, self.sample_rate, sample_rate)
         try:
             async for audio, words in self.timed():
                 data = await asyncio.to_thread(encoder.encode, audio)

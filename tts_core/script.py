@@ -6,7 +6,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .engines import Voice
-from .frontend import SpokenText
+from .frontend import NormalizationOptions, SpokenText
+
+INPUT_TYPES = ("auto", "text", "ssml")  # auto: SSML if the input starts as an SSML document
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a request's text is read: what the front end rewrites, whether it is SSML, and the language the
+    caller asked for (a voice is picked for it, or checked against it)."""
+
+    normalization: NormalizationOptions = NormalizationOptions()
+    input_type: str = "auto"
+    language: str | None = None
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 from . import gpu
 from .access import Caller
 from .admission import Admission
-from .audio import FORMATS, STREAMABLE, encode, join, silence
+from .audio import FORMATS, STREAMABLE, encode, join, silence, unsupported_rate
 from .batcher import Batcher
 from .cache import AudioCache, CachedAudio
 from .captions import CaptionWord, caption_words, timed_words
@@ -34,24 +34,26 @@ from .degrade import DegradeController
 from .engines import Engine, ModelSpec
 from .engines.base import SteppedEngine
 from .errors import Conflict, InvalidRequest
-from .frontend import NormalizationOptions
 from .metrics import Metrics
 from .policy import make_policy
 from .pool import ModelPool
 from .queue import RequestQueue
 from .request import SynthesisRequest
 from .scheduling import Scheduler, SentenceStream
-from .script import Script
+from .script import Reading, Script
 from .step_policy import make_step_policy
 from .stepping import SteppedBatcher
 
 log = logging.getLogger(__name__)
 
 
-def check_streamable(response_format: str) -> None:
-    if response_format not in STREAMABLE:
+def check_format(response_format: str, sample_rate: int | None = None, streamed: bool = False) -> None:
+    """A format (and rate) the answer can be encoded in, streamed if asked."""
+    if streamed and response_format not in STREAMABLE:
         raise InvalidRequest(f"{response_format} cannot be streamed; use one of {', '.join(STREAMABLE)}",
                              "response_format", "unsupported_value")
+    if (why := unsupported_rate(response_format, sample_rate)) is not None:
+        raise InvalidRequest(why, "sample_rate", "unsupported_value")
 
 
 @dataclass(frozen=True)
@@ -146,8 +148,21 @@ class SpeechService:
 
     @property
     def ready(self) -> bool:
-        """The pinned models are warm (others warm up when they are first loaded)."""
-        return all(slot.batcher is not None and slot.batcher.ready.is_set()
+        """The pinned models are warm (others warm up when they are first loaded): serving."""
+        return self._pinned_all(lambda batcher: batcher.ready.is_set())
+
+    @property
+    def calibrated(self) -> bool:
+        """The pinned models' calibration sweeps have run too (between the first requests)."""
+        return self._pinned_all(lambda batcher: batcher.calibrated.is_set())
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Block until the pinned models serve (the ones loaded at start: they have their batchers by now)."""
+        batchers = [slot.batcher for slot in self.pool.slots().values() if slot.spec.pinned and slot.batcher]
+        return all(batcher.ready.wait(timeout_s) for batcher in batchers)
+
+    def _pinned_all(self, check) -> bool:
+        return all(slot.batcher is not None and check(slot.batcher)
                    for slot in self.pool.slots().values() if slot.spec.pinned)
 
     def reload_registry(self, specs: Sequence[ModelSpec]) -> dict[str, list[str]]:
@@ -207,6 +222,7 @@ class SpeechService:
             "policy": self.settings.batch_policy,
             "max_batch_size": self.settings.max_batch_size,
             "ready": self.ready,
+            "calibrated": self.calibrated,
             "engines": {name: self._engine_status(slot.batcher, slot.spec.pinned)
                         for name, slot in self.pool.slots().items() if not slot.retired},
             "models_loaded": len(self.batchers),
@@ -219,7 +235,8 @@ class SpeechService:
             return {"loaded": False, "pinned": pinned, "queue_length": 0, "ready": False}
         status = {"loaded": True, "pinned": pinned, "queue_length": len(batcher.queue),
                   "queue_wait_s": round(batcher.queue.predicted_wait(), 3),
-                  "ready": batcher.ready.is_set(), "policy": batcher.policy.describe(),
+                  "ready": batcher.ready.is_set(), "calibrated": batcher.calibrated.is_set(),
+                  "policy": batcher.policy.describe(),
                   "memory_token_budget": batcher.memory.tokens(), "out_of_memory": batcher.memory.out_of_memory_count}
         if isinstance(batcher, SteppedBatcher):
             status.update(running=len(batcher.engine.running()), **batcher.metrics.step_rate(batcher.engine.name))
@@ -228,16 +245,15 @@ class SpeechService:
     # --- synthesis -----------------------------------------------------------------------------
 
     def validate(self, text: str, voice: str | None, model: str | None, speed: float, caller: Caller | None,
-                 normalization: NormalizationOptions = NormalizationOptions(), input_type: str = "auto") -> Script:
+                 reading: Reading = Reading()) -> Script:
         """What a request is checked for whatever the load: what it says, in which voices."""
-        return self.admission.validate(self.catalogue, text, voice, model, speed, caller, normalization, input_type)
+        return self.admission.validate(self.catalogue, text, voice, model, speed, caller, reading)
 
     async def synthesize(self, text: str, voice: str | None = None, model: str | None = None,
                          speed: float = 1.0, caller: Caller | None = None,
-                         normalization: NormalizationOptions = NormalizationOptions(),
-                         input_type: str = "auto") -> Speech:
+                         reading: Reading = Reading()) -> Speech:
         """The raw speech of a text (validated, not admitted through degrade mode, not cached)."""
-        script = self.validate(text, voice, model, speed, caller, normalization, input_type)
+        script = self.validate(text, voice, model, speed, caller, reading)
         items = await self.scheduler.submit(script, caller)
         return await self._joined(script, items)
 
@@ -255,15 +271,17 @@ class SpeechService:
 
     async def speak(self, text: str, voice: str | None = None, model: str | None = None, speed: float = 1.0,
                     response_format: str = "mp3", caller: Caller | None = None,
-                    normalization: NormalizationOptions = NormalizationOptions(),
-                    input_type: str = "auto", words: bool = False) -> SpokenAudio:
-        """Synthesize and encode, with the caller's tier, the degrade actions, the queue's wait target
-        and the cache in the way; with `words`, when each word of the input is spoken (not cached)."""
-        script = self.admission.admit(self.catalogue, text, voice, model, speed, caller, normalization, input_type)
+                    reading: Reading = Reading(), words: bool = False, sample_rate: int | None = None
+                    ) -> SpokenAudio:
+        """Synthesize and encode (at sample_rate, if asked), with the caller's tier, the degrade actions, the
+        queue's wait target and the cache in the way; with `words`, when each word of the input is spoken
+        (not cached)."""
+        check_format(response_format, sample_rate)
+        script = self.admission.admit(self.catalogue, text, voice, model, speed, caller, reading)
         state, settings = self.degrade.state, self.degrade.settings
         use_cache = not words and (settings.cache_enabled or "cache_first" in state.actions)
         # keyed on what is said: inputs (or normalization options) that say the same share their audio
-        key = (script.model, speed, response_format, script.key)
+        key = (script.model, speed, response_format, sample_rate, script.key)
         if use_cache and (hit := self.cache.get(key)) is not None:
             self.metrics.cache_lookups.labels("hit").inc()
             if "cache_first" in state.actions:
@@ -273,7 +291,7 @@ class SpeechService:
             self.metrics.cache_lookups.labels("miss").inc()
         items = await self.scheduler.submit(script, caller, max_wait_s=self.admission.max_wait_s(), words=words)
         speech = await self._joined(script, items)
-        data = await asyncio.to_thread(encode, speech.audio, speech.sample_rate, response_format)
+        data = await asyncio.to_thread(encode, speech.audio, speech.sample_rate, response_format, sample_rate)
         content_type = FORMATS[response_format].content_type
         if use_cache:
             self.cache.put(key, CachedAudio(data, content_type, speech.voice, speech.duration_s))
@@ -285,21 +303,21 @@ class SpeechService:
 
     async def speak_stream(self, text: str, voice: str | None = None, model: str | None = None,
                            speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None,
-                           normalization: NormalizationOptions = NormalizationOptions(),
-                           input_type: str = "auto", words: bool = False) -> SentenceStream:
-        """stream_pieces for a streamed encoded response: the format is checked first."""
-        check_streamable(response_format)
-        return await self.stream_pieces(text, voice, model, speed, caller, normalization, input_type, words)
+                           reading: Reading = Reading(), words: bool = False, sample_rate: int | None = None
+                           ) -> SentenceStream:
+        """stream_pieces for a streamed encoded response (`stream.encoded(response_format, sample_rate)`): the
+        format and rate are checked first."""
+        check_format(response_format, sample_rate, streamed=True)
+        return await self.stream_pieces(text, voice, model, speed, caller, reading, words)
 
     async def stream_pieces(self, text: str, voice: str | None = None, model: str | None = None,
                             speed: float = 1.0, caller: Caller | None = None,
-                            normalization: NormalizationOptions = NormalizationOptions(),
-                            input_type: str = "auto", words: bool = False) -> SentenceStream:
+                            reading: Reading = Reading(), words: bool = False) -> SentenceStream:
         """Queue every sentence now and return their audio as a SentenceStream (with `words`, each piece's
         words timed: SentenceStream.timed). Refusals (validation, limits, the queue's wait) raise here,
         before any audio exists."""
         started = time.monotonic()
-        script = self.admission.admit(self.catalogue, text, voice, model, speed, caller, normalization, input_type)
+        script = self.admission.admit(self.catalogue, text, voice, model, speed, caller, reading)
         items = await self.scheduler.submit(script, caller, streaming=True, max_wait_s=self.admission.max_wait_s(),
                                             words=words)
         return SentenceStream(script, items, started, self.metrics, self.settings.request_timeout_s)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import InvalidStateError
 from dataclasses import dataclass, field
 
@@ -64,8 +64,9 @@ class SteppedBatcher(Batcher):
 
     # --- warm-up ----------------------------------------------------------------------------------
 
-    def warm_up(self) -> None:
-        """One untimed run; then the step cost at each calibration size, at a short and a long context."""
+    def warm_up(self) -> list[Callable[[], None]]:
+        """One untimed run and the wait predictions' seed; returns the sweep: the step cost at each calibration
+        size, at a short and a long context (run while nothing is queued or running)."""
         voice = self.engine.voices()[0].name
         tokens = np.concatenate(self.engine.tokenize(CALIBRATION_TEXT, voice))
         key = self.engine.batch_key(voice, 1.0)
@@ -80,10 +81,11 @@ class SteppedBatcher(Batcher):
         self.item_cost.add(1, 12, time.perf_counter() - started)
         self._learn_audio_rate(sample, outputs)
         self.engine.measure_memory(tokens[:12])
-        for length in (4, min(len(tokens), 32)):
-            for size in self.calibration_sizes:
-                self._calibrate(items(size, length))
-        log.info("%s calibrated: %s", self.engine.name, self.policy.describe())
+        return [lambda size=size, length=length: self._calibrate(items(size, length))
+                for length in (4, min(len(tokens), 32)) for size in self.calibration_sizes]
+
+    def _idle(self) -> bool:
+        return not len(self.queue) and not self.engine.running()
 
     def _calibrate(self, items: list[SynthesisRequest]) -> None:
         engine, cost = self.engine, self.policy.cost

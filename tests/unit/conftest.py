@@ -29,7 +29,7 @@ def start_batcher():
         batcher = Batcher(engine, make_policy(policy, max_batch_size, 100_000), queue, Metrics(),
                           calibration_sizes)
         batcher.start()
-        assert batcher.ready.wait(30)
+        assert batcher.calibrated.wait(30)
         engine.seen.clear()
         engine.calls_started = threading.Semaphore(0)  # count calls after warm-up only
         started.append(batcher)

@@ -60,8 +60,8 @@ def test_a_dead_rate_limit_store_fails_open_and_says_so(tmp_path):
     storage = Storage(sqlite_url(tmp_path / "c.db"))
     storage.migrate()
     access = AccessControl(storage, Settings(ratelimit_storage="redis://127.0.0.1:1/0"), OperatorSettings)
-    caller, limit = asyncio.run(access.admit(None, "192.0.2.1", None))  # the free tier has a limit, no store answers
-    assert caller.tier_name == "free" and limit is None
+    caller, limit = asyncio.run(access.admit(None, "192.0.2.1", None))  # the tier has a limit, no store answers
+    assert caller.tier_name == "personal" and limit is None
     assert "does not answer" in access.storage_error
     service = SpeechService(Settings(), [FakeEngine()], Metrics())
     control = OperatorControl(storage, service, RequestLogWriter(storage))

@@ -1,8 +1,14 @@
+import threading
+
 import pytest
 
 from tests.fakes import POISON, SAMPLES_PER_TOKEN, FakeEngine, flat_cost, linear_cost
 from tests.unit.conftest import make_item
+from tts_core.batcher import CALIBRATION_LENGTHS, Batcher
 from tts_core.errors import SynthesisError
+from tts_core.metrics import Metrics
+from tts_core.policy import make_policy
+from tts_core.queue import RequestQueue
 
 
 def submit_while_busy(batcher, engine, items):
@@ -80,3 +86,29 @@ def test_retry_after_grows_with_the_backlog(start_batcher):
     blocker = submit_while_busy(batcher, engine, [make_item(10) for _ in range(40)])
     assert batcher.queue.backlog_s() >= 1.9  # 40 queued items of 50 ms: what a full queue's Retry-After says
     release(engine, blocker)
+
+
+def test_the_batcher_serves_before_its_calibration_sweep_is_done():
+    """Ready after the warm-up; the sweep's points run between requests: one that comes mid-sweep waits for
+    the point under way, not for the rest of the sweep."""
+    engine = FakeEngine(cost=lambda size, padded: 0.05)  # a sweep of 3 lengths x 5 sizes x 2 runs: 1.5 s
+    batcher = Batcher(engine, make_policy("adaptive", 16, 100_000), RequestQueue(64, 2.0), Metrics(),
+                      (1, 2, 4, 8, 16))
+    batcher.start()
+    try:
+        assert batcher.ready.wait(30)
+        warm_up_calls = len(engine.seen)
+        engine.calls_started = threading.Semaphore(0)
+        engine.gate.clear()  # the sweep holds inside its point under way
+        assert engine.calls_started.acquire(timeout=10) and not batcher.calibrated.is_set()
+        item = make_item(10, tag=42)
+        batcher.submit([item])
+        engine.gate.set()
+        item.future.result(timeout=10)
+        assert batcher.calibrated.wait(30)
+        served_at = engine.seen.index([42])
+        assert served_at <= warm_up_calls + 2  # after the point under way (two runs), not the whole sweep
+        # the warm-up (a cold run, one per length), the sweep (two runs of each length and size), the item
+        assert len(engine.seen) == 1 + len(CALIBRATION_LENGTHS) + 2 * len(CALIBRATION_LENGTHS) * 5 + 1
+    finally:
+        batcher.stop()

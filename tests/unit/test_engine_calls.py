@@ -43,7 +43,7 @@ def stepped():
     batcher = SteppedBatcher(engine, make_step_policy("adaptive", engine.max_running),
                              RequestQueue(64), Metrics(), calibration_sizes=(1,))
     batcher.start()
-    assert batcher.ready.wait(30)
+    assert batcher.calibrated.wait(30)
     yield engine, batcher
     batcher.stop()
 

@@ -98,7 +98,7 @@ def world(tmp_path, monkeypatch):
         service = SpeechService(config, [engine or FakeEngine()], Metrics())
         service.start()
         services.append(service)
-        assert service.batchers["fake"].ready.wait(WAIT_S)
+        assert service.batchers["fake"].calibrated.wait(WAIT_S)
         return service, jobs.JobRunner(storage, service, config, lambda: OperatorSettings())
 
     yield storage, make
@@ -182,11 +182,11 @@ def test_overload_puts_the_job_back_until_its_retry_after_without_spending_an_at
     service, runner = make(job_max_attempts=1)  # one failure would end it
     speak, calls = service.speak, []
 
-    async def busy_twice(*args):
+    async def busy_twice(*args, **options):
         calls.append(time.monotonic())
         if len(calls) <= 2:
             raise Overloaded("the queue's predicted wait is over its target; retry after 1 s", 1)
-        return await speak(*args)
+        return await speak(*args, **options)
 
     service.speak = busy_twice
     done = run_until(runner, storage, runner.submit(CALLER, request()), "succeeded")

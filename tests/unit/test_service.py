@@ -7,6 +7,7 @@ from tts_core.config import Settings
 from tts_core.errors import InvalidRequest, Overloaded
 from tts_core.frontend import NormalizationOptions
 from tts_core.metrics import Metrics
+from tts_core.script import Reading
 from tts_core.service import SpeechService
 
 
@@ -26,7 +27,7 @@ def service():
     engine = CountingEngine()
     service = SpeechService(settings, [engine], Metrics())
     service.start()
-    assert service.batchers["fake"].ready.wait(10)  # warm-up runs the engine: before a test holds it
+    assert service.batchers["fake"].calibrated.wait(10)  # warm-up runs the engine: before a test holds it
     yield service
     service.stop()
 
@@ -65,7 +66,7 @@ def test_full_queue_is_refused_before_any_work(service):
     async def scenario():
         as_written = NormalizationOptions(normalize=False)  # "|" is the fake engine's sentence break: keep it
         # 1 runs, 3 queue
-        running = asyncio.ensure_future(service.synthesize("a|b|c|d", "alloy", normalization=as_written))
+        running = asyncio.ensure_future(service.synthesize("a|b|c|d", "alloy", reading=Reading(as_written)))
         await asyncio.sleep(0.3)
         filling = asyncio.ensure_future(service.synthesize("e", "alloy"))  # the 4th queued item
         await asyncio.sleep(0.1)
@@ -83,7 +84,7 @@ def test_full_queue_is_refused_before_any_work(service):
 def test_the_front_end_runs_for_the_voices_language_and_the_cache_keys_on_what_is_said(service):
     def speak(text, **options):
         return asyncio.run(service.speak(text, "alloy", "tts-1", response_format="wav",
-                                         normalization=NormalizationOptions(**options)))
+                                         reading=Reading(NormalizationOptions(**options))))
 
     plain = speak("It costs $5.")
     assert plain.cache == "miss" and plain.duration_s == len("It costs five dollars.") * SAMPLES_PER_TOKEN / 16000

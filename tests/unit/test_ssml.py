@@ -13,6 +13,7 @@ from tts_core.engines.base import Voice
 from tts_core.errors import InvalidRequest
 from tts_core.frontend import spoken_parts, ssml
 from tts_core.metrics import Metrics
+from tts_core.script import Reading
 from tts_core.service import SpeechService
 
 
@@ -140,7 +141,7 @@ def service():
     service = SpeechService(Settings(max_chars=2000, batch_policy="sequential"), engines, Metrics())
     service.start()
     for batcher in service.batchers.values():
-        assert batcher.ready.wait(10)
+        assert batcher.calibrated.wait(10)
     yield service
     service.stop()
 
@@ -188,9 +189,9 @@ def test_input_type_decides_how_the_input_is_read(service):
     document = "<speak>one <break time='1s'/> two</speak>"
     assert len(service.validate(document, "fake-voice", None, 1.0, None).passages) == 2
     assert [passage.spoken.text for passage in service.validate(document, "fake-voice", None, 1.0, None,
-                                                                input_type="text").passages] == ["one two"]
+                                                                Reading(input_type="text")).passages] == ["one two"]
     with pytest.raises(InvalidRequest, match="line 1, column 1: SSML starts with <speak>"):
-        service.validate("plain words", "fake-voice", None, 1.0, None, input_type="ssml")
+        service.validate("plain words", "fake-voice", None, 1.0, None, Reading(input_type="ssml"))
     with pytest.raises(InvalidRequest) as refused:
         service.validate("<speak>a<b></speak>", "fake-voice", None, 1.0, None)
     assert refused.value.code == "invalid_ssml"

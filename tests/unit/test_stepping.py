@@ -36,7 +36,7 @@ def start():
         batcher = SteppedBatcher(engine, make_step_policy(policy, engine.max_running),
                                  RequestQueue(64), Metrics(), calibration_sizes=(1, 2), cpu_cache_mb=cpu_cache_mb)
         batcher.start()
-        assert batcher.ready.wait(30)
+        assert batcher.calibrated.wait(30)
         engine.steps_run.clear()
         started.append(batcher)
         return batcher
@@ -236,7 +236,7 @@ def service():
     engine = FakeSteppedEngine()
     service = SpeechService(Settings(calibration_sizes=[1], voice_aliases={}, model_aliases={}), [engine], Metrics())
     service.start()
-    assert service.batchers["fake-ar"].ready.wait(10)
+    assert service.batchers["fake-ar"].calibrated.wait(10)
     yield service
     service.stop()
 

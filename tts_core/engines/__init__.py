@@ -127,7 +127,12 @@ def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
         name = _unique(model.rstrip("/").rsplit("/", 1)[-1].removesuffix(".onnx"), names)
         names.add(name)
         pinned = any(entry.pinned for entry in entries.values())
-        described, load = ENGINE_KINDS[kind](model, voices, name, settings)
+        try:
+            described, load = ENGINE_KINDS[kind](model, voices, name, settings)
+        except ImportError as missing:  # torch is not installed: the bundled Piper voice needs none of it
+            raise EngineUnavailable(
+                f"the {kind} model {model!r} needs the Python package {missing.name!r}, which is not installed "
+                "(pip install torch==2.13.0; the README says how to get the CPU or the CUDA build)") from None
         specs.append(ModelSpec(name, described, load, pinned, (kind, model, tuple(entries.items())), registry=True))
     return specs
 
