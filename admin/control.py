@@ -92,7 +92,8 @@ class OperatorControl:
             updated = self.settings.merged(changes)
             values = updated.model_dump()
             try:
-                entries = self.storage.write_settings({key: values[key] for key in changes}, actor)
+                entries = self.storage.write_settings({key: values[key] for key in changes}, actor,
+                                                      self.settings.model_dump())
             except StorageError as error:
                 self.write_error = self._failed("write", error, self.write_error)
                 raise

@@ -123,14 +123,16 @@ class Storage:
                 continue
         return values
 
-    def write_settings(self, changes: dict[str, Any], actor: str) -> list[dict]:
-        """Store changed values and one audit row per change, in one transaction."""
+    def write_settings(self, changes: dict[str, Any], actor: str, effective: dict[str, Any] | None = None
+                       ) -> list[dict]:
+        """Store changed values and one audit row per change, in one transaction. `effective`: the values in
+        force, for the audit's old value of a setting never stored (its default)."""
         entries = []
         with self._transaction(write=True) as session:
             for key, value in changes.items():
                 row = session.get(Setting, key)
-                old = _loads(row.value) if row else None
-                if row is not None and old == value:
+                old = _loads(row.value) if row else (effective or {}).get(key)
+                if old == value and (row is not None or effective is not None):  # already so: nothing to record
                     continue
                 now = _now()
                 if row is None:

@@ -34,6 +34,12 @@ KEEP_FILES_S = 3600  # Gradio deletes files older than this, this often; api/upl
 PRUNE_EVERY_S = 60  # sweeping the folder on every request would cost a directory scan each time
 
 
+def refused(error: ChorusError) -> gr.Error:
+    """An expected refusal (a limit, a bad input) shown to the user, and one line in the log: no traceback."""
+    log.info("UI request refused (%d %s): %s", error.status, error.code, error.message)
+    return gr.Error(error.message, print_exception=False)
+
+
 def _prune(folder: Path, older_than_s: float) -> None:
     limit = time.time() - older_than_s
     for path in folder.glob("*"):
@@ -153,7 +159,7 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
             yield gr.skip() if streaming else path, gr.skip(), path, subtitle_paths
         except ChorusError as error:
             status = error.status
-            raise gr.Error(error.message) from None
+            raise refused(error) from None
         except (asyncio.CancelledError, GeneratorExit):  # the browser left (or stopped the event)
             status = 499
             raise
@@ -194,9 +200,9 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
             record = await clones.create(caller, data, (name or "").strip(), model or "", bool(consent),
                                          (transcript or "").strip() or None)
         except ChorusError as error:
-            raise gr.Error(error.message) from None
+            raise refused(error) from None
         except StorageError:
-            raise gr.Error(StorageUnavailable().message) from None
+            raise refused(StorageUnavailable()) from None
         return (f"Voice **{record['name']}** is ready ({record['duration_s']:.1f} s clip); it is yours to use "
                 "until an admin makes it public.",
                 gr.Dropdown(choices=voice_choices(caller.identity), value=record["name"]))

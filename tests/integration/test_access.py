@@ -35,14 +35,19 @@ def new_key(base: str, tier: str, name: str = "test") -> str:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def process(tmp_path_factory):
     process = start_server(tmp_path_factory.mktemp("access"), admin_token=TOKEN, calibration_sizes="1",
-                           operator_defaults=tiers("4/minute"))
-    yield process.base_url
+                           operator_defaults=tiers("4/minute"), log_level="info")
+    yield process
     process.stop()
 
 
-def test_anonymous_limit_with_headers_that_spoofing_and_the_ui_do_not_escape(server):
+@pytest.fixture(scope="module")
+def server(process):
+    return process.base_url
+
+
+def test_anonymous_limit_with_headers_that_spoofing_and_the_ui_do_not_escape(server, process):
     for remaining in (3, 2, 1, 0):
         ok = speak(server)
         assert ok.status_code == 200
@@ -55,6 +60,8 @@ def test_anonymous_limit_with_headers_that_spoofing_and_the_ui_do_not_escape(ser
     assert limited.headers["x-ratelimit-remaining"] == "0" and int(limited.headers["x-ratelimit-reset"]) > time.time()
     with pytest.raises(Exception, match="rate limit"):
         Client(f"{server}/", verbose=False).predict("Hi.", "en_US-joe-medium", 1.0, "wav", api_name="/synthesize")
+    log = process.log_path.read_text()  # an expected refusal is one line in the log, not a traceback
+    assert "UI request refused (429 rate_limit_exceeded)" in log and "Traceback" not in log
 
 
 def test_keys_carry_their_tier_and_revoked_or_unknown_keys_get_401(server):

@@ -67,7 +67,8 @@ def test_settings_survive_a_restart_and_are_audited(admin_server, data_dir):
         assert settings["cap_text_chars"] == 222 and settings["shed_enabled"] is True
         audit = httpx.get(f"{restarted.base_url}/admin/api/audit", headers=ADMIN).json()["data"]
         change = next(entry for entry in audit if entry["key"] == "cap_text_chars")
-        assert change["actor"] == "ops-alice" and change["old_value"] is None and change["new_value"] == 222
+        assert change["actor"] == "ops-alice" and change["new_value"] == 222
+        assert change["old_value"] == 300  # never stored before: the default that was in force
     finally:
         restarted.stop()
 

@@ -73,6 +73,10 @@ def test_settings_and_audit_survive_reopening(tmp_path):
     assert again.read_settings() == {"enter_threshold": 0.7}
     audit = again.audit()
     assert [(e["actor"], e["old_value"], e["new_value"]) for e in audit] == [("bob", 0.9, 0.7), ("alice", None, 0.9)]
+    # a setting never stored: the audit's old value is the one that was in force (its default)
+    again.write_settings({"exit_threshold": 0.3}, "carol", {"exit_threshold": 0.5, "enter_threshold": 0.7})
+    assert again.audit()[0]["old_value"] == 0.5
+    assert again.write_settings({"cap_text_chars": 500}, "carol", {"cap_text_chars": 500}) == []  # already in force
 
 
 def test_request_log_is_written_in_the_background_and_bounded(tmp_path):
