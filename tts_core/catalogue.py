@@ -51,7 +51,7 @@ class Catalogue:
         return cls(voices, models, _valid_aliases(settings.model_aliases, set(models), "model"),
                    _valid_aliases(settings.voice_aliases, set(voices), "voice"), default,
                    {name: clone for name, (_, clone) in listed.items()},
-                   _valid_aliases(settings.language_voices, set(voices), "language voice"))
+                   _valid_aliases(_language_voices(specs, settings), set(voices), "language voice"))
 
     def visible(self, name: str, caller: str | None) -> bool:
         """Whether the caller ("key:<id>", "ip:<address>"; None: nobody in particular) may see and use the
@@ -116,6 +116,13 @@ def speaks(voice: Voice, language: str) -> bool:
     wanted = language.replace("-", "_").lower()
     return voice.language.replace("-", "_").lower() == wanted or (
         "_" not in wanted and language_code(voice.language) == wanted)
+
+
+def _language_voices(specs: list[ModelSpec], settings: Settings) -> dict[str, str]:
+    """Each language's voice: the registry's `language_default` voices, then TTS_LANGUAGE_VOICES over them."""
+    marked = {language_code(voice.language): voice.name for spec in specs for voice in spec.voices
+              if voice.name in spec.language_defaults}
+    return {**marked, **settings.language_voices}
 
 
 def _cloned(specs: list[ModelSpec], clones: Mapping[str, ClonedVoice], taken: set[str]

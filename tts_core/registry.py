@@ -6,6 +6,7 @@
         model: facebook/mms-tts-eng  # a hub id (from the local cache when offline) or a folder
         language: en
         pinned: true                 # loaded and warmed at start-up, never unloaded
+        language_default: true       # a request with "language": "en" and no voice gets this one
       mms-fra:
         engine: vits
         model: /models/mms-tts-fra
@@ -52,6 +53,8 @@ class VoiceEntry(BaseModel):
     speaker: int | None = Field(None, ge=0, description="speaker id of a multi-speaker model")
     speed: float = Field(1.0, ge=0.25, le=4.0, description="default speed")
     pinned: bool = Field(False, description="load and warm at start-up and never unload")
+    language_default: bool = Field(False, description="the voice of its language: what a request naming that "
+                                   "language and no voice gets (TTS_LANGUAGE_VOICES overrides it)")
     prompt: str | None = Field(None, min_length=1, description="voice prompt: .safetensors latents or an audio "
                                "clip (pocket_tts, vibevoice); relative to the model folder")
     fixed_length: bool = Field(False, description="pocket_tts, vibevoice: every request makes its whole frame "

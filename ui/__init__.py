@@ -24,7 +24,9 @@ from tts_core.access import Caller
 from tts_core.admission import MAX_SPEED, MIN_SPEED
 from tts_core.audio import encode
 from tts_core.captions import SUBTITLE_FORMATS, CaptionWord, caption_words, subtitles
+from tts_core.catalogue import speaks
 from tts_core.errors import ChorusError, InvalidRequest, StorageUnavailable
+from tts_core.lexicon import language_code
 from tts_core.scheduling import SentenceStream
 from tts_core.service import SpeechService
 
@@ -184,10 +186,21 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
         except ChorusError:  # no key where keys are required: the voices everyone may use
             return None
 
-    def voice_choices(caller: str | None = None) -> list[tuple[str, str]]:
+    def voice_choices(caller: str | None = None, language: str = "") -> list[tuple[str, str]]:
         catalogue = service.catalogue
         return [(f"{voice.name} ({voice.language}, {engine}{', cloned' if voice.name in catalogue.clones else ''})",
-                 voice.name) for voice, engine in catalogue.visible_voices(caller)]
+                 voice.name) for voice, engine in catalogue.visible_voices(caller)
+                if not language or speaks(voice, language)]
+
+    def language_choices(caller: str | None = None) -> list[tuple[str, str]]:
+        codes = sorted({language_code(voice.language) for voice in service.catalogue.voice_list(caller)})
+        return [("Any language", "")] + [(code, code) for code in codes]
+
+    def pick_language(language: str, request: gr.Request) -> gr.Dropdown:
+        """The voices that speak the language, the language's own voice chosen (every voice for "")."""
+        caller, catalogue = caller_of(request), service.catalogue
+        chosen = catalogue.voice_for_language(language, None, caller)[0].name if language else catalogue.default_voice
+        return gr.Dropdown(choices=voice_choices(caller, language), value=chosen)
 
     async def clone(clip: str | None, name: str, model: str | None, transcript: str, consent: bool,
                     request: gr.Request):
@@ -236,7 +249,9 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
                     text = gr.Textbox(label="Text", lines=6, max_length=service.settings.max_chars,
                                       placeholder="Hello! This is Chorus speaking.")
                 with gr.Column(scale=2):
+                    language = gr.Dropdown(language_choices(), value="", label="Language")
                     voice = gr.Dropdown(voice_choices(), value=service.catalogue.default_voice, label="Voice")
+                    language.change(pick_language, [language], [voice], api_name="pick_language")
                     speed = gr.Slider(MIN_SPEED, MAX_SPEED, value=1.0, step=0.05, label="Speed")
                     response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format")
                     button = gr.Button("Synthesize", variant="primary", elem_id="synthesize")
@@ -260,9 +275,10 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
 
         def page_choices(request: gr.Request):  # the caller's, and the registry may have been reloaded
             models = service.cloner.models()
-            return (gr.Dropdown(choices=voice_choices(caller_of(request))),
+            caller = caller_of(request)
+            return (gr.Dropdown(choices=voice_choices(caller)), gr.Dropdown(choices=language_choices(caller), value=""),
                     gr.Dropdown(choices=models, value=models[0] if models else None))
 
-        demo.load(page_choices, None, [voice, clone_models])
+        demo.load(page_choices, None, [voice, language, clone_models])
         warm_up_timer.tick(readiness, None, [status, warm_up_timer], api_visibility="private")
     return demo

@@ -156,3 +156,14 @@ def test_open_webui_reads_the_lists_without_a_key_then_speaks_with_one(server):
     response = httpx.post(f"{server}/v1/audio/speech", headers={"Authorization": f"Bearer {key}"}, timeout=60,
                           json={"model": models[0]["id"], "input": "Hello from Open WebUI.", "voice": voices[0]["id"]})
     assert response.status_code == 200 and response.headers["content-type"] == "audio/mpeg"
+
+
+def test_a_fresh_server_serves_one_persons_script_without_a_limit_in_the_way(tmp_path):
+    """No configuration at all (the operator's defaults as shipped): 60 short requests in a row, as a
+    script or Open WebUI reading an answer a sentence per request sends them, all succeed."""
+    process = start_server(tmp_path, operator_defaults="{}", calibration_sizes="1")
+    try:
+        statuses = [speak(process.base_url, f"Sentence number {index}.").status_code for index in range(60)]
+        assert statuses == [200] * 60
+    finally:
+        process.stop()

@@ -118,3 +118,9 @@ def test_a_voice_that_cannot_time_its_words_still_speaks(fake_server):
         samples, rate = decode(file.read(), "wav")
     assert rate == 16000 and samples.size > 0 and subtitles is None
     assert "cannot time its words" in [words for _, words, _, _ in updates if isinstance(words, str)][-1]
+
+
+def test_the_language_list_filters_the_voices(server):
+    client = Client(f"{server}/", verbose=False)
+    assert client.predict("en", api_name="/pick_language") == "en_US-joe-medium"  # the language's own voice
+    assert client.predict("", api_name="/pick_language") == "en_US-joe-medium"  # any language: the default

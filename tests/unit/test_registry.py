@@ -1,8 +1,11 @@
 """The voice registry file, and loading the engines it names."""
 
+import sys
+
 import pytest
 
 from bench.random_vits import TINY, save_random_vits
+from tts_core.catalogue import Catalogue
 from tts_core.config import Settings
 from tts_core.engines import load_voice_engine, model_specs
 from tts_core.engines.base import EngineUnavailable
@@ -49,6 +52,24 @@ def test_load_engines_adds_the_registry_voices_beside_the_bundled_one(tmp_path):
     assert voices["en_US-joe-medium"][0].pinned  # the bundled voice is still there, loaded
     engine = voices["tiny"][0].load()
     assert engine.voices() == [voices["tiny"][1]]  # what was read is what loads
+
+
+def test_a_registry_voice_can_be_its_languages_voice_and_torch_missing_is_named(tmp_path, monkeypatch):
+    model = save_random_vits(tmp_path / "tiny-vits", **TINY)
+    path = tmp_path / "voices.yaml"
+    path.write_text(f"voices:\n"
+                    f"  anna: {{engine: vits, model: '{model}', language: de}}\n"
+                    f"  bernd: {{engine: vits, model: '{model}', language: de, speaker: 1, language_default: true}}\n")
+    settings = Settings(voices_file=path, data_dir=tmp_path, device="cpu")
+    catalogue = Catalogue.build(model_specs(settings), settings)
+    assert catalogue.voice_for_language("de")[0].name == "bernd" and catalogue.voice_for_language("de-AT")[0].name == (
+        "bernd")
+    overridden = settings.model_copy(update={"language_voices": {"de": "anna"}})
+    assert Catalogue.build(model_specs(overridden), overridden).voice_for_language("de")[0].name == "anna"
+    monkeypatch.setitem(sys.modules, "torch", None)  # as on a machine without torch
+    monkeypatch.delitem(sys.modules, "tts_core.engines.vits", raising=False)
+    with pytest.raises(EngineUnavailable, match="needs the Python package 'torch', which is not installed"):
+        model_specs(settings)
 
 
 def test_a_registry_model_that_cannot_load_stops_the_start_naming_it(tmp_path, monkeypatch):

@@ -26,6 +26,7 @@ class ModelSpec:
     pinned: bool = True
     source: tuple = field(default=())  # what it was configured from: equal sources, same model
     registry: bool = False  # from the registry file (reloadable), not the voices folder
+    language_defaults: tuple[str, ...] = ()  # its voices that are their language's voice (the registry says)
 
     @staticmethod
     def loaded(engine: Engine) -> ModelSpec:
@@ -133,7 +134,9 @@ def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
             raise EngineUnavailable(
                 f"the {kind} model {model!r} needs the Python package {missing.name!r}, which is not installed "
                 "(pip install torch==2.13.0; the README says how to get the CPU or the CUDA build)") from None
-        specs.append(ModelSpec(name, described, load, pinned, (kind, model, tuple(entries.items())), registry=True))
+        defaults = tuple(name for name, entry in entries.items() if entry.language_default)
+        specs.append(ModelSpec(name, described, load, pinned, (kind, model, tuple(entries.items())), registry=True,
+                               language_defaults=defaults))
     return specs
 
 
