@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from tts_core.audio import FORMATS, MAX_RATE, MIN_RATE
 from tts_core.frontend import NormalizationOptions, requested
@@ -34,8 +35,12 @@ class SpeechRequest(BaseModel):
 
     model: str = Field(min_length=1, max_length=128, description="A model id or alias (see /v1/models)")
     input: str = Field(min_length=1, description="The text to speak")
+    language: str | None = Field(None, min_length=2, max_length=35, pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$",
+                                 description="BCP 47 or ISO 639 (en, en-US, fr): with no voice, picks one that "
+                                             "speaks it; with a voice of another language, a 400")
     voice: VoiceName | VoiceRef | None = Field(
-        None, description="A voice name or alias (see /v1/audio/voices); none: the one for `language`, or the default")
+        None, validate_default=True,
+        description="A voice name or alias (see /v1/audio/voices); required unless `language` picks one")
     response_format: ResponseFormat = "mp3"
     sample_rate: int | None = Field(None, ge=MIN_RATE, le=MAX_RATE, description="resample the answer to this rate "
                                     "(Hz); default: the format's (pcm, opus: 24000) or else the voice's")
@@ -53,9 +58,13 @@ class SpeechRequest(BaseModel):
         "auto", description="'ssml': the input is SSML (<speak>...</speak>); 'text': plain text or markdown; "
                             "'auto': SSML if the input starts with <speak>")
 
-    language: str | None = Field(None, min_length=2, max_length=35, pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$",
-                                 description="BCP 47 or ISO 639 (en, en-US, fr): with no voice, picks one that "
-                                             "speaks it; with a voice of another language, a 400")
+    @field_validator("voice")
+    @classmethod
+    def _voice_or_language(cls, voice, info: ValidationInfo):
+        """A voice, as OpenAI requires, unless a language (checked before it) asks for one to be picked."""
+        if voice is None and not info.data.get("language"):
+            raise PydanticCustomError("missing", "Field required")
+        return voice
 
     @property
     def voice_name(self) -> str | None:

@@ -112,10 +112,10 @@ class Catalogue:
 
 
 def speaks(voice: Voice, language: str) -> bool:
-    """A voice speaks "en" if its language is English of any region; "en-US" only if it is US English."""
-    wanted = language.replace("-", "_").lower()
-    return voice.language.replace("-", "_").lower() == wanted or (
-        "_" not in wanted and language_code(voice.language) == wanted)
+    """A voice speaks "en" if its language is English of any region; "en-US" if it is US English, or English
+    of no region said."""
+    wanted, own = language.replace("-", "_").lower(), voice.language.replace("-", "_").lower()
+    return own == wanted or language_code(own) == language_code(wanted) and ("_" not in wanted or "_" not in own)
 
 
 def _language_voices(specs: list[ModelSpec], settings: Settings) -> dict[str, str]:

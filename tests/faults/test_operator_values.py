@@ -31,7 +31,7 @@ OUT_OF_BOUNDS = [
     ('{"tiers": {"free": {"request_timeout_s": Infinity}}}', "tiers"),
     ('{"tiers": {"free": {"max_chars": 100000000000}}}', "tiers"),
     ('{"tiers": {"free": {"rate_limit": "%s"}}}' % ("1/minute;" * 100), "tiers"),
-    ('{"tiers": {"%s": {}}, "anonymous_tier": "free"}' % ("t" * 65), "tiers"),
+    ('{"tiers": {"%s": {}}, "anonymous_tier": "personal"}' % ("t" * 65), "tiers"),
 ]
 
 

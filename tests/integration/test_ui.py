@@ -122,5 +122,6 @@ def test_a_voice_that_cannot_time_its_words_still_speaks(fake_server):
 
 def test_the_language_list_filters_the_voices(server):
     client = Client(f"{server}/", verbose=False)
-    assert client.predict("en", api_name="/pick_language") == "en_US-joe-medium"  # the language's own voice
-    assert client.predict("", api_name="/pick_language") == "en_US-joe-medium"  # any language: the default
+    english = client.predict("en", api_name="/pick_language")  # the voices that speak it, its own chosen
+    assert english["value"] == "en_US-joe-medium" and [value for _, value in english["choices"]] == ["en_US-joe-medium"]
+    assert client.predict("", api_name="/pick_language")["value"] == "en_US-joe-medium"  # any: the default
