@@ -38,8 +38,8 @@ def invalid_input(errors: list[dict], kind: type[ChorusError] = InvalidRequest) 
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         return kind("the request body is not valid JSON", None, "invalid_json")
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = location[0] if location else None  # the top-level field, as OpenAI names it
+    location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
+    param = location[0] if location else None  # the top-level field or query parameter, as OpenAI names it
     message = first.get("msg", "invalid request")
     if first.get("type") == "missing":
         message = f"{param} is required"

@@ -53,7 +53,7 @@ async def health() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/ready", tags=["probes"], responses={503: {"description": "Warming up"}})
+@router.get("/ready", tags=["probes"], responses={503: {"description": "Warming up"}, **error_responses(400)})
 async def ready(request: Request, calibrated: bool = Query(
         False, description="true: 200 only once the batchers' calibration sweeps have run too (benchmarks)")):
     """200 once the server serves: warmed up. The calibration sweep runs after, between the first requests."""

@@ -46,7 +46,7 @@ def voice_entry(voice: Voice, engine: str, catalogue: Catalogue, aliases: list[s
     return entry
 
 
-@router.get("/v1/audio/voices", tags=["catalogue"], responses=error_responses(401))
+@router.get("/v1/audio/voices", tags=["catalogue"], responses=error_responses(400, 401))
 async def list_voices(request: Request, language: str | None = Query(None, max_length=35, description="en, en-US"),
                       model: str | None = Query(None, max_length=128, description="a model id")) -> dict:
     """The voices the caller may use: OpenAI-style `data`, and `voices` ([{"id", "name", ...}]) as Open
