@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import zipfile
 from datetime import datetime
 
@@ -23,6 +24,7 @@ from .errors import invalid_input, unavailable
 from .schemas import BatchRequest, JobRequest, SpeechRequest, error_responses
 from .speech import admitted, until_disconnect
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["jobs"])
 JobId = Path(min_length=1, max_length=40, pattern=r"^job_[0-9a-f]+$")
 
@@ -110,7 +112,13 @@ async def get_job_audio(request: Request, job_id: str = JobId,
     if job["result_path"] is None:
         raise Gone(f"the audio of job {job_id} has expired (results are kept for {int(_runner(request).ttl_s)} s "
                    "after they are ready)", "job_id", "job_expired")
-    return FileResponse(job["result_path"], media_type=job["content_type"],
+    path = _runner(request).result_file(job)
+    if not await asyncio.to_thread(path.is_file):  # another replica wrote it where this one cannot see
+        log.error("job %s: its result %s is not in this replica's results folder (TTS_RESULTS_DIR must be one "
+                  "folder that every replica mounts)", job_id, path.name)
+        raise NotFound(f"the audio of job {job_id} is not readable on this server; retry", "job_id",
+                       "job_result_missing")
+    return FileResponse(path, media_type=job["content_type"],
                         headers={"X-Chorus-Audio-Duration": f"{job['audio_s']:.3f}"})
 
 

@@ -51,7 +51,8 @@ class JobRunner:
         self.storage = storage
         self.service = service
         self.operator = operator
-        self.results_dir = settings.data_dir / "results"
+        self.results_dir = settings.results_path
+        self.replica, self.lease_s = settings.replica, settings.job_lease_s
         self.ttl_s = settings.result_ttl_s
         self.max_attempts = settings.job_max_attempts
         self.max_backlog = settings.max_job_backlog
@@ -70,9 +71,9 @@ class JobRunner:
 
     async def start(self) -> None:
         self.results_dir.mkdir(parents=True, exist_ok=True)
-        requeued = await asyncio.to_thread(self.storage.requeue_interrupted)
+        requeued = await asyncio.to_thread(self.storage.requeue_expired, self.replica)
         if requeued:
-            log.info("requeued %d jobs left running by the previous process", requeued)
+            log.info("requeued %d jobs left running by this replica's previous process or a dead replica", requeued)
         self._wake, self._loop = asyncio.Event(), asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run(), name="job-runner")
 
@@ -117,19 +118,23 @@ class JobRunner:
     # --- the loop ----------------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        next_sweep = 0.0
+        next_sweep = next_lease = 0.0
         while True:
             self._wake.clear()  # before the work: a wake-up during it makes the wait below return at once
             try:
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + self.sweep_every_s
                     await asyncio.to_thread(self.sweep)
+                if time.monotonic() >= next_lease:  # a third of a lease: a late renewal or two leave it standing
+                    next_lease = time.monotonic() + self.lease_s / 3
+                    await asyncio.to_thread(self._keep_leases)
                 for job_id, (status, fields) in list(self._unsettled.items()):
                     del self._unsettled[job_id]
                     await self._finish(job_id, status, **fields)
                 free = self.concurrency - len(self._running)
                 if free > 0:
-                    for job in await asyncio.to_thread(self.storage.claim_jobs, free):
+                    for job in await asyncio.to_thread(self.storage.claim_jobs, free, self.replica, self.lease_s):
+                        log.info("job %s: attempt %d started on %s", job["id"], job["attempts"], self.replica)
                         self._launch(job)
                 self.service.metrics.jobs_state(*await asyncio.to_thread(self.storage.backlog))
                 if self._storage_failing:
@@ -146,6 +151,16 @@ class JobRunner:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(POLL_S):
                     await self._wake.wait()
+
+    def _keep_leases(self) -> None:
+        """Renew the leases of the jobs this replica runs; queue again those of replicas that died."""
+        self.storage.renew_leases(self.replica, list(self._running), self.lease_s)
+        if requeued := self.storage.requeue_expired():
+            log.warning("requeued %d jobs whose replica stopped renewing their leases", requeued)
+
+    def result_file(self, job: dict) -> Path | None:
+        """Where a job's result is: under this replica's results folder (replicas share one), by its name."""
+        return None if job["result_path"] is None else self.results_dir / Path(job["result_path"]).name
 
     def _wake_in(self, delay_s: float) -> None:
         """Look for due jobs again when a job put back with a delay is due."""
@@ -200,11 +215,12 @@ class JobRunner:
             self._wake.set()
 
     async def _succeed(self, job: dict, spoken: SpokenAudio) -> None:
-        path = self.results_dir / f"{job['id']}.{job['request']['response_format']}"
-        await asyncio.to_thread(_write_atomically, path, spoken.data)
+        name = f"{job['id']}.{job['request']['response_format']}"  # stored by name: replicas mount the folder anywhere
+        await asyncio.to_thread(_write_atomically, self.results_dir / name, spoken.data)
         expires = datetime.now(UTC) + timedelta(seconds=self.ttl_s)
-        await self._finish(job["id"], "succeeded", result_path=str(path), content_type=spoken.content_type,
-                           audio_s=round(spoken.duration_s, 3), expires_at=expires, error=None)
+        if await self._finish(job["id"], "succeeded", result_path=name, content_type=spoken.content_type,
+                              audio_s=round(spoken.duration_s, 3), expires_at=expires, error=None):
+            log.info("job %s: succeeded on %s", job["id"], self.replica)
 
     async def _put_back(self, job: dict, delay_s: float) -> None:
         """Queue the job again after delay_s, as if this attempt had not happened."""
@@ -222,27 +238,29 @@ class JobRunner:
         else:
             await self._finish(job["id"], "failed", error=f"failed after {job['attempts']} attempts: {reason}")
 
-    async def _finish(self, job_id: str, status: str, **fields) -> None:
-        """Record an attempt's outcome. When the database cannot take it now, the loop tries again
-        until it does: a job never stays running for want of one write."""
+    async def _finish(self, job_id: str, status: str, **fields) -> bool:
+        """Record an attempt's outcome; False when it lost (a cancel came first) or is not recorded yet: when
+        the database cannot take it now, the loop tries again until it does (a job never stays running for
+        want of one write)."""
         try:
             won = await asyncio.to_thread(self._settle, job_id, status, fields)
         except StorageError as error:
             log.warning("job %s: could not record %s (%r); trying again", job_id, status, error)
             self._unsettled[job_id] = (status, fields)
-            return
+            return False
         if won and status != "queued":
             self.service.metrics.jobs_finished.labels(status).inc()
+        return won
 
     def _settle(self, job_id: str, status: str, fields: dict) -> bool:
         """Move the row from running (in a worker thread); False when a cancel came first."""
         if self.storage.finish_job(job_id, status, **fields) is not None:
             return True
-        path = fields.get("result_path")
+        name = fields.get("result_path")
         # Delete the file only if no row points to it: when this is a retry, the earlier try may have
         # been written after all (its error came after the commit).
-        if path and (self.storage.job(job_id) or {}).get("result_path") != path:
-            Path(path).unlink(missing_ok=True)
+        if name and (self.storage.job(job_id) or {}).get("result_path") != name:
+            (self.results_dir / name).unlink(missing_ok=True)
         return False
 
     # --- retention ---------------------------------------------------------------------------------
@@ -253,8 +271,8 @@ class JobRunner:
         expired = self.storage.expired_jobs(self.ttl_s)
         for job in expired:
             self.storage.expire_job(job["id"])  # the row first: a crash here leaves a stray file, not a dangling row
-            if job["result_path"]:
-                Path(job["result_path"]).unlink(missing_ok=True)
+            if (path := self.result_file(job)) is not None:
+                path.unlink(missing_ok=True)
         self._remove_stray_files()
         return len(expired)
 

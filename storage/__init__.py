@@ -25,6 +25,7 @@ from .models import ApiKey, AuditEntry, ClonedVoiceRow, Job, LexiconRow, Lexicon
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
+MIGRATION_LOCK = 0x43686F72  # "Chor": the Postgres advisory lock that migrations hold
 
 
 class AlreadyExists(Exception):
@@ -93,6 +94,8 @@ class Storage:
         config.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
         try:
             with _guarded(), self.engine.begin() as connection:
+                if self.engine.dialect.name == "postgresql":  # replicas starting at once: one migrates, the rest wait
+                    connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
                 config.attributes["connection"] = connection
                 command.upgrade(config, revision)
         except CommandError as error:  # e.g. a database from a newer version of Chorus
@@ -235,15 +238,40 @@ class Storage:
         with self._transaction() as session:
             return [_job_dict(row) for row in session.scalars(query.order_by(Job.created_at.desc()).limit(limit))]
 
-    def claim_jobs(self, limit: int) -> list[dict]:
-        """Queued jobs that are due, highest priority then oldest first, marked running (attempt + 1)."""
+    def claim_jobs(self, limit: int, owner: str = "", lease_s: float = 30.0) -> list[dict]:
+        """Queued jobs that are due, highest priority then oldest first, marked running (attempt + 1) under
+        the owner's lease. Replicas claim at once without taking one job twice: the rows are locked as
+        they are read (FOR UPDATE SKIP LOCKED on Postgres: another replica's claim passes them by; SQLite
+        has one writer at a time)."""
         now = _now()
         with self._transaction(write=True) as session:
-            rows = list(session.scalars(select(Job).where(Job.status == "queued", Job.not_before <= now)
-                                        .order_by(Job.priority.desc(), Job.created_at).limit(limit)))
+            query = (select(Job).where(Job.status == "queued", Job.not_before <= now)
+                     .order_by(Job.priority.desc(), Job.created_at).limit(limit))
+            if self.engine.dialect.name != "sqlite":
+                query = query.with_for_update(skip_locked=True)
+            rows = list(session.scalars(query))
             for row in rows:
                 row.status, row.started_at, row.attempts = "running", now, row.attempts + 1
+                row.lease_owner, row.lease_until = owner, now + timedelta(seconds=lease_s)
             return [_job_dict(row) for row in rows]
+
+    def renew_leases(self, owner: str, job_ids: list[str], lease_s: float) -> None:
+        """The owner still runs these jobs: their leases hold lease_s from now."""
+        if not job_ids:
+            return
+        with self._transaction(write=True) as session:
+            session.execute(update(Job).where(Job.id.in_(job_ids), Job.status == "running", Job.lease_owner == owner)
+                            .values(lease_until=_now() + timedelta(seconds=lease_s)))
+
+    def requeue_expired(self, owner: str | None = None) -> int:
+        """Running jobs whose lease has run out (their replica died or hangs) go back to the queue; with
+        `owner` (a replica starting again under its id), that replica's own at once too."""
+        stale = or_(Job.lease_until.is_(None), Job.lease_until < _now())
+        if owner is not None:
+            stale = or_(stale, Job.lease_owner == owner)
+        with self._transaction(write=True) as session:
+            return session.execute(update(Job).where(Job.status == "running", stale)
+                                   .values(status="queued", lease_owner=None, lease_until=None)).rowcount
 
     def cancel_job(self, job_id: str) -> dict | None:
         """queued|running -> cancelled, in one conditional update; None when the job had ended (or
@@ -262,11 +290,6 @@ class Storage:
             moved = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(sources))
                                     .values(status=status, **fields)).rowcount
             return _job_dict(session.get(Job, job_id)) if moved else None
-
-    def requeue_interrupted(self) -> int:
-        """At start-up: jobs left running by a process that died go back to the queue."""
-        with self._transaction(write=True) as session:
-            return session.execute(update(Job).where(Job.status == "running").values(status="queued")).rowcount
 
     def backlog(self) -> tuple[int, int, float | None]:
         """Queued jobs, running jobs, and the age in seconds of the oldest queued one."""

@@ -82,6 +82,10 @@ class Job(Base):
     result_path: Mapped[str | None] = mapped_column(String(512), nullable=True)
     content_type: Mapped[str | None] = mapped_column(String(64), nullable=True)
     audio_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # while running: the replica whose claim it is, and until when (renewed while it runs; once past, any
+    # replica queues the job again)
+    lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class ClonedVoiceRow(Base):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -48,6 +49,9 @@ class Settings(BaseSettings):
     job_max_attempts: int = Field(3, ge=1)
     max_job_backlog: int = Field(1000, ge=1)  # queued jobs beyond which submissions answer 503
     job_concurrency: int = Field(4, ge=1)  # jobs in the batcher at once
+    job_lease_s: float = Field(30.0, ge=1)  # a running job's claim holds this long unrenewed (a dead replica's returns)
+    results_dir: Path | None = None  # default: <data_dir>/results; replicas share one (a mounted volume)
+    replica_id: str | None = None  # default: <host name>:<port>; stable across restarts of one replica
 
     # Batching
     batch_policy: Literal[tuple(POLICIES)] = "adaptive"  # type: ignore[valid-type]
@@ -114,6 +118,14 @@ class Settings(BaseSettings):
     @property
     def database(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'chorus.db'}"
+
+    @property
+    def results_path(self) -> Path:
+        return self.results_dir if self.results_dir is not None else self.data_dir / "results"
+
+    @property
+    def replica(self) -> str:
+        return self.replica_id or f"{socket.gethostname()}:{self.port}"
 
     @property
     def voices_path(self) -> Path:

@@ -63,8 +63,8 @@ class WatchedStorage(Storage):
             self.changed.notify_all()
         return result
 
-    def claim_jobs(self, limit):
-        return self._tell(super().claim_jobs(limit))
+    def claim_jobs(self, limit, *lease):
+        return self._tell(super().claim_jobs(limit, *lease))
 
     def cancel_job(self, job_id):
         return self._tell(super().cancel_job(job_id))
@@ -343,9 +343,21 @@ def test_jobs_left_running_by_a_dead_process_run_again(world):
     storage, make = world
     _, runner = make()
     job = runner.submit(CALLER, request())
-    storage.claim_jobs(10)  # as if a previous process had started it and died
+    storage.claim_jobs(10, runner.replica, 3600)  # as if this replica's previous process had started it and died
     assert storage.job(job["id"])["status"] == "running"
     assert run_until(runner, storage, job, "succeeded")["attempts"] == 2
+
+
+def test_a_dead_replicas_job_runs_again_once_its_lease_runs_out(world):
+    """Another replica claimed it and stopped renewing: once the lease is past, this one runs it; a live
+    replica's claim (a lease still valid) is left alone."""
+    storage, make = world
+    _, runner = make(job_lease_s=3)
+    dead, alive = runner.submit(CALLER, request()), runner.submit(CALLER, request("Still running."))
+    storage.claim_jobs(1, "other-replica:1", -1)  # claimed, its lease already past: that replica is gone
+    storage.claim_jobs(1, "busy-replica:2", 3600)
+    assert run_until(runner, storage, dead, "succeeded")["attempts"] == 2
+    assert storage.job(alive["id"])["status"] == "running"
 
 
 def test_a_full_backlog_refuses_new_jobs(world):
@@ -383,7 +395,7 @@ def test_results_past_their_retention_are_swept_with_their_input_text(world):
     backdate(storage, done["id"], expires_at=timedelta(seconds=1))
     assert runner.sweep() == 1
     swept = storage.job(done["id"])
-    assert swept["result_path"] is None and not os.path.exists(done["result_path"])
+    assert swept["result_path"] is None and not runner.result_file(done).exists()
     assert "input" not in swept["request"] and swept["request"]["voice"] == "fake-voice"
     public = public_job(swept)
     assert public["expired"] and public["audio_url"] is None and public["request"]["characters"] == 10
