@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from admin.api import router as admin_router
+from admin.cluster import ReplicaReporter
 from admin.control import OperatorControl
 from admin.gate import AdminGate
 from admin.lexicon import LexiconControl
@@ -97,6 +98,8 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
                 part.stop()
 
     control.on_reload.append(access.refresh_keys)  # keys revoked through another replica stop working here too
+    replicas = ReplicaReporter(storage, service, settings.replica)
+    control.on_reload.append(replicas.report)  # every second, beside the refresh: the cluster view reads them
 
     async def admit_ui(request: gr.Request):
         return await access.admit(None, request.client.host if request.client else None,
@@ -108,7 +111,7 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
 
     api = build_api(service, access, request_log, lifespan)
     api.state.control, api.state.monitor, api.state.admin_gate = control, monitor, gate
-    api.state.jobs, api.state.lexicon = job_runner, lexicon
+    api.state.jobs, api.state.lexicon, api.state.replicas = job_runner, lexicon, replicas
     api.include_router(admin_router)
     page = build_ui(service, admit_ui, identify_ui, api.state.clones, request_log,
                     [lambda: build_admin_tab(service, monitor, control, access, gate, api.state.clones, lexicon)])

@@ -21,7 +21,17 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .models import ApiKey, AuditEntry, ClonedVoiceRow, Job, LexiconRow, LexiconVersion, RequestLogEntry, Setting
+from .models import (
+    ApiKey,
+    AuditEntry,
+    ClonedVoiceRow,
+    Job,
+    LexiconRow,
+    LexiconVersion,
+    ReplicaRow,
+    RequestLogEntry,
+    Setting,
+)
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -254,6 +264,24 @@ class Storage:
                 row.status, row.started_at, row.attempts = "running", now, row.attempts + 1
                 row.lease_owner, row.lease_until = owner, now + timedelta(seconds=lease_s)
             return [_job_dict(row) for row in rows]
+
+    # --- replicas ------------------------------------------------------------------------------
+
+    def report_replica(self, replica: str, started_at: datetime, figures: dict[str, Any]) -> None:
+        """This replica's live figures, now (one row a replica, rewritten)."""
+        with self._transaction(write=True) as session:
+            row = session.get(ReplicaRow, replica) or ReplicaRow(id=replica)
+            row.started_at, row.seen_at, row.figures = started_at, _now(), json.dumps(figures)
+            session.add(row)
+
+    def replicas(self) -> list[dict]:
+        """Every replica that has reported, newest report first: id, started_at, seen_at, seen_s_ago, figures."""
+        now = _now()
+        with self._transaction() as session:
+            rows = list(session.scalars(select(ReplicaRow).order_by(ReplicaRow.seen_at.desc())))
+        return [{"id": row.id, "started_at": _iso(row.started_at), "seen_at": _iso(row.seen_at),
+                 "seen_s_ago": round((now - _aware(row.seen_at)).total_seconds(), 1), "figures": _loads(row.figures)}
+                for row in rows]
 
     def renew_leases(self, owner: str, job_ids: list[str], lease_s: float) -> None:
         """The owner still runs these jobs: their leases hold lease_s from now."""

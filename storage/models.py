@@ -88,6 +88,17 @@ class Job(Base):
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
+class ReplicaRow(Base):
+    """One server process of a deployment, as it last reported itself (every second while it runs)."""
+
+    __tablename__ = "replicas"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)  # TTS_REPLICA_ID
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    figures: Mapped[str] = mapped_column(Text)  # JSON: queue, running, batch size, load score, degrade, GPU
+
+
 class ClonedVoiceRow(Base):
     """A voice made from a caller's clip. Its voice prompt (the model's latents) is the file at path."""
 

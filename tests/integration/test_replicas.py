@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -86,7 +87,7 @@ def test_replicas_share_the_database_the_jobs_their_results_and_the_keys(tmp_pat
     try:
         assert all(replicas), "a replica did not start"
         storage = Storage(database_url)
-        assert storage.revision() == "0007"
+        assert storage.revision() == "0008"
         ids = [httpx.post(f"{replicas[number % 3].base_url}/v1/audio/jobs", json=job_body(number), timeout=30)
                .json()["id"] for number in range(JOBS)]
 
@@ -122,6 +123,20 @@ def test_replicas_share_the_database_the_jobs_their_results_and_the_keys(tmp_pat
             for replica in survivors:
                 audio = httpx.get(f"{replica.base_url}/v1/audio/jobs/{job}/audio", timeout=30)
                 assert audio.status_code == 200 and audio.content[:4] == b"RIFF", (job, audio.text[:200])
+
+        # Each replica's stats show the whole deployment: the killed replica is gone once it stops reporting.
+        def cluster(replica) -> dict[str, bool]:
+            rows = httpx.get(f"{replica.base_url}/admin/api/stats", headers=ADMIN, timeout=30).json()["replicas"]
+            return {row["id"]: row["gone"] for row in rows}
+        expected = {f"{socket.gethostname()}:{replica.base_url.rsplit(':', 1)[1]}": replica is killed
+                    for replica in replicas}
+        assert wait_until(lambda: cluster(survivors[1]) == expected, timeout_s=15)
+
+        # An operator setting changed on one replica applies on the other within 2 s.
+        changed = httpx.put(f"{survivors[0].base_url}/admin/api/settings", headers=ADMIN, json={"cap_text_chars": 777})
+        assert changed.status_code == 200, changed.text
+        assert wait_until(lambda: httpx.get(f"{survivors[1].base_url}/admin/api/settings", headers=ADMIN)
+                          .json()["settings"]["cap_text_chars"] == 777, timeout_s=2)
 
         # A key revoked on one replica is refused by the other within 2 s.
         made = httpx.post(f"{survivors[0].base_url}/admin/api/keys", headers=ADMIN, json={"name": "k", "tier": "pro"})

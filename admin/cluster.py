@@ -1,0 +1,32 @@
+"""The replicas of a deployment: each reports its live figures to the shared database every second (on
+the settings refresh's turn), and every replica's stats show them all, with the ones that stopped
+reporting marked gone."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from storage import Storage
+from tts_core.service import SpeechService
+
+GONE_AFTER_S = 5.0  # a replica that has not reported for this long is shown as gone
+
+
+class ReplicaReporter:
+    def __init__(self, storage: Storage, service: SpeechService, replica: str):
+        self.storage, self.service, self.replica = storage, service, replica
+        self.started_at = datetime.now(UTC)
+
+    def report(self) -> None:
+        """This replica's figures now (blocking; a StorageError is the refresh's to log)."""
+        status, state = self.service.status(), self.service.degrade.state
+        self.storage.report_replica(self.replica, self.started_at, {
+            "queue_length": status["queue_length"], "running": status["running_items"],
+            "batch_size": status["avg_batch_size"], "load_score": round(state.score, 3), "degraded": state.active,
+            "actions": list(state.actions), "gpu_free_mem_mb": status["gpu_free_mem_mb"],
+            "models_loaded": status["models_loaded"]})
+
+    def cluster(self) -> list[dict]:
+        """Every replica as it last reported: this one marked `self`, the silent ones `gone`."""
+        return [{**row, "self": row["id"] == self.replica, "gone": row["seen_s_ago"] > GONE_AFTER_S}
+                for row in self.storage.replicas()]
