@@ -8,7 +8,7 @@ ENV PYTHONUNBUFFERED=1 \
     TTS_HOST=0.0.0.0 \
     TTS_PORT=7860
 
-# ffmpeg: Gradio encodes the UI's streaming player with it (without it the UI plays whole files).
+# ffmpeg: Gradio converts the clone panel's uploads and recordings that are not WAV with it.
 RUN apt-get update && apt-get install -y --no-install-recommends ffmpeg && rm -rf /var/lib/apt/lists/*
 
 # Spaces run the container as user 1000; so do we everywhere.

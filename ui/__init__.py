@@ -1,16 +1,17 @@
 """The Gradio synthesis tab. It submits through the same SpeechService (and batcher) as the API, and
 clones voices through the same VoiceClones; the voice list is the browser's caller's (its own cloned
-voices, and the public ones)."""
+voices, and the public ones). The player, the counter and the lists' buttons run in the browser
+(ui/browser.py); each synthesis's files and the history are in ui/takes.py."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import html
+import json
 import logging
-import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
@@ -24,16 +25,19 @@ from tts_core.access import Caller
 from tts_core.admission import MAX_SPEED, MIN_SPEED
 from tts_core.audio import encode
 from tts_core.captions import SUBTITLE_FORMATS, CaptionWord, caption_words, subtitles
-from tts_core.catalogue import speaks
 from tts_core.errors import ChorusError, InvalidRequest, StorageUnavailable
-from tts_core.lexicon import language_code
 from tts_core.scheduling import SentenceStream
 from tts_core.service import SpeechService
+
+from . import browser, takes
+from .voices import language_choices, sample_text, voice_choices, voice_label, voice_list_html
 
 log = logging.getLogger(__name__)
 UI_FORMATS = ["mp3", "wav", "opus", "flac", "aac"]  # pcm has no header, so browsers cannot play it
 KEEP_FILES_S = 3600  # Gradio deletes files older than this, this often; api/uploads.py counts uploads kept for twice it
 PRUNE_EVERY_S = 60  # sweeping the folder on every request would cost a directory scan each time
+MIN_PIECE_S = 0.5  # pieces shorter than this (a stepped engine's frames) go to the player together
+PREVIEWS_KEPT = 64  # voice samples kept in memory
 
 
 def refused(error: ChorusError) -> gr.Error:
@@ -42,52 +46,19 @@ def refused(error: ChorusError) -> gr.Error:
     return gr.Error(error.message, print_exception=False)
 
 
-def _prune(folder: Path, older_than_s: float) -> None:
-    limit = time.time() - older_than_s
-    for path in folder.glob("*"):
-        if path.stat().st_mtime < limit:
-            path.unlink(missing_ok=True)
-
-
 def words_html(words: Sequence[CaptionWord], timed: bool) -> str:
-    """The caption words, each a span with when it is spoken (the highlighter reads them); escaped, as
-    they are the caller's text."""
+    """The caption words, each a span with when it is spoken (the player marks the one it plays); escaped,
+    as they are the caller's text."""
     if not timed:
         return '<p class="chorus-untimed">This voice cannot time its words.</p>'
     return " ".join(f'<span class="chorus-word" data-start="{word.start:.3f}" data-end="{word.end:.3f}">'
                     f"{html.escape(word.word)}</span>" for word in words)
 
 
-# Installed once per page: marks the word whose [start, end) holds the speech player's time, every frame
-# while it plays (timeupdate alone fires ~4 times a second) and on each seek or timeupdate. Media events do
-# not bubble, so they are caught on the document in the capture phase, from whichever <audio> is inside
-# the player now (Gradio may make a new one for each answer).
-HIGHLIGHTER = """
-if (!window.chorusHighlighter) {
-  window.chorusHighlighter = true;
-  let current = null, frame = 0;
-  const mark = (time) => {
-    const spans = document.querySelectorAll('#speech-words .chorus-word');
-    const next = [...spans].find(span => +span.dataset.start <= time && time < +span.dataset.end) || null;
-    if (next === current) return;
-    current?.classList.remove('spoken');
-    next?.classList.add('spoken');
-    current = next;
-  };
-  const follow = (event) => {
-    const audio = event.target;
-    if (!(audio instanceof HTMLMediaElement) || !audio.closest('#speech-player')) return;
-    cancelAnimationFrame(frame);
-    mark(audio.currentTime);
-    if (!audio.paused && !audio.ended) frame = requestAnimationFrame(() => follow(event));
-  };
-  for (const type of ['play', 'playing', 'timeupdate', 'seeked', 'pause', 'ended']) {
-    document.addEventListener(type, follow, true);
-  }
-}
-"""
-WORDS_CSS = (".chorus-word.spoken { background: var(--color-accent); color: var(--button-primary-text-color); "
-             "border-radius: 2px; box-shadow: 0 0 0 2px var(--color-accent); }")  # the Synthesize button's colours
+def counter_html(limit: int, tier: str | None) -> str:
+    """What the character counter starts from: the caller's limit (its tier's, within the server's)."""
+    return (f'<span class="chorus-count" data-limit="{limit}">0</span> / {limit:,} characters'
+            + (f" ({html.escape(tier)} tier)" if tier else ""))
 
 
 Admit = Callable[[gr.Request], Awaitable[tuple[Caller, object]]]  # identifies and rate-limits a UI caller
@@ -104,14 +75,12 @@ def _read_upload(path: str, limit: int) -> bytes:
 def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: VoiceClones,
              request_log: RequestLogWriter | None = None, extra_tabs: Sequence[Callable[[], None]] = ()) -> gr.Blocks:
     """The app's page: the synthesis tab, then each extra tab (the composition root adds Admin)."""
-    # Gradio encodes a streaming player's audio with ffmpeg; without it the player gets the whole file.
-    streaming = shutil.which("ffmpeg") is not None
-    if not streaming:
-        log.warning("ffmpeg is not on PATH: the UI plays speech once it is complete instead of streaming it")
     out_dir = Path(tempfile.gettempdir()) / "chorus-ui"
     out_dir.mkdir(parents=True, exist_ok=True)
+    gr.set_static_paths([out_dir])  # the player fetches the pieces from it, the history links the files
     metrics = service.metrics
     next_prune = 0.0
+    previews: dict[tuple, str] = {}  # (voice, its clone record) -> its sample, mp3 in base64
 
     async def open_stream(text: str, voice: str, speed: float, caller: Caller) -> tuple[SentenceStream, bool]:
         """The stream, with its words timed where the voice can time them (the scheduler knows, once the
@@ -123,20 +92,16 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
                 raise
         return await service.stream_pieces(text, voice, None, speed, caller), False
 
-    def save(data: bytes, response_format: str, words: list[CaptionWord]) -> tuple[str, list[str] | None]:
-        """The audio file, and its subtitles beside it (if its words are timed)."""
-        path = out_dir / f"chorus-{uuid.uuid4().hex[:12]}.{response_format}"
-        path.write_bytes(data)
-        if not words:
-            return str(path), None
-        for kind in SUBTITLE_FORMATS:
-            path.with_suffix(f".{kind}").write_text(subtitles(words, kind), encoding="utf-8")
-        return str(path), [str(path.with_suffix(f".{kind}")) for kind in SUBTITLE_FORMATS]
+    async def new_take() -> takes.Take:
+        nonlocal next_prune
+        if time.monotonic() >= next_prune:
+            next_prune = time.monotonic() + PRUNE_EVERY_S
+            await asyncio.to_thread(takes.prune, out_dir, KEEP_FILES_S)
+        return await asyncio.to_thread(takes.Take, out_dir)
 
     async def synthesize(text: str, voice: str, speed: float, response_format: str, request: gr.Request):
         """Plays each sentence as it is synthesized, with the words said so far, then offers the whole
         text as a file, and its subtitles."""
-        nonlocal next_prune
         started, status, details, audio_s = time.perf_counter(), 200, {}, 0.0
         client = request.client.host if request and request.client else "unknown"
         text = text or ""
@@ -144,21 +109,30 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
             caller, _ = await admit(request)
             client = caller.identity
             stream, timing = await open_stream(text, voice, float(speed), caller)
-            details, pieces, timed, words = {"voice": stream.voice.name}, [], [], []
+            details, pieces, pending, timed, words = {"voice": stream.voice.name}, [], [], [], []
+            take, rate = await new_take(), stream.sample_rate
             async for piece, piece_words in stream.timed():
                 pieces.append(piece)
+                pending.append(piece)
                 timed += piece_words
+                if sum(part.size for part in pending) >= MIN_PIECE_S * rate:
+                    words = caption_words(stream.script, text, timed)
+                    await asyncio.to_thread(take.add_piece, np.concatenate(pending), rate)
+                    pending = []
+                    yield take.player(), words_html(words, timing), gr.skip(), gr.skip()
+            if pending:
                 words = caption_words(stream.script, text, timed)
-                chunk = await asyncio.to_thread(encode, piece, stream.sample_rate, "wav") if streaming else gr.skip()
-                yield chunk, words_html(words, timing), gr.skip(), gr.skip()
+                await asyncio.to_thread(take.add_piece, np.concatenate(pending), rate)
             audio = np.concatenate(pieces)
-            audio_s = audio.size / stream.sample_rate
-            data = await asyncio.to_thread(encode, audio, stream.sample_rate, response_format)
-            if time.monotonic() >= next_prune:
-                next_prune = time.monotonic() + PRUNE_EVERY_S
-                await asyncio.to_thread(_prune, out_dir, KEEP_FILES_S)
-            path, subtitle_paths = await asyncio.to_thread(save, data, response_format, words)
-            yield gr.skip() if streaming else path, gr.skip(), path, subtitle_paths
+            audio_s = audio.size / rate
+            data = await asyncio.to_thread(encode, audio, rate, response_format)
+            markup = words_html(words, timing)
+            captions = {kind: subtitles(words, kind) for kind in SUBTITLE_FORMATS} if words else {}
+            path, subtitle_paths = await asyncio.to_thread(take.finish, data, takes.file_stem(stream.voice.name, text),
+                                                           response_format, captions, markup)
+            done = take.player(done=True, **takes.download(path), text=text[:500], label=voice_label(stream.voice),
+                               at=time.time(), duration_s=round(audio_s, 2))
+            yield done, markup, str(path), subtitle_paths
         except ChorusError as error:
             status = error.status
             raise refused(error) from None
@@ -175,32 +149,70 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
                 request_log.record(client=client, source="ui", status=status, characters=len(text or ""),
                                    **details)
 
+    def remember(player: str, history: list, subtitle_paths: list | None):
+        """The take just made, first in the browser's history; and its files shown (hidden until the first)."""
+        value = json.loads(player or "{}")
+        entry = {key: value.get(key) for key in ("take", "name", "text", "label", "at", "duration_s")}
+        kept = takes.entries([entry, *(history or [])], out_dir)
+        return kept, takes.history_html(kept, out_dir), gr.File(visible=True), gr.File(visible=bool(subtitle_paths))
+
+    def replay(history: list, event: gr.EventData) -> tuple[str, str]:
+        take = getattr(event, "take", None)
+        entry = next((entry for entry in takes.entries(history, out_dir) if entry["take"] == take), None)
+        if entry is None:
+            raise gr.Error("that synthesis is gone (files are kept for an hour)", print_exception=False)
+        return takes.replay(entry, out_dir)
+
+    def forget(history: list, event: gr.EventData) -> tuple[list, str]:
+        kept = takes.forget(history, getattr(event, "take", None), out_dir)
+        return kept, takes.history_html(kept, out_dir)
+
     def readiness() -> str:
         if service.ready:
             return "", gr.Timer(active=False)
         return "**Warming up:** requests wait until the voices are loaded and calibrated.", gr.Timer(active=True)
 
-    def caller_of(request: gr.Request) -> str | None:
+    def caller_of(request: gr.Request) -> Caller | None:
         try:
-            return identify(request).identity
+            return identify(request)
         except ChorusError:  # no key where keys are required: the voices everyone may use
             return None
 
-    def voice_choices(caller: str | None = None, language: str = "") -> list[tuple[str, str]]:
-        catalogue = service.catalogue
-        return [(f"{voice.name} ({voice.language}, {engine}{', cloned' if voice.name in catalogue.clones else ''})",
-                 voice.name) for voice, engine in catalogue.visible_voices(caller)
-                if not language or speaks(voice, language)]
-
-    def language_choices(caller: str | None = None) -> list[tuple[str, str]]:
-        codes = sorted({language_code(voice.language) for voice in service.catalogue.voice_list(caller)})
-        return [("Any language", "")] + [(code, code) for code in codes]
+    def identity_of(request: gr.Request) -> str | None:
+        caller = caller_of(request)
+        return caller.identity if caller else None
 
     def pick_language(language: str, request: gr.Request) -> gr.Dropdown:
         """The voices that speak the language, the language's own voice chosen (every voice for "")."""
-        caller, catalogue = caller_of(request), service.catalogue
+        caller, catalogue = identity_of(request), service.catalogue
         chosen = catalogue.voice_for_language(language, None, caller)[0].name if language else catalogue.default_voice
-        return gr.Dropdown(choices=voice_choices(caller, language), value=chosen)
+        return gr.Dropdown(choices=voice_choices(catalogue, caller, language), value=chosen)
+
+    def show_voices(language: str, chosen: str, request: gr.Request) -> str:
+        return voice_list_html(service.catalogue, identity_of(request), language or "", chosen)
+
+    def choose(event: gr.EventData) -> str:
+        return getattr(event, "voice", None) or gr.skip()
+
+    async def preview(event: gr.EventData, request: gr.Request) -> str:
+        """A short sample of the voice, made once (and counted against the caller's limit then)."""
+        name, catalogue = str(getattr(event, "voice", "")), service.catalogue
+        try:
+            found = catalogue.voices.get(name) if catalogue.visible(name, identity_of(request)) else None
+            if found is None:
+                raise InvalidRequest(f"voice {name!r} does not exist", "voice", "voice_not_found")
+            key = (name, catalogue.clones.get(name))  # a clone made again under its name is a new voice
+            if key not in previews:
+                caller, _ = await admit(request)
+                spoken = await service.speak(sample_text(found[0]), name, caller=caller, response_format="mp3")
+                if len(previews) >= PREVIEWS_KEPT:
+                    previews.pop(next(iter(previews)))
+                previews[key] = base64.b64encode(spoken.data).decode()
+        except ChorusError as error:
+            raise refused(error) from None
+        return (f'<p>{html.escape(voice_label(found[0]))}: “{html.escape(sample_text(found[0]))}”</p>'
+                f'<audio controls autoplay data-at="{time.time()}" src="data:audio/mpeg;base64,{previews[key]}">'
+                "</audio>")
 
     async def clone(clip: str | None, name: str, model: str | None, transcript: str, consent: bool,
                     request: gr.Request):
@@ -218,7 +230,7 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
             raise refused(StorageUnavailable()) from None
         return (f"Voice **{record['name']}** is ready ({record['duration_s']:.1f} s clip); it is yours to use "
                 "until an admin makes it public.",
-                gr.Dropdown(choices=voice_choices(caller.identity), value=record["name"]))
+                gr.Dropdown(choices=voice_choices(service.catalogue, caller.identity), value=record["name"]))
 
     def render_cloning(voice: gr.Dropdown) -> gr.Dropdown:
         """The "Clone a voice" panel; returns its model list (refreshed as the page loads)."""
@@ -239,46 +251,70 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
                                api_name="clone_voice", concurrency_limit=4)
         return model
 
+    catalogue, limit = service.catalogue, service.settings.max_chars
     with gr.Blocks(title="Chorus", delete_cache=(KEEP_FILES_S, KEEP_FILES_S)) as demo:
         gr.Markdown("# Chorus\nType text, pick a voice, hear it. "
                     "The same server answers the OpenAI-compatible API at `/v1/audio/speech`.")
         status = gr.Markdown()
+        history = gr.BrowserState([], storage_key="chorus-history")
         with gr.Tab("Synthesize"):
             with gr.Row():
-                with gr.Column(scale=3):
-                    text = gr.Textbox(label="Text", lines=6, max_length=service.settings.max_chars,
+                with gr.Column(scale=3, min_width=320):
+                    text = gr.Textbox(label="Text", lines=6, max_length=limit, elem_id="speech-text",
                                       placeholder="Hello! This is Chorus speaking.")
-                with gr.Column(scale=2):
-                    language = gr.Dropdown(language_choices(), value="", label="Language")
-                    voice = gr.Dropdown(voice_choices(), value=service.catalogue.default_voice, label="Voice")
-                    language.change(pick_language, [language], [voice], api_name="pick_language")
-                    speed = gr.Slider(MIN_SPEED, MAX_SPEED, value=1.0, step=0.05, label="Speed")
-                    response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format")
+                    counter = gr.HTML(counter_html(limit, None), elem_id="char-counter",
+                                      js_on_load=browser.COUNTER_JS, css_template=browser.COUNTER_CSS)
+                    with gr.Row():
+                        speed = gr.Slider(MIN_SPEED, MAX_SPEED, value=1.0, step=0.05, label="Speed", min_width=160)
+                        response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format", min_width=120)
                     button = gr.Button("Synthesize", variant="primary", elem_id="synthesize")
-            # The browser's own player, streaming or not (no waveform): an <audio> in the page, whose time the
-            # highlighter follows.
-            player = gr.Audio(label="Speech", streaming=streaming, autoplay=True, interactive=False,
-                              type="filepath", elem_id="speech-player",
-                              waveform_options=gr.WaveformOptions(show_recording_waveform=False))
-            captions = gr.HTML(elem_id="speech-words", js_on_load=HIGHLIGHTER, css_template=WORDS_CSS)
+                with gr.Column(scale=2, min_width=300):
+                    language = gr.Dropdown(language_choices(catalogue), value="", label="Language")
+                    voice = gr.Dropdown(voice_choices(catalogue), value=catalogue.default_voice, label="Voice")
+                    voice_list = gr.HTML(voice_list_html(catalogue, None, "", catalogue.default_voice),
+                                         elem_id="voice-list", max_height=320, js_on_load=browser.VOICES_JS,
+                                         css_template=browser.VOICES_CSS)
+                    preview_box = gr.HTML(elem_id="voice-preview", js_on_load=browser.PREVIEW_JS)
+            language.change(pick_language, [language], [voice], api_name="pick_language")
+            voice.change(show_voices, [language, voice], [voice_list], api_visibility="private")
+            voice_list.choose(choose, None, [voice], api_visibility="private")
+            voice_list.preview(preview, None, [preview_box], api_visibility="private", concurrency_limit=4)
+            player = gr.HTML("", html_template=browser.PLAYER_HTML, js_on_load=browser.PLAYER_JS,
+                             css_template=browser.PLAYER_CSS, elem_id="speech-player")
+            captions = gr.HTML(elem_id="speech-words", js_on_load=None, css_template=browser.WORDS_CSS)
             with gr.Row():
-                download = gr.File(label="The whole text, in the chosen format", interactive=False)
+                download = gr.File(label="The whole text, in the chosen format", interactive=False, visible=False,
+                                   elem_id="speech-file")
                 subtitle_files = gr.File(label="Subtitles (SubRip .srt and WebVTT .vtt)", file_count="multiple",
-                                         interactive=False)
+                                         interactive=False, visible=False)
+            with gr.Accordion("History", open=True):
+                history_box = gr.HTML(takes.history_html([], out_dir), elem_id="speech-history",
+                                      js_on_load=browser.HISTORY_JS, css_template=browser.HISTORY_CSS)
             button.click(synthesize, [text, voice, speed, response_format],
-                         [player, captions, download, subtitle_files], api_name="synthesize", concurrency_limit=None)
+                         [player, captions, download, subtitle_files], api_name="synthesize", concurrency_limit=None
+                         ).success(remember, [player, history, subtitle_files],
+                                   [history, history_box, download, subtitle_files], api_visibility="private")
+            history_box.replay(replay, [history], [player, captions], api_visibility="private")
+            history_box.forget(forget, [history], [history, history_box], api_visibility="private")
             clone_models = render_cloning(voice)
         for render_tab in extra_tabs:
             render_tab()
         warm_up_timer = gr.Timer(1.0, active=False)
         demo.load(readiness, None, [status, warm_up_timer])
 
-        def page_choices(request: gr.Request):  # the caller's, and the registry may have been reloaded
-            models = service.cloner.models()
+        def page(stored: list, request: gr.Request):  # the caller's, and the registry may have been reloaded
+            models, catalogue = service.cloner.models(), service.catalogue
             caller = caller_of(request)
-            return (gr.Dropdown(choices=voice_choices(caller)), gr.Dropdown(choices=language_choices(caller), value=""),
-                    gr.Dropdown(choices=models, value=models[0] if models else None))
+            identity = caller.identity if caller else None
+            limit = min(caller.tier.max_chars, service.settings.max_chars) if caller else service.settings.max_chars
+            kept = takes.entries(stored, out_dir)
+            return (gr.Dropdown(choices=voice_choices(catalogue, identity)),
+                    gr.Dropdown(choices=language_choices(catalogue, identity), value=""),
+                    gr.Dropdown(choices=models, value=models[0] if models else None),
+                    gr.Textbox(max_length=limit), counter_html(limit, caller.tier_name if caller else None),
+                    voice_list_html(catalogue, identity, "", catalogue.default_voice),
+                    kept, takes.history_html(kept, out_dir))
 
-        demo.load(page_choices, None, [voice, language, clone_models])
+        demo.load(page, [history], [voice, language, clone_models, text, counter, voice_list, history, history_box])
         warm_up_timer.tick(readiness, None, [status, warm_up_timer], api_visibility="private")
     return demo

@@ -6,7 +6,6 @@ missing browser fails the test instead of skipping it.
 """
 
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -82,33 +81,3 @@ def test_admin_tab_renders_live_charts(browser, admin_server):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "admin.png"))
 
-
-# Where the speech player is (paused, so only the test moves it); the highlighter hears the timeupdate.
-SEEK = """const audio = document.querySelector('#speech-player audio');
-audio.pause(); audio.currentTime = arguments[0]; audio.dispatchEvent(new Event('timeupdate'));
-return [...document.querySelectorAll('#speech-words .chorus-word')].findIndex(span => span.matches('.spoken'));"""
-
-
-def test_synthesis_tab_streams_shows_the_spoken_word_and_offers_the_files(browser, admin_server):
-    """The page a user sees: type, synthesize, the player streams with the words under it, the word
-    being spoken is marked as the player's time moves, the whole file and its subtitles are offered."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ready
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    require_tools("ffmpeg", install="apt-get install ffmpeg")
-    wait = WebDriverWait(browser, 60)
-    browser.get(admin_server + "/")
-    box = wait.until(ready.visibility_of_element_located((By.CSS_SELECTOR, "textarea")))
-    box.send_keys("Chorus reads this aloud as it is synthesized. The second sentence follows the first.")
-    browser.find_element(By.ID, "synthesize").click()
-    wait.until(lambda driver: all(re.search(rf"chorus-[0-9a-f]+\.{kind}\b", driver.page_source)
-                                  for kind in ("mp3", "srt", "vtt")))  # the file and its subtitles
-    words = browser.find_elements(By.CSS_SELECTOR, "#speech-words .chorus-word")
-    assert [word.text for word in words][:3] == ["Chorus", "reads", "this"] and len(words) == 14
-    for index in (1, 9, 5):  # the player's time inside a word's [start, end): that word, and only it, is marked
-        middle = (float(words[index].get_attribute("data-start")) + float(words[index].get_attribute("data-end"))) / 2
-        wait.until(lambda driver, middle=middle, index=index: driver.execute_script(SEEK, middle) == index)
-        assert len(browser.find_elements(By.CSS_SELECTOR, "#speech-words .spoken")) == 1
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    assert browser.save_screenshot(str(ARTIFACTS / "ui.png"))

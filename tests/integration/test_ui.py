@@ -1,3 +1,4 @@
+import json
 import re
 from html.parser import HTMLParser
 
@@ -8,7 +9,7 @@ from gradio_client import Client
 from app import create_app
 from tests.audio_check import decode
 from tests.fakes import FakeEngine
-from tests.serve import require_tools, serve_in_thread
+from tests.serve import serve_in_thread
 from tts_core.config import Settings
 
 VOICE = "en_US-joe-medium"
@@ -56,14 +57,25 @@ def test_page_loads(server):
 
 
 def test_synthesis_streams_each_sentence_then_offers_the_whole_file(server):
-    require_tools("ffmpeg", install="apt-get install ffmpeg")  # Gradio's streaming player encodes with it
-    updates = synthesize(server, "Hello from the browser tab. A second sentence follows. And then a third one.")
-    streamed = [player for player, *_ in updates[:-1]]
-    # One update per piece: each sentence, the first one cut short so it starts sooner.
-    assert len(streamed) >= 3 and all(str(chunk).endswith(".m3u8") for chunk in streamed)
+    text = "Hello from the browser tab. A second sentence follows. And then a third one."
+    updates = synthesize(server, text)
+    players = [json.loads(player) for player, *_ in updates]
+    # One update per piece (each sentence, the first one cut short so it starts sooner), each naming the
+    # pieces made so far, in one take; the last one adds the whole file.
+    counts = [len(player["pieces"]) for player in players[:-1]]
+    assert len(counts) >= 3 and counts == list(range(1, len(counts) + 1))
+    assert {player["take"] for player in players} == {players[0]["take"]} and players[-1]["done"]
+    assert players[-1]["pieces"][:len(counts)] == players[-2]["pieces"]
+    for url in players[-1]["pieces"]:  # the player fetches each piece
+        piece = httpx.get(f"{server}/{url}")
+        assert piece.status_code == 200 and decode(piece.content, "wav")[1] == 22050
+    name = "en_US-joe-medium-hello-from-the-browser-tab.wav"
+    assert players[-1]["name"] == name and updates[-1][2].endswith(name)  # named from the voice and first words
+    assert players[-1]["text"] == text and players[-1]["label"] == "Joe (medium)"
     with open(updates[-1][2], "rb") as file:
         samples, rate = decode(file.read(), "wav")
     assert rate == 22050 and 2.5 < samples.size / rate < 9
+    assert players[-1]["duration_s"] == pytest.approx(samples.size / rate, abs=0.01)
 
 
 def test_the_words_appear_as_they_are_spoken_with_their_subtitles(server):

@@ -1,0 +1,162 @@
+"""The synthesis tab in a real headless browser (Debian chromium + chromedriver, driven by selenium).
+
+The screenshots are kept as test artifacts (TTS_TEST_ARTIFACTS, default ./artifacts); docs/ui.png and
+docs/ui-phone-dark.png, which the README shows, are copies of them. .ci/run installs the browser and
+sets CHORUS_REQUIRE_TOOLS=1, so in CI a missing browser fails the tests instead of skipping them.
+"""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench.server import ROOT, start_server
+from tests.serve import require_tools
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+ARTIFACTS = Path(os.environ.get("TTS_TEST_ARTIFACTS", ROOT / "artifacts"))
+TEXT = "Chorus reads this aloud as it is synthesized. The second sentence follows the first."
+STATE = "return window.chorusPlayer && window.chorusPlayer.state()"
+# Where the player is (paused, so only the test moves it): the index of the word marked as spoken.
+SEEK = """window.chorusPlayer.seek(arguments[0]);
+return [...document.querySelectorAll('#speech-words .chorus-word')].findIndex(span => span.matches('.spoken'));"""
+# Whether the waveform has anything drawn on it.
+DRAWN = """const canvas = document.querySelector('#speech-player canvas');
+return canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data.some(value => value > 0);"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    require_tools("chromium", "chromedriver", install="apt-get install chromium chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1400,1900"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def ui_server(tmp_path_factory):
+    """Anonymous callers on the free tier: 1,000 characters, where the server takes 5,000."""
+    server = start_server(tmp_path_factory.mktemp("ui-browser"), calibration_sizes="1",
+                          operator_defaults=json.dumps({"anonymous_tier": "free"}))
+    yield server.base_url
+    server.stop()
+
+
+def open_page(browser, url: str):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 60)
+    browser.get(url)
+    wait.until(ready.text_to_be_present_in_element((By.ID, "char-counter"), "free tier"))  # the page has loaded
+    return wait
+
+
+def synthesize(browser, wait, text: str) -> dict:
+    """Types the text, clicks Synthesize, and waits for the whole take: the player's state."""
+    from selenium.webdriver.common.by import By
+
+    box = browser.find_element(By.CSS_SELECTOR, "#speech-text textarea")
+    box.clear()
+    box.send_keys(text)
+    before = browser.execute_script(STATE)["take"]
+    browser.find_element(By.ID, "synthesize").click()
+    wait.until(lambda driver: (state := driver.execute_script(STATE))["take"] != before and state["done"])
+    return browser.execute_script(STATE)
+
+
+def save_screenshot(browser, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(ARTIFACTS / name))
+
+
+def test_synthesis_plays_as_it_arrives_marks_the_spoken_word_and_keeps_a_history(browser, ui_server):
+    """Type (the counter shows the tier's limit), synthesize: the player plays the pieces as they come,
+    drawing their waveform, the word being spoken is marked as the player's time moves, the file is
+    offered under a name from the voice and the first words; the take is in the history, which a reload
+    keeps, and from which it plays again and is deleted."""
+    from selenium.webdriver.common.by import By
+
+    wait = open_page(browser, ui_server + "/")
+    counter = browser.find_element(By.ID, "char-counter")
+    assert counter.text == "0 / 1,000 characters (free tier)"
+    assert browser.find_element(By.CSS_SELECTOR, "#speech-text textarea").get_attribute("maxlength") == "1000"
+    assert "will be listed here" in browser.find_element(By.ID, "speech-history").text
+    assert not any(box.is_displayed() for box in browser.find_elements(By.ID, "speech-file"))  # none before a take
+
+    state = synthesize(browser, wait, TEXT)
+    assert counter.text.startswith(f"{len(TEXT)} / 1,000")
+    assert state["pieces"] >= 2 and state["total"] > 3 and state["peaks"] > 300  # two sentences, 10 ms peaks
+    assert state["playing"] or state["time"] > 0  # it started playing on its own
+    assert browser.execute_script(DRAWN)
+    name = "en_US-joe-medium-chorus-reads-this-aloud-as.mp3"
+    assert browser.find_element(By.CSS_SELECTOR, "#speech-player a.chorus-download").get_attribute("download") == name
+    wait.until(lambda driver: all(f"en_US-joe-medium-chorus-reads-this-aloud-as.{kind}" in driver.page_source
+                                  for kind in ("mp3", "srt", "vtt")))  # the file and its subtitles
+    words = browser.find_elements(By.CSS_SELECTOR, "#speech-words .chorus-word")
+    assert [word.text for word in words][:3] == ["Chorus", "reads", "this"] and len(words) == 14
+    for index in (1, 9, 5):  # the player's time inside a word's [start, end): that word, and only it, is marked
+        middle = (float(words[index].get_attribute("data-start")) + float(words[index].get_attribute("data-end"))) / 2
+        wait.until(lambda driver, middle=middle, index=index: driver.execute_script(SEEK, middle) == index)
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#speech-words .spoken")) == 1
+    entries = browser.find_elements(By.CSS_SELECTOR, "#speech-history li")
+    assert len(entries) == 1 and TEXT[:40] in entries[0].text and "Joe (medium)" in entries[0].text
+    save_screenshot(browser, "ui.png")
+
+    wait = open_page(browser, ui_server + "/")  # a reload keeps the history
+    entry = wait.until(lambda driver: driver.find_element(By.CSS_SELECTOR, "#speech-history li"))
+    assert TEXT[:40] in entry.text
+    assert entry.find_element(By.CSS_SELECTOR, "a").get_attribute("download") == name
+    entry.find_element(By.CSS_SELECTOR, "button[data-action='replay']").click()
+    wait.until(lambda driver: (replayed := driver.execute_script(STATE))["done"]
+               and replayed["take"] == state["take"] and replayed["pieces"] == state["pieces"])
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#speech-words .chorus-word")) == 14  # its words again
+    entry.find_element(By.CSS_SELECTOR, "button[data-action='forget']").click()
+    wait.until(lambda driver: not driver.find_elements(By.CSS_SELECTOR, "#speech-history li"))
+    open_page(browser, ui_server + "/")
+    assert not browser.find_elements(By.CSS_SELECTOR, "#speech-history li")
+
+
+def test_a_voice_preview_plays(browser, ui_server):
+    from selenium.webdriver.common.by import By
+
+    wait = open_page(browser, ui_server + "/")
+    row = browser.find_element(By.CSS_SELECTOR, "#voice-list .chorus-voice.chosen")
+    assert "Joe (medium)" in row.text and "22.05 kHz" in row.text and "OpenAI names: alloy" in row.text
+    assert browser.find_element(By.CSS_SELECTOR, "#voice-list h4").text.lower() == "english (united states)"
+    row.find_element(By.CSS_SELECTOR, ".chorus-preview").click()
+    wait.until(lambda driver: driver.execute_script(
+        "const audio = document.querySelector('#voice-preview audio'); return audio && audio.currentTime > 0"))
+    assert "Hello! This is how I sound." in browser.find_element(By.ID, "voice-preview").text
+
+
+def test_the_tab_fits_a_phone_and_reads_in_dark_mode(browser, ui_server):
+    from selenium.webdriver.common.by import By
+
+    browser.set_window_size(390, 844)
+    try:
+        wait = open_page(browser, ui_server + "/?__theme=dark")
+        synthesize(browser, wait, "Short and sweet.")
+        assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+        brightness = ("const [r, g, b] = getComputedStyle(arguments[0])[arguments[1]].match(/\\d+/g).map(Number);"
+                      "return r + g + b;")
+        for css in ("#voice-list .chorus-voice strong", "#speech-history q", ".chorus-voice small"):  # light text
+            assert browser.execute_script(brightness, browser.find_element(By.CSS_SELECTOR, css), "color") > 384, css
+        player = browser.find_element(By.CSS_SELECTOR, ".chorus-player")  # on a dark ground
+        assert browser.execute_script(brightness, player, "backgroundColor") < 200
+        browser.execute_script("document.querySelector('#voice-list').scrollIntoView()")
+        save_screenshot(browser, "ui-phone-dark.png")
+    finally:
+        browser.set_window_size(1400, 1900)

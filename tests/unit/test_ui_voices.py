@@ -1,0 +1,81 @@
+"""The synthesis tab's names for voices and languages, its voice list, and what it accepts of a browser's
+history."""
+
+import json
+import time
+
+from tts_core.catalogue import Catalogue
+from tts_core.cloning import ClonedVoice
+from tts_core.config import Settings
+from tts_core.engines import ModelSpec, Voice
+from ui import takes
+from ui.voices import language_choices, language_name, voice_choices, voice_label, voice_list_html
+
+JOE = Voice("en_US-joe-medium", "piper", "en-us", 22050)
+RP = Voice("en_GB-alan-low", "piper", "en-gb-x-rp", 16000)
+LIBRI = Voice("en_US-libritts_r-medium:12", "piper", "en-us", 22050, speaker="12")
+FRENCH = Voice("mms-fra", "vits", "fr", 16000)
+
+
+def catalogue(**clones: ClonedVoice) -> Catalogue:
+    other_speaker = Voice("en_US-libritts_r-medium:3", "piper", "en-us", 22050, speaker="3")
+    specs = [ModelSpec(name, voices, load=lambda: None)
+             for name, voices in (("joe", [JOE, RP]), ("libritts", [LIBRI, other_speaker]), ("mms-fra", [FRENCH]))]
+    return Catalogue.build(specs, Settings(default_voice="en_US-joe-medium", voice_aliases={"alloy": JOE.name}),
+                           clones)
+
+
+def test_languages_and_voices_have_readable_names():
+    assert language_name("en-us") == "English (United States)"
+    assert language_name("en-gb-x-rp") == "English (United Kingdom)"
+    assert language_name("es_419") == "Spanish (Latin America)"
+    assert language_name("fr") == "French" and language_name("qqq") == "qqq"
+    assert voice_label(JOE) == "Joe (medium)" and voice_label(FRENCH) == "mms-fra"
+    assert voice_label(LIBRI) == "Libritts R (medium), speaker 12"
+
+
+def test_the_voice_list_is_grouped_by_language_with_details_and_previews():
+    choices = voice_choices(catalogue())
+    assert choices[0] == ("Alan (low) · English (United Kingdom)", "en_GB-alan-low")  # by language, then name
+    assert choices[-1] == ("mms-fra · French", "mms-fra")
+    assert language_choices(catalogue()) == [("Any language", ""), ("English", "en"), ("French", "fr")]
+    page = voice_list_html(catalogue(), None, "", JOE.name)
+    headings = [part.split("</h4>")[0] for part in page.split("<h4>")[1:]]
+    assert headings == ["English (United Kingdom)", "English (United States)", "French"]
+    assert 'class="chorus-voice chosen" data-voice="en_US-joe-medium"' in page
+    assert "en_US-joe-medium · model piper (joe) · 22.05 kHz · OpenAI names: alloy" in page
+    assert "speaker 12 of 2" in page and page.count('class="chorus-preview"') == 5
+    assert "French" not in voice_list_html(catalogue(), None, "en", JOE.name)
+
+
+def test_cloned_voices_are_marked_and_private_ones_shown_to_their_owner_only():
+    mine = ClonedVoice("<b>anna</b>", "joe", "ip:10.0.0.1", False, "anna.wav")
+    listed = catalogue(**{mine.name: mine})
+    assert "cloned, yours" in voice_list_html(listed, "ip:10.0.0.1", "", JOE.name)
+    assert "&lt;b&gt;anna" in voice_list_html(listed, "ip:10.0.0.1", "", JOE.name)  # escaped
+    assert "anna" not in voice_list_html(listed, "ip:10.0.0.2", "", JOE.name)
+
+
+def test_downloads_are_named_from_the_voice_and_the_first_words():
+    assert takes.file_stem("en_US-joe-medium", "Hello from the browser tab. More.") == \
+        "en_US-joe-medium-hello-from-the-browser-tab"
+    assert takes.file_stem("libritts:12", "¡Hola, señor!") == "libritts_12-hola-señor"
+    assert takes.file_stem("joe", "...") == "joe-speech"
+
+
+def test_the_history_keeps_only_takes_of_ours_whose_files_remain(tmp_path):
+    take = takes.Take(tmp_path)
+    path, _ = take.finish(b"audio", "joe-hello", "mp3", {}, "")
+    entry = {"take": take.id, "name": path.name, "text": "<i>hi</i>", "label": "Joe", "at": time.time(),
+             "duration_s": 1.5}
+    (tmp_path / "secret.txt").write_text("not yours")
+    forged = [{"take": "../..", "name": "secret.txt"}, {"take": take.id, "name": "../../secret.txt"},
+              {"take": "0123456789ab", "name": "gone.mp3"}, "junk"]
+    assert takes.entries([entry, *forged], tmp_path) == [entry]
+    assert takes.entries("not a list", tmp_path) == [] and len(takes.entries([entry] * 30, tmp_path)) == 20
+    page = takes.history_html([entry], tmp_path)
+    assert "&lt;i&gt;hi&lt;/i&gt;" in page and f'download="{path.name}"' in page
+    player, words = takes.replay(entry, tmp_path)
+    assert json.loads(player)["download"].endswith(f"{take.id}/{path.name}") and words == ""
+    assert takes.forget([entry], "../..", tmp_path) == [entry] and (tmp_path / "secret.txt").exists()
+    assert takes.forget([entry], take.id, tmp_path) == [] and not take.folder.exists()
