@@ -4,10 +4,13 @@ reporting marked gone."""
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 
-from storage import Storage
+from storage import Storage, StorageError
 from tts_core.service import SpeechService
+
+log = logging.getLogger(__name__)
 
 GONE_AFTER_S = 5.0  # a replica that has not reported for this long is shown as gone
 
@@ -16,15 +19,24 @@ class ReplicaReporter:
     def __init__(self, storage: Storage, service: SpeechService, replica: str):
         self.storage, self.service, self.replica = storage, service, replica
         self.started_at = datetime.now(UTC)
+        self.failing = False  # the last report failed (logged once per outage)
 
     def report(self) -> None:
-        """This replica's figures now (blocking; a StorageError is the refresh's to log)."""
+        """This replica's figures now (blocking). A write that fails is logged once per outage and does not
+        stop the refresh it rides on: settings are still read while writes fail."""
         status, state = self.service.status(), self.service.degrade.state
-        self.storage.report_replica(self.replica, self.started_at, {
-            "queue_length": status["queue_length"], "running": status["running_items"],
-            "batch_size": status["avg_batch_size"], "load_score": round(state.score, 3), "degraded": state.active,
-            "actions": list(state.actions), "gpu_free_mem_mb": status["gpu_free_mem_mb"],
-            "models_loaded": status["models_loaded"]})
+        try:
+            self.storage.report_replica(self.replica, self.started_at, {
+                "queue_length": status["queue_length"], "running": status["running_items"],
+                "batch_size": status["avg_batch_size"], "load_score": round(state.score, 3),
+                "degraded": state.active, "actions": list(state.actions),
+                "gpu_free_mem_mb": status["gpu_free_mem_mb"], "models_loaded": status["models_loaded"]})
+        except StorageError as error:
+            if not self.failing:
+                log.warning("cannot report this replica's figures (%s); the cluster view misses it meanwhile", error)
+            self.failing = True
+            return
+        self.failing = False
 
     def cluster(self) -> list[dict]:
         """Every replica as it last reported: this one marked `self`, the silent ones `gone`."""
