@@ -8,6 +8,7 @@ from api.access import AccessControl
 from tts_core import gpu
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
+from tts_core.stepping import SteppedBatcher
 
 from .control import OperatorControl
 
@@ -27,4 +28,22 @@ def collect_stats(service: SpeechService, monitor: Monitor, control: OperatorCon
         "storage": {**control.health(), "rate_limit_error": access.storage_error,
                     "rate_limit_store": {"uri": access.store_uri, **access.breaker.state()}},
         "series": list(service.metrics.series)[-points:],
+        "cost_models": cost_models(service),
     }
+
+
+def cost_models(service: SpeechService) -> dict:
+    """Each loaded model's batch policy and, where it learns, the cost model it sizes batches by (seconds =
+    fixed + per_item * size + per_padded_token * padded tokens; a stepped engine's: seconds a step, its size
+    the requests running) with the measured batches it is fitted on."""
+    models = {}
+    for name, batcher in service.batchers.items():
+        policy = batcher.policy
+        model = policy.cost_model if policy.learns else None
+        models[name] = {
+            "policy": policy.name, "unit": "step" if isinstance(batcher, SteppedBatcher) else "batch",
+            "max_size": policy.max_batch_size,
+            "fitted": model is not None and model.fitted,
+            "coefficients": None if model is None else [float(value) for value in model.coefficients],
+            "observations": [] if model is None else model.observations()}
+    return models

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import functools
 import json
-from datetime import datetime
 
 import gradio as gr
-import plotly.graph_objects as go
 from pydantic import ValidationError
 
 from api.access import AccessControl
@@ -21,69 +19,23 @@ from tts_core.lexicon import LexiconEntry, LexiconFileError
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
 
+from .charts import CHARTS, cost_figure, plot_data, series_figure
 from .control import OperatorControl
 from .gate import AdminGate, AdminRefused
 from .lexicon import LexiconControl
+from .state import state_markdown
 from .stats import collect_stats
 
-CHARTS = [  # (title, [(series key, label)], y axis title)
-    ("Batch size", [("batch_size", "average batch size")], "items"),
-    ("Queue length", [("queue_length", "queued items")], "items"),
-    ("Throughput", [("throughput_audio_s", "audio seconds per second")], "audio s / s"),
-    ("Latency", [("p50_ms", "p50"), ("p95_ms", "p95")], "ms"),
-    ("Streams: time to first audio", [("first_audio_p50_ms", "p50"), ("first_audio_p95_ms", "p95")], "ms"),
-    ("Cache hit rate", [("cache_hit_rate", "hit rate")], "fraction"),
-    ("Job backlog", [("jobs_queued", "queued jobs"), ("jobs_oldest_s", "oldest waiting (s)")], ""),
-    ("GPU", [("gpu_used_fraction", "memory used"), ("gpu_utilization_pct", "utilisation %")], ""),
-    ("Autoregressive engines", [("running_requests", "requests running"), ("steps_per_s", "steps per second"),
-                                ("frames_per_step", "frames per step")], ""),
-]
 AUDIT_COLUMNS = ["time", "actor", "setting", "old value", "new value"]
 KEY_COLUMNS = ["id", "prefix", "name", "tier", "created", "revoked"]
 CLONE_COLUMNS = ["name", "model", "owner", "public", "created", "duration (s)"]
+COST_MODEL_WORDS = (
+    "**Batch cost model.** The batcher predicts each candidate batch's time with this model, fitted to the batches "
+    "it has run (the points; hollow: the calibration sweep at start), and takes the size that makes the most tokens "
+    "a second, but only a batch predicted to beat its items run one at a time (dotted) by a clear margin, and only "
+    "while every member still meets its deadline. Where the two lines lie together (a CPU) batching does not pay "
+    "and it runs one item at a time; where the solid line stays low (a GPU) it grows its batches.")
 LEXICON_COLUMNS = ["id", "language", "phrase", "ipa", "respelling", "case sensitive", "updated", "by"]
-ABSENT = {"GPU": "no GPU (NVML not available)",  # charts whose data may not exist here: what to say instead
-          "Autoregressive engines": "no autoregressive engine loaded"}
-
-
-def _figure(points: list[dict], title: str, lines: list[tuple[str, str]], y_title: str) -> go.Figure:
-    figure = go.Figure()
-    times = [datetime.fromtimestamp(point["t"]) for point in points]
-    for key, label in lines:
-        figure.add_trace(go.Scatter(x=times, y=[point.get(key) for point in points], name=label, mode="lines"))
-    no_data = not points or all(point.get(key) is None for point in points for key, _ in lines)
-    if title in ABSENT and no_data:
-        figure.add_annotation(text=ABSENT[title], showarrow=False, font={"size": 16})
-        figure.update_xaxes(visible=False)
-        figure.update_yaxes(visible=False)
-    figure.update_layout(title=title, height=240, margin={"l": 40, "r": 10, "t": 40, "b": 30},
-                         yaxis_title=y_title, showlegend=len(lines) > 1)
-    return figure
-
-
-def _state_markdown(stats: dict) -> str:
-    degrade, storage = stats["degrade"], stats["storage"]
-    mode = "**DEGRADED**" if degrade["active"] else "normal"
-    actions = ", ".join(degrade["actions"]) or "none"
-    parts = ", ".join(f"{name} {value:.2f}" for name, value in degrade["parts"].items())
-    precision = ", ".join(f"{engine}: {mode_}" for engine, mode_ in stats["precision"].items()) or "full"
-    lines = [f"**Mode:** {mode} — load score **{degrade['score']:.2f}** ({parts}); actions: {actions}",
-             f"**Precision:** {precision} · **GPU:** {'none' if stats['gpu'] is None else stats['gpu']}",
-             f"**Storage:** {storage['database']}"]
-    errors = [error for error in (storage["settings_error"], storage["request_log_error"]) if error]
-    if errors:
-        lines.append("**Storage error:** " + "; ".join(errors) + " — serving with the last known settings")
-    if storage["ignored_settings"]:
-        lines.append("**Stored settings ignored (out of bounds, defaults apply):** "
-                     + "; ".join(storage["ignored_settings"].values()))
-    store = storage["rate_limit_store"]
-    if store["state"] != "closed":
-        since = datetime.fromtimestamp(store["since"]).strftime("%H:%M:%S")
-        lines.append(f"**Rate-limit store {store['state']} since {since}:** {store['error']} — serving without "
-                     "rate limits")
-    elif storage["rate_limit_error"]:
-        lines.append(f"**Rate-limit store error:** {storage['rate_limit_error']} — serving without rate limits")
-    return "\n\n".join(lines)
 
 
 def _audit_rows(control: OperatorControl) -> list[list]:
@@ -94,12 +46,16 @@ def _audit_rows(control: OperatorControl) -> list[list]:
     return [[e["at"], e["actor"], e["key"], str(e["old_value"]), str(e["new_value"])] for e in entries]
 
 
-def _key_rows(access: AccessControl) -> list[list]:
+def _keys(access: AccessControl) -> tuple[list[list], gr.Dropdown]:
+    """The keys table, and the keys still in force to choose one to revoke from."""
     try:
         keys = access.storage.api_keys()
     except StorageError:
-        return []
-    return [[k["id"], k["prefix"] + "…", k["name"], k["tier"], k["created_at"], k["revoked_at"] or ""] for k in keys]
+        keys = []
+    rows = [[k["id"], k["prefix"] + "…", k["name"], k["tier"], k["created_at"], k["revoked_at"] or ""] for k in keys]
+    choices = [(f"{k['name']} ({k['tier']}, {k['prefix']}…, id {k['id']})", k["id"]) for k in keys
+               if not k["revoked_at"]]
+    return rows, gr.Dropdown(choices=choices, value=None)
 
 
 async def _clone_rows(clones: VoiceClones) -> list[list]:
@@ -242,10 +198,15 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
             login_message = gr.Markdown()
         with gr.Column(visible=False) as panel:
             state = gr.Markdown(elem_id="degrade-state")
-            plots = []
-            for row in range(0, len(CHARTS), 2):
+            # Two charts a row, one where two would be narrower than min_width (a phone); first the batch sizes
+            # and the cost model that explains them.
+            with gr.Row():
+                plots = [gr.Plot(show_label=False, min_width=320)]
+                cost_plot = gr.Plot(show_label=False, min_width=320, elem_id="cost-model")
+            gr.Markdown(COST_MODEL_WORDS)
+            for row in range(1, len(CHARTS), 2):
                 with gr.Row():
-                    plots.extend(gr.Plot(show_label=False) for _ in CHARTS[row: row + 2])
+                    plots.extend(gr.Plot(show_label=False, min_width=320) for _ in CHARTS[row: row + 2])
             gr.Markdown("### Degrade thresholds and actions")
             fields = OperatorSettings.model_fields
             inputs = {}
@@ -276,7 +237,7 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
             key_message = gr.Markdown()
             keys_table = gr.Dataframe(headers=KEY_COLUMNS, interactive=False)
             with gr.Row():
-                revoke_id = gr.Number(label="key id to revoke", precision=0, scale=2)
+                revoke_choice = gr.Dropdown([], value=None, label="key to revoke", scale=2, elem_id="revoke-key")
                 revoke = gr.Button("Revoke key", variant="stop", scale=1)
             clones_table = _render_clones(signed_in, clones)
             lexicon_table = _render_lexicon(signed_in, lexicon)
@@ -295,10 +256,9 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
             try:
                 gate.check(given, _address(request, access))
             except AdminRefused as refused:
-                return [False, gr.update(), gr.update(), f"{refused.message}.", gr.update(), gr.update(),
-                        *[gr.update()] * len(inputs)]
+                return [False, gr.update(), gr.update(), f"{refused.message}.", *[gr.update()] * (3 + len(inputs))]
             return [True, gr.update(visible=False), gr.update(visible=True), "",
-                    _audit_rows(control), _key_rows(access), *form_values()]
+                    _audit_rows(control), *_keys(access), *form_values()]
 
         async def list_clones(is_signed_in: bool):
             return await _clone_rows(clones) if is_signed_in else gr.skip()
@@ -306,7 +266,7 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
         def list_lexicon(is_signed_in: bool):
             return _lexicon_rows(lexicon) if is_signed_in else gr.skip()
 
-        login.click(sign_in, [token], [signed_in, login_box, panel, login_message, audit, keys_table,
+        login.click(sign_in, [token], [signed_in, login_box, panel, login_message, audit, keys_table, revoke_choice,
                                        *inputs.values()],
                     api_visibility="private").then(list_clones, [signed_in], [clones_table], api_visibility="private"
                                                    ).then(list_lexicon, [signed_in], [lexicon_table],
@@ -314,12 +274,13 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
 
         def refresh(is_signed_in: bool):
             if not is_signed_in:
-                return [gr.skip()] * (1 + len(plots))
+                return [gr.skip()] * (2 + len(plots))
             stats = collect_stats(service, monitor, control, access)
-            return [_state_markdown(stats),
-                    *(_figure(stats["series"], *chart) for chart in CHARTS)]
+            return [state_markdown(stats, control.settings), plot_data(cost_figure(stats["cost_models"])),
+                    *(plot_data(series_figure(stats["series"], chart)) for chart in CHARTS)]
 
-        timer.tick(refresh, [signed_in], [state, *plots], api_visibility="private", show_progress="hidden")
+        timer.tick(refresh, [signed_in], [state, cost_plot, *plots], api_visibility="private",
+                   show_progress="hidden")
 
         def save_settings(is_signed_in: bool, *values):
             if not is_signed_in:
@@ -349,24 +310,25 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
 
         def make_key(is_signed_in: bool, name: str, tier: str):
             if not is_signed_in or not name or not tier:
-                return "Give the key a name and a tier.", gr.skip()
+                return "Give the key a name and a tier.", gr.skip(), gr.skip()
             try:
                 key, record = access.create_key(name, tier, "admin-ui")
             except StorageError:
-                return f"Not created: {StorageUnavailable().message}", gr.skip()
+                return f"Not created: {StorageUnavailable().message}", gr.skip(), gr.skip()
             return (f"Key **{record['id']}** for {name} ({tier}): `{key}` (copy it now: it is not shown again)",
-                    _key_rows(access))
+                    *_keys(access))
 
         def drop_key(is_signed_in: bool, key_id):
             if not is_signed_in or key_id is None:
-                return "Give the id of the key to revoke.", gr.skip()
+                return "Choose the key to revoke.", gr.skip(), gr.skip()
             try:
                 record = access.revoke_key(int(key_id), "admin-ui")
             except StorageError:
-                return f"Not revoked: {StorageUnavailable().message}", gr.skip()
+                return f"Not revoked: {StorageUnavailable().message}", gr.skip(), gr.skip()
             message = f"Key {int(key_id)} revoked." if record else f"No key with id {int(key_id)}."
-            return message, _key_rows(access)
+            return (message, *_keys(access))
 
-        create_key.click(make_key, [signed_in, key_name, key_tier], [key_message, keys_table], api_visibility="private")
-        revoke.click(drop_key, [signed_in, revoke_id], [key_message, keys_table], api_visibility="private")
+        keys = [key_message, keys_table, revoke_choice]
+        create_key.click(make_key, [signed_in, key_name, key_tier], keys, api_visibility="private")
+        revoke.click(drop_key, [signed_in, revoke_choice], keys, api_visibility="private")
         save.click(save_settings, [signed_in, *inputs.values()], [save_message, audit], api_visibility="private")

@@ -64,6 +64,14 @@ class CostModel:
         if self.fitted:
             self.coefficients = self._fit()
 
+    def observations(self) -> list[dict]:
+        """The batches the model is fitted on (calibration rows, then the recent window): at most
+        the sweep's points plus `window`. Another thread may read them: under the GIL, copying a list
+        or a deque is one C call that the engine thread's appends cannot interleave with."""
+        rows = [(row, True) for row in list(self._seed)] + [(row, False) for row in list(self._recent)]
+        return [{"size": int(size), "padded_tokens": int(padded), "seconds": seconds, "calibration": calibration}
+                for (size, padded, seconds), calibration in rows]
+
     def predict(self, batch_size: int, padded: int) -> float:
         a, b, c = self.coefficients
         return a + b * batch_size + c * padded
@@ -114,6 +122,7 @@ class BatchPolicy:
 
     name = "sequential"
     learns = False
+    cost_model: CostModel | None = None  # the fitted model a learning policy sizes batches by
 
     def __init__(self, max_batch_size: int = 1, max_batch_tokens: int = 1 << 30):
         self.max_batch_size = max_batch_size

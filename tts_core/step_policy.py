@@ -85,6 +85,10 @@ class StepPolicy:
     def max_batch_size(self) -> int:  # what the batcher's candidate limits read
         return self.max_running
 
+    @property
+    def cost_model(self) -> CostModel:  # the step-time model, as the dashboard charts a batch policy's
+        return self.cost.steps
+
     def plan(self, running: Sequence[StepView], queued: Sequence[StepView], now: float,
              memory_tokens: int | None = None) -> BatchPlan:
         raise NotImplementedError

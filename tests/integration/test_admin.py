@@ -54,6 +54,8 @@ def test_stats_show_the_live_state(admin_server):
     assert stats["degrade"]["active"] is False and stats["gpu"] is None
     assert stats["storage"]["database"].endswith("chorus.db") and stats["storage"]["settings_error"] is None
     assert len(stats["series"]) >= 1
+    model = next(iter(stats["cost_models"].values()))  # what the Admin tab's cost-model chart draws
+    assert model["policy"] == "adaptive" and model["observations"][0]["calibration"]
 
 
 def test_settings_survive_a_restart_and_are_audited(admin_server, data_dir):

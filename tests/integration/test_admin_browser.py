@@ -7,12 +7,12 @@ missing browser fails the test instead of skipping it.
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from admin.charts import COST_TITLE
 from bench.server import ROOT, start_server
 from tests.serve import require_tools
 
@@ -39,35 +39,99 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def admin_server(tmp_path_factory):
+def admin_server(tmp_path_factory, browser):
     server = start_server(tmp_path_factory.mktemp("browser"), admin_token=TOKEN, calibration_sizes="1")
     yield server.base_url
+    browser.get("about:blank")  # an open page's connection would hold the server's graceful stop for 15 s
     server.stop()
 
 
-def test_admin_tab_renders_live_charts(browser, admin_server):
+# Each chart as plotly drew it: title, y axis (range and title), the traces' names and point counts, toolbar buttons.
+CHARTS = """return [...document.querySelectorAll('.js-plotly-plot')].map(plot => ({
+  title: plot._fullLayout?.title?.text, range: plot._fullLayout?.yaxis?.range,
+  unit: plot._fullLayout?.yaxis?.title?.text,
+  traces: Object.fromEntries((plot.data || []).map(trace => [trace.name, (trace.x || []).length])),
+  buttons: plot.querySelectorAll('.modebar-btn').length}))"""
+
+
+def charts(browser) -> dict[str, dict]:
+    return {chart["title"]: chart for chart in browser.execute_script(CHARTS)}
+
+
+def sign_in(browser, url: str, wait) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ready
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    for text in ("Some traffic for the charts.", "A second request, a little longer than the first."):
-        httpx.post(f"{admin_server}/v1/audio/speech", timeout=60,
-                   json={"model": "tts-1", "voice": "alloy", "input": text})
-    wait = WebDriverWait(browser, 30)
-    browser.get(admin_server + "/")
+    browser.get(url)
     tab = wait.until(ready.element_to_be_clickable((By.XPATH, "//button[@role='tab' and contains(., 'Admin')]")))
     tab.click()
     token = wait.until(ready.visibility_of_element_located((By.CSS_SELECTOR, "input[type='password']")))
     token.send_keys(TOKEN)
     browser.find_element(By.XPATH, "//button[contains(., 'Sign in')]").click()
-    wait.until(lambda driver: len(driver.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")) >= 8)
-    wait.until(ready.text_to_be_present_in_element((By.ID, "degrade-state"), "load score"))
-    time.sleep(2)  # let a few timer ticks draw the series
-    titles = browser.execute_script(
-        "return [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent)")
+    wait.until(lambda driver: len(charts(driver)) == 10)  # 9 series and the cost model, drawn
+    wait.until(ready.text_to_be_present_in_element((By.ID, "degrade-state"), "Load score"))
+
+
+@pytest.fixture(scope="module")
+def served(admin_server):
+    """Some traffic for the charts."""
+    for text in ("Some traffic for the charts.", "A second request, a little longer than the first."):
+        assert httpx.post(f"{admin_server}/v1/audio/speech", timeout=60,
+                          json={"model": "tts-1", "voice": "alloy", "input": text}).status_code == 200
+
+
+def test_admin_tab_on_a_phone_in_dark_mode(browser, admin_server, served):
+    """390 x 844 CSS pixels, Gradio's dark theme: one chart a row, as wide as the screen, nothing wider."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": True})
+    try:
+        sign_in(browser, admin_server + "/?__theme=dark", WebDriverWait(browser, 30))
+        assert browser.execute_script("return document.querySelector('.dark') !== null")
+        widths = browser.execute_script(
+            "return [...document.querySelectorAll('.js-plotly-plot')].map(plot => plot.getBoundingClientRect().width)")
+        assert all(300 < width <= 390 for width in widths), widths
+        assert browser.execute_script("return document.documentElement.scrollWidth") <= 390
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        for place, name in (("degrade-state", "admin-phone-dark.png"), ("cost-model", "admin-phone-dark-cost.png")):
+            browser.execute_script(f"document.getElementById('{place}').scrollIntoView()")
+            assert browser.save_screenshot(str(ARTIFACTS / name))
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+def test_admin_tab_renders_live_charts(browser, admin_server, served):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    key = httpx.post(f"{admin_server}/admin/api/keys", headers={"Authorization": f"Bearer {TOKEN}"},
+                     json={"name": "browser-key", "tier": "free"}).json()
+    wait = WebDriverWait(browser, 30)
+    sign_in(browser, admin_server + "/", wait)
+    # the cost model has the served batches as points, and the series have several points each
+    wait.until(lambda driver: charts(driver)[COST_TITLE]["traces"].get("measured: served batches", 0) >= 2)
+    wait.until(lambda driver: charts(driver)["Latency"]["traces"]["p50"] >= 3)
+    drawn = charts(browser)
     assert {"Batch size", "Queue length", "Throughput", "Latency", "Streams: time to first audio", "Cache hit rate",
-            "Job backlog", "GPU"} <= set(titles)
-    assert "normal" in browser.find_element(By.ID, "degrade-state").text
+            "Job backlog", "GPU", "Autoregressive engines", COST_TITLE} == set(drawn)
+    absent = {"GPU", "Autoregressive engines"}  # here they say so instead, without axes
+    assert all(chart["range"][0] == 0 and chart["buttons"] == 0 and (chart["unit"] or title in absent)
+               for title, chart in drawn.items()), drawn
+    assert drawn["Cache hit rate"]["range"] == [0, 1] and drawn["Latency"]["traces"]["p95"] >= 3
+    assert drawn[COST_TITLE]["traces"]["predicted: one batch of n"] >= 2
+    state = browser.find_element(By.ID, "degrade-state").text
+    assert "normal" in state and "queue wait 0.00" in state and "queue_wait_target_s" in state
+
+    # A key is revoked by choosing it.
+    browser.find_element(By.CSS_SELECTOR, "#revoke-key input").click()
+    wait.until(ready.element_to_be_clickable((By.XPATH, "//li[@data-testid='dropdown-option' and "
+                                                        "contains(., 'browser-key')]"))).click()
+    browser.find_element(By.XPATH, "//button[contains(., 'Revoke key')]").click()
+    wait.until(lambda driver: f"Key {key['id']} revoked." in driver.page_source)
+    keys = httpx.get(f"{admin_server}/admin/api/keys", headers={"Authorization": f"Bearer {TOKEN}"}).json()["data"]
+    assert next(row for row in keys if row["id"] == key["id"])["revoked_at"]
 
     # The form changes a threshold in the running server, and the audit log shows it.
     field = browser.find_element(By.XPATH, "//label[contains(., 'cap text chars')]//input")
@@ -78,6 +142,7 @@ def test_admin_tab_renders_live_charts(browser, admin_server):
     settings = httpx.get(f"{admin_server}/admin/api/settings", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert settings["settings"]["cap_text_chars"] == 250
     wait.until(lambda driver: "admin-ui" in driver.page_source)  # the audit table
+    browser.execute_script("window.scrollTo(0, 0)")  # the README's picture: the state and the charts
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "admin.png"))
 

@@ -1,0 +1,66 @@
+"""The Admin tab's state text: degrade mode, the load score with each of its parts in words, precision, storage."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from tts_core.degrade import OperatorSettings
+
+
+def _queue_wait(value: float, settings: OperatorSettings, gpu: dict | None) -> str:
+    target = settings.queue_wait_target_s
+    wait = f"{target:g} s or more" if value >= 1 else f"{value * target:.1f} s"
+    return (f"a new caller's sentence would wait {wait} before its synthesis starts (predicted from the work queued "
+            f"ahead of it and the engine's measured speed), over the {target:g} s target, `queue_wait_target_s`")
+
+
+def _device_memory(value: float, settings: OperatorSettings, gpu: dict | None) -> str:
+    amount = ""
+    if gpu and gpu.get("total_mb"):
+        amount = f", {(gpu['total_mb'] - gpu['free_mb']) / 1024:.1f} of {gpu['total_mb'] / 1024:.1f} GiB"
+    return (f"{value:.0%} of the GPU's memory is in use{amount}, by every process on it (models' weights and "
+            "the memory their framework keeps cached count too): near 1, a bigger batch may not fit")
+
+
+PARTS = {"queue_wait": ("queue wait", _queue_wait), "device_memory": ("GPU memory", _device_memory)}
+
+
+def load_markdown(degrade: dict, settings: OperatorSettings, gpu: dict | None) -> str:
+    """The score, what moves degrade mode, and each part with what it measures; the part that sets the score
+    first and marked."""
+    parts = sorted(degrade["parts"].items(), key=lambda part: -part[1])
+    lines = [f"**Load score {degrade['score']:.2f}**, the largest of its parts, each 0 (idle) to 1 (full): degrade "
+             f"mode starts at {settings.enter_threshold:g} and ends once the score has stayed at or below "
+             f"{settings.exit_threshold:g} for {settings.exit_hold_s:g} s."]
+    for index, (name, value) in enumerate(parts):
+        label, words = PARTS.get(name, (name.replace("_", " "), lambda *_: ""))
+        mark = " (sets the score)" if index == 0 and value > 0 else ""
+        lines.append(f"- **{label} {value:.2f}**{mark}: {words(value, settings, gpu)}")
+    return "\n".join(lines)
+
+
+def state_markdown(stats: dict, settings: OperatorSettings) -> str:
+    degrade, storage = stats["degrade"], stats["storage"]
+    mode = "**DEGRADED**" if degrade["active"] else "normal"
+    actions = ", ".join(degrade["actions"]) or "none"
+    precision = ", ".join(f"{engine}: {mode_}" for engine, mode_ in stats["precision"].items()) or "full"
+    gpu = stats["gpu"]
+    device = "none" if gpu is None else (f"{gpu['free_mb']:.0f} of {gpu['total_mb']:.0f} MiB free, "
+                                         f"{gpu['utilization_pct']}% busy")
+    lines = [f"**Mode:** {mode}; actions: {actions}", load_markdown(degrade, settings, gpu),
+             f"**Precision:** {precision} · **GPU:** {device}",
+             f"**Storage:** {storage['database']}"]
+    errors = [error for error in (storage["settings_error"], storage["request_log_error"]) if error]
+    if errors:
+        lines.append("**Storage error:** " + "; ".join(errors) + " — serving with the last known settings")
+    if storage["ignored_settings"]:
+        lines.append("**Stored settings ignored (out of bounds, defaults apply):** "
+                     + "; ".join(storage["ignored_settings"].values()))
+    store = storage["rate_limit_store"]
+    if store["state"] != "closed":
+        since = datetime.fromtimestamp(store["since"]).strftime("%H:%M:%S")
+        lines.append(f"**Rate-limit store {store['state']} since {since}:** {store['error']} — serving without "
+                     "rate limits")
+    elif storage["rate_limit_error"]:
+        lines.append(f"**Rate-limit store error:** {storage['rate_limit_error']} — serving without rate limits")
+    return "\n\n".join(lines)
