@@ -114,7 +114,8 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
     api.state.jobs, api.state.lexicon, api.state.replicas = job_runner, lexicon, replicas
     api.include_router(admin_router)
     page = build_ui(service, admit_ui, identify_ui, api.state.clones, request_log,
-                    [lambda: build_admin_tab(service, monitor, control, access, gate, api.state.clones, lexicon)])
+                    [lambda: build_admin_tab(service, monitor, control, access, gate, api.state.clones, lexicon,
+                                                    replicas)])
     app = gr.mount_gradio_app(api, page, path="/")
     calm_gradio_queue(page)
     return app

@@ -39,6 +39,15 @@ def load_markdown(degrade: dict, settings: OperatorSettings, gpu: dict | None) -
     return "\n".join(lines)
 
 
+def _replica(row: dict) -> str:
+    name = f"`{row['id']}`" + (" (this one)" if row["self"] else "")
+    if row["gone"]:
+        return f"{name} gone (last seen {row['seen_s_ago']:.0f} s ago)"
+    figures = row["figures"]
+    return (f"{name} queue {figures['queue_length']}, running {figures['running']}, load {figures['load_score']:.2f}"
+            + (", **degraded**" if figures["degraded"] else ""))
+
+
 def state_markdown(stats: dict, settings: OperatorSettings) -> str:
     degrade, storage = stats["degrade"], stats["storage"]
     mode = "**DEGRADED**" if degrade["active"] else "normal"
@@ -50,6 +59,8 @@ def state_markdown(stats: dict, settings: OperatorSettings) -> str:
     lines = [f"**Mode:** {mode}; actions: {actions}", load_markdown(degrade, settings, gpu),
              f"**Precision:** {precision} · **GPU:** {device}",
              f"**Storage:** {storage['database']}"]
+    if len(stats["replicas"]) > 1:  # a deployment of several: each as it last reported
+        lines.append("**Replicas:** " + "; ".join(_replica(row) for row in stats["replicas"]))
     errors = [error for error in (storage["settings_error"], storage["request_log_error"]) if error]
     if errors:
         lines.append("**Storage error:** " + "; ".join(errors) + " — serving with the last known settings")

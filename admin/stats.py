@@ -5,17 +5,21 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from api.access import AccessControl
+from storage import StorageError
 from tts_core import gpu
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
 from tts_core.stepping import SteppedBatcher
 
+from .cluster import ReplicaReporter
 from .control import OperatorControl
 
 
 def collect_stats(service: SpeechService, monitor: Monitor, control: OperatorControl, access: AccessControl,
-                  points: int = 120) -> dict:
+                  replicas: ReplicaReporter | None = None, points: int = 120) -> dict:
+    """This replica's figures, and under `replicas` every replica of the deployment as it last reported."""
     return {
+        **_cluster(replicas),
         "status": service.status(),
         "degrade": asdict(service.degrade.state),
         "precision": dict(monitor.precision),
@@ -30,6 +34,15 @@ def collect_stats(service: SpeechService, monitor: Monitor, control: OperatorCon
         "series": list(service.metrics.series)[-points:],
         "cost_models": cost_models(service),
     }
+
+
+def _cluster(replicas: ReplicaReporter | None) -> dict:
+    if replicas is None:
+        return {"replicas": []}
+    try:
+        return {"replicas": replicas.cluster()}
+    except StorageError as error:  # the rest of the figures still answer
+        return {"replicas": [], "replicas_error": str(error)}
 
 
 def cost_models(service: SpeechService) -> dict:

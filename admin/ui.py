@@ -20,6 +20,7 @@ from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
 
 from .charts import CHARTS, cost_figure, plot_data, series_figure
+from .cluster import ReplicaReporter
 from .control import OperatorControl
 from .gate import AdminGate, AdminRefused
 from .lexicon import LexiconControl
@@ -183,7 +184,8 @@ def _address(request: gr.Request | None, access: AccessControl) -> str:
 
 
 def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorControl, access: AccessControl,
-                    gate: AdminGate, clones: VoiceClones, lexicon: LexiconControl) -> None:
+                    gate: AdminGate, clones: VoiceClones, lexicon: LexiconControl,
+                    replicas: ReplicaReporter | None = None) -> None:
     """Render the tab inside the current gr.Blocks. Its handlers are plain functions (Gradio runs them in
     worker threads) or, for cloned voices, coroutines whose storage calls run in worker threads: the
     database is never waited on from the event loop."""
@@ -275,7 +277,7 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
         def refresh(is_signed_in: bool):
             if not is_signed_in:
                 return [gr.skip()] * (2 + len(plots))
-            stats = collect_stats(service, monitor, control, access)
+            stats = collect_stats(service, monitor, control, access, replicas)
             return [state_markdown(stats, control.settings), plot_data(cost_figure(stats["cost_models"])),
                     *(plot_data(series_figure(stats["series"], chart)) for chart in CHARTS)]
 

@@ -18,10 +18,12 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
+from admin.state import state_markdown
 from bench.server import free_port, start_server
 from storage import Storage
 from tests.integration.test_access import redis_url  # noqa: F401 (a fixture: a Redis server of this module's own)
 from tests.serve import require_tools, wait_until
+from tts_core.degrade import OperatorSettings
 
 TOKEN = "replicas-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -131,6 +133,9 @@ def test_replicas_share_the_database_the_jobs_their_results_and_the_keys(tmp_pat
         expected = {f"{socket.gethostname()}:{replica.base_url.rsplit(':', 1)[1]}": replica is killed
                     for replica in replicas}
         assert wait_until(lambda: cluster(survivors[1]) == expected, timeout_s=15)
+        words = state_markdown(httpx.get(f"{survivors[0].base_url}/admin/api/stats", headers=ADMIN).json(),
+                               OperatorSettings())  # what the Admin tab shows
+        assert "**Replicas:**" in words and "(this one)" in words and words.count("gone (last seen") == 1
 
         # An operator setting changed on one replica applies on the other within 2 s.
         changed = httpx.put(f"{survivors[0].base_url}/admin/api/settings", headers=ADMIN, json={"cap_text_chars": 777})
