@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import httpx
 import pytest
 
 from bench.server import start_server
+from tests.serve import require_tools
 
 MAX_CHARS = 1000
 
@@ -32,3 +34,21 @@ def speak(server):
         body = {"model": "tts-1", "input": text, "voice": voice, "response_format": response_format, **extra}
         return httpx.post(f"{server}/v1/audio/speech", json=body, timeout=120)
     return speak
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium (Debian's chromium and chromium-driver), one a test module."""
+    require_tools("chromium", "chromedriver", install="apt-get install chromium chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1400,1900"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    yield driver
+    driver.quit()

@@ -6,7 +6,6 @@ missing browser fails the test instead of skipping it.
 """
 
 import os
-import shutil
 from pathlib import Path
 
 import httpx
@@ -14,28 +13,9 @@ import pytest
 
 from admin.charts import COST_TITLE
 from bench.server import ROOT, start_server
-from tests.serve import require_tools
 
 TOKEN = "browser-admin-token"
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 ARTIFACTS = Path(os.environ.get("TTS_TEST_ARTIFACTS", ROOT / "artifacts"))
-
-
-@pytest.fixture(scope="module")
-def browser():
-    require_tools("chromium", "chromedriver", install="apt-get install chromium chromium-driver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1900"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    yield driver
-    driver.quit()
 
 
 @pytest.fixture(scope="module")

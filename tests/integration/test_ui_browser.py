@@ -7,15 +7,12 @@ sets CHORUS_REQUIRE_TOOLS=1, so in CI a missing browser fails the tests instead 
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from bench.server import ROOT, start_server
-from tests.serve import require_tools
 
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 ARTIFACTS = Path(os.environ.get("TTS_TEST_ARTIFACTS", ROOT / "artifacts"))
 TEXT = "Chorus reads this aloud as it is synthesized. The second sentence follows the first."
 STATE = "return window.chorusPlayer && window.chorusPlayer.state()"
@@ -25,23 +22,6 @@ return [...document.querySelectorAll('#speech-words .chorus-word')].findIndex(sp
 # Whether the waveform has anything drawn on it.
 DRAWN = """const canvas = document.querySelector('#speech-player canvas');
 return canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data.some(value => value > 0);"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    require_tools("chromium", "chromedriver", install="apt-get install chromium chromium-driver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1900"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    yield driver
-    driver.quit()
 
 
 @pytest.fixture(scope="module")
