@@ -58,6 +58,15 @@ CHARTS = (
 )
 
 
+def replica_charts(points: list[dict]) -> tuple[Chart, Chart]:
+    """A line per replica that reported in the points (several replicas on one database)."""
+    replicas = sorted({key.split(":", 1)[1] for point in points for key in point if key.startswith("load:")})
+    return (Chart("Load score by replica", tuple(Series(f"load:{name}", name) for name in replicas), "load score",
+                  fraction=True, absent="no replica has reported"),
+            Chart("Queue length by replica", tuple(Series(f"queue:{name}", name) for name in replicas),
+                  "items (text pieces)", absent="no replica has reported"))
+
+
 def plot_data(figure: go.Figure) -> PlotData:
     """The figure as gr.Plot shows it, with our plotly config (no toolbar) alongside."""
     return PlotData(type="plotly", plot=plotly.io.to_json({**figure.to_dict(), "config": CONFIG}, validate=False))

@@ -5,6 +5,8 @@ reporting marked gone."""
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from datetime import UTC, datetime
 
 from storage import Storage, StorageError
@@ -13,6 +15,7 @@ from tts_core.service import SpeechService
 log = logging.getLogger(__name__)
 
 GONE_AFTER_S = 5.0  # a replica that has not reported for this long is shown as gone
+SERIES_POINTS = 120  # seconds of the per-replica lines kept
 
 
 class ReplicaReporter:
@@ -20,6 +23,8 @@ class ReplicaReporter:
         self.storage, self.service, self.replica = storage, service, replica
         self.started_at = datetime.now(UTC)
         self.failing = False  # the last report failed (logged once per outage)
+        # every replica's load score and queue, as this one read them each second: the Admin tab's lines
+        self.series: deque[dict] = deque(maxlen=SERIES_POINTS)
 
     def report(self) -> None:
         """This replica's figures now (blocking). A write that fails is logged once per outage and does not
@@ -31,12 +36,19 @@ class ReplicaReporter:
                 "batch_size": status["avg_batch_size"], "load_score": round(state.score, 3),
                 "degraded": state.active, "actions": list(state.actions),
                 "gpu_free_mem_mb": status["gpu_free_mem_mb"], "models_loaded": status["models_loaded"]})
+            rows = self.storage.replicas()
         except StorageError as error:
             if not self.failing:
                 log.warning("cannot report this replica's figures (%s); the cluster view misses it meanwhile", error)
             self.failing = True
             return
         self.failing = False
+        point: dict = {"t": time.time()}
+        for row in rows:
+            if row["seen_s_ago"] <= GONE_AFTER_S:
+                point[f"load:{row['id']}"] = row["figures"]["load_score"]
+                point[f"queue:{row['id']}"] = row["figures"]["queue_length"]
+        self.series.append(point)
 
     def cluster(self) -> list[dict]:
         """Every replica as it last reported: this one marked `self`, the silent ones `gone`."""

@@ -38,11 +38,12 @@ def collect_stats(service: SpeechService, monitor: Monitor, control: OperatorCon
 
 def _cluster(replicas: ReplicaReporter | None) -> dict:
     if replicas is None:
-        return {"replicas": []}
+        return {"replicas": [], "replica_series": []}
+    series = list(replicas.series)  # each replica's load score and queue, second by second, as this one read them
     try:
-        return {"replicas": replicas.cluster()}
+        return {"replicas": replicas.cluster(), "replica_series": series}
     except StorageError as error:  # the rest of the figures still answer
-        return {"replicas": [], "replicas_error": str(error)}
+        return {"replicas": [], "replica_series": series, "replicas_error": str(error)}
 
 
 def cost_models(service: SpeechService) -> dict:

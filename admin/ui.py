@@ -19,7 +19,7 @@ from tts_core.lexicon import LexiconEntry, LexiconFileError
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
 
-from .charts import CHARTS, cost_figure, plot_data, series_figure
+from .charts import CHARTS, cost_figure, plot_data, replica_charts, series_figure
 from .cluster import ReplicaReporter
 from .control import OperatorControl
 from .gate import AdminGate, AdminRefused
@@ -209,6 +209,8 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
             for row in range(1, len(CHARTS), 2):
                 with gr.Row():
                     plots.extend(gr.Plot(show_label=False, min_width=320) for _ in CHARTS[row: row + 2])
+            with gr.Row():  # the deployment: a line per replica (one, on its own)
+                replica_plots = [gr.Plot(show_label=False, min_width=320) for _ in range(2)]
             gr.Markdown("### Degrade thresholds and actions")
             fields = OperatorSettings.model_fields
             inputs = {}
@@ -276,12 +278,14 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
 
         def refresh(is_signed_in: bool):
             if not is_signed_in:
-                return [gr.skip()] * (2 + len(plots))
+                return [gr.skip()] * (2 + len(plots) + len(replica_plots))
             stats = collect_stats(service, monitor, control, access, replicas)
             return [state_markdown(stats, control.settings), plot_data(cost_figure(stats["cost_models"])),
-                    *(plot_data(series_figure(stats["series"], chart)) for chart in CHARTS)]
+                    *(plot_data(series_figure(stats["series"], chart)) for chart in CHARTS),
+                    *(plot_data(series_figure(stats["replica_series"], chart))
+                      for chart in replica_charts(stats["replica_series"]))]
 
-        timer.tick(refresh, [signed_in], [state, cost_plot, *plots], api_visibility="private",
+        timer.tick(refresh, [signed_in], [state, cost_plot, *plots, *replica_plots], api_visibility="private",
                    show_progress="hidden")
 
         def save_settings(is_signed_in: bool, *values):

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
+from admin.charts import replica_charts
 from admin.state import state_markdown
 from bench.server import free_port, start_server
 from storage import Storage
@@ -136,6 +137,9 @@ def test_replicas_share_the_database_the_jobs_their_results_and_the_keys(tmp_pat
         words = state_markdown(httpx.get(f"{survivors[0].base_url}/admin/api/stats", headers=ADMIN).json(),
                                OperatorSettings())  # what the Admin tab shows
         assert "**Replicas:**" in words and "(this one)" in words and words.count("gone (last seen") == 1
+        series = httpx.get(f"{survivors[0].base_url}/admin/api/stats", headers=ADMIN).json()["replica_series"]
+        lines = [chart.series for chart in replica_charts(series)]  # the Admin tab's: a line per replica
+        assert all(len(chart) == 3 for chart in lines)  # the killed one's line too, up to when it stopped
 
         # An operator setting changed on one replica applies on the other within 2 s.
         changed = httpx.put(f"{survivors[0].base_url}/admin/api/settings", headers=ADMIN, json={"cap_text_chars": 777})

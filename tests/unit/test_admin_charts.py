@@ -4,7 +4,7 @@ over p95, no toolbar, the cost model with its measured batches, and the load sco
 import json
 from types import SimpleNamespace
 
-from admin.charts import CHARTS, cost_figure, plot_data, series_figure
+from admin.charts import CHARTS, cost_figure, plot_data, replica_charts, series_figure
 from admin.state import load_markdown
 from admin.stats import cost_models
 from tts_core.degrade import OperatorSettings
@@ -71,3 +71,13 @@ def test_the_load_score_is_explained_part_by_part():
     assert first.startswith("- **GPU memory 0.79** (sets the score)") and "every process" in first
     assert second.startswith("- **queue wait 0.00**:") and "0.0 s" in second and "10 s target" in second
     assert "starts at 0.85" in text
+
+
+def test_a_line_per_replica():
+    points = [{"t": 1.0, "load:a:1": 0.2, "queue:a:1": 3, "load:b:2": 0.5, "queue:b:2": 0},
+              {"t": 2.0, "load:a:1": 0.3, "queue:a:1": 1}]  # b stopped reporting
+    load, queue = replica_charts(points)
+    assert [series.label for series in load.series] == ["a:1", "b:2"] and load.fraction
+    figure = series_figure(points, queue)
+    assert [trace.name for trace in figure.data] == ["a:1", "b:2"] and list(figure.data[1].y) == [0, None]
+    assert replica_charts([])[0].series == ()
