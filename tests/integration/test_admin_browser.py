@@ -48,7 +48,7 @@ def sign_in(browser, url: str, wait) -> None:
     token = wait.until(ready.visibility_of_element_located((By.CSS_SELECTOR, "input[type='password']")))
     token.send_keys(TOKEN)
     browser.find_element(By.XPATH, "//button[contains(., 'Sign in')]").click()
-    wait.until(lambda driver: len(charts(driver)) == 10)  # 9 series and the cost model, drawn
+    wait.until(lambda driver: len(charts(driver)) == 12)  # 9 series, the cost model and 2 of the replicas, drawn
     wait.until(ready.text_to_be_present_in_element((By.ID, "degrade-state"), "Load score"))
 
 
@@ -95,7 +95,10 @@ def test_admin_tab_renders_live_charts(browser, admin_server, served):
     wait.until(lambda driver: charts(driver)["Latency"]["traces"]["p50"] >= 3)
     drawn = charts(browser)
     assert {"Batch size", "Queue length", "Throughput", "Latency", "Streams: time to first audio", "Cache hit rate",
-            "Job backlog", "GPU", "Autoregressive engines", COST_TITLE} == set(drawn)
+            "Job backlog", "GPU", "Autoregressive engines", COST_TITLE, "Load score by replica",
+            "Queue length by replica"} == set(drawn)
+    # one replica here (its own database): one line each
+    wait.until(lambda driver: len(charts(driver)["Load score by replica"]["traces"]) == 1)
     absent = {"GPU", "Autoregressive engines"}  # here they say so instead, without axes
     assert all(chart["range"][0] == 0 and chart["buttons"] == 0 and (chart["unit"] or title in absent)
                for title, chart in drawn.items()), drawn
