@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
 import tempfile
 from contextlib import asynccontextmanager
 from typing import NoReturn
@@ -46,6 +47,17 @@ class StartupError(Exception):
     """A configuration mistake found at start-up: main() says it in one line and exits with 2."""
 
 
+def _check_can_listen(host: str, port: int, variable: str) -> None:
+    """StartupError, naming the variable, when host:port cannot be listened on (taken, or not this machine's)."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+            probe.bind(address)
+    except OSError as error:
+        raise StartupError(f"{variable}: cannot listen on {host}:{port}: {error.strerror or error}") from None
+
+
 def create_app(settings: Settings | None = None, engines: list[Engine] | None = None):
     """The whole app; `engines` replaces the configured ones (tests pass fake engines). StartupError
     (or EngineUnavailable) names the setting at fault."""
@@ -67,6 +79,8 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
     monitor = Monitor(service)
     job_runner = JobRunner(storage, service, settings, lambda: service.degrade.settings)
     gate = AdminGate(settings.admin_token.get_secret_value() if settings.admin_token else None)
+    if settings.wyoming_port is not None:  # a taken port is a mistake to say now, not a traceback in the lifespan
+        _check_can_listen(settings.host, settings.wyoming_port, "TTS_WYOMING_PORT")
     wyoming = None if settings.wyoming_port is None else WyomingServer(
         service, access, request_log, settings.host, settings.wyoming_port, settings.wyoming_tier)
 

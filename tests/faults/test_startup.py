@@ -2,6 +2,7 @@
 and the fault, exit code 2, and no traceback."""
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -62,6 +63,14 @@ def test_an_unwritable_data_dir_stops_with_one_line(tmp_path):
 def test_more_pinned_models_than_the_limit_stop_with_what_to_change(tmp_path):
     result = start(tmp_path, voices_file=five_pinned_models(tmp_path))
     refused(result, ["5 models are pinned", "TTS_MAX_LOADED_MODELS is 4", "at least 5"])
+
+
+def test_a_taken_wyoming_port_stops_with_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused(start(tmp_path, wyoming_port=str(port)), ["TTS_WYOMING_PORT", f"127.0.0.1:{port}"])
 
 
 def refused(result: subprocess.CompletedProcess, words: list[str]) -> None:
