@@ -10,7 +10,7 @@ import zipfile
 from datetime import datetime
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from jobs import JobRunner
@@ -112,14 +112,17 @@ async def get_job_audio(request: Request, job_id: str = JobId,
     if job["result_path"] is None:
         raise Gone(f"the audio of job {job_id} has expired (results are kept for {int(_runner(request).ttl_s)} s "
                    "after they are ready)", "job_id", "job_expired")
-    path = _runner(request).result_file(job)
-    if not await asyncio.to_thread(path.is_file):  # another replica wrote it where this one cannot see
+    runner = _runner(request)
+    try:  # read whole: the sweep may delete the file at any moment, and a half-sent answer is worse than none
+        data = await asyncio.to_thread(runner.result_file(job).read_bytes)
+    except FileNotFoundError:
+        if (await asyncio.to_thread(runner.storage.job, job_id) or {}).get("result_path") is None:  # swept just now
+            raise Gone(f"the audio of job {job_id} has expired", "job_id", "job_expired") from None
         log.error("job %s: its result %s is not in this replica's results folder (TTS_RESULTS_DIR must be one "
-                  "folder that every replica mounts)", job_id, path.name)
+                  "folder that every replica mounts)", job_id, job["result_path"])
         raise NotFound(f"the audio of job {job_id} is not readable on this server; retry", "job_id",
-                       "job_result_missing")
-    return FileResponse(path, media_type=job["content_type"],
-                        headers={"X-Chorus-Audio-Duration": f"{job['audio_s']:.3f}"})
+                       "job_result_missing") from None
+    return Response(data, media_type=job["content_type"], headers={"X-Chorus-Audio-Duration": f"{job['audio_s']:.3f}"})
 
 
 @router.delete("/v1/audio/jobs/{job_id}", responses=error_responses(400, 401, 404, 409))

@@ -172,4 +172,5 @@ def test_streams_start_with_a_short_chunk_and_still_carry_every_word(server):
     cuts = len(progress) - 6
     assert cuts >= 2 and progress[0]["audio_s"] < 2.0  # a few words come first
     whole_s, streamed_s = len(whole) / 2 / 24000, len(audio) / 2 / 24000
-    assert whole_s - 0.1 <= streamed_s <= whole_s + cuts * 0.4
+    # two syntheses of the same text: Piper's durations are drawn with noise, a few percent either way
+    assert whole_s * 0.96 - 0.1 <= streamed_s <= whole_s * 1.04 + cuts * 0.4
