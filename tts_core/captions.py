@@ -81,7 +81,7 @@ class _Layout:
         # a pronunciation is named by its word, not by its markup: [Worcester](/ˈwʊstər/) is "Worcester"
         self.written = {(piece.start, piece.end): Pronounced.read(piece.spoken).word
                         for piece in spoken.pieces if piece.kind == PRONUNCIATION}
-        self._found: dict[int, list[tuple[int, int] | None]] = {}
+        self._found: dict[int, list[tuple[tuple[int, int], tuple[int, int] | None]]] = {}
         self.offsets, at = [], 0
         for piece in spoken.pieces:
             self.offsets.append(at)
@@ -110,24 +110,24 @@ class _Layout:
             return None
         if piece.kind != TEXT:
             return piece.start, piece.end
-        spans = [span for (start, end), span in zip(word_bounds(piece.spoken), self._written_words(index), strict=True)
-                 if start < stop and first < end]
+        spans = [span for (start, end), span in self._written_words(index) if start < stop and first < end]
         if not spans:
             return None
         if None in spans:  # a word not found as written (an entity, a character NFKC changed): the whole piece
             return piece.start, piece.end
         return piece.start + spans[0][0], piece.start + spans[-1][1]
 
-    def _written_words(self, index: int) -> list[tuple[int, int] | None]:
-        """Where each word of a TEXT piece's spoken text is in the input (relative to the piece), found in
-        order; None for one that is not there as written. A markup tag beside a word is not part of it."""
+    def _written_words(self, index: int) -> list[tuple[tuple[int, int], tuple[int, int] | None]]:
+        """Each word of a TEXT piece's spoken text (its bounds there) with where it is in the input (relative
+        to the piece), found in order; None for one that is not there as written. A markup tag beside a word
+        is not part of it. Worked out once a piece: every word of a long piece asks."""
         if index not in self._found:
             piece = self.pieces[index]
             written, cursor, found = self.text[piece.start:piece.end], 0, []
             for start, end in word_bounds(piece.spoken):
                 word = _written(piece.spoken[start:end])  # without its punctuation, which markup may come before
                 at = written.find(word, cursor)
-                found.append(None if at < 0 else (at, at + len(word)))
+                found.append(((start, end), None if at < 0 else (at, at + len(word))))
                 cursor = cursor if at < 0 else at + len(word)
             self._found[index] = found
         return self._found[index]

@@ -186,7 +186,6 @@ class SentenceStream:
     def __init__(self, script: Script, items: list[SynthesisRequest], started: float, metrics: Metrics,
                  run_allowance_s: float):
         self.script, self.voice, self.sample_rate, self.items = script, script.voice, script.voice.sample_rate, items
-        self._pause_after_s = script.pause_after_s
         self._started, self._metrics, self._run_allowance_s = started, metrics, run_allowance_s
 
     async def __aiter__(self) -> AsyncIterator[np.ndarray]:
@@ -211,8 +210,8 @@ class SentenceStream:
                     speech_at = (played + piece.size - audio.size) / self.sample_rate
                     played += piece.size
                     yield piece, timed_words(item, speech_at) if piece_index == 0 else []
-            if self._pause_after_s:
-                yield silence(self._pause_after_s, self.sample_rate), []
+            if self.script.pause_after_s:
+                yield silence(self.script.pause_after_s, self.sample_rate), []
             self._metrics.chunks_per_request.observe(len(self.items))
         finally:
             self.close()

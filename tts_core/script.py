@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from .engines import Voice
 from .frontend import NormalizationOptions, SpokenText
 
-INPUT_TYPES = ("auto", "text", "ssml")  # auto: SSML if the input starts as an SSML document
-
 
 @dataclass(frozen=True)
 class Reading:
@@ -47,7 +45,3 @@ class Script:
         return (self.voice.name, self.pause_after_s,
                 *((passage.voice.name, passage.speed, passage.pause_before_s, passage.spoken.text)
                   for passage in self.passages))
-
-    @property
-    def text(self) -> str:
-        return "\n".join(passage.spoken.text for passage in self.passages)

@@ -295,11 +295,13 @@ class SpeechService:
         content_type = FORMATS[response_format].content_type
         if use_cache:
             self.cache.put(key, CachedAudio(data, content_type, speech.voice, speech.duration_s))
-        timed = [word for item, start in zip(items, speech.speech_starts_s, strict=True)
-                 for word in timed_words(item, start)]
+        captions = None
+        if words:
+            timed = [word for item, start in zip(items, speech.speech_starts_s, strict=True)
+                     for word in timed_words(item, start)]
+            captions = tuple(caption_words(script, text, timed))
         return SpokenAudio(data, content_type, speech.voice, speech.duration_s, "miss" if use_cache else "off",
-                           self.degrade.state.actions, speech.timings,
-                           tuple(caption_words(script, text, timed)) if words else None)
+                           self.degrade.state.actions, speech.timings, captions)
 
     async def speak_stream(self, text: str, voice: str | None = None, model: str | None = None,
                            speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None,
