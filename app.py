@@ -79,10 +79,11 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
     monitor = Monitor(service)
     job_runner = JobRunner(storage, service, settings, lambda: service.degrade.settings)
     gate = AdminGate(settings.admin_token.get_secret_value() if settings.admin_token else None)
+    wyoming = None
     if settings.wyoming_port is not None:  # a taken port is a mistake to say now, not a traceback in the lifespan
         _check_can_listen(settings.host, settings.wyoming_port, "TTS_WYOMING_PORT")
-    wyoming = None if settings.wyoming_port is None else WyomingServer(
-        service, access, request_log, settings.host, settings.wyoming_port, settings.wyoming_tier)
+        wyoming = WyomingServer(service, access, request_log, settings.host, settings.wyoming_port,
+                                settings.wyoming_tier)
 
     async def announce_ready() -> None:
         """One line once the server serves, with where (the wait is in short spells: a stop is never held)."""

@@ -170,7 +170,7 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
     def readiness() -> str:
         if service.ready:
             return "", gr.Timer(active=False)
-        return "**Warming up:** requests wait until the voices are loaded and calibrated.", gr.Timer(active=True)
+        return "**Warming up:** requests wait until the voices are loaded and warmed up.", gr.Timer(active=True)
 
     def caller_of(request: gr.Request) -> Caller | None:
         try:

@@ -92,7 +92,7 @@ class _Open:
 class _Reader:
     def __init__(self, text: str):
         self.text = text
-        self.source = source_text(text)  # control characters refused, as for plain text
+        source_text(text)  # refuses control characters, as for plain text
         encoded = text.encode("utf-8")
         self.char_at = [0] * (len(encoded) + 1)  # byte offset -> character index
         offset = 0
