@@ -10,6 +10,7 @@ import logging
 import re
 import socket
 import tempfile
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import NoReturn
 
@@ -39,6 +40,8 @@ from tts_core.engines import Engine, EngineUnavailable, ModelSpec, model_specs
 from tts_core.errors import InvalidSetting
 from tts_core.metrics import Metrics
 from tts_core.monitor import Monitor
+from tts_core.pool import ModelPool
+from tts_core.scheduling import Scheduler
 from tts_core.service import SpeechService
 from ui import build_ui
 
@@ -58,9 +61,11 @@ def _check_can_listen(host: str, port: int, variable: str) -> None:
         raise StartupError(f"{variable}: cannot listen on {host}:{port}: {error.strerror or error}") from None
 
 
-def create_app(settings: Settings | None = None, engines: list[Engine] | None = None):
-    """The whole app; `engines` replaces the configured ones (tests pass fake engines). StartupError
-    (or EngineUnavailable) names the setting at fault."""
+def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpec] | None = None,
+               make_scheduler: Callable[[Settings, ModelPool, Metrics], Scheduler] = Scheduler):
+    """The whole app; `engines` replaces the configured models (tests pass fake engines), `make_scheduler` where
+    their passages are queued (deploy/ray_serve.py: on Ray Serve engine replicas). StartupError (or
+    EngineUnavailable) names the setting at fault."""
     settings = settings or Settings()
     storage, models = prepare(settings, engines)
     try:
@@ -70,7 +75,7 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
         raise StartupError(str(error)) from None
     except StorageError as error:
         raise StartupError(f"the database (TTS_DATABASE_URL) cannot be read: {error}") from None
-    service = SpeechService(settings, models, Metrics(), clones=clones)
+    service = SpeechService(settings, models, Metrics(), clones=clones, make_scheduler=make_scheduler)
     request_log = RequestLogWriter(storage)
     control = OperatorControl(storage, service, request_log, defaults=settings.operator_defaults)
     lexicon = LexiconControl(storage, service.admission)
@@ -136,7 +141,7 @@ def create_app(settings: Settings | None = None, engines: list[Engine] | None = 
     return app
 
 
-def prepare(settings: Settings, engines: list[Engine] | None) -> tuple[Storage, list[Engine | ModelSpec]]:
+def prepare(settings: Settings, engines: list[Engine | ModelSpec] | None) -> tuple[Storage, list[Engine | ModelSpec]]:
     """Check what start-up needs before anything starts, each fault as one StartupError: the data
     folder can be written, the operator defaults validate, the database opens and migrates, and the
     pinned models fit the limit. Returns the storage and the models."""

@@ -37,6 +37,11 @@ class ChorusError(Exception):
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else {}
 
+    def __reduce__(self):
+        """Pickled as its class and fields, whatever its __init__ takes: it crosses processes whole (an engine
+        replica's refusal, answered by the Ray Serve ingress)."""
+        return _rebuilt, (type(self), dict(self.__dict__))
+
     def body(self) -> dict:
         return error_body(self.status, self.message, self.param, self.code)
 
@@ -111,3 +116,10 @@ class DeadlineExceeded(ChorusError):
     """The work waited past its deadline and was dropped unsynthesized."""
 
     status, default_code, retryable = 504, "deadline_exceeded", True
+
+
+def _rebuilt(kind: type[ChorusError], fields: dict) -> ChorusError:
+    error = kind.__new__(kind)
+    Exception.__init__(error, fields["message"])
+    error.__dict__.update(fields)
+    return error

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Hashable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,6 +72,16 @@ class SynthesisRequest:
     @property
     def length(self) -> int:
         return int(self.tokens.shape[0])
+
+    def resolve(self, outcome: np.ndarray | BaseException) -> None:
+        """Its audio (or why there is none), unless its caller cancelled it meanwhile (then no one waits)."""
+        try:
+            if isinstance(outcome, BaseException):
+                self.future.set_exception(outcome)
+            else:
+                self.future.set_result(outcome)
+        except InvalidStateError:
+            pass
 
     def abandon(self) -> None:
         """The caller no longer wants it: dropped from the queue, or stopped if it is running."""

@@ -50,7 +50,7 @@ class Scheduler:
         played_s = 0.0  # a stream's audio before a passage (estimated low), for its pieces' due times
         try:
             for index, passage in enumerate(script.passages):
-                queued, played_s = await self._submit_passage(passage, index, not items, caller, streaming,
+                queued, played_s = await self.submit_passage(passage, index, not items, caller, streaming,
                                                               max_wait_s, played_s, words)
                 items += queued
         except BaseException:  # one passage refused: none of the request runs
@@ -62,10 +62,12 @@ class Scheduler:
         self.metrics.characters.inc(sum(len(passage.spoken.text) for passage in script.passages))
         return items
 
-    async def _submit_passage(self, passage: Passage, index: int, first: bool, caller: Caller | None,
-                              streaming: bool, max_wait_s: float, played_s: float, words: bool
-                              ) -> tuple[list[SynthesisRequest], float]:
-        """The passage's items, queued (none if the voice finds nothing to say in it: "." alone)."""
+    async def submit_passage(self, passage: Passage, index: int, first: bool, caller: Caller | None,
+                             streaming: bool, max_wait_s: float, played_s: float, words: bool
+                             ) -> tuple[list[SynthesisRequest], float]:
+        """The passage's items, queued on its model's batcher here (none if the voice finds nothing to say in
+        it: "." alone), and the stream's audio once they have played. The one place a passage meets its
+        engine: deploy/ray_serve.py places it on an engine replica elsewhere instead."""
         tier = caller.tier if caller else Tier()
         identity = caller.identity if caller else ""
         timeout_s = min(self.settings.request_timeout_s, tier.request_timeout_s)

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,9 +99,11 @@ class SpokenAudio:
 class SpeechService:
     def __init__(self, settings: Settings, models: Sequence[Engine | ModelSpec], metrics: Metrics,
                  degrade: DegradeController | None = None, cache: AudioCache | None = None,
-                 clones: Sequence[ClonedVoice] = ()):
+                 clones: Sequence[ClonedVoice] = (),
+                 make_scheduler: Callable[[Settings, ModelPool, Metrics], Scheduler] = Scheduler):
         """models: loaded engines (always kept) or model specs (the pool loads them as configured);
-        clones: the cloned voices stored (given to their models as they load)."""
+        clones: the cloned voices stored (given to their models as they load); make_scheduler: where passages
+        are queued (here, on the pool's batchers, unless a deployment places them elsewhere)."""
         if not models:
             raise RuntimeError("no voices could be loaded")
         self.settings = settings
@@ -115,7 +117,7 @@ class SpeechService:
         self.catalogue = Catalogue.build(specs, settings, self.clones.all())
         self.cloner = Cloner(self.pool, self.clones, self.publish_catalogue, self.cache)
         self.admission = Admission(settings, self.degrade, metrics)
-        self.scheduler = Scheduler(settings, self.pool, metrics)
+        self.scheduler = make_scheduler(settings, self.pool, metrics)
         self._reloading = threading.Lock()  # one registry reload or catalogue rebuild at a time
 
     def _make_batcher(self, engine: Engine) -> Batcher:

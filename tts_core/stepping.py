@@ -21,7 +21,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import InvalidStateError
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -246,7 +245,7 @@ class SteppedBatcher(Batcher):
         self.item_cost.add(1, item.length, progress.engine_s)
         self._learn_audio_rate([item], [audio])
         self.queue.done(1)
-        _resolve(item, audio)
+        item.resolve(audio)
 
     def _end(self, item: SynthesisRequest, error: ChorusError, running: bool = True) -> None:
         """The item stops without its audio: released, counted, its caller told."""
@@ -258,7 +257,7 @@ class SteppedBatcher(Batcher):
         if item.pieces is not None:
             item.pieces.end(error)
         self.queue.done(1)
-        _resolve(item, error)
+        item.resolve(error)
 
     def _stopped(self) -> None:
         for item in self.engine.running():
@@ -293,13 +292,3 @@ class SteppedBatcher(Batcher):
 def _gone(item: SynthesisRequest) -> bool:
     return item.abandoned or item.future.cancelled()
 
-
-def _resolve(item: SynthesisRequest, outcome: np.ndarray | BaseException) -> None:
-    """Resolve the item's future, unless its caller cancelled it meanwhile (then no one is waiting)."""
-    try:
-        if isinstance(outcome, BaseException):
-            item.future.set_exception(outcome)
-        else:
-            item.future.set_result(outcome)
-    except InvalidStateError:
-        pass

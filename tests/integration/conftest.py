@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
+import tempfile
 
 import httpx
 import pytest
@@ -12,6 +17,37 @@ from bench.server import start_server
 from tests.serve import require_tools
 
 MAX_CHARS = 1000
+INSIDE_LOOPBACK_NAMESPACE = "CHORUS_INSIDE_LOOPBACK_NAMESPACE"
+# Ray probes public addresses to find its own unless told it runs on one machine
+RAY_ONE_MACHINE = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "loopback_namespace: runs in a network namespace of its own with only a "
+                                       "loopback interface (Ray), so nothing it does leaves the machine")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A test marked loopback_namespace runs again in a pytest of its own inside `unshare` (as a user
+    namespace's root where this is not root): a network namespace with only loopback, brought up, and a PID
+    namespace, so whatever it leaves running (Ray's daemons) ends with it. Its outcome is this test's."""
+    if pyfuncitem.get_closest_marker("loopback_namespace") is None or os.environ.get(INSIDE_LOOPBACK_NAMESPACE):
+        return None
+    require_tools("unshare", "ip", install="apt-get install util-linux iproute2")
+    inner = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", pyfuncitem.nodeid]
+    command = ["unshare", "--net", "--pid", "--fork", "--mount-proc", *([] if os.geteuid() == 0 else ["-r"]),
+               "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *inner]
+    with tempfile.TemporaryFile("w+") as output:  # a file, not a pipe: nothing left running can hold it open
+        run = subprocess.run(command, cwd=pyfuncitem.config.rootpath, stdout=output, stderr=subprocess.STDOUT,
+                             env={**os.environ, **RAY_ONE_MACHINE, INSIDE_LOOPBACK_NAMESPACE: "1"})
+        output.seek(0)
+        said = output.read()
+    if run.returncode != 0:
+        pytest.fail(f"inside its network namespace the test failed:\n{said[-20000:]}", pytrace=False)
+    if skipped := re.search(r"^SKIPPED .*$", said, re.MULTILINE):
+        pytest.skip(f"inside its network namespace: {skipped.group(0)}")
+    return True
 
 
 # The tests that share this server flood it on purpose (backpressure) and right after expect plain

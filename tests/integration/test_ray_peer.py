@@ -12,6 +12,7 @@ from bench.server import start_ray_peer
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank"
 
 
+@pytest.mark.loopback_namespace
 def test_ray_serve_peer_speaks_with_the_same_engine(tmp_path):
     server = start_ray_peer(tmp_path, "en_US-joe-medium")
     try:

@@ -1,0 +1,265 @@
+"""Chorus on Ray Serve: each model's engine a deployment of its own (its replicas spread over GPUs and
+machines, scaled on their queues), and the API, UI and admin one ingress deployment that calls them
+through deployment handles.
+
+    serve run deploy/serve.yaml
+
+- `EngineReplica` serves one model, loaded when the replica starts, with Chorus's own queue and batcher
+  (a SpeechService of that model alone): a passage's pieces are queued there exactly as in one process,
+  and their audio streams back to the ingress as events. Each replica reports its figures to the shared
+  database every second like any Chorus replica, so the Admin tab's cluster view shows every one.
+- `ChorusIngress` is the whole app (app.create_app) with `RemoteScheduler` placing each passage on its
+  model's engine deployment instead of a local batcher. Admission, degrade mode, the cache, rate limits,
+  jobs, the UI and the admin tab are unchanged. Cloning voices needs the engine in the same process and
+  is refused here (400 model_cannot_clone).
+- `scale_on_queue` is the engines' autoscaling policy: replicas enough that each has about
+  `target_ongoing_requests` pieces queued or running in Chorus's own queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+from ray import serve
+from ray.serve.config import AutoscalingContext
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from admin.cluster import ReplicaReporter
+from app import create_app
+from storage import Storage
+from tts_core.access import Caller
+from tts_core.config import Settings
+from tts_core.engines import EngineUnavailable, model_specs
+from tts_core.errors import ChorusError, SynthesisError
+from tts_core.metrics import Metrics
+from tts_core.pool import ModelPool
+from tts_core.request import AudioPieces, SynthesisRequest
+from tts_core.scheduling import Scheduler, pieces_of
+from tts_core.script import Passage
+from tts_core.service import SpeechService
+
+log = logging.getLogger(__name__)
+
+REPORT_EVERY_S = 1.0
+# Chorus's queue decides what waits and what is refused (503 with Retry-After): Ray's own limit on
+# requests in flight must never be what refuses first.
+MAX_ONGOING_REQUESTS = 4096
+# What the ingress needs of each piece queued on an engine replica, besides its audio
+DESCRIBED = ("tokens", "voice", "speed", "key", "priority", "tier", "caller", "due_s", "sample_rate", "pause_s",
+             "passage", "word_ids")
+STAMPS = ("queue_s", "batch_s", "batch_size", "token_samples")  # set on a piece as it runs
+
+
+def engine_deployment_name(model: str) -> str:
+    return f"engine-{model}"
+
+
+# --- the engine side ------------------------------------------------------------------------------
+
+
+@serve.deployment(max_ongoing_requests=MAX_ONGOING_REQUESTS, ray_actor_options={"num_cpus": 0})
+class EngineReplica:
+    """One model, its queue and its batcher. `speak` queues one passage and streams back, in order:
+    ("queued", descriptions, played_s) or ("refused", error); then for each piece ("audio", n, audio)
+    (several for a stream of a stepped engine), ("done", n, stamps), or ("failed", n, error)."""
+
+    def __init__(self, model: str):
+        settings = Settings()
+        specs = [spec for spec in model_specs(settings) if spec.name == model]
+        if not specs:
+            raise EngineUnavailable(f"model {model!r} is not configured here (TTS_VOICES_FILE, TTS_VOICES_DIR)")
+        self.service = SpeechService(settings, [replace(specs[0], pinned=True)], Metrics())
+        self.service.start()
+        self.service.wait_ready()
+        replica = f"{model}/{serve.get_replica_context().replica_id.unique_id}"
+        self.reporter = ReplicaReporter(Storage(settings.database), self.service, replica)
+        self._stop = threading.Event()
+        threading.Thread(target=self._report, name="replica-report", daemon=True).start()
+        log.info("engine replica %s serves %s", replica, model)
+
+    def _report(self) -> None:
+        while not self._stop.wait(REPORT_EVERY_S):
+            try:
+                self.reporter.report()
+            except Exception:  # a bug must not end the reports
+                log.exception("replica report failed")
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Ray Serve's autoscaler reads these (scale_on_queue): the pieces queued or running here."""
+        return {"pending_pieces": float(self.service.status()["pending_requests"])}
+
+    async def speak(self, passage: Passage, index: int, first: bool, caller: Caller | None, streaming: bool,
+                    max_wait_s: float, played_s: float, words: bool):
+        try:
+            items, played_s = await self.service.scheduler.submit_passage(
+                passage, index, first, caller, streaming, max_wait_s, played_s, words)
+        except ChorusError as error:
+            yield ("refused", error)
+            return
+        now = time.monotonic()
+        yield ("queued", [{**{name: getattr(item, name) for name in DESCRIBED}, "deadline_in_s": item.deadline - now,
+                           "streamed": item.pieces is not None} for item in items], played_s)
+        try:
+            for number, item in enumerate(items):
+                try:
+                    async for audio in pieces_of(item, self.service.settings.request_timeout_s):
+                        yield ("audio", number, audio)
+                except ChorusError as error:
+                    yield ("failed", number, error)
+                    return
+                yield ("done", number, {name: getattr(item, name) for name in STAMPS})
+        finally:  # the ingress cancelled (its caller went) or all is sent: nothing more runs for it
+            for item in items:
+                item.abandon()
+
+    def __del__(self):
+        self._stop.set()
+        self.service.stop()
+
+
+# --- the ingress side -----------------------------------------------------------------------------
+
+
+class RemoteScheduler(Scheduler):
+    """Each passage queued on its model's engine deployment; the pieces here stand for the ones queued
+    there, resolved as their audio arrives. A piece given up here (its caller went, its deadline passed)
+    cancels the call, which takes the passage's pieces out of the engine replica's queue."""
+
+    def __init__(self, settings: Settings, pool: ModelPool, metrics: Metrics, engines: dict[str, DeploymentHandle]):
+        super().__init__(settings, pool, metrics)
+        self.engines = engines
+        self._deliveries: set[asyncio.Task] = set()  # held until done (the loop keeps only weak references)
+
+    async def submit_passage(self, passage: Passage, index: int, first: bool, caller: Caller | None,
+                             streaming: bool, max_wait_s: float, played_s: float, words: bool
+                             ) -> tuple[list[SynthesisRequest], float]:
+        events = self.engines[passage.model].options(stream=True).speak.remote(
+            passage, index, first, caller, streaming, max_wait_s, played_s, words)
+        try:
+            kind, *answer = await events.__anext__()
+        except Exception as error:  # the replica died before it answered
+            raise _lost(error) from error
+        if kind == "refused":
+            raise answer[0]
+        descriptions, played_s = answer
+        items = [_standing_in(description) for description in descriptions]
+        loop = asyncio.get_running_loop()
+
+        def given_up(future) -> None:  # called where it was cancelled: maybe a thread of its own
+            if future.cancelled():
+                loop.call_soon_threadsafe(events.cancel)
+
+        for item in items:
+            item.future.add_done_callback(given_up)
+        task = asyncio.create_task(_deliver(events, items))
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+        return items, played_s
+
+
+def _standing_in(description: dict) -> SynthesisRequest:
+    described = {name: description[name] for name in DESCRIBED}
+    return SynthesisRequest(**described, deadline=time.monotonic() + description["deadline_in_s"],
+                            pieces=AudioPieces() if description["streamed"] else None)
+
+
+async def _deliver(events: DeploymentResponseGenerator, items: list[SynthesisRequest]) -> None:
+    """The engine replica's events onto the pieces standing in for its own."""
+    audio: list[list[np.ndarray]] = [[] for _ in items]
+    try:
+        async for kind, number, value in events:
+            item = items[number]
+            if kind == "audio":
+                audio[number].append(value)
+                if item.pieces is not None:
+                    item.pieces.push(value)
+            elif kind == "done":
+                for name, stamp in value.items():
+                    setattr(item, name, stamp)
+                if item.pieces is not None:
+                    item.pieces.end()
+                item.resolve(np.concatenate(audio[number]) if len(audio[number]) != 1 else audio[number][0])
+            else:
+                raise value
+    except BaseException as error:  # refused, failed, cancelled, or the replica is gone
+        failure = error if isinstance(error, ChorusError) else _lost(error)
+        for item in items:
+            if item.pieces is not None:
+                item.pieces.end(failure)
+            item.resolve(failure)
+        if isinstance(error, asyncio.CancelledError):
+            raise
+
+
+def _lost(error: BaseException) -> SynthesisError:
+    return SynthesisError(f"the engine replica serving this request failed ({type(error).__name__}); retry")
+
+
+@serve.deployment(max_ongoing_requests=MAX_ONGOING_REQUESTS, ray_actor_options={"num_cpus": 0})
+@serve.ingress()
+class ChorusIngress:
+    def __init__(self, engines: dict[str, DeploymentHandle]):
+        self.engines = engines
+
+    def __serve_build_asgi_app__(self):
+        """The app, its models listed (from their specs, never loaded here) and spoken by the engines."""
+        # its own name in the cluster view, whatever TTS_REPLICA_ID the deployment's environment has
+        settings = Settings(replica_id=f"ingress/{serve.get_replica_context().replica_id.unique_id}")
+        specs = [replace(spec, pinned=False, load=partial(_loaded_elsewhere, spec.name))
+                 for spec in model_specs(settings)]
+        app = create_app(settings, specs, partial(RemoteScheduler, engines=self.engines))
+        for spec in specs:
+            app.state.service.clones.able[spec.name] = False  # a clone is made by its engine: not from here
+        return app
+
+
+def _loaded_elsewhere(model: str):
+    raise EngineUnavailable(f"model {model!r} runs on its engine deployment, not in the ingress")
+
+
+# --- the application ------------------------------------------------------------------------------
+
+
+class EngineOptions(BaseModel):
+    """serve.yaml's `args`: how every model's engine deployment runs (a deployment of serve.yaml's own
+    `deployments:` list, by its name `engine-<model>`, overrides these for one model)."""
+
+    num_gpus: float = Field(0, ge=0)  # per replica: 1 is a GPU each, 0.5 two replicas per GPU
+    num_cpus: float = Field(1, ge=0)
+    replicas: int | None = Field(None, ge=1)  # a fixed number; unset: autoscaled between the two below
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(4, ge=1)
+    target_pieces: float = Field(8, gt=0)  # pieces queued or running per replica that the autoscaler aims at
+
+
+def scale_on_queue(ctx: AutoscalingContext) -> tuple[int, dict[str, Any]]:
+    """Replicas enough for each to have target_ongoing_requests (EngineOptions.target_pieces) pieces queued or
+    running in its own queue, as the replicas report (record_autoscaling_stats). Ray applies the bounds and
+    the up- and down-scaling delays."""
+    pending = sum((ctx.aggregated_metrics or {}).get("pending_pieces", {}).values())
+    return math.ceil(pending / ctx.config.get_target_ongoing_requests()), {}
+
+
+def build(args: dict[str, Any]):
+    """The application `serve run deploy/serve.yaml` deploys: an engine deployment per configured model
+    (TTS_ variables, as in one process) and the ingress."""
+    options = EngineOptions(**args)
+    scaling: dict[str, Any] = (
+        {"num_replicas": options.replicas} if options.replicas else
+        {"autoscaling_config": {"min_replicas": options.min_replicas, "max_replicas": options.max_replicas,
+                                "target_ongoing_requests": options.target_pieces,
+                                "policy": {"policy_function": "deploy.ray_serve:scale_on_queue"}}})
+    engines = {spec.name: EngineReplica.options(
+        name=engine_deployment_name(spec.name),
+        ray_actor_options={"num_gpus": options.num_gpus, "num_cpus": options.num_cpus}, **scaling).bind(spec.name)
+        for spec in model_specs(Settings())}
+    return ChorusIngress.bind(engines)

@@ -1,0 +1,132 @@
+"""The Ray Serve ingress's side of a passage (deploy/ray_serve.py), against a stand-in for an engine
+deployment's event stream: refusals raised whole, audio delivered in order (piece by piece for a
+stream), a failure or a lost replica failing every piece, and a piece given up cancelling the call."""
+
+import asyncio
+import pickle
+
+import numpy as np
+import pytest
+
+from tts_core.config import Settings
+from tts_core.errors import Overloaded, RateLimited, SynthesisError
+from tts_core.metrics import Metrics
+
+pytest.importorskip("ray.serve")
+
+from deploy.ray_serve import RemoteScheduler
+
+
+def test_errors_cross_processes_whole():
+    for error in (Overloaded("queue full", 7, "queue_wait"), RateLimited("slow down", 3, {"X-RateLimit-Limit": "5"}),
+                  SynthesisError("failed", "input")):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and copy.body() == error.body() and copy.headers() == error.headers()
+
+
+def described(length: int, streamed: bool = False) -> dict:
+    return {"tokens": np.arange(length), "voice": "v", "speed": 1.0, "key": ("v", 1.0), "priority": 0, "tier": "",
+            "caller": "ip:1", "due_s": 0.0, "sample_rate": 16000, "pause_s": 0.1, "passage": 0, "word_ids": None,
+            "deadline_in_s": 30.0, "streamed": streamed}
+
+
+class Events:
+    """An engine replica's answer as the handle gives it: events in order, then (maybe) an error."""
+
+    def __init__(self, events: list, error: BaseException | None = None):
+        self.events, self.error, self.cancelled = list(events), error, asyncio.Event()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.events:
+            return self.events.pop(0)
+        if self.error is not None:
+            raise self.error
+        if self.cancelled.is_set():
+            raise asyncio.CancelledError
+        await self.cancelled.wait()  # a replica still working: ends when cancelled
+        raise asyncio.CancelledError
+
+    def cancel(self):
+        self.cancelled.set()
+
+
+class Handle:
+    def __init__(self, events: Events):
+        self.events = events
+
+    def options(self, stream: bool):
+        assert stream
+        return self
+
+    @property
+    def speak(self):
+        return self
+
+    def remote(self, *args):
+        return self.events
+
+
+def scheduler(events: Events) -> RemoteScheduler:
+    return RemoteScheduler(Settings(), None, Metrics(), engines={"m": Handle(events)})
+
+
+async def submit(events: Events):
+    passage = type("Passage", (), {"model": "m"})()
+    return await scheduler(events).submit_passage(passage, 0, True, None, False, 10.0, 0.0, False)
+
+
+def test_a_refusal_is_raised_whole():
+    with pytest.raises(Overloaded) as refused:
+        asyncio.run(submit(Events([("refused", Overloaded("queue full", 4, "queue_wait"))])))
+    assert refused.value.code == "queue_wait" and refused.value.retry_after_s == 4
+
+
+def test_audio_arrives_in_order_whole_and_piece_by_piece():
+    async def run():
+        one, two = np.ones(4, np.float32), np.full(3, 2.0, np.float32)
+        stamps = {"queue_s": 0.5, "batch_s": 0.2, "batch_size": 3, "token_samples": None}
+        events = Events([("queued", [described(5), described(6, streamed=True)], 1.5), ("audio", 0, one),
+                         ("done", 0, stamps), ("audio", 1, two), ("audio", 1, one), ("done", 1, stamps)])
+        items, played_s = await submit(events)
+        first = await asyncio.wrap_future(items[0].future)
+        head, link = await asyncio.wrap_future(items[1].pieces.head)
+        second, link = await asyncio.wrap_future(link)
+        end = await asyncio.wrap_future(link)
+        whole = await asyncio.wrap_future(items[1].future)
+        return items, played_s, first, (head, second, end), whole
+
+    items, played_s, first, (head, second, end), whole = asyncio.run(run())
+    assert played_s == 1.5 and [item.length for item in items] == [5, 6] and items[0].pieces is None
+    assert np.array_equal(first, np.ones(4)) and np.array_equal(head, np.full(3, 2.0))
+    assert np.array_equal(second, np.ones(4)) and end == (None, None) and whole.size == 7
+    assert items[1].queue_s == 0.5 and items[1].batch_size == 3
+
+
+@pytest.mark.parametrize("error", [ConnectionError("actor died"), "failed"])
+def test_a_failure_or_a_lost_replica_fails_every_piece(error):
+    async def run():
+        failed = SynthesisError("synthesis failed", code="synthesis_failed")
+        events = [("queued", [described(5), described(5)], 1.0)]
+        events += [("failed", 0, failed)] if error == "failed" else []
+        items, _ = await submit(Events(events, error if error != "failed" else None))
+        return await asyncio.gather(*(asyncio.wrap_future(item.future) for item in items), return_exceptions=True)
+
+    outcomes = asyncio.run(run())
+    assert all(isinstance(outcome, SynthesisError) for outcome in outcomes)
+    if error != "failed":
+        assert "engine replica" in outcomes[0].message
+
+
+def test_a_piece_given_up_cancels_the_call():
+    async def run():
+        events = Events([("queued", [described(5), described(5)], 1.0)])
+        items, _ = await submit(events)
+        items[1].abandon()
+        await asyncio.wait_for(events.cancelled.wait(), 10)
+        with pytest.raises(SynthesisError):  # the rest of the passage ends too: nothing more comes for it
+            await asyncio.wait_for(asyncio.wrap_future(items[0].future), 10)
+
+    asyncio.run(run())
