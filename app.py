@@ -133,6 +133,7 @@ def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpe
     api.state.control, api.state.monitor, api.state.admin_gate = control, monitor, gate
     api.state.jobs, api.state.lexicon, api.state.replicas = job_runner, lexicon, replicas
     api.include_router(admin_router)
+    control.on_reload.append(api.state.clones.refresh)  # voices cloned or deleted through another replica
     page = build_ui(service, admit_ui, identify_ui, api.state.clones, request_log,
                     [lambda: build_admin_tab(service, monitor, control, access, gate, api.state.clones, lexicon,
                                                     replicas)])

@@ -5,6 +5,10 @@ The engine's side (the clip's checks, its encoding on the engine's thread, the c
 tts_core.cloning; the rows, and the audit of every change, are storage's. Every storage call runs in
 a worker thread, never on the event loop. The database row is the truth a restart starts from: a
 voice is offered once its row is written, and its row goes before anything else when it is deleted.
+
+The row keeps the voice's prompt file's bytes, so replicas on one database share the voices: `refresh`
+(on OperatorControl's refresh thread, every second) makes this replica's voices the stored ones, writing
+the prompt file of a voice made elsewhere into this replica's data dir.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from storage import Storage
+from storage import Storage, StorageError
 from tts_core.access import Caller
-from tts_core.cloning import MAX_TRANSCRIPT_CHARS, ClonedVoice, prompt_path, read_clip, save_prompt
+from tts_core.cloning import MAX_TRANSCRIPT_CHARS, ClonedVoice, prompt_path, read_clip, save_prompt, write_prompt
 from tts_core.errors import Conflict, InvalidRequest, NotFound
 from tts_core.service import SpeechService
 
@@ -25,23 +30,42 @@ log = logging.getLogger(__name__)
 
 
 def stored_clones(storage: Storage, data_dir: Path, models: Iterable[str]) -> list[ClonedVoice]:
-    """At start-up: the stored cloned voices whose model is configured and whose file is there."""
-    models = set(models)
-    voices = []
+    """At start-up: the stored cloned voices this replica can offer (the first refresh logs the others)."""
+    models, voices = set(models), []
     for row in storage.cloned_voices():
-        path = Path(data_dir) / row["path"]
-        if row["model"] not in models or not path.is_file():
-            log.warning("cloned voice %s is not offered: its model %s is not configured, or %s is missing",
-                        row["name"], row["model"], path)
+        try:
+            voice = offered(storage, Path(data_dir), row, models)
+        except OSError:  # its file cannot be written here (a full disk): the refresh tries again, and says so
             continue
-        voices.append(ClonedVoice(row["name"], row["model"], row["owner"], row["public"], str(path)))
+        if voice is not None:
+            voices.append(voice)
     return voices
+
+
+def offered(storage: Storage, data_dir: Path, row: dict, models: set[str]) -> ClonedVoice | None:
+    """A stored voice as this replica offers it, its prompt file written from the row's bytes (a row from
+    before they were kept: the file this replica has); None when its model is not configured here or it has
+    no prompt. Start-up and each refresh turn rows into voices here, and only here."""
+    if row["model"] not in models:
+        return None
+    path = data_dir / row["path"]
+    prompt = storage.cloned_voice_prompt(row["name"])
+    if prompt is not None:
+        write_prompt(path, prompt)
+    elif not path.is_file():
+        return None
+    return ClonedVoice(row["name"], row["model"], row["owner"], row["public"], str(path), row["created_at"])
 
 
 class VoiceClones:
     def __init__(self, storage: Storage, service: SpeechService):
         self.storage, self.service = storage, service
         self.data_dir = service.settings.data_dir
+        # Stored voices this replica does not offer, each (name, created_at) logged once; those without a
+        # prompt here, or refused by their engine, are not tried again (the others are, at each refresh).
+        self._said: set[tuple[str, datetime]] = set()
+        self._skipped: set[tuple[str, datetime]] = set()
+        self._failure: str | None = None  # the refresh's last failure, logged once
 
     async def create(self, caller: Caller, data: bytes, name: str, model: str, consent: bool,
                      transcript: str | None = None) -> dict:
@@ -60,22 +84,23 @@ class VoiceClones:
             clip = await asyncio.to_thread(read_clip, data)
             latents = await service.cloner.encode(target, clip)
             path = prompt_path(self.data_dir, target, name)
-            await asyncio.to_thread(save_prompt, path, latents, service.cloner.prompt_key(target))
+            prompt = await asyncio.to_thread(save_prompt, path, latents, service.cloner.prompt_key(target))
             record = await asyncio.to_thread(self._store, name, target, caller.identity, clip.duration_s, transcript,
-                                             path, consent_at)
+                                             path, prompt, consent_at)
+            voice = ClonedVoice(name, target, caller.identity, False, str(path), record["created_at"])
             try:
-                await service.cloner.add(ClonedVoice(name, target, caller.identity, False, str(path)), latents)
+                await service.cloner.add(voice, latents)
             except BaseException:
                 await asyncio.to_thread(self._forget, name, path, caller.identity)
                 raise
         return record
 
     def _store(self, name: str, model: str, owner: str, duration_s: float, transcript: str | None, path: Path,
-               consent_at: datetime) -> dict:
+               prompt: bytes, consent_at: datetime) -> dict:
         """The voice's row (its creation audited); the file goes again if the row cannot be written."""
         try:
             record = self.storage.add_cloned_voice(name, model, owner, round(duration_s, 3), transcript,
-                                                   str(path.relative_to(self.data_dir)), consent_at, owner)
+                                                   str(path.relative_to(self.data_dir)), consent_at, owner, prompt)
         except BaseException:
             path.unlink(missing_ok=True)
             raise
@@ -113,3 +138,64 @@ class VoiceClones:
     async def listing(self) -> list[dict]:
         """Every stored cloned voice, oldest first (the admin's view)."""
         return await asyncio.to_thread(self.storage.cloned_voices)
+
+    def refresh(self) -> None:
+        """Make this replica's cloned voices the stored ones: made, deleted, made again, made public or private
+        through another replica. Blocking: OperatorControl's refresh thread calls it every second, beside the
+        settings, keys and lexicon; a StorageError is its to say (once per outage), any other failure is said
+        here, once until it changes, and never keeps the others from their refresh."""
+        try:
+            self._follow()
+        except StorageError:
+            raise
+        except Exception as error:
+            if repr(error) != self._failure:
+                log.exception("cloned voices refresh failed")
+            self._failure = repr(error)
+        else:
+            self._failure = None
+
+    def _follow(self) -> None:
+        """The rows are read without their prompts; a prompt only for a voice new here."""
+        known, making = self.service.clones.snapshot()  # before the rows: what changes here meanwhile is kept
+        rows = {row["name"]: row for row in self.storage.cloned_voices()}
+        gone, changed = [], []
+        for name, voice in known.items():
+            row = rows.get(name)
+            if name in making:
+                continue
+            if row is None or row["created_at"] != voice.created_at:  # deleted, or deleted and made again
+                gone.append((voice, None))
+            elif row["public"] != voice.public:
+                changed.append((voice, replace(voice, public=row["public"])))
+        cloner = self.service.cloner
+        if gone or changed:  # first: a voice made again under its name has its old file removed
+            cloner.follow(gone + changed)
+        made = self._made([row for name, row in rows.items() if name not in making and
+                           (name not in known or known[name].created_at != row["created_at"])])
+        if made:
+            self._skipped.update((voice.name, voice.created_at) for voice in cloner.follow(made))
+
+    def _made(self, rows: list[dict]) -> list[tuple[None, ClonedVoice]]:
+        """The new rows' voices, each prompt written into this replica's data dir; a row this replica cannot
+        offer is logged once."""
+        models, made = set(self.service.cloner.models()), []
+        for row in rows:
+            key = (row["name"], row["created_at"])
+            if key in self._skipped:
+                continue
+            try:
+                voice = offered(self.storage, self.data_dir, row, models)
+            except OSError as error:  # its file cannot be written here (a full disk): tried again at the next refresh
+                voice, why = None, f"its prompt file cannot be written: {error}"
+            else:
+                why = f"its model {row['model']} is not configured here"  # it may be, after a registry reload
+                if voice is None and row["model"] in models:
+                    self._skipped.add(key)
+                    why = f"it has no prompt, neither in the database nor at {self.data_dir / row['path']}"
+            if voice is not None:
+                made.append((None, voice))
+            elif key not in self._said:
+                self._said.add(key)
+                log.warning("cloned voice %s is not offered: %s", row["name"], why)
+        return made

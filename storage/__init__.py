@@ -355,14 +355,16 @@ class Storage:
     # --- cloned voices (each change audited in its own transaction) --------------------------------
 
     def add_cloned_voice(self, name: str, model: str, owner: str, duration_s: float, transcript: str | None,
-                         path: str, consent_at: datetime, actor: str) -> dict | None:
-        """A new cloned voice (private to its owner); None when a cloned voice has that name already."""
+                         path: str, consent_at: datetime, actor: str, prompt: bytes | None = None) -> dict | None:
+        """A new cloned voice (private to its owner), with its prompt file's bytes; None when a cloned voice
+        has that name already."""
         try:
             with self._transaction(write=True) as session:
                 if session.get(ClonedVoiceRow, name) is not None:
                     return None
                 row = ClonedVoiceRow(name=name, model=model, owner=owner, public=False, created_at=_now(),
-                                     duration_s=duration_s, transcript=transcript, path=path, consent_at=consent_at)
+                                     duration_s=duration_s, transcript=transcript, path=path, consent_at=consent_at,
+                                     prompt=prompt)
                 session.add(row)
                 session.add(_voice_audit(row.created_at, actor, "cloned_voice.create", name, None,
                                          {"model": model, "owner": owner, "duration_s": duration_s}))
@@ -374,9 +376,16 @@ class Storage:
             raise
 
     def cloned_voices(self) -> list[dict]:
+        """Every cloned voice, oldest first, without its prompt (cloned_voice_prompt reads one)."""
         with self._transaction() as session:
             rows = session.scalars(select(ClonedVoiceRow).order_by(ClonedVoiceRow.created_at))
             return [_cloned_voice_dict(row) for row in rows]
+
+    def cloned_voice_prompt(self, name: str) -> bytes | None:
+        """The voice's prompt file's bytes; None when there is no such voice, or it was made before they were
+        kept."""
+        with self._transaction() as session:
+            return session.scalar(select(ClonedVoiceRow.prompt).where(ClonedVoiceRow.name == name))
 
     def delete_cloned_voice(self, name: str, actor: str) -> dict | None:
         """The deleted voice's row as it was; None when there is none."""

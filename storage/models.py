@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, DateTime, Float, Integer, String, Text, UniqueConstraint
+from sqlalchemy import Boolean, DateTime, Float, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -100,7 +100,8 @@ class ReplicaRow(Base):
 
 
 class ClonedVoiceRow(Base):
-    """A voice made from a caller's clip. Its voice prompt (the model's latents) is the file at path."""
+    """A voice made from a caller's clip. Its voice prompt (the model's latents) is the file at path, under
+    each replica's data dir, made from the bytes in prompt (rows from before they were kept: the file only)."""
 
     __tablename__ = "cloned_voices"
 
@@ -113,6 +114,8 @@ class ClonedVoiceRow(Base):
     transcript: Mapped[str | None] = mapped_column(Text, nullable=True)  # what the clip says, if the caller said
     path: Mapped[str] = mapped_column(String(512))
     consent_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # when the caller affirmed consent
+    # deferred: the list, read every second by every replica, leaves the prompts out
+    prompt: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
 
 
 class LexiconRow(Base):

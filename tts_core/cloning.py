@@ -7,12 +7,14 @@ A model can clone when its engine has `voice_prompt_from_audio(audio, sample_rat
   it: audio at all, in an accepted container, 3 to 30 s long, not silent.
 - A cloned voice's prompt is a file, the latents in safetensors under the key the model's own voice
   files use (Pocket TTS `audio_prompt_latents`, VibeVoice `acoustic_latents`: so a file can also serve
-  as a registry `prompt`), at <data dir>/voices/cloned/<model>/<name>.safetensors.
+  as a registry `prompt`), at <data dir>/voices/cloned/<model>/<name>.safetensors; the database keeps
+  its bytes too, from which every other replica writes its own.
 - `ClonedVoices` is the set the server offers, swapped whole on every change like the catalogue, which
   lists them and says who may use each. Its `give_to` is the load hook: a model that loads later (the
   pool loads lazily, and after a restart) gets its cloned voices before its batcher starts.
 - `Cloner` makes the engine calls (encode a clip, add or remove a voice) on the engine's own thread
-  (Batcher.run_on_engine), never beside a step; the model is loaded first if it is not.
+  (Batcher.run_on_engine), never beside a step; the model is loaded first if it is not. Its `follow`
+  applies, from a thread, what another replica made, changed or deleted (the stored rows' refresh).
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import av
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file, save
 
 from .errors import ChorusError, Conflict, InvalidRequest, SynthesisError
 from .queue import QueueClosed
@@ -53,6 +57,10 @@ SILENCE_DBFS, WINDOW_S = -50.0, 0.05
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")  # also its file's name: no separators
 PROMPT_KEY = "audio_prompt_latents"
 MAX_TRANSCRIPT_CHARS = 2000
+# How long a refresh waits for engines to take (or drop) the voices made (or deleted) elsewhere: a stuck
+# engine must not hold up the settings and keys read on the same thread (a voice not taken by then is
+# offered anyway: its engine runs the call before any request that can name it).
+FOLLOW_WAIT_S = 5.0
 
 
 # --- the clip ---------------------------------------------------------------------------------------
@@ -128,11 +136,18 @@ def prompt_path(data_dir: Path, model: str, name: str) -> Path:
     return Path(data_dir) / "voices" / "cloned" / model / f"{name}.safetensors"
 
 
-def save_prompt(path: Path, latents: np.ndarray, key: str = PROMPT_KEY) -> None:
+def save_prompt(path: Path, latents: np.ndarray, key: str = PROMPT_KEY) -> bytes:
+    """The latents as the voice's file; returns its bytes (what the database keeps)."""
+    data = save({key: np.ascontiguousarray(latents, dtype=np.float32)})
+    write_prompt(path, data)
+    return data
+
+
+def write_prompt(path: Path, data: bytes) -> None:
     """Written beside, then moved into place: a crash never leaves half a file under the voice's name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
-    save_file({key: np.ascontiguousarray(latents, dtype=np.float32)}, str(partial))
+    partial.write_bytes(data)
     os.replace(partial, path)
 
 
@@ -152,6 +167,7 @@ class ClonedVoice:
     owner: str  # the caller that made it: "key:<id>" or "ip:<address>"
     public: bool  # usable by everyone (an admin's decision), not only its owner
     path: str  # its voice prompt file
+    created_at: datetime | None = None  # of its stored row: a voice made again under its name is another voice
 
     def usable_by(self, caller: str | None) -> bool:
         return self.public or caller == self.owner
@@ -184,6 +200,22 @@ class ClonedVoices:
             voice = self._voices.get(name)
             self._voices = {known: other for known, other in self._voices.items() if known != name}
             return voice
+
+    def snapshot(self) -> tuple[dict[str, ClonedVoice], set[str]]:
+        """The voices offered and the names being made, at one moment."""
+        with self._lock:
+            return self._voices, set(self._making)
+
+    def swap(self, old: ClonedVoice | None, new: ClonedVoice | None) -> bool:
+        """Offer new (None: nothing) under old's name, only if old (None: nothing) is still what is offered
+        under it and the name is not being made; False when something changed it meanwhile."""
+        name = (old or new).name
+        with self._lock:
+            if name in self._making or self._voices.get(name) != old:
+                return False
+            others = {known: other for known, other in self._voices.items() if known != name}
+            self._voices = others if new is None else {**others, name: new}
+            return True
 
     @contextmanager
     def reserving(self, name: str, owner: str, catalogue: Catalogue, per_caller: int) -> Iterator[None]:
@@ -292,17 +324,89 @@ class Cloner:
     async def _on_engine(self, model: str, call: Callable[[Any], Any], load: bool, cloning: bool = False) -> Any:
         """call(engine) on the model's engine thread; the model is loaded first when `load`, else
         nothing is done (None) unless it is loaded. A model unloaded meanwhile is asked for again."""
+        if not load:
+            future = self._on_loaded(model, call)
+            return None if future is None else await asyncio.wrap_future(future)
         while True:
-            batcher = await self.pool.batcher(model) if load else self.pool.loaded().get(model)
-            if batcher is None:
-                return None
+            batcher = await self.pool.batcher(model)
             if cloning and not can_clone(batcher.engine):
                 raise _cannot_clone(model, self.models())
-            try:
-                future = batcher.run_on_engine(lambda engine=batcher.engine: call(engine))
-            except QueueClosed:
-                continue
-            return await asyncio.wrap_future(future)
+            future = _errand(batcher, call)
+            if future is not None:
+                return await asyncio.wrap_future(future)
+
+    def _on_loaded(self, model: str, call: Callable[[Any], Any]) -> Future | None:
+        """call(engine) handed to the model's engine thread if the model is loaded (its Future), else None."""
+        while (batcher := self.pool.loaded().get(model)) is not None:
+            future = _errand(batcher, call)
+            if future is not None:
+                return future
+        return None
+
+    # --- what another replica did (from a thread: the refresh of the stored voices) --------------------
+
+    def follow(self, changes: Sequence[tuple[ClonedVoice | None, ClonedVoice | None]]) -> list[ClonedVoice]:
+        """Apply what was done through another replica, each change (the voice offered here when it was seen,
+        the voice stored now): (None, voice) made, (voice, None) deleted, (voice, voice') made public or
+        private. One whose name changed here meanwhile (made or deleted through this replica) is left alone.
+        As in add and remove, a new voice's engine has it before the catalogue names it, and a gone one
+        leaves the catalogue before its engine; a gone one's file goes too (before the catalogue frees its
+        name for another). Blocking: never on the event loop. Returns the new voices their engine
+        refused (their file unreadable, or latents not of its shape): not offered."""
+        applied = [(old, new) for old, new in changes if self.voices.swap(old, new)]
+        made = [new for old, new in applied if old is None]
+        refused = self._refused({voice: self._give(voice) for voice in made})
+        gone = [old for old, new in applied if new is None]
+        for voice in refused:
+            self.voices.swap(voice, None)
+        for voice in [*gone, *refused]:
+            Path(voice.path).unlink(missing_ok=True)
+        for voice in [*gone, *made]:
+            self.cache.drop_voice(voice.name)  # a gone voice's audio, which one made again must not get
+        if applied:
+            self.publish()
+        removing = [self._on_loaded(voice.model, lambda engine, name=voice.name: engine.remove_voice(name))
+                    for voice in gone]
+        wait([future for future in removing if future is not None], FOLLOW_WAIT_S)
+        return refused
+
+    def _give(self, voice: ClonedVoice) -> Future | None:
+        """An offered voice to its engine: now if its model is loaded (the Future); once it has loaded if it
+        is loading (its load hook may have read the voices before this one was there); else the load hook
+        gives it. Its file is read on the engine's thread, as the load hook reads it on the loader's."""
+
+        def add(engine: Any) -> None:
+            engine.add_voice(voice.name, load_prompt(voice.path))
+
+        slot = self.pool.slots().get(voice.model)
+        loading = slot.loading if slot is not None else None
+        if loading is not None:
+            loading.add_done_callback(lambda _: self._on_loaded(voice.model, add))
+            return None
+        return self._on_loaded(voice.model, add)
+
+    @staticmethod
+    def _refused(given: dict[ClonedVoice, Future | None]) -> list[ClonedVoice]:
+        """The voices whose engine failed to take them, waiting FOLLOW_WAIT_S at most."""
+        futures = [future for future in given.values() if future is not None]
+        done, late = wait(futures, FOLLOW_WAIT_S)
+        if late:
+            log.warning("%d cloned voices made elsewhere are not yet taken by their engine after %.0f s; offered "
+                        "anyway", len(late), FOLLOW_WAIT_S)
+        refused = []
+        for voice, future in given.items():
+            if future in done and future.exception() is not None:
+                log.error("cloned voice %s could not be given to %s: %s", voice.name, voice.model, future.exception())
+                refused.append(voice)
+        return refused
+
+
+def _errand(batcher, call: Callable[[Any], Any]) -> Future | None:
+    """call(engine) handed to the batcher's engine thread; None once its loop has ended (unloaded)."""
+    try:
+        return batcher.run_on_engine(lambda engine=batcher.engine: call(engine))
+    except QueueClosed:
+        return None
 
 
 def _cannot_clone(model: str, able: list[str]) -> InvalidRequest:

@@ -2,10 +2,15 @@
 cloned voice to its owner only until it is public, names are held while voices are made, and a saved
 voice prompt given to an engine as it loads speaks as the clip does."""
 
+import asyncio
+from dataclasses import replace
+from datetime import UTC, datetime
+
 import numpy as np
 import pytest
 
 from tests.fakes import FakeSteppedEngine
+from tts_core.access import Caller, Tier
 from tts_core.audio import encode
 from tts_core.catalogue import Catalogue
 from tts_core.cloning import ClonedVoice, ClonedVoices, read_clip
@@ -122,3 +127,133 @@ def test_a_saved_prompt_given_at_load_speaks_as_the_clip_does(tmp_path, one_torc
     [direct] = encoder.synthesize([request(encoder, text, "direct")])
     [default] = loaded.synthesize([request(loaded, text, "default")])
     assert np.allclose(cloned, direct, atol=1e-5) and not np.allclose(cloned, default)
+
+
+# --- replicas: the stored voices followed by another process on the same database -------------------
+
+
+class CloningEngine(FakeSteppedEngine):
+    """A fake that clones: a clip's prompt is a few of its samples; the voices added are kept."""
+
+    def __init__(self):
+        super().__init__()
+        self.prompts: dict[str, np.ndarray] = {}
+
+    def voice_prompt_from_audio(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
+        return np.resize(audio, (8, 4)).astype(np.float32)
+
+    def add_voice(self, name: str, latents: np.ndarray) -> None:
+        self.prompts = {**self.prompts, name: np.asarray(latents)}
+
+    def remove_voice(self, name: str) -> None:
+        self.prompts = {known: prompt for known, prompt in self.prompts.items() if known != name}
+
+
+@pytest.fixture
+def replicas(tmp_path):
+    """Two replicas' cloned voices (each its engine, its data dir) on one SQLite database."""
+    from clones import VoiceClones
+    from storage import Storage, sqlite_url
+    from tts_core.metrics import Metrics
+    from tts_core.service import SpeechService
+
+    url = sqlite_url(tmp_path / "shared.db")
+    Storage(url).migrate()
+    made = []
+    for name in ("here", "there"):
+        engine = CloningEngine()
+        service = SpeechService(Settings(data_dir=tmp_path / name, calibration_sizes=[1]), [engine], Metrics())
+        service.start()
+        made.append((VoiceClones(Storage(url), service), engine))
+    yield made
+    for clones, _ in made:
+        clones.service.stop()
+
+
+OWNER = Caller("key:1", "free", Tier())
+
+
+def offered_to(clones, caller: str | None = None) -> list[str]:
+    return [voice.name for voice in clones.service.catalogue.voice_list(caller) if voice.name != "fake-ar-voice"]
+
+
+def test_a_voice_cloned_on_one_replica_is_followed_by_another(replicas):
+    (here, here_engine), (there, there_engine) = replicas
+    asyncio.run(here.create(OWNER, encode(tone(4.0), RATE, "wav"), "alice", "fake-ar", True))
+    catalogue = there.service.catalogue
+    there.refresh()
+    assert offered_to(there, "key:1") == ["alice"] and offered_to(there, "key:2") == []
+    assert np.array_equal(there_engine.prompts["alice"], here_engine.prompts["alice"])
+    assert (there.data_dir / "voices/cloned/fake-ar/alice.safetensors").is_file()  # written from the row's bytes
+    assert there.service.catalogue is not catalogue
+    for clones in (here, there):  # nothing changed: nothing done (the one that made it included)
+        catalogue = clones.service.catalogue
+        clones.refresh()
+        assert clones.service.catalogue is catalogue
+    asyncio.run(here.set_public("alice", True, "ops"))
+    there.refresh()
+    assert offered_to(there, "key:2") == ["alice"]
+    asyncio.run(here.delete("alice", "ops"))
+    there.refresh()
+    assert offered_to(there, "key:1") == [] and "alice" not in there_engine.prompts
+    assert not (there.data_dir / "voices/cloned/fake-ar/alice.safetensors").exists()
+
+
+def test_a_voice_made_again_elsewhere_under_its_name_replaces_the_old_one(replicas):
+    (here, _), (there, there_engine) = replicas
+    asyncio.run(here.create(OWNER, encode(tone(4.0), RATE, "wav"), "alice", "fake-ar", True))
+    there.refresh()
+    asyncio.run(here.delete("alice", "ops"))
+    other = Caller("key:2", "free", Tier())
+    asyncio.run(here.create(other, encode(tone(5.0, level=0.5), RATE, "wav"), "alice", "fake-ar", True))
+    there.refresh()  # both at once, between two refreshes
+    assert offered_to(there, "key:2") == ["alice"] and offered_to(there, "key:1") == []
+    assert np.array_equal(there_engine.prompts["alice"], here.service.pool.loaded()["fake-ar"].engine.prompts["alice"])
+
+
+def test_the_refresh_leaves_a_name_being_made_here_alone(replicas):
+    (here, here_engine), (there, _) = replicas
+    asyncio.run(there.create(OWNER, encode(tone(4.0), RATE, "wav"), "bob", "fake-ar", True))
+    catalogue = here.service.catalogue
+    with here.service.clones.reserving("bob", "key:1", catalogue, 20):  # as if made here at the same moment
+        here.refresh()
+        assert "bob" not in here.service.clones.all() and "bob" not in here_engine.prompts
+    here.refresh()
+    assert offered_to(here, "key:1") == ["bob"]
+
+
+def test_a_voice_changed_here_meanwhile_is_not_undone_by_a_refresh():
+    seen = ClonedVoice("mine", "fake-ar", "key:1", False, "/nowhere")
+    voices = ClonedVoices([seen])
+    voices.drop("mine")  # deleted here after the refresh read the voices
+    assert not voices.swap(seen, None) and not voices.swap(seen, replace(seen, public=True))
+    assert voices.swap(None, seen) and voices.all() == {"mine": seen}
+    assert not voices.swap(None, seen)  # made here meanwhile
+
+
+def test_a_stored_voice_this_replica_cannot_offer_is_logged_once(replicas, caplog):
+    (here, _), _ = replicas
+    for name, model in (("no-model", "elsewhere-only"), ("no-prompt", "fake-ar")):
+        here.storage.add_cloned_voice(name, model, "key:1", 4.0, None, f"voices/cloned/{model}/{name}.safetensors",
+                                      datetime.now(UTC), "key:1")
+    for _ in range(3):
+        here.refresh()
+    assert offered_to(here, "key:1") == []
+    said = [record.getMessage() for record in caplog.records if "is not offered" in record.getMessage()]
+    assert len(said) == 2 and "no-model" in said[0] and "no-prompt" in said[1]
+
+
+def test_a_failing_refresh_is_logged_once_and_keeps_the_other_refreshes_going(replicas, caplog, monkeypatch):
+    (here, _), (there, _) = replicas
+    asyncio.run(here.create(OWNER, encode(tone(4.0), RATE, "wav"), "alice", "fake-ar", True))
+
+    def broken(changes):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(there.service.cloner, "follow", broken)
+    for _ in range(3):
+        there.refresh()  # raises nothing: OperatorControl goes on to the settings, keys and lexicon
+    assert sum("cloned voices refresh failed" in record.getMessage() for record in caplog.records) == 1
+    monkeypatch.undo()
+    there.refresh()
+    assert offered_to(there, "key:1") == ["alice"]

@@ -4,6 +4,7 @@ import sqlite3
 from datetime import UTC, datetime
 
 import pytest
+from sqlalchemy import event
 
 from admin.control import OperatorControl
 from storage import Storage, StorageError, sqlite_url
@@ -22,7 +23,7 @@ def tables(path) -> set[str]:
 def test_empty_database_is_migrated_to_head(tmp_path):
     storage = Storage(sqlite_url(tmp_path / "new.db"))
     storage.migrate()
-    assert storage.revision() == "0008"
+    assert storage.revision() == "0009"
     expected = {"settings", "audit_log", "request_log", "api_keys", "jobs", "cloned_voices", "lexicon",
                 "lexicon_version", "alembic_version"}
     assert expected <= tables(tmp_path / "new.db")
@@ -38,11 +39,11 @@ def test_old_database_upgrades_and_keeps_its_data(tmp_path):
     assert "request_log" not in tables(path)
     upgraded = Storage(sqlite_url(path))
     upgraded.migrate()
-    assert upgraded.revision() == "0008"
+    assert upgraded.revision() == "0009"
     assert upgraded.read_settings() == {"cap_text_chars": 111}
     assert upgraded.audit()[0]["new_value"] == 111
     upgraded.migrate()  # idempotent
-    assert upgraded.revision() == "0008"
+    assert upgraded.revision() == "0009"
 
 
 def test_a_cloned_voice_is_stored_once_and_each_change_is_audited(tmp_path):
@@ -60,6 +61,34 @@ def test_a_cloned_voice_is_stored_once_and_each_change_is_audited(tmp_path):
     assert storage.delete_cloned_voice("alice", "ops") is None and storage.cloned_voices() == []
     assert [(entry["action"], entry["actor"]) for entry in storage.audit()] == [
         ("cloned_voice.delete", "ops"), ("cloned_voice.public", "ops"), ("cloned_voice.create", "key:3")]
+
+
+def test_a_cloned_voices_prompt_is_kept_in_its_row_and_the_list_leaves_it_out(tmp_path):
+    storage = Storage(sqlite_url(tmp_path / "voices.db"))
+    storage.migrate()
+    prompt = bytes(range(256)) * 64
+    storage.add_cloned_voice("alice", "tiny-pocket", "key:3", 4.5, None, "voices/cloned/tiny-pocket/alice.safetensors",
+                             datetime.now(UTC), "key:3", prompt)
+    statements = []
+    event.listen(storage.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    assert [row["name"] for row in storage.cloned_voices()] == ["alice"]
+    assert statements and not any("prompt" in statement for statement in statements)  # read every second
+    assert storage.cloned_voice_prompt("alice") == prompt and storage.cloned_voice_prompt("nobody") is None
+
+
+def test_a_cloned_voice_from_before_prompts_were_kept_has_none(tmp_path):
+    path = tmp_path / "old.db"
+    old = Storage(sqlite_url(path))
+    old.migrate("0008")
+    with sqlite3.connect(path) as connection:
+        connection.execute("INSERT INTO cloned_voices (name, model, owner, public, created_at, duration_s, path, "
+                           "consent_at) VALUES ('bob', 'tiny-pocket', 'ip:1.2.3.4', 1, '2025-01-02 03:04:05', 4.0, "
+                           "'voices/cloned/tiny-pocket/bob.safetensors', '2025-01-02 03:04:05')")
+    upgraded = Storage(sqlite_url(path))
+    upgraded.migrate()
+    [row] = upgraded.cloned_voices()
+    assert (row["name"], row["public"], row["path"]) == ("bob", True, "voices/cloned/tiny-pocket/bob.safetensors")
+    assert upgraded.cloned_voice_prompt("bob") is None  # it keeps using its file
 
 
 def test_settings_and_audit_survive_reopening(tmp_path):
