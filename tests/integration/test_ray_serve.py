@@ -87,6 +87,8 @@ def test_chorus_on_ray_serve_speaks_streams_shows_its_replicas_and_survives_losi
     # shorter (its first audio sooner), which adds a pause, as in one process
     assert 0.9 * alone_s < whole_s < 1.2 * alone_s, (alone_s, whole_s)
     assert 0.9 * whole_s < streamed_s < 1.25 * whole_s, (whole_s, streamed_s)
+    page = httpx.get(f"{BASE}/", timeout=60)  # the UI and its admin tab, served by the ingress too
+    assert page.status_code == 200 and "gradio" in page.text.lower()
     refused = httpx.post(f"{BASE}/v1/audio/speech", timeout=60, json={"model": "tts-1", "voice": "nobody",
                                                                          "input": "Hello."})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "voice_not_found"

@@ -130,3 +130,15 @@ def test_a_piece_given_up_cancels_the_call():
             await asyncio.wait_for(asyncio.wrap_future(items[0].future), 10)
 
     asyncio.run(run())
+
+
+def test_engines_scale_on_the_pieces_in_their_queues():
+    from types import SimpleNamespace
+
+    from deploy.ray_serve import scale_on_queue
+
+    config = SimpleNamespace(get_target_ongoing_requests=lambda: 8.0)
+    context = SimpleNamespace(config=config, aggregated_metrics={"pending_pieces": {"r1": 20.0, "r2": 10.0}})
+    assert scale_on_queue(context)[0] == 4  # 30 pieces, 8 a replica
+    context.aggregated_metrics = {}  # nothing reported yet: Ray's bounds keep the minimum
+    assert scale_on_queue(context)[0] == 0
