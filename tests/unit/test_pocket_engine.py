@@ -202,3 +202,15 @@ def test_voices_are_described_without_the_weights_and_a_bad_model_is_named(model
             PocketTTSEngine(source, [], device="cpu")
     with pytest.raises(EngineUnavailable, match="needs CUDA"):
         PocketTTSEngine(str(model), [], device="cpu", dtype="bf16")
+
+
+def test_a_voice_given_a_new_prompt_speaks_with_it_not_with_its_cached_prefix(engine, model):
+    run(engine, {0: [request(engine, "Hi.", "other")]})  # the voice's prefix is cached now
+    new = random_voice(12, seed=5)
+    engine.add_voice("other", new)
+    try:
+        item = request(engine, "Hi.", "other")
+        latents, _, _ = run(engine, {0: [item]})
+        assert torch.abs(latents[item] - generate_alone(engine, "Hi.", new)).max() < 1e-5
+    finally:
+        engine.add_voice("other", prompt_of(engine, model, "other"))

@@ -79,7 +79,6 @@ def describe_pocket_tts(source: str, specs: Sequence[VoiceSpec]) -> list[Voice]:
 class _Running:
     item: SynthesisRequest
     prompt: list[int]
-    voice: torch.Tensor  # the voice prompt's latents (frames, latent_dim)
     budget: int  # the most frames it makes
     frames_after_eos: int
     decoder: DecoderState
@@ -100,6 +99,7 @@ class PocketTTSEngine(TorchSteppedEngine):
         shipped ones); fixed_length: every request makes its whole frame budget (random weights);
         temperature: of the flow head's noise (0: greedy)."""
         self._place(source, device, dtype, name, seed)
+        self._prefixes: dict[str, tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]] = {}  # _prefix
         self.max_running, self.fixed_length, self.temperature = max_running, fixed_length, temperature
         with _loading(source):
             folder = model_folder(source)
@@ -200,8 +200,8 @@ class PocketTTSEngine(TorchSteppedEngine):
             return []
         if len(self._rows) + len(items) > self.max_running:
             raise ValueError(f"{self.name}: {len(items)} joiners do not fit in {self.max_running} rows")
-        joiners = [_Running(item, self._prompt_ids(item), self._voice_prompt(item), self.frames_needed(item),
-                            self._frames_after_eos(item), self._decoder.new_state()) for item in items]
+        joiners = [_Running(item, self._prompt_ids(item), self.frames_needed(item), self._frames_after_eos(item),
+                            self._decoder.new_state()) for item in items]
         self._cache.reserve(max(len(run.prompt) + run.budget for run in self._rows + joiners), len(self._rows))
         hidden, eos_logits = self._prefill(joiners, first_row=len(self._rows))
         for run in joiners:  # only now: a prefill that fails (out of memory) leaves the running set as it was
@@ -211,26 +211,50 @@ class PocketTTSEngine(TorchSteppedEngine):
         return self._advance(joiners, hidden, eos_logits)
 
     def _prefill(self, joiners: list[_Running], first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The joiners' prompts as one batch, right-padded so each row's positions start at 0 in its
-        cache row (causal attention never sees the padding after a prompt). Returns the hidden state
-        and end-of-speech logit of each prompt's last position."""
-        count, longest = len(joiners), max(len(run.prompt) for run in joiners)
-        ids = torch.full((count, longest), self.model.config.pad_token_id, dtype=torch.long)
+        """Each joiner's cache row starts from its voice's cached prefix (`_prefix`); the rest of the prompts
+        (text and audio BOS) run as one right-padded batch, each row at the positions after its voice
+        (causal attention never sees the padding after a prompt). Returns the hidden state and end-of-speech
+        logit of each prompt's last position."""
+        starts = []
         for row, run in enumerate(joiners):
-            ids[row, : len(run.prompt)] = torch.tensor(run.prompt)
-        voices = torch.nn.utils.rnn.pad_sequence([run.voice for run in joiners], batch_first=True)
-        voice_mask = torch.nn.utils.rnn.pad_sequence(
-            [torch.ones(len(run.voice), dtype=torch.long, device=self.device) for run in joiners], batch_first=True)
-        causal = torch.ones(longest, longest, dtype=torch.bool, device=self.device).tril()
-        positions = torch.arange(longest, device=self.device)[None].expand(count, -1)
-        self._cache.start_prefill(first_row, count)
-        out = self.model(input_ids=ids.to(self.device), audio_prompt_latents=voices,
-                         audio_prompt_latents_mask=voice_mask, position_ids=positions,
-                         attention_mask=causal[None, None].expand(count, 1, -1, -1),
+            keys, values = self._prefix(run.item)
+            self._cache.put_prefix(first_row + row, keys, values)
+            starts.append(keys[0].shape[1])
+        rests = [run.prompt[start:] for run, start in zip(joiners, starts, strict=True)]
+        count, longest = len(joiners), max(map(len, rests))
+        ids = torch.full((count, longest), self.model.config.pad_token_id, dtype=torch.long)
+        for row, rest in enumerate(rests):
+            ids[row, : len(rest)] = torch.tensor(rest)
+        first = torch.tensor(starts, device=self.device)
+        positions = first[:, None] + torch.arange(longest, device=self.device)[None]
+        visible = torch.arange(int(first.max()) + longest, device=self.device)[None, None] <= positions[:, :, None]
+        self._cache.start_prefill(first_row, count, starts=first)
+        out = self.model(input_ids=ids.to(self.device), position_ids=positions, attention_mask=visible[:, None],
                          past_key_values=self._cache, use_cache=True)
         rows = torch.arange(count, device=self.device)
-        last = torch.tensor([len(run.prompt) - 1 for run in joiners], device=self.device)
+        last = torch.tensor([len(rest) - 1 for rest in rests], device=self.device)
         return out.last_hidden_state[rows, last], out.logits[rows, last, 0]
+
+    def _prefix(self, item: SynthesisRequest) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The keys and values of the voice's part of a prompt, `[voice BOS, voice x N]`, the same for every
+        request in the voice: made once per voice prompt, then copied into each joiner's row (a prefix cache:
+        a prefill computes only the text). Kept for the voices offered now."""
+        prompt = self._voice_prompt(item)
+        cached = self._prefixes.get(item.voice)
+        if cached is not None and cached[0] is prompt:  # (a voice given a new prompt is made again)
+            return cached[1], cached[2]
+        ids = [*self._voice_bos, *[self.model.config.audio_prompt_token_id] * len(prompt)]
+        cache = SlotCache(self.model.config, 1, self.dtype, self.device)
+        cache.reserve(len(ids), 0)
+        cache.start_prefill(0, 1)
+        causal = torch.ones(len(ids), len(ids), dtype=torch.bool, device=self.device).tril()
+        self.model(input_ids=torch.tensor([ids], device=self.device), audio_prompt_latents=prompt[None],
+                   position_ids=torch.arange(len(ids), device=self.device)[None], attention_mask=causal[None, None],
+                   past_key_values=cache, use_cache=True)
+        keys, values = cache.prefix(0, len(ids))
+        kept = {voice: entry for voice, entry in self._prefixes.items() if voice in self._prompts}
+        self._prefixes = {**kept, item.voice: (prompt, keys, values)}
+        return keys, values
 
     @torch.inference_mode()
     def step(self) -> list[SynthesisRequest]:

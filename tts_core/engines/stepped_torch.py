@@ -93,6 +93,7 @@ class SlotCache:
         self.values: list[torch.Tensor] = []
         self.capacity = 0
         self._prefill_rows = slice(0, 0)  # a prefill: the joiners' rows
+        self._starts: torch.Tensor | None = None  # a prefill after cached prefixes: where each row's input starts
         self._positions: torch.Tensor | None = None  # a step: where each row writes; None: a prefill
         self._read = 0  # a step: the positions attended (the longest row's, plus the new one)
 
@@ -111,19 +112,41 @@ class SlotCache:
     def clear(self) -> None:
         self.keys, self.values, self.capacity = [], [], 0
 
-    def start_prefill(self, first_row: int, count: int, stride: int = 1) -> None:
-        """The next forward prefills `count` sequences into rows first_row, first_row + stride, ..."""
-        self._prefill_rows, self._positions = slice(first_row, first_row + count * stride, stride), None
+    def start_prefill(self, first_row: int, count: int, stride: int = 1, starts: torch.Tensor | None = None) -> None:
+        """The next forward prefills `count` sequences into rows first_row, first_row + stride, ..., each from
+        position 0, or each from its `starts` (the positions its row already holds: put_prefix)."""
+        self._prefill_rows = slice(first_row, first_row + count * stride, stride)
+        self._positions, self._starts = None, starts
+
+    def put_prefix(self, row: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """A cached prefix (per layer: heads x length x dim, as `prefix` gives it) into a row's first positions."""
+        length = keys[0].shape[1]
+        for layer, (key, value) in enumerate(zip(keys, values, strict=True)):
+            self.keys[layer][row, :, :length] = key
+            self.values[layer][row, :, :length] = value
+
+    def prefix(self, row: int, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """A copy of a row's first `length` positions, per layer."""
+        return ([key[row, :, :length].clone() for key in self.keys],
+                [value[row, :, :length].clone() for value in self.values])
 
     def start_step(self, positions: torch.Tensor, read: int) -> None:
         self._positions, self._read = positions, read
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         keys, values = self.keys[layer_idx], self.values[layer_idx]
-        if self._positions is None:  # prefill (right-padded): each joiner's positions start at 0
+        if self._positions is None and self._starts is None:  # prefill (right-padded) from position 0
             keys[self._prefill_rows, :, : key_states.shape[2]] = key_states
             values[self._prefill_rows, :, : value_states.shape[2]] = value_states
             return key_states, value_states
+        if self._positions is None:  # prefill (right-padded) after each row's cached prefix
+            rows, length = self._prefill_rows, key_states.shape[2]
+            indices = torch.arange(rows.start, rows.stop, rows.step, device=keys.device)[:, None]
+            at = self._starts[:, None] + torch.arange(length, device=keys.device)[None]
+            keys[indices, :, at] = key_states.transpose(1, 2)
+            values[indices, :, at] = value_states.transpose(1, 2)
+            read = int(self._starts.max()) + length
+            return keys[rows, :, :read], values[rows, :, :read]
         count = key_states.shape[0]
         rows = torch.arange(count, device=keys.device)
         keys[rows, :, self._positions] = key_states[:, :, 0]
