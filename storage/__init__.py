@@ -5,6 +5,7 @@ Small repository methods only; nothing here knows what a setting means (that is 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 from collections.abc import Iterator
@@ -103,13 +104,25 @@ class Storage:
         config.set_main_option("script_location", str(MIGRATIONS))
         config.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
         try:
-            with _guarded(), self.engine.begin() as connection:
+            with _guarded(), self._sqlite_file_lock(), self.engine.begin() as connection:
                 if self.engine.dialect.name == "postgresql":  # replicas starting at once: one migrates, the rest wait
                     connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
                 config.attributes["connection"] = connection
                 command.upgrade(config, revision)
         except CommandError as error:  # e.g. a database from a newer version of Chorus
             raise StorageError(f"cannot migrate the database: {error}") from None
+
+    @contextmanager
+    def _sqlite_file_lock(self) -> Iterator[None]:
+        """Processes starting at once on one SQLite file: one migrates, the rest wait (then find nothing to do).
+        SQLite runs a migration's DDL outside any lock, so they hold a lock file beside the database."""
+        database = self.engine.url.database if self.engine.dialect.name == "sqlite" else None
+        if not database or database == ":memory:":
+            yield
+            return
+        with open(f"{database}.migrate-lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            yield
 
     def revision(self) -> str | None:
         from alembic.runtime.migration import MigrationContext

@@ -1,6 +1,8 @@
 """Storage on real SQLite files: migrations, settings with audit, request log, failures."""
 
 import sqlite3
+import subprocess
+import sys
 from datetime import UTC, datetime
 
 import pytest
@@ -152,3 +154,14 @@ def test_request_log_keeps_rows_while_the_database_fails(tmp_path):
     writer.storage = storage
     writer.flush()
     assert writer.last_error is None and storage.count_request_log() == 1
+
+
+def test_processes_starting_at_once_on_one_sqlite_file_migrate_it_once(tmp_path):
+    url = sqlite_url(tmp_path / "shared.db")
+    migrate = f"from storage import Storage; Storage({url!r}).migrate()"
+    starting = [subprocess.Popen([sys.executable, "-c", migrate], stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    failures = [process.stderr.read() for process in starting if process.wait(120) != 0]
+    assert not failures, failures[0]
+    alone = Storage(sqlite_url(tmp_path / "alone.db"))
+    alone.migrate()
+    assert Storage(url).revision() == alone.revision()
