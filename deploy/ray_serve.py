@@ -36,10 +36,10 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from admin.cluster import ReplicaReporter
 from app import create_app
 from storage import Storage
-from tts_core.access import Caller
+from tts_core.access import Caller, Tier
 from tts_core.config import Settings
 from tts_core.engines import EngineUnavailable, model_specs
-from tts_core.errors import ChorusError, SynthesisError
+from tts_core.errors import ChorusError, Overloaded, SynthesisError
 from tts_core.metrics import Metrics
 from tts_core.pool import ModelPool
 from tts_core.request import AudioPieces, SynthesisRequest
@@ -81,7 +81,8 @@ class EngineReplica:
         self.service.start()
         self.service.wait_ready()
         replica = f"{model}/{serve.get_replica_context().replica_id.unique_id}"
-        self.reporter = ReplicaReporter(Storage(settings.database), self.service, replica)
+        self.storage = Storage(settings.database)
+        self.reporter = ReplicaReporter(self.storage, self.service, replica)
         self._stop = threading.Event()
         threading.Thread(target=self._report, name="replica-report", daemon=True).start()
         log.info("engine replica %s serves %s", replica, model)
@@ -106,9 +107,10 @@ class EngineReplica:
             yield ("refused", error)
             return
         now = time.monotonic()
-        yield ("queued", [{**{name: getattr(item, name) for name in DESCRIBED}, "deadline_in_s": item.deadline - now,
-                           "streamed": item.pieces is not None} for item in items], played_s)
-        try:
+        try:  # from here on, however the call ends (the ingress cancels it: its caller went), nothing is left queued
+            yield ("queued", [{**{name: getattr(item, name) for name in DESCRIBED},
+                               "deadline_in_s": item.deadline - now, "streamed": item.pieces is not None}
+                              for item in items], played_s)
             for number, item in enumerate(items):
                 try:
                     async for audio in pieces_of(item, self.service.settings.request_timeout_s):
@@ -117,13 +119,17 @@ class EngineReplica:
                     yield ("failed", number, error)
                     return
                 yield ("done", number, {name: getattr(item, name) for name in STAMPS})
-        finally:  # the ingress cancelled (its caller went) or all is sent: nothing more runs for it
+        finally:
             for item in items:
                 item.abandon()
 
-    def __del__(self):
-        self._stop.set()
-        self.service.stop()
+    def __del__(self):  # (also after an __init__ that failed part way)
+        if stop := getattr(self, "_stop", None):
+            stop.set()
+        if service := getattr(self, "service", None):
+            service.stop()
+        if storage := getattr(self, "storage", None):
+            storage.engine.dispose()
 
 
 # --- the ingress side -----------------------------------------------------------------------------
@@ -144,10 +150,19 @@ class RemoteScheduler(Scheduler):
                              ) -> tuple[list[SynthesisRequest], float]:
         events = self.engines[passage.model].options(stream=True).speak.remote(
             passage, index, first, caller, streaming, max_wait_s, played_s, words)
-        try:
-            kind, *answer = await events.__anext__()
-        except Exception as error:  # the replica died before it answered
-            raise _lost(error) from error
+        tier = caller.tier if caller else Tier()
+        patience_s = min(max_wait_s, self.settings.request_timeout_s, tier.request_timeout_s)
+        try:  # an engine replica answers at once (queued or refused), unless none is up to answer
+            kind, *answer = await asyncio.wait_for(events.__anext__(), patience_s)
+        except TimeoutError:
+            events.cancel()
+            raise Overloaded(f"no replica of model {passage.model} answered within {patience_s:.0f} s; retry",
+                             patience_s, "engine_unavailable") from None
+        except BaseException as error:  # the replica died before it answered, or the caller went
+            events.cancel()
+            if isinstance(error, Exception):
+                raise _lost(error) from error
+            raise
         if kind == "refused":
             raise answer[0]
         descriptions, played_s = answer
@@ -173,8 +188,10 @@ def _standing_in(description: dict) -> SynthesisRequest:
 
 
 async def _deliver(events: DeploymentResponseGenerator, items: list[SynthesisRequest]) -> None:
-    """The engine replica's events onto the pieces standing in for its own."""
+    """The engine replica's events onto the pieces standing in for its own. However it ends, every piece
+    ends (its audio, or why not) and the call is cancelled unless it ran to its end."""
     audio: list[list[np.ndarray]] = [[] for _ in items]
+    failure: ChorusError = _lost(EOFError("the call ended early"))  # for pieces its events never ended
     try:
         async for kind, number, value in events:
             item = items[number]
@@ -187,17 +204,19 @@ async def _deliver(events: DeploymentResponseGenerator, items: list[SynthesisReq
                     setattr(item, name, stamp)
                 if item.pieces is not None:
                     item.pieces.end()
-                item.resolve(np.concatenate(audio[number]) if len(audio[number]) != 1 else audio[number][0])
+                item.resolve(np.concatenate(audio[number]) if audio[number] else np.zeros(0, np.float32))
             else:
                 raise value
-    except BaseException as error:  # refused, failed, cancelled, or the replica is gone
+    except BaseException as error:  # failed, given up here (Ray's RequestCancelledError), or the replica is gone
         failure = error if isinstance(error, ChorusError) else _lost(error)
+        events.cancel()
+        if isinstance(error, asyncio.CancelledError):
+            raise
+    finally:
         for item in items:
             if item.pieces is not None:
                 item.pieces.end(failure)
             item.resolve(failure)
-        if isinstance(error, asyncio.CancelledError):
-            raise
 
 
 def _lost(error: BaseException) -> SynthesisError:

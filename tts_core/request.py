@@ -28,7 +28,10 @@ class AudioPieces:
 
     def push(self, audio: np.ndarray) -> None:
         following: Future = Future()
-        self._tail.set_result((audio, following))
+        try:
+            self._tail.set_result((audio, following))
+        except InvalidStateError:  # the reader gave up waiting (cancelled): no one reads on
+            return
         self._tail = following
 
     def end(self, error: BaseException | None = None) -> None:

@@ -237,11 +237,11 @@ class SteppedBatcher(Batcher):
     def _deliver(self, item: SynthesisRequest) -> None:
         progress = self._progress.pop(item)
         audio = np.concatenate(progress.pieces) if progress.pieces else np.zeros(0, dtype=np.float32)
+        item.batch_s, item.batch_size = progress.engine_s, progress.running_with  # before a reader sees the end
         if item.pieces is not None:
             for piece in progress.pieces if self.policy.holds_results else ():
                 item.pieces.push(piece)
             item.pieces.end()
-        item.batch_s, item.batch_size = progress.engine_s, progress.running_with
         self.item_cost.add(1, item.length, progress.engine_s)
         self._learn_audio_rate([item], [audio])
         self.queue.done(1)

@@ -31,7 +31,8 @@ def pytest_configure(config):
 def pytest_pyfunc_call(pyfuncitem):
     """A test marked loopback_namespace runs again in a pytest of its own inside `unshare` (as a user
     namespace's root where this is not root): a network namespace with only loopback, brought up, and a PID
-    namespace, so whatever it leaves running (Ray's daemons) ends with it. Its outcome is this test's."""
+    namespace, so whatever it leaves running (Ray's daemons) ends with it. Its outcome is this test's. (Its
+    fixtures are set up out here too, before this hook: what must run inside is started in the test's body.)"""
     if pyfuncitem.get_closest_marker("loopback_namespace") is None or os.environ.get(INSIDE_LOOPBACK_NAMESPACE):
         return None
     require_tools("unshare", "ip", install="apt-get install util-linux iproute2")

@@ -30,6 +30,10 @@ def described(length: int, streamed: bool = False) -> dict:
             "deadline_in_s": 30.0, "streamed": streamed}
 
 
+class RequestCancelled(Exception):
+    """What Ray raises from a call cancelled by its caller (ray.serve.exceptions.RequestCancelledError)."""
+
+
 class Events:
     """An engine replica's answer as the handle gives it: events in order, then (maybe) an error."""
 
@@ -44,10 +48,8 @@ class Events:
             return self.events.pop(0)
         if self.error is not None:
             raise self.error
-        if self.cancelled.is_set():
-            raise asyncio.CancelledError
-        await self.cancelled.wait()  # a replica still working: ends when cancelled
-        raise asyncio.CancelledError
+        await self.cancelled.wait()  # a replica still working: ends when cancelled, as Ray ends it
+        raise RequestCancelled("cancelled")
 
     def cancel(self):
         self.cancelled.set()
@@ -73,9 +75,16 @@ def scheduler(events: Events) -> RemoteScheduler:
     return RemoteScheduler(Settings(), None, Metrics(), engines={"m": Handle(events)})
 
 
-async def submit(events: Events):
+async def submit(events: Events, max_wait_s: float = 10.0):
     passage = type("Passage", (), {"model": "m"})()
-    return await scheduler(events).submit_passage(passage, 0, True, None, False, 10.0, 0.0, False)
+    return await scheduler(events).submit_passage(passage, 0, True, None, False, max_wait_s, 0.0, False)
+
+
+def test_no_engine_replica_answering_is_a_503_within_the_wait_target_and_the_call_is_cancelled():
+    events = Events([])
+    with pytest.raises(Overloaded) as refused:
+        asyncio.run(submit(events, max_wait_s=0.2))
+    assert refused.value.code == "engine_unavailable" and events.cancelled.is_set()
 
 
 def test_a_refusal_is_raised_whole():
@@ -128,6 +137,18 @@ def test_a_piece_given_up_cancels_the_call():
         await asyncio.wait_for(events.cancelled.wait(), 10)
         with pytest.raises(SynthesisError):  # the rest of the passage ends too: nothing more comes for it
             await asyncio.wait_for(asyncio.wrap_future(items[0].future), 10)
+
+
+def test_a_call_that_ends_early_ends_every_piece_and_empty_audio_is_audio():
+    async def run():
+        events = Events([("queued", [described(5, streamed=True), described(5)], 1.0),
+                         ("done", 0, {"queue_s": 0.1, "batch_s": 0.1, "batch_size": 1, "token_samples": None})],
+                        StopAsyncIteration())  # the stream ends there
+        items, _ = await submit(events)
+        return await asyncio.gather(*(asyncio.wrap_future(item.future) for item in items), return_exceptions=True)
+
+    empty, lost = asyncio.run(run())
+    assert isinstance(empty, np.ndarray) and empty.size == 0 and isinstance(lost, SynthesisError)
 
     asyncio.run(run())
 
