@@ -179,7 +179,7 @@ class VoiceClones:
     def _made(self, rows: list[dict]) -> list[tuple[None, ClonedVoice]]:
         """The new rows' voices, each prompt written into this replica's data dir; a row this replica cannot
         offer is logged once."""
-        models, made = set(self.service.cloner.models()), []
+        models, made = set(self.service.cloner.speaking()), []
         for row in rows:
             key = (row["name"], row["created_at"])
             if key in self._skipped:

@@ -10,8 +10,9 @@ through deployment handles.
   database every second like any Chorus replica, so the Admin tab's cluster view shows every one.
 - `ChorusIngress` is the whole app (app.create_app) with `RemoteScheduler` placing each passage on its
   model's engine deployment instead of a local batcher. Admission, degrade mode, the cache, rate limits,
-  jobs, the UI and the admin tab are unchanged. Cloning voices needs the engine in the same process and
-  is refused here (400 model_cannot_clone).
+  jobs, the UI and the admin tab are unchanged. Cloning a voice needs the engine in the same process and
+  is refused here (400 model_cannot_clone); voices cloned through a replica on the same database are
+  listed by the ingress and spoken by the engine replicas, which follow the stored voices each second.
 - `scale_on_queue` is the engines' autoscaling policy: replicas enough that each has about
   `target_ongoing_requests` pieces queued or running in Chorus's own queue.
 """
@@ -35,7 +36,8 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from admin.cluster import ReplicaReporter
 from app import create_app
-from storage import Storage
+from clones import VoiceClones, stored_clones
+from storage import Storage, StorageError
 from tts_core.access import Caller, Tier
 from tts_core.config import Settings
 from tts_core.engines import EngineUnavailable, model_specs
@@ -77,20 +79,26 @@ class EngineReplica:
         specs = [spec for spec in model_specs(settings) if spec.name == model]
         if not specs:
             raise EngineUnavailable(f"model {model!r} is not configured here (TTS_VOICES_FILE, TTS_VOICES_DIR)")
-        self.service = SpeechService(settings, [replace(specs[0], pinned=True)], Metrics())
+        self.storage = Storage(settings.database)
+        self.service = SpeechService(settings, [replace(specs[0], pinned=True)], Metrics(),
+                                     clones=stored_clones(self.storage, settings.data_dir, [model]))
+        self.clones = VoiceClones(self.storage, self.service)  # the stored cloned voices, followed each second
         self.service.start()
         self.service.wait_ready()
         replica = f"{model}/{serve.get_replica_context().replica_id.unique_id}"
-        self.storage = Storage(settings.database)
         self.reporter = ReplicaReporter(self.storage, self.service, replica)
         self._stop = threading.Event()
         threading.Thread(target=self._report, name="replica-report", daemon=True).start()
         log.info("engine replica %s serves %s", replica, model)
 
     def _report(self) -> None:
+        """Each second: this replica's figures, and the cloned voices made or deleted through any replica."""
         while not self._stop.wait(REPORT_EVERY_S):
             try:
                 self.reporter.report()
+                self.clones.refresh()
+            except StorageError:  # the report says it once per outage
+                pass
             except Exception:  # a bug must not end the reports
                 log.exception("replica report failed")
 
@@ -236,8 +244,10 @@ class ChorusIngress:
         specs = [replace(spec, pinned=False, load=partial(_loaded_elsewhere, spec.name))
                  for spec in model_specs(settings)]
         app = create_app(settings, specs, partial(RemoteScheduler, engines=self.engines))
-        for spec in specs:
-            app.state.service.clones.able[spec.name] = False  # a clone is made by its engine: not from here
+        # A clip is encoded by its model's engine, which is not here. Voices cloned through a replica (python
+        # app.py) on the same database are listed here and spoken by the engine replicas.
+        app.state.service.cloner.refusal = ("the Ray Serve ingress cannot clone voices (its engines run in their "
+                                            "own deployments); clone through python app.py on the same database")
         return app
 
 

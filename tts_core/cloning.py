@@ -258,16 +258,23 @@ class Cloner:
 
     def __init__(self, pool: ModelPool, voices: ClonedVoices, publish: Callable[[], None], cache: AudioCache):
         self.pool, self.voices, self.publish, self.cache = pool, voices, publish, cache
+        self.refusal: str | None = None  # why this process makes no clones (its engines run elsewhere); None: it does
 
     def models(self) -> list[str]:
-        """The models a clone may go to: those that can clone, and those not loaded yet (whether they
-        can is known once they have loaded)."""
+        """The models a clone may go to here: none where this process makes no clones, else `speaking`."""
+        return [] if self.refusal else self.speaking()
+
+    def speaking(self) -> list[str]:
+        """The models that can speak cloned voices: those that can clone, and those not loaded yet (whether
+        they can is known once they have loaded)."""
         return [name for name, slot in self.pool.slots().items()
                 if not slot.retired and self.voices.able.get(name, True)]
 
     def target(self, model: str, catalogue: Catalogue) -> str:
         """The loaded model a clone for `model` (a model's own name, a model family or an alias) goes to;
         400 (param model) when none can clone."""
+        if self.refusal:
+            raise InvalidRequest(self.refusal, "model", "model_cannot_clone")
         slots = {name: slot for name, slot in self.pool.slots().items() if not slot.retired}
         if model in slots:
             candidates = [model]

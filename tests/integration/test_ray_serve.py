@@ -1,7 +1,9 @@
 """Chorus on Ray Serve, started the README's way (`serve run deploy/serve.yaml`, two engine replicas of the
-bundled voice), inside a network namespace of its own: speech and streams of the right length through the
-ingress, refusals in OpenAI's shape, both engine replicas in the admin's cluster view, and an engine
-replica killed mid-service replaced by Ray, the cluster view saying so, speech going on."""
+bundled voice and one of a tiny Pocket TTS), inside a network namespace of its own: speech and streams of
+the right length through the ingress, refusals in OpenAI's shape, a voice cloned earlier on the same
+database spoken by its engine replica (cloning through the ingress refused), both replicas of the bundled
+voice in the admin's cluster view, and one of them killed mid-service replaced by Ray, the cluster view
+saying so, speech going on."""
 
 import os
 import re
@@ -9,15 +11,21 @@ import signal
 import subprocess
 import sys
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import yaml
+from safetensors.numpy import save
 
 from bench.harness import EngineAlone
+from storage import Storage, sqlite_url
 from tests.integration.conftest import RAY_ONE_MACHINE
+from tests.pocket_models import build_tiny_pocket, random_voice
 from tests.serve import wait_until
+from tts_core.audio import encode
 
 pytest.importorskip("ray.serve")
 
@@ -27,6 +35,7 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 BASE = "http://127.0.0.1:7860"  # the namespace is this test's own: the port is free
 TEXT = "The quick brown fox jumps over the lazy dog. Then it runs back home again before dark."
 ENGINE = "en_US-joe-medium"
+POCKET, CLONE = "tiny-pocket", "cloned-earlier"  # a tiny random Pocket TTS, and a voice cloned for it
 
 
 @contextmanager
@@ -35,10 +44,15 @@ def chorus_on_ray(tmp_path: Path):
     fixture: fixtures are set up outside the test's network namespace too.)"""
     config = yaml.safe_load((ROOT / "deploy" / "serve.yaml").read_text())
     config["applications"][0]["args"] = {"replicas": 2, "num_cpus": 0}
+    config["applications"][0]["deployments"] = [{"name": f"engine-{POCKET}", "num_replicas": 1}]
     config["http_options"]["host"] = "127.0.0.1"
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
+    registry = tmp_path / "voices.yaml"
+    registry.write_text(f"voices:\n  {POCKET}: {{engine: pocket_tts, model: '{build_tiny_pocket(tmp_path / POCKET)}', "
+                        "fixed_length: true}\n")
+    store_clone(tmp_path / "data")
     env = {**os.environ, **RAY_ONE_MACHINE, "TTS_DATA_DIR": str(tmp_path / "data"), "TTS_ADMIN_TOKEN": TOKEN,
-           "TTS_CALIBRATION_SIZES": "1"}
+           "TTS_CALIBRATION_SIZES": "1", "TTS_VOICES_FILE": str(registry), "TTS_TORCH_THREADS": "1"}
     log_path = tmp_path / "serve.log"
     serve = subprocess.Popen([str(Path(sys.executable).with_name("serve")), "run", str(tmp_path / "serve.yaml")],
                              cwd=ROOT, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
@@ -54,6 +68,17 @@ def chorus_on_ray(tmp_path: Path):
             serve.kill()
         subprocess.run([str(Path(sys.executable).with_name("ray")), "stop", "--force"], env=env,
                        capture_output=True)
+
+
+def store_clone(data: Path) -> None:
+    """A public voice cloned earlier (through `python app.py` on this database) for the tiny Pocket TTS."""
+    storage = Storage(sqlite_url(data / "chorus.db"))
+    data.mkdir(parents=True, exist_ok=True)
+    storage.migrate()
+    prompt = save({"audio_prompt_latents": random_voice(12, seed=3)})
+    storage.add_cloned_voice(CLONE, POCKET, "key:1", 4.0, None, f"voices/cloned/{POCKET}/{CLONE}.safetensors",
+                             datetime.now(UTC), "key:1", prompt)
+    storage.set_cloned_voice_public(CLONE, True, "ops")
 
 
 def _answers(url: str) -> bool:
@@ -103,6 +128,17 @@ def speaks_streams_shows_its_replicas_and_survives_losing_one():
     refused = httpx.post(f"{BASE}/v1/audio/speech", timeout=60, json={"model": "tts-1", "voice": "nobody",
                                                                          "input": "Hello."})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "voice_not_found"
+
+    # A stored cloned voice is listed by the ingress and spoken by its model's engine replica; cloning here is not
+    listed = httpx.get(f"{BASE}/v1/audio/voices", timeout=60).json()["data"]
+    assert CLONE in {voice["id"] for voice in listed}
+    cloned = httpx.post(f"{BASE}/v1/audio/speech", timeout=120, json={"model": "tts-1", "voice": CLONE,
+                                                                        "input": "Hi.", "response_format": "pcm"})
+    assert cloned.status_code == 200 and len(cloned.content) > 2 * 24000 // 2, cloned.text[:300]
+    clip = encode(np.resize(np.sin(np.arange(24000) / 8.0).astype(np.float32) * 0.3, 4 * 24000), 24000, "wav")
+    cloning = httpx.post(f"{BASE}/v1/audio/voices", timeout=60, files={"audio": ("clip.wav", clip)},
+                         data={"name": "mine", "model": "pocket_tts", "consent": "true"})
+    assert cloning.status_code == 400 and cloning.json()["error"]["code"] == "model_cannot_clone", cloning.text
     assert wait_until(lambda: serving(engine_replicas()) == 2, 30, 0.2), engine_replicas()
     before = set(engine_replicas())
 

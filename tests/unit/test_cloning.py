@@ -257,3 +257,15 @@ def test_a_failing_refresh_is_logged_once_and_keeps_the_other_refreshes_going(re
     monkeypatch.undo()
     there.refresh()
     assert offered_to(there, "key:1") == ["alice"]
+
+
+def test_a_process_that_makes_no_clones_refuses_them_and_still_follows_the_stored_ones(replicas):
+    (here, _), (there, there_engine) = replicas
+    there.service.cloner.refusal = "this process makes no clones"  # as the Ray Serve ingress says
+    with pytest.raises(InvalidRequest) as refused:
+        asyncio.run(there.create(OWNER, encode(tone(4.0), RATE, "wav"), "bob", "fake-ar", True))
+    assert refused.value.code == "model_cannot_clone" and "makes no clones" in refused.value.message
+    assert there.service.cloner.models() == [] and there.service.cloner.speaking() == ["fake-ar"]
+    asyncio.run(here.create(OWNER, encode(tone(4.0), RATE, "wav"), "alice", "fake-ar", True))
+    there.refresh()
+    assert offered_to(there, "key:1") == ["alice"] and "alice" in there_engine.prompts
