@@ -38,7 +38,7 @@ from admin.cluster import ReplicaReporter
 from app import create_app
 from clones import VoiceClones, stored_clones
 from storage import Storage, StorageError
-from tts_core.access import Caller, Tier
+from tts_core.access import Caller
 from tts_core.config import Settings
 from tts_core.engines import EngineUnavailable, model_specs
 from tts_core.errors import ChorusError, Overloaded, SynthesisError
@@ -158,8 +158,7 @@ class RemoteScheduler(Scheduler):
                              ) -> tuple[list[SynthesisRequest], float]:
         events = self.engines[passage.model].options(stream=True).speak.remote(
             passage, index, first, caller, streaming, max_wait_s, played_s, words)
-        tier = caller.tier if caller else Tier()
-        patience_s = min(max_wait_s, self.settings.request_timeout_s, tier.request_timeout_s)
+        patience_s = min(max_wait_s, self.timeout_s(caller))
         try:  # an engine replica answers at once (queued or refused), unless none is up to answer
             kind, *answer = await asyncio.wait_for(events.__anext__(), patience_s)
         except TimeoutError:

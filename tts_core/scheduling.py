@@ -62,6 +62,10 @@ class Scheduler:
         self.metrics.characters.inc(sum(len(passage.spoken.text) for passage in script.passages))
         return items
 
+    def timeout_s(self, caller: Caller | None) -> float:
+        """How long a caller's request may take: the server's limit, or its tier's where that is lower."""
+        return min(self.settings.request_timeout_s, (caller.tier if caller else Tier()).request_timeout_s)
+
     async def submit_passage(self, passage: Passage, index: int, first: bool, caller: Caller | None,
                              streaming: bool, max_wait_s: float, played_s: float, words: bool
                              ) -> tuple[list[SynthesisRequest], float]:
@@ -70,7 +74,7 @@ class Scheduler:
         engine: deploy/ray_serve.py places it on an engine replica elsewhere instead."""
         tier = caller.tier if caller else Tier()
         identity = caller.identity if caller else ""
-        timeout_s = min(self.settings.request_timeout_s, tier.request_timeout_s)
+        timeout_s = self.timeout_s(caller)
         voice, model_name = passage.voice, passage.model
         batcher = await self.pool.batcher(model_name)
         speed = passage.speed * voice.speed  # the voice's default speed, times the request's
