@@ -6,11 +6,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from bench.harness import PEERS, RAY_PEER
 from bench.report import write_docs
 from bench.server import ROOT
 
 
+@pytest.mark.loopback_namespace  # its Ray Serve peer, where Ray is installed
 def test_quick_benchmark_runs_every_peer_and_writes_complete_results(tmp_path):
     run = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
