@@ -13,7 +13,9 @@ TEXT = "The quick brown fox jumps over the lazy dog near the river bank"
 
 
 @pytest.mark.loopback_namespace
-def test_ray_serve_peer_speaks_with_the_same_engine(tmp_path):
+def test_ray_serve_peer_speaks_with_the_same_engine(tmp_path, monkeypatch):
+    for noise in ("TTS_PIPER_NOISE_SCALE", "TTS_PIPER_NOISE_W"):  # the same durations there and here, every time
+        monkeypatch.setenv(noise, "0")
     server = start_ray_peer(tmp_path, "en_US-joe-medium")
     try:
         refused = [httpx.post(f"{server.base_url}/v1/audio/speech", timeout=120, json=body)
