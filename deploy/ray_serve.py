@@ -44,6 +44,7 @@ from tts_core.engines import EngineUnavailable, model_specs
 from tts_core.errors import ChorusError, Overloaded, SynthesisError
 from tts_core.metrics import Metrics
 from tts_core.pool import ModelPool
+from tts_core.queue import WaitTarget
 from tts_core.request import AudioPieces, SynthesisRequest
 from tts_core.scheduling import Scheduler, pieces_of
 from tts_core.script import Passage
@@ -107,10 +108,10 @@ class EngineReplica:
         return {"pending_pieces": float(self.service.status()["pending_requests"])}
 
     async def speak(self, passage: Passage, index: int, first: bool, caller: Caller | None, streaming: bool,
-                    max_wait_s: float, played_s: float, words: bool):
+                    target: WaitTarget, played_s: float, words: bool):
         try:
             items, played_s = await self.service.scheduler.submit_passage(
-                passage, index, first, caller, streaming, max_wait_s, played_s, words)
+                passage, index, first, caller, streaming, target, played_s, words)
         except ChorusError as error:
             yield ("refused", error)
             return
@@ -154,11 +155,11 @@ class RemoteScheduler(Scheduler):
         self._deliveries: set[asyncio.Task] = set()  # held until done (the loop keeps only weak references)
 
     async def submit_passage(self, passage: Passage, index: int, first: bool, caller: Caller | None,
-                             streaming: bool, max_wait_s: float, played_s: float, words: bool
+                             streaming: bool, target: WaitTarget, played_s: float, words: bool
                              ) -> tuple[list[SynthesisRequest], float]:
         events = self.engines[passage.model].options(stream=True).speak.remote(
-            passage, index, first, caller, streaming, max_wait_s, played_s, words)
-        patience_s = min(max_wait_s, self.timeout_s(caller))
+            passage, index, first, caller, streaming, target, played_s, words)
+        patience_s = min(target.usual_s, self.timeout_s(caller))
         try:  # an engine replica answers at once (queued or refused), unless none is up to answer
             kind, *answer = await asyncio.wait_for(events.__anext__(), patience_s)
         except TimeoutError:

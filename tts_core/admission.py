@@ -3,7 +3,7 @@
 `validate` is what holds whatever the load (names, speed, text, the caller's tier); `admit` adds
 the degrade actions that refuse work up front (shedding low tiers, capping text length). The wait
 a request would have in the queue is checked where it is queued (tts_core.scheduling), against
-`max_wait_s` from here.
+`wait_target` from here.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from .errors import InvalidRequest, Overloaded
 from .frontend import NormalizationOptions, normalize_text, spoken_parts, ssml
 from .lexicon import Lexicon
 from .metrics import Metrics
+from .queue import WaitTarget
 from .script import Passage, Reading, Script
 from .text import TextError
 
@@ -102,9 +103,11 @@ class Admission:
                                  "input", "degraded_text_limit")
         return script
 
-    def max_wait_s(self) -> float:
-        """The longest predicted queue wait a request is accepted with (operator setting)."""
-        return self.degrade.settings.queue_wait_target_s
+    def wait_target(self) -> WaitTarget:
+        """The longest predicted queue wait a request is accepted with, usually and in an overload
+        (operator settings)."""
+        settings = self.degrade.settings
+        return WaitTarget(settings.queue_wait_target_s, settings.overload_wait_target_s)
 
 
 def _voice(catalogue: Catalogue, voice: str | None, model: str | None, caller: Caller | None,

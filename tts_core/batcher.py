@@ -26,7 +26,7 @@ from .errors import Overloaded, SynthesisError
 from .memory import MemoryBudget, release_heap
 from .metrics import BatchRecord, Metrics
 from .policy import BatchPolicy, ItemCost, padded_tokens
-from .queue import QueueClosed, RequestQueue
+from .queue import QueueClosed, RequestQueue, WaitTarget
 from .request import SynthesisRequest
 
 T = TypeVar("T")
@@ -82,13 +82,13 @@ class Batcher:
             self._fail_errands()
 
     def submit(self, items: Sequence[SynthesisRequest], tier_limit: int | None = None,
-               max_wait_s: float = math.inf) -> float:
+               target: WaitTarget = WaitTarget()) -> float:
         """Queue items (all or none) with their predicted cost; returns the first one's predicted
         wait. Raises QueueFull (with a Retry-After from the prediction), or QueueClosed once the
         model has been unloaded."""
         for item in items:
             item.cost_s = self.item_cost_s(item.length)
-        return self.queue.put_many(items, tier_limit, max_wait_s)
+        return self.queue.put_many(items, tier_limit, target)
 
     def item_cost_s(self, tokens: int) -> float:
         """Predicted engine time of an item of this length, as batches run now."""

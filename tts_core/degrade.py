@@ -43,6 +43,9 @@ class OperatorSettings(BaseModel):
     queue_wait_target_s: float = Field(10.0, gt=0, le=3600, description="longest predicted queue wait a request "
                                        "is accepted with (longer: 503 with Retry-After); the load score is the "
                                        "predicted wait of a new request over this")
+    overload_wait_target_s: float = Field(2.0, gt=0, le=3600, description="the same, while an engine is offered "
+                                          "more work than it can do (the lower of the two applies): an overload's "
+                                          "queue stays this short, so that it drains within seconds after")
     cap_text_enabled: bool = True
     cap_text_chars: int = Field(300, ge=1, le=100_000, description="longest text accepted while degraded")
     cache_first_enabled: bool = True
@@ -104,14 +107,14 @@ def _changed(changes: dict[str, Any], first: str, second: str) -> str:
 
 @dataclass(frozen=True)
 class LoadInputs:
-    queue_wait_s: float  # predicted wait of a new request before its synthesis starts, worst engine
+    queue_wait_share: float  # predicted wait of a new request over the wait target in force, worst engine
     device_memory_used: float | None  # fraction in use; None without a device
 
 
-def load_score(inputs: LoadInputs, queue_wait_target_s: float) -> tuple[float, dict[str, float]]:
+def load_score(inputs: LoadInputs) -> tuple[float, dict[str, float]]:
     """The worst of the pressures, each scaled to [0, 1]. (How many pieces of text are queued is not
     one: one long text fills the queue with pieces and is no load; a full queue refuses on its own.)"""
-    parts = {"queue_wait": min(1.0, float(inputs.queue_wait_s) / queue_wait_target_s)}
+    parts = {"queue_wait": min(1.0, float(inputs.queue_wait_share))}
     if inputs.device_memory_used is not None:
         parts["device_memory"] = min(1.0, inputs.device_memory_used)
     return max(parts.values()), parts
@@ -145,7 +148,7 @@ class DegradeController:
 
     def update(self, inputs: LoadInputs) -> DegradeState:
         with self._lock:
-            score, parts = load_score(inputs, self.settings.queue_wait_target_s)
+            score, parts = load_score(inputs)
             now = self._clock()
             calm = score <= self.settings.exit_threshold
             if not calm:

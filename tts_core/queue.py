@@ -18,6 +18,16 @@
 The queue predicts how long a new item would wait: the predicted cost of everything ranked ahead
 of it, plus what is left of the batch running now. Admission refuses work whose predicted wait is
 past the operator's target or its deadline, with a Retry-After from the same prediction.
+
+The target is lower while the engine is overloaded: offered more work over the last
+OFFERED_WINDOW_S (the pieces of every text that asks to be queued, refused or not, at their average
+predicted cost) than it does in that time, while a queue stands in front of new callers (a typical
+sentence from one would wait half the overload target or more; one caller's burst of sentences,
+which the fair order puts behind everyone else's, is no overload). A queue that stands in an
+overload buys no throughput, only waiting, and at its end it is what must drain before the server
+is back to normal; so in an overload the queue is kept short (`WaitTarget.overload_s`, CoDel's
+lesson), and within a second of work coming in no faster than the engine does it, the usual target
+applies again: a request that arrives after an overload is not refused for its backlog.
 """
 
 from __future__ import annotations
@@ -25,7 +35,9 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,6 +48,20 @@ QUEUE_ORDERS = ("fair", "fifo")
 PRIORITY_STEP_S = 5.0  # one priority class is worth this much waiting
 LONG_TOKENS = 400  # an item this long (in tokens: ~180 characters of Piper phonemes) is delayed the whole horizon
 TYPICAL_TOKENS = LONG_TOKENS // 4  # a typical sentence: the load score is the wait one arriving now would have
+OFFERED_WINDOW_S = 1.0  # the work offered over this long tells an overload, and its end, this soon
+
+
+@dataclass(frozen=True)
+class WaitTarget:
+    """The longest predicted queue wait a request is accepted with: `usual_s`, or the lower `overload_s`
+    while its engine is offered more work than it can do (operator settings queue_wait_target_s and
+    overload_wait_target_s)."""
+
+    usual_s: float = math.inf
+    overload_s: float = math.inf
+
+    def limit_s(self, overloaded: bool) -> float:
+        return min(self.usual_s, self.overload_s) if overloaded else self.usual_s
 
 
 class QueueFull(Overloaded):
@@ -44,11 +70,13 @@ class QueueFull(Overloaded):
         super().__init__(f"{reason}; retry after {retry} s", retry, code)
 
 
-def _refuse_if_late(wait_s: float, max_wait_s: float, deadline_in_s: float) -> None:
+def _refuse_if_late(wait_s: float, target: WaitTarget, overloaded: bool, deadline_in_s: float) -> None:
     """QueueFull if a predicted wait is over the operator's target or past the work's deadline."""
-    if wait_s > max_wait_s:
-        raise QueueFull(wait_s - max_wait_s, f"the predicted wait is {wait_s:.0f} s, over this server's target of "
-                        f"{max_wait_s:.0f} s", "queue_wait")
+    limit = target.limit_s(overloaded)
+    if wait_s > limit:
+        now = "; the server is overloaded, and queues less for now" if limit < target.usual_s else ""
+        raise QueueFull(wait_s - limit, f"the predicted wait is {wait_s:.0f} s, over this server's target of "
+                        f"{limit:.0f} s{now}", "queue_wait")
     if wait_s > deadline_in_s:
         raise QueueFull(wait_s, f"the predicted wait of {wait_s:.0f} s is past the request's deadline",
                         "deadline_unreachable")
@@ -61,7 +89,7 @@ class QueueClosed(Exception):
 class RequestQueue:
     def __init__(self, max_size: int, aging_horizon_s: float = 2.0, long_tokens: int = LONG_TOKENS,
                  on_drop: Callable[[str, int], None] = lambda reason, count: None, order: str = "fair",
-                 max_per_caller: int = 0):
+                 max_per_caller: int = 0, clock: Callable[[], float] = time.monotonic):
         if order not in QUEUE_ORDERS:
             raise ValueError(f"unknown queue order {order!r}; one of {', '.join(QUEUE_ORDERS)}")
         self.max_size = max_size
@@ -77,6 +105,9 @@ class RequestQueue:
         self._changed = threading.Condition(threading.RLock())
         self._closed = False
         self._woken = False  # the engine thread has other work (Batcher.run_on_engine): stop waiting
+        self._clock = clock  # of the offers' window (tests move it)
+        self._offered: deque[tuple[float, int]] = deque()  # (when, pieces) of texts asking to be queued
+        self._piece_cost_s = 0.0  # moving average of the queued pieces' predicted cost
 
     def __len__(self) -> int:
         return len(self._items)
@@ -124,6 +155,22 @@ class RequestQueue:
             starts, _ = self._starts([probe], now)
             return self._wait_before(starts[0], now)
 
+    def overloaded(self, target: WaitTarget) -> bool:
+        """More work was offered over the last OFFERED_WINDOW_S (queued or refused) than the engine does in
+        that time (a second of predicted cost per second), and a queue stands: see the module's docstring."""
+        with self._changed:
+            self._forget_offers(self._clock())
+            offered_s = sum(count for _, count in self._offered) * self._piece_cost_s
+            return offered_s > OFFERED_WINDOW_S and self.predicted_wait() >= target.overload_s / 2
+
+    def wait_share(self, target: WaitTarget) -> float:
+        """A typical sentence's predicted wait over the wait target in force: the load score's queue part."""
+        return self.predicted_wait() / target.limit_s(self.overloaded(target))
+
+    def _forget_offers(self, now: float) -> None:
+        while self._offered and self._offered[0][0] < now - OFFERED_WINDOW_S:
+            self._offered.popleft()
+
     def backlog_s(self) -> float:
         """Predicted seconds until everything queued and running now is done."""
         with self._changed:
@@ -132,11 +179,12 @@ class RequestQueue:
     # --- the callers' side --------------------------------------------------------------------------
 
     def put_many(self, items: Sequence[SynthesisRequest], tier_limit: int | None = None,
-                 max_wait_s: float = math.inf) -> float:
+                 target: WaitTarget = WaitTarget()) -> float:
         """Enqueue all items or none; returns the first item's predicted wait. Refuses (QueueFull)
         when the queue, the items' tier share (tier_limit items) or their caller's share is full,
-        or when the first item's predicted wait is over max_wait_s or past its deadline.
+        or when the first item's predicted wait is over the wait target or past its deadline.
         Raises QueueClosed once the queue's model is unloaded."""
+        overloaded = self.overloaded(target)
         with self._changed:
             if self._closed:
                 raise QueueClosed()
@@ -144,9 +192,11 @@ class RequestQueue:
             now = time.monotonic()
             starts, chains = self._starts(items, now)
             wait = self._wait_before(starts[0], now)
-            _refuse_if_late(wait, max_wait_s, items[0].deadline - now)
+            _refuse_if_late(wait, target, overloaded, items[0].deadline - now)
             for item, start in zip(items, starts):
                 item.enqueued_at, item.start = now, start
+                self._piece_cost_s = item.cost_s if not self._piece_cost_s else \
+                    0.9 * self._piece_cost_s + 0.1 * item.cost_s
             self._chain_end.update(chains)
             if len(self._chain_end) > 4 * self.max_size:  # ends in the past no longer hold anyone back
                 self._chain_end = {chain: end for chain, end in self._chain_end.items() if end > now}
@@ -155,13 +205,17 @@ class RequestQueue:
             return wait
 
     def check(self, count: int, tier: str = "", caller: str = "", priority: int = 0, tier_limit: int | None = None,
-              max_wait_s: float = math.inf, deadline_in_s: float = math.inf) -> None:
+              target: WaitTarget = WaitTarget(), deadline_in_s: float = math.inf) -> None:
         """What put_many would refuse for count new items like these (the cheap check made before
-        the work of tokenizing a text; put_many checks again, exactly, when it queues them)."""
+        the work of tokenizing a text; put_many checks again, exactly, when it queues them). Every
+        text asking to be queued passes here once: its pieces count as work offered."""
         with self._changed:
+            now = self._clock()
+            self._forget_offers(now)
+            self._offered.append((now, count))
             self._check_room(count, tier, caller, tier_limit)
         # the shortest item's wait: a lower bound, so this never refuses what put_many would take
-        _refuse_if_late(self.predicted_wait(1, priority, caller), max_wait_s, deadline_in_s)
+        _refuse_if_late(self.predicted_wait(1, priority, caller), target, self.overloaded(target), deadline_in_s)
 
     def _check_room(self, count: int, tier: str, caller: str, tier_limit: int | None) -> None:
         if len(self._items) + count > self.max_size:

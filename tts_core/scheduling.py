@@ -10,7 +10,6 @@ synthesized, failed, dropped when its caller goes, or timed out here if nothing 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import AsyncIterator
 
@@ -25,7 +24,7 @@ from .engines.base import Engine, SteppedEngine
 from .errors import DeadlineExceeded, InvalidRequest, Overloaded
 from .metrics import Metrics
 from .pool import ModelPool
-from .queue import QueueClosed
+from .queue import QueueClosed, WaitTarget
 from .request import AudioPieces, SynthesisRequest
 from .script import Passage, Script
 from .text import ramp_up, split_chunks
@@ -42,7 +41,7 @@ class Scheduler:
         self.metrics = metrics
 
     async def submit(self, script: Script, caller: Caller | None, streaming: bool = False,
-                     max_wait_s: float = math.inf, words: bool = False) -> list[SynthesisRequest]:
+                     target: WaitTarget = WaitTarget(), words: bool = False) -> list[SynthesisRequest]:
         """Queue a script's passages (loading their models first if need be); the items' futures resolve
         to their audio, in order. Each item knows the pause before it and its audio's sample rate, and
         with `words`, which word of its passage each token says (voices that time words only)."""
@@ -51,7 +50,7 @@ class Scheduler:
         try:
             for index, passage in enumerate(script.passages):
                 queued, played_s = await self.submit_passage(passage, index, not items, caller, streaming,
-                                                              max_wait_s, played_s, words)
+                                                              target, played_s, words)
                 items += queued
         except BaseException:  # one passage refused: none of the request runs
             for item in items:
@@ -67,7 +66,7 @@ class Scheduler:
         return min(self.settings.request_timeout_s, (caller.tier if caller else Tier()).request_timeout_s)
 
     async def submit_passage(self, passage: Passage, index: int, first: bool, caller: Caller | None,
-                             streaming: bool, max_wait_s: float, played_s: float, words: bool
+                             streaming: bool, target: WaitTarget, played_s: float, words: bool
                              ) -> tuple[list[SynthesisRequest], float]:
         """The passage's items, queued on its model's batcher here (none if the voice finds nothing to say in
         it: "." alone), and the stream's audio once they have played. The one place a passage meets its
@@ -84,7 +83,7 @@ class Scheduler:
             chunks = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)
         share = None if tier.max_queue_share >= 1 else max(1, int(tier.max_queue_share * batcher.queue.max_size))
         tier_name = caller.tier_name if caller else ""
-        batcher.queue.check(len(chunks), tier_name, identity, tier.priority, share, max_wait_s, timeout_s)
+        batcher.queue.check(len(chunks), tier_name, identity, tier.priority, share, target, timeout_s)
         engine = batcher.engine
         if words and not engine.times_words:
             raise InvalidRequest(f"voice {voice.name!r} ({voice.model}) cannot time its words: word timestamps need "
@@ -106,14 +105,14 @@ class Scheduler:
             played_s = _set_due_times(items, batcher, speed, played_s)
             for item in items if stepped else ():
                 item.pieces = AudioPieces()
-        await self._queue(items, batcher, model_name, share, max_wait_s)
+        await self._queue(items, batcher, model_name, share, target)
         return items, played_s
 
     async def _queue(self, items: list[SynthesisRequest], batcher: Batcher, model_name: str, share: int | None,
-                     max_wait_s: float) -> None:
+                     target: WaitTarget) -> None:
         for _ in range(SUBMIT_TRIES):
             try:
-                batcher.submit(items, share, max_wait_s)
+                batcher.submit(items, share, target)
                 return
             except QueueClosed:  # unloaded just now: load it again
                 batcher = await self.pool.batcher(model_name)

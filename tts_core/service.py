@@ -206,6 +206,11 @@ class SpeechService:
     def queue_length(self) -> int:
         return sum(len(batcher.queue) for batcher in self.batchers.values())
 
+    def queue_wait_share(self) -> float:
+        """The predicted wait of a typical sentence over the wait target in force, on the busiest model."""
+        target = self.admission.wait_target()
+        return max((batcher.queue.wait_share(target) for batcher in self.batchers.values()), default=0.0)
+
     def queue_wait_s(self) -> float:
         """The predicted wait of a typical sentence from a new default-priority caller, on the busiest
         model (0 when idle)."""
@@ -291,7 +296,7 @@ class SpeechService:
             return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, "hit", state.actions)
         if use_cache:
             self.metrics.cache_lookups.labels("miss").inc()
-        items = await self.scheduler.submit(script, caller, max_wait_s=self.admission.max_wait_s(), words=words)
+        items = await self.scheduler.submit(script, caller, target=self.admission.wait_target(), words=words)
         speech = await self._joined(script, items)
         data = await asyncio.to_thread(encode, speech.audio, speech.sample_rate, response_format, sample_rate)
         content_type = FORMATS[response_format].content_type
@@ -322,6 +327,6 @@ class SpeechService:
         before any audio exists."""
         started = time.monotonic()
         script = self.admission.admit(self.catalogue, text, voice, model, speed, caller, reading)
-        items = await self.scheduler.submit(script, caller, streaming=True, max_wait_s=self.admission.max_wait_s(),
+        items = await self.scheduler.submit(script, caller, streaming=True, target=self.admission.wait_target(),
                                             words=words)
         return SentenceStream(script, items, started, self.metrics, self.settings.request_timeout_s)

@@ -14,7 +14,7 @@ from tts_core.degrade import OperatorSettings
 from tts_core.errors import Overloaded
 from tts_core.metrics import Metrics
 from tts_core.monitor import Monitor
-from tts_core.queue import QueueFull, RequestQueue
+from tts_core.queue import QueueFull, RequestQueue, WaitTarget
 from tts_core.service import SpeechService
 
 
@@ -65,7 +65,7 @@ def test_admission_refuses_a_wait_past_the_target_or_the_deadline_with_an_honest
     queue = RequestQueue(50)
     queue.put_many([item(20, tag, f"ip:{tag}", cost_s=1.0) for tag in range(12)])  # 12 s of work ahead
     with pytest.raises(QueueFull) as raised:
-        queue.put_many([item(20, 99, "ip:late")], max_wait_s=10.0)
+        queue.put_many([item(20, 99, "ip:late")], target=WaitTarget(10.0))
     assert raised.value.code == "queue_wait" and raised.value.retry_after_s == 2  # 12 s - 10 s
     assert "12 s" in raised.value.message
     late = item(20, 98, "ip:deadline")
@@ -73,7 +73,39 @@ def test_admission_refuses_a_wait_past_the_target_or_the_deadline_with_an_honest
     with pytest.raises(QueueFull) as raised:
         queue.put_many([late])
     assert raised.value.code == "deadline_unreachable"
-    assert queue.put_many([item(20, 97, "ip:patient")], max_wait_s=20.0) == pytest.approx(12.0, abs=0.05)
+    assert queue.put_many([item(20, 97, "ip:patient")], target=WaitTarget(20.0)) == pytest.approx(12.0, abs=0.05)
+
+
+def test_in_an_overload_the_queue_is_kept_short_until_a_second_after_it():
+    now = [100.0]
+    queue = RequestQueue(100, clock=lambda: now[0])
+    target = WaitTarget(usual_s=10.0, overload_s=2.0)
+
+    def offer(tag: int) -> float:  # a caller's sentence of 1 s, as the scheduler offers it
+        queue.check(1, caller=f"ip:{tag}", target=target)
+        return queue.put_many([item(20, tag, f"ip:{tag}")], target=target)
+
+    assert [offer(tag) for tag in range(3)] == pytest.approx([0.0, 1.0, 2.0], abs=0.05)
+    assert queue.overloaded(target)  # 3 s of work offered within a second, and a queue stands
+    with pytest.raises(QueueFull) as raised:
+        offer(3)  # 3 s of wait: under the usual target, over the overload's
+    assert raised.value.code == "queue_wait" and raised.value.retry_after_s == 1
+    assert "overloaded" in raised.value.message
+    assert queue.wait_share(target) == pytest.approx(1.5, abs=0.05)  # 3 s over 2 s: the load score's part
+    now[0] += 1.5  # nothing offered for a while: the usual target is back, the queue as it was
+    assert not queue.overloaded(target)
+    assert offer(4) == pytest.approx(3.0, abs=0.05)
+    assert queue.wait_share(target) == pytest.approx(0.4, abs=0.01)  # a typical sentence: 4 s over 10 s
+
+
+def test_one_callers_burst_of_sentences_is_no_overload():
+    queue = RequestQueue(100, clock=lambda: 100.0)
+    target = WaitTarget(usual_s=10.0, overload_s=2.0)
+    for tag in range(8):  # an answer's sentences at once: 4 s of work offered in an instant
+        queue.check(1, caller="ip:reader", target=target)
+        wait = queue.put_many([item(20, tag, "ip:reader", cost_s=0.5)], target=target)
+    assert wait == pytest.approx(3.5, abs=0.05)  # the last, behind its own seven: accepted
+    assert not queue.overloaded(target)  # a new caller's sentence goes ahead of most of them
 
 
 def test_one_caller_may_not_fill_the_queue():

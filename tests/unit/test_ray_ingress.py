@@ -11,6 +11,7 @@ import pytest
 from tts_core.config import Settings
 from tts_core.errors import Overloaded, RateLimited, SynthesisError
 from tts_core.metrics import Metrics
+from tts_core.queue import WaitTarget
 
 pytest.importorskip("ray.serve")
 
@@ -77,7 +78,7 @@ def scheduler(events: Events) -> RemoteScheduler:
 
 async def submit(events: Events, max_wait_s: float = 10.0):
     passage = type("Passage", (), {"model": "m"})()
-    return await scheduler(events).submit_passage(passage, 0, True, None, False, max_wait_s, 0.0, False)
+    return await scheduler(events).submit_passage(passage, 0, True, None, False, WaitTarget(max_wait_s), 0.0, False)
 
 
 def test_no_engine_replica_answering_is_a_503_within_the_wait_target_and_the_call_is_cancelled():
