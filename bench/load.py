@@ -26,6 +26,7 @@ class Outcome:
     audio_s: float = 0.0
     first_audio_s: float | None = None  # streams only
     ended: float = 0.0  # time.perf_counter() when the answer was complete
+    opening: bool = False  # a closed loop's client's first request: all of them are sent at the same instant
 
 
 def user_address(user: int) -> str:
@@ -69,10 +70,13 @@ async def closed_loop(base_url: str, texts: list[str], clients: int, duration_s:
 
     async with _client(base_url, clients) as client:
         async def worker(user: int) -> None:
+            opening = True
             for index in next_text:
                 if time.perf_counter() >= deadline:
                     return
-                outcomes.append(await _speak(client, texts[index % len(texts)], voice, stream, user))
+                outcome = await _speak(client, texts[index % len(texts)], voice, stream, user)
+                outcome.opening, opening = opening, False
+                outcomes.append(outcome)
 
         started = time.perf_counter()
         await asyncio.gather(*(worker(user) for user in range(clients)))
@@ -123,6 +127,10 @@ def summarize(outcomes: list[Outcome], elapsed_s: float) -> dict:
 
     latencies = [outcome.latency_s for outcome in ok]
     firsts = [outcome.first_audio_s for outcome in ok if outcome.first_audio_s is not None]
+    # a stream that starts while the others run (a closed loop's clients all start at the same instant)
+    firsts_running = [outcome.first_audio_s for outcome in ok
+                      if outcome.first_audio_s is not None and not outcome.opening]
+    firsts_opening = [outcome.first_audio_s for outcome in ok if outcome.first_audio_s is not None and outcome.opening]
     errors: dict[str, int] = {}
     for outcome in outcomes:
         if outcome.status != 200:
@@ -134,4 +142,7 @@ def summarize(outcomes: list[Outcome], elapsed_s: float) -> dict:
         "p50_ms": ms(latencies, 0.5), "p95_ms": ms(latencies, 0.95), "p99_ms": ms(latencies, 0.99),
         "short_requests": len(short), "short_p50_ms": ms(short, 0.5), "short_p95_ms": ms(short, 0.95),
         "first_audio_p50_ms": ms(firsts, 0.5), "first_audio_p95_ms": ms(firsts, 0.95),
+        "first_audio_running_p50_ms": ms(firsts_running, 0.5), "first_audio_running_p95_ms": ms(firsts_running, 0.95),
+        "first_audio_running_requests": len(firsts_running),
+        "first_audio_opening_p95_ms": ms(firsts_opening, 0.95),
     }

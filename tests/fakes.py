@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tts_core.engines.base import Engine, SteppedEngine, Voice
+from tts_core.request import SynthesisRequest
 
 POISON = 999  # a token that makes the fake engine raise
 SAMPLES_PER_TOKEN = 100
@@ -60,7 +61,10 @@ def linear_cost(size: int, padded: int) -> float:
 class FakeSteppedEngine(SteppedEngine):
     """An autoregressive engine with a controlled step cost: an item makes one frame per step, as many
     frames as it has tokens (FRAME samples each, filled with its first token / 1000, so a test can
-    tell whose audio it got). `gate` cleared: steps block until it is set."""
+    tell whose audio it got). `gate` cleared: steps block until it is set. `events` records, in order,
+    ("admit", tag) and ("take", tag) for each item joining and each piece of audio taken (tag: its
+    first token); `on_take(item)` runs at each piece taken, before it is, and `on_step()` at each step,
+    before it runs."""
 
     frame_rate = 10.0
     kv_bytes_per_token = 1000.0
@@ -72,6 +76,9 @@ class FakeSteppedEngine(SteppedEngine):
         self.gate = threading.Event()
         self.gate.set()
         self.steps_run: list[int] = []  # running requests at each step
+        self.events: list[tuple[str, int]] = []
+        self.on_take: Callable[[SynthesisRequest], None] = lambda item: None
+        self.on_step: Callable[[], None] = lambda: None
         self._running: list = []
         self._made: dict[int, int] = {}  # id(item) -> frames made
         self._taken: dict[int, int] = {}  # id(item) -> frames whose audio was taken
@@ -100,10 +107,12 @@ class FakeSteppedEngine(SteppedEngine):
         for item in items:
             self._running.append(item)
             self._made[id(item)], self._taken[id(item)] = 1, 0
+            self.events.append(("admit", int(item.tokens[0])))
         return [item for item in items if item.length <= 1]
 
     def step(self):
         self.gate.wait()
+        self.on_step()
         self.steps_run.append(len(self._running))
         time.sleep(self.step_cost(len(self._running)))
         finished = []
@@ -115,6 +124,9 @@ class FakeSteppedEngine(SteppedEngine):
 
     def take_audio(self, item, final: bool = False) -> np.ndarray:
         new = self._made[id(item)] - self._taken[id(item)]
+        if new:
+            self.on_take(item)
+            self.events.append(("take", int(item.tokens[0])))
         self._taken[id(item)] = self._made[id(item)]
         return np.full(new * FRAME, item.tokens[0] / 1000, dtype=np.float32)
 

@@ -8,6 +8,15 @@ handed out (a stream plays them as they come); a finished request leaves at once
 resolves with its whole audio. So a request joins at the next step and nobody waits for the
 longest member of a batch.
 
+First audio first. The codec does not batch on a CPU and costs about as much per frame as a step,
+so decoding is half the work of a turn; while a stream that has joined waits for its first piece,
+the others' pieces wait, and while a request is queued to join (a place is free) only first pieces
+are decoded, so that it is prefilled at once; a request DEFER_CAP pieces behind is decoded
+whoever waits, so that nobody starves (a queued request the policy does not admit included).
+A deferred piece is decoded at a later turn, longer (which costs less per frame). Measured with 8
+streams of a 89 M-parameter Pocket TTS on 2 cores: first audio p50 510 -> 320 ms, the same audio
+seconds per second. (The request-level peers decode as they did: their results are held anyway.)
+
 vLLM v1's split at a smaller scale: the policy plans (pure), the engine steps, this loop delivers.
 
 A running item's future stays pending (not "running") until it resolves: a caller that goes
@@ -20,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +45,7 @@ from .step_policy import StepPolicy, StepView
 log = logging.getLogger(__name__)
 
 CALIBRATION_STEPS = 3  # steps timed per calibration point
+DEFER_CAP = 2  # pieces: a request this far behind in decoding is decoded even while a stream starts
 
 
 @dataclass
@@ -48,6 +58,23 @@ class Progress:
     decoded: int = 0  # frames made when its audio was last taken
     pieces: list[np.ndarray] = field(default_factory=list)
     engine_s: float = 0.0  # its share of the engine's time: the queue's wait predictions learn from it
+    streaming: bool = False  # its pieces are handed out as they are made
+    handed_out: bool = False  # a stream's first piece is out
+
+    @property
+    def starting(self) -> bool:
+        """A stream waiting for its first piece."""
+        return self.streaming and not self.handed_out
+
+    @property
+    def behind(self) -> int:
+        """Frames made and not yet decoded."""
+        return self.frames - self.decoded
+
+    @property
+    def overdue(self) -> bool:
+        """So far behind that it is decoded whoever waits."""
+        return self.behind >= DEFER_CAP * self.decode_every
 
 
 class SteppedBatcher(Batcher):
@@ -181,7 +208,8 @@ class SteppedBatcher(Batcher):
             item.queue_s = now - item.enqueued_at
             piece_s = STREAM_PIECE_S if item.pieces is not None else FILE_PIECE_S
             self._progress[item] = Progress(running_with, max(1, math.ceil(piece_s * self.engine.frame_rate)),
-                                            engine_s=seconds / len(live))
+                                            engine_s=seconds / len(live),
+                                            streaming=item.pieces is not None and not self.policy.holds_results)
         self._finish(finished)
 
     def _step(self) -> None:
@@ -205,9 +233,26 @@ class SteppedBatcher(Batcher):
             progress.frames += 1
             progress.engine_s += seconds / len(running)
         due = [item for item in running if item not in finished
-               and self._progress[item].frames - self._progress[item].decoded >= self._progress[item].decode_every]
-        self._decode(due, final=False)
+               and self._progress[item].behind >= self._progress[item].decode_every]
+        for item in self._first_audio_first(due):
+            self._decode([item], final=False)
         self._finish(finished)
+
+    def _first_audio_first(self, due: list[SynthesisRequest]) -> Iterator[SynthesisRequest]:
+        """The due pieces to decode at this turn (see the module's docstring): first pieces first, then
+        the furthest behind, while no stream waits for its first piece and no request waits to join
+        (asked before each piece), and those DEFER_CAP pieces behind."""
+        if self.policy.holds_results:
+            yield from due
+            return
+        progress = self._progress
+        starting = any(progress[item].starting for item in self.engine.running())
+        for item in sorted(due, key=lambda item: (not progress[item].starting, -progress[item].behind)):
+            if progress[item].starting or progress[item].overdue or not (starting or self._joiner_waits()):
+                yield item
+
+    def _joiner_waits(self) -> bool:
+        return len(self.queue) > 0 and len(self.engine.running()) < self.policy.max_running
 
     def _decode(self, items: list[SynthesisRequest], final: bool) -> None:
         for item in items:
@@ -222,7 +267,8 @@ class SteppedBatcher(Batcher):
             progress.pieces.append(audio)
             frames = max(1, round(audio.size / self.engine.sample_rate * self.engine.frame_rate))
             self.policy.cost.observe_decode(frames, seconds)
-            if item.pieces is not None and not self.policy.holds_results:
+            if progress.streaming:
+                progress.handed_out = True
                 item.pieces.push(audio)
 
     def _finish(self, finished: list[SynthesisRequest]) -> None:

@@ -192,6 +192,60 @@ def test_the_request_level_peer_holds_results_until_its_batch_is_done(start):
     assert max(engine.steps_run) == 1  # it waited for the running batch to finish before starting
 
 
+PAYS = lambda running: 0.002  # noqa: E731  a step costs the same for any number running: a joiner always pays
+
+
+def test_a_joining_streams_first_piece_comes_before_the_running_ones_next_pieces(start):
+    engine = FakeSteppedEngine(step_cost=PAYS)
+    batcher = start(engine)
+    running, joining = item(60, tag=1, stream=True), item(20, tag=2, stream=True)
+
+    def join_at_the_third_step() -> None:  # on the engine's thread: no race
+        if len(engine.steps_run) == 2:  # the running stream's first piece (3 frames) is out
+            batcher.submit([joining])  # it joins at the next turn, when the running one is 1 frame into its next piece
+
+    engine.on_step = join_at_the_third_step
+    batcher.submit([running])
+    assert joining.future.result(timeout=10).size == 20 * FRAME
+    assert running.future.result(timeout=10).size == 60 * FRAME  # its deferred frames came later, all of them
+    events = engine.events
+    joined, first = events.index(("admit", 2)), events.index(("take", 2))
+    assert ("take", 1) not in events[joined:first], events[:first + 1]
+
+
+def test_a_request_queued_to_join_stops_the_decoding_of_later_pieces(start):
+    engine = FakeSteppedEngine(step_cost=PAYS)
+    batcher = start(engine)
+    one, other, joining = item(60, tag=1, stream=True), item(60, tag=3, stream=True), item(20, tag=2, stream=True)
+    taken = []
+
+    def join_at_the_second_piece(piece_of: SynthesisRequest) -> None:  # the two are due at the same steps
+        taken.append(piece_of)
+        if taken.count(one) == 2 and joining.enqueued_at == 0.0:
+            batcher.submit([joining])
+
+    engine.on_take = join_at_the_second_piece
+    batcher.submit([one, other])
+    for made in (one, other, joining):
+        made.future.result(timeout=10)
+    events = engine.events
+    second_of_other = [index for index, event in enumerate(events) if event == ("take", 3)][1]
+    assert events.index(("admit", 2)) < second_of_other, events
+
+
+def test_a_queued_request_that_cannot_join_does_not_stop_a_streams_pieces(start):
+    engine = FakeSteppedEngine()
+    batcher = start(engine, cpu_cache_mb=2)  # 2,097 cache positions: one of these fits, two do not
+    running, waiting = item(600, tag=1, stream=True), item(600, tag=2, stream=True)
+    engine.on_step = lambda: batcher.submit([waiting]) if len(engine.steps_run) == 2 else None
+    batcher.submit([running])
+    assert running.future.result(timeout=10).size == 600 * FRAME
+    assert waiting.future.result(timeout=10).size == 600 * FRAME
+    events = engine.events
+    assert events.index(("admit", 2)) > events.index(("take", 1))  # it waited for the running one to end
+    assert events.count(("take", 1)) >= 600 // 6 - 1  # pieces kept coming, two pieces' worth at a time at most
+
+
 # --- the pure policy -----------------------------------------------------------------------------------
 
 def view(context: int = 50, final: int = 200) -> StepView:
