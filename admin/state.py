@@ -7,14 +7,16 @@ from datetime import datetime
 from tts_core.degrade import OperatorSettings
 
 
-def _queue_wait(value: float, settings: OperatorSettings, gpu: dict | None) -> str:
-    target = settings.queue_wait_target_s
+def _queue_wait(value: float, settings: OperatorSettings, gpu: dict | None, limit_s: float) -> str:
+    target = limit_s or settings.queue_wait_target_s
     wait = f"{target:g} s or more" if value >= 1 else f"{value * target:.1f} s"
+    which = ("`queue_wait_target_s`" if target == settings.queue_wait_target_s else
+             "`overload_wait_target_s`, in force while work comes in faster than the engine does it")
     return (f"a new caller's sentence would wait {wait} before its synthesis starts (predicted from the work queued "
-            f"ahead of it and the engine's measured speed), over the {target:g} s target, `queue_wait_target_s`")
+            f"ahead of it and the engine's measured speed), over the {target:g} s target, {which}")
 
 
-def _device_memory(value: float, settings: OperatorSettings, gpu: dict | None) -> str:
+def _device_memory(value: float, settings: OperatorSettings, gpu: dict | None, limit_s: float) -> str:
     amount = ""
     if gpu and gpu.get("total_mb"):
         amount = f", {(gpu['total_mb'] - gpu['free_mb']) / 1024:.1f} of {gpu['total_mb'] / 1024:.1f} GiB"
@@ -35,7 +37,8 @@ def load_markdown(degrade: dict, settings: OperatorSettings, gpu: dict | None) -
     for index, (name, value) in enumerate(parts):
         label, words = PARTS.get(name, (name.replace("_", " "), lambda *_: ""))
         mark = " (sets the score)" if index == 0 and value > 0 else ""
-        lines.append(f"- **{label} {value:.2f}**{mark}: {words(value, settings, gpu)}")
+        lines.append(f"- **{label} {value:.2f}**{mark}: "
+                     f"{words(value, settings, gpu, degrade.get('queue_wait_limit_s', 0.0))}")
     return "\n".join(lines)
 
 

@@ -81,7 +81,7 @@ BUILT_VOICES = {"pocket-random": ("pocket_tts", "default"), "pocket-tiny": ("poc
 # Degrade mode, the cache and admission by predicted wait (the longest target allowed) are off: the
 # peers differ in batching and queue order only.
 OPERATOR = {"anonymous_tier": "enterprise", "degrade_enabled": False, "cache_enabled": False,
-            "queue_wait_target_s": 3600}
+            "queue_wait_target_s": 3600, "overload_wait_target_s": 3600}
 
 
 # --- the engine alone ------------------------------------------------------------------------------

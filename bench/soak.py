@@ -27,8 +27,8 @@ hold window (HOLD_S, or half the "after" phase if that is shorter) within the "a
 bad moments are 503 answers and queue_length samples above the 70% level (the longest queue
 sampled in the "before" phase). The first such window counts (a later relapse shows in the 503
 count of the "after" phase). None: the server did not recover within the run. Printed beside it for
-scale: a backlog as long as admission allows (queue_wait_target_s of predicted wait) drains at the
-capacity left over at 70% load in target / (1 - 0.7) seconds.
+scale: a backlog as long as admission allows in an overload (overload_wait_target_s of predicted
+wait) drains at the capacity left over at 70% load in target / (1 - 0.7) seconds.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ TARGETS = {"lost": 0, "memory_growth_pct": 5.0, "recovery_s": 10.0, "refused_out
 # never repeat, so it could only fill to its budget (64 MB, bounded by design), which would read as
 # memory growth and hide a leak.
 OPERATOR = {"anonymous_tier": "enterprise", "cache_max_mb": 0}
-WAIT_TARGET_S = OperatorSettings().queue_wait_target_s  # at its default: what admission lets queue up
+WAIT_TARGET_S = OperatorSettings().overload_wait_target_s  # at its default: what admission lets queue up in one
 # A WebSocket error event's type -> the HTTP status it stands for (the first status of a type wins)
 SOCKET_STATUS = {kind: str(status) for status, kind in reversed(ERROR_TYPES.items())}
 
@@ -463,8 +463,10 @@ def recovery(answers: list[Answer], samples: list[dict], bounds: dict, hold_s: f
 
 def degrade_times(samples: list[dict], bounds: dict) -> dict:
     """When degrade mode came on (s after the overload began; negative: before it) and went off
-    for good (s after the overload ended); None where it never did."""
-    on = [s["t"] for s in samples if s["degrade"]]
+    for good (s after the overload ended); None where it never did. Degrade mode still on from the
+    warm-up's overload as the run starts is left out: it leaves within its exit hold."""
+    start = next((index for index, s in enumerate(samples) if s["degrade"] is False), len(samples))
+    on = [s["t"] for s in samples[start:] if s["degrade"]]
     if not on:
         return {"entered_s": None, "left_s": None, "on_at_end": False}
     off = next((s["t"] for s in samples if s["t"] > on[-1] and s["degrade"] is False), None)
@@ -558,7 +560,7 @@ def _print_server(result: dict) -> None:
     print(f"recovery: {'not within the run' if seconds is None else f'{seconds} s'}: from the end of the overload to "
           f"the last 503 or queue sample above {recovered['queue_level']} that is followed by "
           f"{recovered['hold_s']:.0f} s with neither (within the {recovered['after_phase_s']} s after it); "
-          f"for scale: a backlog at the wait target ({WAIT_TARGET_S:g} s) drains at {1 - STEADY:.0%} spare "
+          f"for scale: a backlog at the overload's wait target ({WAIT_TARGET_S:g} s) drains at {1 - STEADY:.0%} spare "
           f"capacity in {WAIT_TARGET_S / (1 - STEADY):.0f} s")
     cpu = result.get("cpu", {})
     print("cpu: " + "; ".join(f"{phase} server {share['server_cores']} cores, others {share['other_cores']}"

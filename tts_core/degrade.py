@@ -41,8 +41,9 @@ class OperatorSettings(BaseModel):
     exit_hold_s: float = Field(5.0, ge=0, le=3600, description="seconds the score must stay at or below exit "
                                "before leaving (keeps shedding from flapping the mode)")
     queue_wait_target_s: float = Field(10.0, gt=0, le=3600, description="longest predicted queue wait a request "
-                                       "is accepted with (longer: 503 with Retry-After); the load score is the "
-                                       "predicted wait of a new request over this")
+                                       "is accepted with (longer: 503 with Retry-After); the load score's queue "
+                                       "part is the predicted wait of a new caller's sentence over this (over "
+                                       "overload_wait_target_s in an overload)")
     overload_wait_target_s: float = Field(2.0, gt=0, le=3600, description="the same, while an engine is offered "
                                           "more work than it can do (the lower of the two applies): an overload's "
                                           "queue stays this short, so that it drains within seconds after")
@@ -107,14 +108,15 @@ def _changed(changes: dict[str, Any], first: str, second: str) -> str:
 
 @dataclass(frozen=True)
 class LoadInputs:
-    queue_wait_share: float  # predicted wait of a new request over the wait target in force, worst engine
+    queue_wait_s: float  # predicted wait of a new caller's sentence before its synthesis starts, busiest engine
+    queue_wait_limit_s: float  # the wait target in force there: queue_wait_target_s, or overload_wait_target_s
     device_memory_used: float | None  # fraction in use; None without a device
 
 
 def load_score(inputs: LoadInputs) -> tuple[float, dict[str, float]]:
     """The worst of the pressures, each scaled to [0, 1]. (How many pieces of text are queued is not
     one: one long text fills the queue with pieces and is no load; a full queue refuses on its own.)"""
-    parts = {"queue_wait": min(1.0, float(inputs.queue_wait_share))}
+    parts = {"queue_wait": min(1.0, float(inputs.queue_wait_s) / inputs.queue_wait_limit_s)}
     if inputs.device_memory_used is not None:
         parts["device_memory"] = min(1.0, inputs.device_memory_used)
     return max(parts.values()), parts
@@ -127,6 +129,7 @@ class DegradeState:
     parts: dict[str, float] = field(default_factory=dict)
     since: float = field(default_factory=time.time)
     actions: tuple[str, ...] = ()
+    queue_wait_limit_s: float = 0.0  # the wait target the queue part was measured against (0: not yet)
 
 
 class DegradeController:
@@ -144,7 +147,7 @@ class DegradeController:
         with self._lock:
             self.settings = settings
             active = self.state.active and self.state.score > settings.exit_threshold
-            self.state = self._next(active, self.state.score, self.state.parts)
+            self.state = self._next(active, self.state.score, self.state.parts, self.state.queue_wait_limit_s)
 
     def update(self, inputs: LoadInputs) -> DegradeState:
         with self._lock:
@@ -162,11 +165,11 @@ class DegradeController:
                 active = True
             elif active and calm and now - self._calm_since >= self.settings.exit_hold_s:
                 active = False
-            self.state = self._next(active, score, parts)
+            self.state = self._next(active, score, parts, inputs.queue_wait_limit_s)
             return self.state
 
-    def _next(self, active: bool, score: float, parts: dict[str, float]) -> DegradeState:
+    def _next(self, active: bool, score: float, parts: dict[str, float], queue_wait_limit_s: float) -> DegradeState:
         active = active and self.settings.degrade_enabled
         since = self.state.since if active == self.state.active else time.time()
         actions = tuple(action for action in ACTIONS if active and getattr(self.settings, f"{action}_enabled"))
-        return DegradeState(active, round(score, 4), parts, since, actions)
+        return DegradeState(active, round(score, 4), parts, since, actions, queue_wait_limit_s)

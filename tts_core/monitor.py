@@ -47,7 +47,7 @@ class Monitor:
         service.pool.maintain()
         batchers = service.batchers
         memory_used = device["used_fraction"] if device else None
-        state = service.degrade.update(LoadInputs(service.queue_wait_share(), memory_used))
+        state = service.degrade.update(LoadInputs(*service.queue_pressure(), memory_used))
         metrics.load_score.set(state.score)
         metrics.degrade_active.set(1 if state.active else 0)
         self._set_precision(batchers, "lower_precision" in state.actions)

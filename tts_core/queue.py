@@ -20,10 +20,11 @@ of it, plus what is left of the batch running now. Admission refuses work whose 
 past the operator's target or its deadline, with a Retry-After from the same prediction.
 
 The target is lower while the engine is overloaded: offered more work over the last
-OFFERED_WINDOW_S (the pieces of every text that asks to be queued, refused or not, at their average
-predicted cost) than it does in that time, while a queue stands in front of new callers (a typical
-sentence from one would wait half the overload target or more; one caller's burst of sentences,
-which the fair order puts behind everyone else's, is no overload). A queue that stands in an
+OFFERED_WINDOW_S (the predicted cost of every text decided, queued or refused; a text is never an
+overload of its own making) than it does in that time, while a queue stands in front of new
+callers (a typical sentence from one would wait half the overload target or more behind queued
+work: the batch running now is no queue, and one caller's long text or burst of sentences, which
+the fair order puts behind newcomers, is none either). A queue that stands in an
 overload buys no throughput, only waiting, and at its end it is what must drain before the server
 is back to normal; so in an overload the queue is kept short (`WaitTarget.overload_s`, CoDel's
 lesson), and within a second of work coming in no faster than the engine does it, the usual target
@@ -105,8 +106,8 @@ class RequestQueue:
         self._changed = threading.Condition(threading.RLock())
         self._closed = False
         self._woken = False  # the engine thread has other work (Batcher.run_on_engine): stop waiting
-        self._clock = clock  # of the offers' window (tests move it)
-        self._offered: deque[tuple[float, int]] = deque()  # (when, pieces) of texts asking to be queued
+        self._clock = clock  # time.monotonic (tests move their own)
+        self._offered: deque[tuple[float, float]] = deque()  # (when, predicted cost) of texts offered, decided
         self._piece_cost_s = 0.0  # moving average of the queued pieces' predicted cost
 
     def __len__(self) -> int:
@@ -142,30 +143,38 @@ class RequestQueue:
                 chains[chain] = start + item.cost_s
         return starts, chains
 
-    def _wait_before(self, start: float, now: float) -> float:
+    def _wait_before(self, start: float, now: float, running: bool = True) -> float:
+        """The predicted cost of the queued items ranked before `start`, and (running) what is left of the
+        batch running now."""
         ahead = sum(item.cost_s for item in self._items if (item.start, item.seq) < (start, math.inf))
-        return max(0.0, self._running_until - now) + ahead
+        return (max(0.0, self._running_until - now) if running else 0.0) + ahead
 
-    def predicted_wait(self, length: int = TYPICAL_TOKENS, priority: int = 0, caller: str = "") -> float:
-        """Seconds until a new item like this one would start, by the queue's present contents."""
+    def predicted_wait(self, length: int = TYPICAL_TOKENS, priority: int = 0, caller: str = "",
+                       running: bool = True) -> float:
+        """Seconds until a new item like this one would start, by the queue's present contents (without
+        `running`: only what is queued ahead of it)."""
         probe = SynthesisRequest(tokens=np.zeros(max(1, length), dtype=np.int64), voice="", speed=1.0, key=None,
                                  deadline=math.inf, priority=priority, caller=caller)
         with self._changed:
-            now = time.monotonic()
+            now = self._clock()
             starts, _ = self._starts([probe], now)
-            return self._wait_before(starts[0], now)
+            return self._wait_before(starts[0], now, running)
 
     def overloaded(self, target: WaitTarget) -> bool:
         """More work was offered over the last OFFERED_WINDOW_S (queued or refused) than the engine does in
-        that time (a second of predicted cost per second), and a queue stands: see the module's docstring."""
+        that time (a second of predicted cost per second), and a queue stands in front of new callers (the
+        batch running now is no queue): see the module's docstring."""
         with self._changed:
             self._forget_offers(self._clock())
-            offered_s = sum(count for _, count in self._offered) * self._piece_cost_s
-            return offered_s > OFFERED_WINDOW_S and self.predicted_wait() >= target.overload_s / 2
+            offered_s = sum(seconds for _, seconds in self._offered)
+            return offered_s > OFFERED_WINDOW_S and self.predicted_wait(running=False) >= target.overload_s / 2
 
-    def wait_share(self, target: WaitTarget) -> float:
-        """A typical sentence's predicted wait over the wait target in force: the load score's queue part."""
-        return self.predicted_wait() / target.limit_s(self.overloaded(target))
+    def _offer(self, seconds: float) -> None:
+        """A text's predicted cost, once it is decided (queued or refused): a text is never an overload of
+        its own making."""
+        now = self._clock()
+        self._forget_offers(now)
+        self._offered.append((now, seconds))
 
     def _forget_offers(self, now: float) -> None:
         while self._offered and self._offered[0][0] < now - OFFERED_WINDOW_S:
@@ -174,7 +183,7 @@ class RequestQueue:
     def backlog_s(self) -> float:
         """Predicted seconds until everything queued and running now is done."""
         with self._changed:
-            return max(0.0, self._running_until - time.monotonic()) + sum(item.cost_s for item in self._items)
+            return max(0.0, self._running_until - self._clock()) + sum(item.cost_s for item in self._items)
 
     # --- the callers' side --------------------------------------------------------------------------
 
@@ -184,15 +193,18 @@ class RequestQueue:
         when the queue, the items' tier share (tier_limit items) or their caller's share is full,
         or when the first item's predicted wait is over the wait target or past its deadline.
         Raises QueueClosed once the queue's model is unloaded."""
-        overloaded = self.overloaded(target)
         with self._changed:
             if self._closed:
                 raise QueueClosed()
-            self._check_room(len(items), items[0].tier, items[0].caller, tier_limit)
-            now = time.monotonic()
-            starts, chains = self._starts(items, now)
-            wait = self._wait_before(starts[0], now)
-            _refuse_if_late(wait, target, overloaded, items[0].deadline - now)
+            overloaded = self.overloaded(target)
+            try:
+                self._check_room(len(items), items[0].tier, items[0].caller, tier_limit)
+                now = self._clock()
+                starts, chains = self._starts(items, now)
+                wait = self._wait_before(starts[0], now)
+                _refuse_if_late(wait, target, overloaded, items[0].deadline - now)
+            finally:
+                self._offer(sum(item.cost_s for item in items))
             for item, start in zip(items, starts):
                 item.enqueued_at, item.start = now, start
                 self._piece_cost_s = item.cost_s if not self._piece_cost_s else \
@@ -207,15 +219,17 @@ class RequestQueue:
     def check(self, count: int, tier: str = "", caller: str = "", priority: int = 0, tier_limit: int | None = None,
               target: WaitTarget = WaitTarget(), deadline_in_s: float = math.inf) -> None:
         """What put_many would refuse for count new items like these (the cheap check made before
-        the work of tokenizing a text; put_many checks again, exactly, when it queues them). Every
-        text asking to be queued passes here once: its pieces count as work offered."""
+        the work of tokenizing a text; put_many checks again, exactly, when it queues them). A text
+        refused here counts as work offered, at the queued pieces' average cost."""
         with self._changed:
-            now = self._clock()
-            self._forget_offers(now)
-            self._offered.append((now, count))
-            self._check_room(count, tier, caller, tier_limit)
-        # the shortest item's wait: a lower bound, so this never refuses what put_many would take
-        _refuse_if_late(self.predicted_wait(1, priority, caller), target, self.overloaded(target), deadline_in_s)
+            try:
+                self._check_room(count, tier, caller, tier_limit)
+                # the shortest item's wait: a lower bound, so this never refuses what put_many would take
+                _refuse_if_late(self.predicted_wait(1, priority, caller), target, self.overloaded(target),
+                                deadline_in_s)
+            except QueueFull:
+                self._offer(count * self._piece_cost_s)
+                raise
 
     def _check_room(self, count: int, tier: str, caller: str, tier_limit: int | None) -> None:
         if len(self._items) + count > self.max_size:
@@ -257,7 +271,7 @@ class RequestQueue:
         Items whose caller has gone (future cancelled) are dropped here unsynthesized, and items
         past their deadline are failed with DeadlineExceeded.
         """
-        now = time.monotonic()
+        now = self._clock()
         with self._changed:
             live: list[SynthesisRequest] = []
             cancelled = expired = 0
@@ -289,12 +303,12 @@ class RequestQueue:
         with self._changed:
             self._items = [item for item in self._items if id(item) not in taken]
             self._running += len(taken)
-            self._running_until = time.monotonic() + predicted_s
+            self._running_until = self._clock() + predicted_s
 
     def expect_free_in(self, seconds: float) -> None:
         """A stepped engine's loop says when its next place frees up (its items stay running across steps)."""
         with self._changed:
-            self._running_until = time.monotonic() + seconds
+            self._running_until = self._clock() + seconds
 
     def put_back(self, item: SynthesisRequest) -> None:
         """A taken item that could not run (its engine ran out of memory) goes back where it was ranked."""

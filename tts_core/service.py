@@ -206,10 +206,13 @@ class SpeechService:
     def queue_length(self) -> int:
         return sum(len(batcher.queue) for batcher in self.batchers.values())
 
-    def queue_wait_share(self) -> float:
-        """The predicted wait of a typical sentence over the wait target in force, on the busiest model."""
+    def queue_pressure(self) -> tuple[float, float]:
+        """The predicted wait of a typical sentence from a new caller, and the wait target in force, on the
+        model where the one is the largest share of the other."""
         target = self.admission.wait_target()
-        return max((batcher.queue.wait_share(target) for batcher in self.batchers.values()), default=0.0)
+        pressures = [(batcher.queue.predicted_wait(), target.limit_s(batcher.queue.overloaded(target)))
+                     for batcher in self.batchers.values()]
+        return max(pressures, key=lambda pressure: pressure[0] / pressure[1], default=(0.0, target.usual_s))
 
     def queue_wait_s(self) -> float:
         """The predicted wait of a typical sentence from a new default-priority caller, on the busiest

@@ -5,14 +5,15 @@ from tts_core.errors import InvalidSetting
 
 
 def test_load_score_is_the_worst_pressure():
-    score, parts = load_score(LoadInputs(queue_wait_share=0.9, device_memory_used=0.95))
+    score, parts = load_score(LoadInputs(queue_wait_s=9.0, queue_wait_limit_s=10.0, device_memory_used=0.95))
     assert score == pytest.approx(0.95) and parts == {"queue_wait": 0.9, "device_memory": 0.95}
-    assert load_score(LoadInputs(3.0, None))[0] == 1.0
+    assert load_score(LoadInputs(30.0, 10.0, None))[0] == 1.0
+    assert load_score(LoadInputs(1.5, 2.0, None))[0] == 0.75  # measured against the wait target in force
 
 
 def waiting(fraction: float) -> LoadInputs:
-    """A predicted queue wait of this fraction of the target in force."""
-    return LoadInputs(queue_wait_share=fraction, device_memory_used=None)
+    """A predicted queue wait of this fraction of the default 10 s target."""
+    return LoadInputs(queue_wait_s=10 * fraction, queue_wait_limit_s=10.0, device_memory_used=None)
 
 
 def test_hysteresis_between_enter_and_exit():
