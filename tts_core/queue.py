@@ -22,13 +22,14 @@ past the operator's target or its deadline, with a Retry-After from the same pre
 The target is lower while the engine is overloaded: offered more work over the last
 OFFERED_WINDOW_S (the predicted cost of every text decided, queued or refused; a text is never an
 overload of its own making) than it does in that time, while a queue stands in front of new
-callers (a typical sentence from one would wait half the overload target or more behind queued
-work: the batch running now is no queue, and one caller's long text or burst of sentences, which
-the fair order puts behind newcomers, is none either). A queue that stands in an
-overload buys no throughput, only waiting, and at its end it is what must drain before the server
-is back to normal; so in an overload the queue is kept short (`WaitTarget.overload_s`, CoDel's
-lesson), and within a second of work coming in no faster than the engine does it, the usual target
-applies again: a request that arrives after an overload is not refused for its backlog.
+callers (a typical sentence from one would wait the overload target or more behind queued work:
+the batch running now is no queue, and one caller's long text or burst of sentences, which the fair
+order puts behind newcomers, is none either). A queue that stands in an overload buys no
+throughput, only waiting, and at its end it is what must drain before the server is back to
+normal; so in an overload the queue is held at `WaitTarget.overload_s` (CoDel's lesson): over it,
+requests are refused; under it, taken. Once the overload ends, the queue drains below that at once,
+and the usual target applies again: a request that arrives after an overload is not refused for
+its backlog, whatever the chance bursts of a normal load.
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ class RequestQueue:
         with self._changed:
             self._forget_offers(self._clock())
             offered_s = sum(seconds for _, seconds in self._offered)
-            return offered_s > OFFERED_WINDOW_S and self.predicted_wait(running=False) >= target.overload_s / 2
+            return offered_s > OFFERED_WINDOW_S and self.predicted_wait(running=False) >= target.overload_s
 
     def _offer(self, seconds: float) -> None:
         """A text's predicted cost, once it is decided (queued or refused): a text is never an overload of
