@@ -26,8 +26,9 @@ callers (a typical sentence from one would wait the overload target or more behi
 the batch running now is no queue, and one caller's long text or burst of sentences, which the fair
 order puts behind newcomers, is none either). A queue that stands in an overload buys no
 throughput, only waiting, and at its end it is what must drain before the server is back to
-normal; so in an overload the queue is held at `WaitTarget.overload_s` (CoDel's lesson): over it,
-requests are refused; under it, taken. Once the overload ends, the queue drains below that at once,
+normal; so in an overload the queue is held at `WaitTarget.overload_s` (CoDel's lesson): a text
+whose last piece would wait longer is refused (its later pieces, behind newcomers, are backlog too),
+a shorter wait taken. Once the overload ends, the queue drains below that at once,
 and the usual target applies again: a request that arrives after an overload is not refused for
 its backlog, whatever the chance bursts of a normal load.
 """
@@ -72,13 +73,18 @@ class QueueFull(Overloaded):
         super().__init__(f"{reason}; retry after {retry} s", retry, code)
 
 
-def _refuse_if_late(wait_s: float, target: WaitTarget, overloaded: bool, deadline_in_s: float) -> None:
-    """QueueFull if a predicted wait is over the operator's target or past the work's deadline."""
+def _refuse_if_late(wait_s: float, target: WaitTarget, overloaded: bool, deadline_in_s: float,
+                    last_wait_s: float | None = None) -> None:
+    """QueueFull if a predicted wait is over the operator's target or past the work's deadline. The wait is
+    the first piece's; in an overload, the last piece's (`last_wait_s`, where known): a text's later pieces,
+    which the fair order puts behind newcomers, are backlog too."""
     limit = target.limit_s(overloaded)
-    if wait_s > limit:
+    counted = last_wait_s if overloaded and last_wait_s is not None else wait_s
+    if counted > limit:
         now = "; the server is overloaded, and queues less for now" if limit < target.usual_s else ""
-        raise QueueFull(wait_s - limit, f"the predicted wait is {wait_s:.0f} s, over this server's target of "
-                        f"{limit:.0f} s{now}", "queue_wait")
+        whole = " for the whole text" if counted > wait_s else ""
+        raise QueueFull(counted - limit, f"the predicted wait{whole} is {counted:.0f} s, over this server's target "
+                        f"of {limit:.0f} s{now}", "queue_wait")
     if wait_s > deadline_in_s:
         raise QueueFull(wait_s, f"the predicted wait of {wait_s:.0f} s is past the request's deadline",
                         "deadline_unreachable")
@@ -203,7 +209,8 @@ class RequestQueue:
                 now = self._clock()
                 starts, chains = self._starts(items, now)
                 wait = self._wait_before(starts[0], now)
-                _refuse_if_late(wait, target, overloaded, items[0].deadline - now)
+                last_wait = self._wait_before(starts[-1], now) + sum(item.cost_s for item in items[:-1])
+                _refuse_if_late(wait, target, overloaded, items[0].deadline - now, last_wait)
             finally:
                 self._offer(sum(item.cost_s for item in items))
             for item, start in zip(items, starts):

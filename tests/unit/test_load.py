@@ -96,6 +96,18 @@ def test_in_an_overload_the_queue_is_kept_short_until_a_second_after_it():
     assert offer(4) == pytest.approx(3.0)
 
 
+def test_in_an_overload_a_text_is_taken_only_if_all_of_it_starts_within_the_target():
+    queue = RequestQueue(100, clock=lambda: 100.0)
+    target = WaitTarget(usual_s=10.0, overload_s=2.0)
+    for tag in range(2):  # two callers' sentences of 1 s at once: offered faster than done, a queue 2 s deep
+        queue.put_many([item(20, tag, f"ip:{tag}")], target=target)
+    assert queue.overloaded(target)
+    with pytest.raises(QueueFull) as raised:  # its first sentence would start in 2 s, its second in 3 s
+        queue.put_many([item(20, 10, "ip:two"), item(20, 11, "ip:two")], target=target)
+    assert "whole text is 3 s" in raised.value.message and raised.value.retry_after_s == 1
+    assert queue.put_many([item(20, 12, "ip:one")], target=target) == pytest.approx(2.0)  # one sentence: taken
+
+
 def test_one_callers_burst_of_sentences_is_no_overload():
     queue = RequestQueue(100, clock=lambda: 100.0)
     target = WaitTarget(usual_s=10.0, overload_s=2.0)
