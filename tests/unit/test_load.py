@@ -76,7 +76,7 @@ def test_admission_refuses_a_wait_past_the_target_or_the_deadline_with_an_honest
     assert queue.put_many([item(20, 97, "ip:patient")], target=WaitTarget(20.0)) == pytest.approx(12.0, abs=0.05)
 
 
-def test_in_an_overload_the_queue_is_kept_short_until_a_second_after_it():
+def test_in_an_overload_the_queue_is_kept_short_until_half_a_second_after_it():
     now = [100.0]
     queue = RequestQueue(100, clock=lambda: now[0])
     target = WaitTarget(usual_s=10.0, overload_s=2.0)
@@ -85,27 +85,28 @@ def test_in_an_overload_the_queue_is_kept_short_until_a_second_after_it():
         queue.check(1, caller=f"ip:{tag}", target=target)
         return queue.put_many([item(20, tag, f"ip:{tag}")], target=target)
 
-    assert [offer(tag) for tag in range(3)] == pytest.approx([0.0, 1.0, 2.0])
-    assert queue.overloaded(target)  # 3 s of work offered within a second, and a queue stands
+    assert [offer(tag) for tag in range(4)] == pytest.approx([0.0, 1.0, 2.0, 3.0])  # no overload yet: 3 s in 3 s
+    assert queue.overloaded(target)  # 4 s of work offered within 3 s (and half a second), and a queue stands
     with pytest.raises(QueueFull) as raised:
-        offer(3)  # 3 s of wait: under the usual target, over the overload's
-    assert raised.value.code == "queue_wait" and raised.value.retry_after_s == 1
+        offer(4)  # 4 s of wait: under the usual target, over the overload's
+    assert raised.value.code == "queue_wait" and raised.value.retry_after_s == 2
     assert "overloaded" in raised.value.message
-    now[0] += 1.5  # nothing offered for a while: the usual target is back, the queue as it was
+    now[0] += 0.6  # nothing offered for half a second: the usual target is back, the queue as it was
     assert not queue.overloaded(target)
-    assert offer(4) == pytest.approx(3.0)
+    assert offer(5) == pytest.approx(4.0)
 
 
 def test_in_an_overload_a_text_is_taken_only_if_all_of_it_starts_within_the_target():
     queue = RequestQueue(100, clock=lambda: 100.0)
     target = WaitTarget(usual_s=10.0, overload_s=2.0)
-    for tag in range(2):  # two callers' sentences of 1 s at once: offered faster than done, a queue 2 s deep
-        queue.put_many([item(20, tag, f"ip:{tag}")], target=target)
+    for tag in range(2):  # two callers' texts of 1.6 s at once: offered faster than done, a queue 3.2 s deep
+        queue.put_many([item(60, tag, f"ip:{tag}", cost_s=1.6)], target=target)
     assert queue.overloaded(target)
-    with pytest.raises(QueueFull) as raised:  # its first sentence would start in 2 s, its second in 3 s
+    # a shorter text goes first (short first): its first sentence would start at once, its second in 4.2 s
+    with pytest.raises(QueueFull) as raised:
         queue.put_many([item(20, 10, "ip:two"), item(20, 11, "ip:two")], target=target)
-    assert "whole text is 3 s" in raised.value.message and raised.value.retry_after_s == 1
-    assert queue.put_many([item(20, 12, "ip:one")], target=target) == pytest.approx(2.0)  # one sentence: taken
+    assert "whole text is 4 s" in raised.value.message and raised.value.retry_after_s == 3
+    assert queue.put_many([item(20, 12, "ip:one")], target=target) == pytest.approx(0.0)  # one sentence: taken
 
 
 def test_one_callers_burst_of_sentences_is_no_overload():
