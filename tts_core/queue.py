@@ -19,10 +19,11 @@ The queue predicts how long a new item would wait: the predicted cost of everyth
 of it, plus what is left of the batch running now. Admission refuses work whose predicted wait is
 past the operator's target or its deadline, with a Retry-After from the same prediction.
 
-The target is lower while the engine is overloaded: offered more work than it does, over each of
-OFFERED_WINDOWS_S (the predicted cost of every text decided, queued or refused; a text is never an
-overload of its own making): the long window keeps a normal load's chance bursts out, the short
-one ends an overload half a second after it does; and while a queue stands in front of new
+The target is lower while the engine is overloaded: offered more work than it does over the last
+half second, and a fifth more over the last 3 s (OFFERED_WINDOWS_S: the predicted cost of every
+text decided, queued or refused; a text is never an overload of its own making): the long window
+keeps a normal load's chance bursts out, the short one ends an overload half a second after it
+does; and while a queue stands in front of new
 callers (a typical sentence from one would wait the overload target or more behind queued work:
 the batch running now is no queue, and one caller's long text or burst of sentences, which the fair
 order puts behind newcomers, is none either). A queue that stands in an overload buys no
@@ -52,7 +53,7 @@ QUEUE_ORDERS = ("fair", "fifo")
 PRIORITY_STEP_S = 5.0  # one priority class is worth this much waiting
 LONG_TOKENS = 400  # an item this long (in tokens: ~180 characters of Piper phonemes) is delayed the whole horizon
 TYPICAL_TOKENS = LONG_TOKENS // 4  # a typical sentence: the load score is the wait one arriving now would have
-OFFERED_WINDOWS_S = (0.5, 3.0)  # an overload: more work offered over each of the last 0.5 s and 3 s than done
+OFFERED_WINDOWS_S = {0.5: 1.0, 3.0: 1.2}  # an overload: work offered over the last 0.5 s and 3 s, over what is done
 
 
 @dataclass(frozen=True)
@@ -170,13 +171,13 @@ class RequestQueue:
 
     def overloaded(self, target: WaitTarget) -> bool:
         """More work was offered over each of OFFERED_WINDOWS_S (queued or refused) than the engine does in
-        that time (a second of predicted cost per second), and a queue stands in front of new callers (the
-        batch running now is no queue): see the module's docstring."""
+        that time (a second of predicted cost per second) times the window's factor, and a queue stands in
+        front of new callers (the batch running now is no queue): see the module's docstring."""
         with self._changed:
             now = self._clock()
             self._forget_offers(now)
-            offered = all(sum(seconds for when, seconds in self._offered if when >= now - window) > window
-                          for window in OFFERED_WINDOWS_S)
+            offered = all(sum(seconds for when, seconds in self._offered if when >= now - window) > window * factor
+                          for window, factor in OFFERED_WINDOWS_S.items())
             return offered and self.predicted_wait(running=False) >= target.overload_s
 
     def _offer(self, seconds: float) -> None:
