@@ -29,10 +29,10 @@ the batch running now is no queue, and one caller's long text or burst of senten
 order puts behind newcomers, is none either). A queue that stands in an overload buys no
 throughput, only waiting, and at its end it is what must drain before the server is back to
 normal; so in an overload the queue is held at `WaitTarget.overload_s` (CoDel's lesson): a text
-whose last piece would wait longer is refused (its later pieces, behind newcomers, are backlog too),
-a shorter wait taken. Once the overload ends, the queue drains below that at once,
-and the usual target applies again: a request that arrives after an overload is not refused for
-its backlog, whatever the chance bursts of a normal load.
+is refused if its first piece would wait longer, its own earlier pieces counted (its later pieces,
+which the fair order puts behind newcomers, are backlog too). Once the overload ends, the queue
+drains below that at once, and the usual target applies again: a request that arrives after an
+overload is not refused for its backlog, whatever the chance bursts of a normal load.
 """
 
 from __future__ import annotations
@@ -78,8 +78,9 @@ class QueueFull(Overloaded):
 def _refuse_if_late(wait_s: float, target: WaitTarget, overloaded: bool, deadline_in_s: float,
                     last_wait_s: float | None = None) -> None:
     """QueueFull if a predicted wait is over the operator's target or past the work's deadline. The wait is
-    the first piece's; in an overload, the last piece's (`last_wait_s`, where known): a text's later pieces,
-    which the fair order puts behind newcomers, are backlog too."""
+    the first piece's; in an overload, the last piece's were the text's pieces to run back to back
+    (`last_wait_s`, where known): a text's later pieces, which the fair order puts behind newcomers (a
+    stream's, when they will be needed), are backlog too."""
     limit = target.limit_s(overloaded)
     counted = last_wait_s if overloaded and last_wait_s is not None else wait_s
     if counted > limit:
@@ -213,7 +214,7 @@ class RequestQueue:
                 now = self._clock()
                 starts, chains = self._starts(items, now)
                 wait = self._wait_before(starts[0], now)
-                last_wait = self._wait_before(starts[-1], now) + sum(item.cost_s for item in items[:-1])
+                last_wait = wait + sum(item.cost_s for item in items[:-1])
                 _refuse_if_late(wait, target, overloaded, items[0].deadline - now, last_wait)
             finally:
                 self._offer(sum(item.cost_s for item in items))

@@ -96,17 +96,17 @@ def test_in_an_overload_the_queue_is_kept_short_until_half_a_second_after_it():
     assert offer(5) == pytest.approx(4.0)
 
 
-def test_in_an_overload_a_text_is_taken_only_if_all_of_it_starts_within_the_target():
+def test_in_an_overload_a_text_counts_its_own_pieces():
     queue = RequestQueue(100, clock=lambda: 100.0)
     target = WaitTarget(usual_s=10.0, overload_s=2.0)
     for tag in range(2):  # two callers' texts of 1.9 s at once: offered faster than done, a queue 3.8 s deep
         queue.put_many([item(60, tag, f"ip:{tag}", cost_s=1.9)], target=target)
     assert queue.overloaded(target)
-    # a shorter text goes first (short first): its first sentence would start at once, its second in 4.8 s
+    # a shorter text goes first (short first), but its three sentences of 1.5 s are 3 s of backlog before its last
     with pytest.raises(QueueFull) as raised:
-        queue.put_many([item(20, 10, "ip:two"), item(20, 11, "ip:two")], target=target)
-    assert "whole text is 5 s" in raised.value.message and raised.value.retry_after_s == 3
-    assert queue.put_many([item(20, 12, "ip:one")], target=target) == pytest.approx(0.0)  # one sentence: taken
+        queue.put_many([item(20, 10 + tag, "ip:three", cost_s=1.5) for tag in range(3)], target=target)
+    assert "whole text is 3 s" in raised.value.message and raised.value.retry_after_s == 1
+    assert queue.put_many([item(20, 20, "ip:one", cost_s=1.5)], target=target) == pytest.approx(0.0)  # taken
 
 
 def test_one_callers_burst_of_sentences_is_no_overload():
