@@ -29,8 +29,8 @@ the batch running now is no queue, and one caller's long text or burst of senten
 order puts behind newcomers, is none either). A queue that stands in an overload buys no
 throughput, only waiting, and at its end it is what must drain before the server is back to
 normal; so in an overload the queue is held at `WaitTarget.overload_s` (CoDel's lesson): a text
-is refused if its first piece would wait longer, its own earlier pieces counted (its later pieces,
-which the fair order puts behind newcomers, are backlog too). Once the overload ends, the queue
+is refused if its last piece would wait longer (its later pieces, which the fair order puts behind
+newcomers, are backlog too; a stream's counted as if all of it were needed now). Once the overload ends, the queue
 drains below that at once, and the usual target applies again: a request that arrives after an
 overload is not refused for its backlog, whatever the chance bursts of a normal load.
 """
@@ -78,9 +78,8 @@ class QueueFull(Overloaded):
 def _refuse_if_late(wait_s: float, target: WaitTarget, overloaded: bool, deadline_in_s: float,
                     last_wait_s: float | None = None) -> None:
     """QueueFull if a predicted wait is over the operator's target or past the work's deadline. The wait is
-    the first piece's; in an overload, the last piece's were the text's pieces to run back to back
-    (`last_wait_s`, where known): a text's later pieces, which the fair order puts behind newcomers (a
-    stream's, when they will be needed), are backlog too."""
+    the first piece's; in an overload, the last piece's (`last_wait_s`, where known; a stream's as if all of
+    it were needed now): a text's later pieces, which the fair order puts behind newcomers, are backlog too."""
     limit = target.limit_s(overloaded)
     counted = last_wait_s if overloaded and last_wait_s is not None else wait_s
     if counted > limit:
@@ -134,20 +133,22 @@ class RequestQueue:
 
     # --- ranking and predictions ------------------------------------------------------------------
 
-    def _start(self, item: SynthesisRequest, now: float, chain_end: float) -> float:
+    def _start(self, item: SynthesisRequest, now: float, chain_end: float, due: bool = True) -> float:
         if self.order == "fifo":
             return now
         length_delay = self.aging_horizon_s * min(1.0, item.length / self.long_tokens)
-        return max(now + item.due_s + length_delay - item.priority * PRIORITY_STEP_S, chain_end)
+        due_s = item.due_s if due else 0.0
+        return max(now + due_s + length_delay - item.priority * PRIORITY_STEP_S, chain_end)
 
-    def _starts(self, items: Sequence[SynthesisRequest], now: float) -> tuple[list[float], dict]:
-        """The virtual starts new items would get, and the callers' chain ends after them."""
+    def _starts(self, items: Sequence[SynthesisRequest], now: float, due: bool = True) -> tuple[list[float], dict]:
+        """The virtual starts new items would get (without `due`: as if a stream's pieces were all needed
+        now), and the callers' chain ends after them."""
         chains: dict[tuple[str, int], float] = {}
         starts = []
         for item in items:
             chain = (item.caller, item.priority)
             end = chains.get(chain, self._chain_end.get(chain, -math.inf)) if item.caller else -math.inf
-            start = self._start(item, now, end)
+            start = self._start(item, now, end, due)
             starts.append(start)
             if item.caller:
                 chains[chain] = start + item.cost_s
@@ -214,7 +215,8 @@ class RequestQueue:
                 now = self._clock()
                 starts, chains = self._starts(items, now)
                 wait = self._wait_before(starts[0], now)
-                last_wait = wait + sum(item.cost_s for item in items[:-1])
+                undue, _ = self._starts(items, now, due=False)  # a stream's later pieces are backlog all the same
+                last_wait = self._wait_before(undue[-1], now) + sum(item.cost_s for item in items[:-1])
                 _refuse_if_late(wait, target, overloaded, items[0].deadline - now, last_wait)
             finally:
                 self._offer(sum(item.cost_s for item in items))

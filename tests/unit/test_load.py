@@ -96,16 +96,20 @@ def test_in_an_overload_the_queue_is_kept_short_until_half_a_second_after_it():
     assert offer(5) == pytest.approx(4.0)
 
 
-def test_in_an_overload_a_text_counts_its_own_pieces():
+@pytest.mark.parametrize("stream", [False, True])
+def test_in_an_overload_a_text_is_taken_only_if_its_last_piece_starts_within_the_target(stream):
     queue = RequestQueue(100, clock=lambda: 100.0)
     target = WaitTarget(usual_s=10.0, overload_s=2.0)
     for tag in range(2):  # two callers' texts of 1.9 s at once: offered faster than done, a queue 3.8 s deep
         queue.put_many([item(60, tag, f"ip:{tag}", cost_s=1.9)], target=target)
     assert queue.overloaded(target)
-    # a shorter text goes first (short first), but its three sentences of 1.5 s are 3 s of backlog before its last
+    three = [item(20, 10 + tag, "ip:three", cost_s=1.5) for tag in range(3)]
+    for tag, piece in enumerate(three if stream else []):
+        piece.due_s = 10.0 * tag  # a stream's later pieces, when they will be needed: backlog all the same
+    # a shorter text goes first (short first), but its last sentence would start behind both and its own two
     with pytest.raises(QueueFull) as raised:
-        queue.put_many([item(20, 10 + tag, "ip:three", cost_s=1.5) for tag in range(3)], target=target)
-    assert "whole text is 3 s" in raised.value.message and raised.value.retry_after_s == 1
+        queue.put_many(three, target=target)
+    assert "whole text is 7 s" in raised.value.message and raised.value.retry_after_s == 5
     assert queue.put_many([item(20, 20, "ip:one", cost_s=1.5)], target=target) == pytest.approx(0.0)  # taken
 
 
