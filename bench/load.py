@@ -126,11 +126,11 @@ def summarize(outcomes: list[Outcome], elapsed_s: float) -> dict:
         return None if value is None else round(1000 * value, 1)
 
     latencies = [outcome.latency_s for outcome in ok]
-    firsts = [outcome.first_audio_s for outcome in ok if outcome.first_audio_s is not None]
+    streamed = [outcome for outcome in ok if outcome.first_audio_s is not None]
+    firsts = [outcome.first_audio_s for outcome in streamed]
     # a stream that starts while the others run (a closed loop's clients all start at the same instant)
-    firsts_running = [outcome.first_audio_s for outcome in ok
-                      if outcome.first_audio_s is not None and not outcome.opening]
-    firsts_opening = [outcome.first_audio_s for outcome in ok if outcome.first_audio_s is not None and outcome.opening]
+    firsts_running = [outcome.first_audio_s for outcome in streamed if not outcome.opening]
+    firsts_opening = [outcome.first_audio_s for outcome in streamed if outcome.opening]
     errors: dict[str, int] = {}
     for outcome in outcomes:
         if outcome.status != 200:

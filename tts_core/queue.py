@@ -21,18 +21,19 @@ past the operator's target or its deadline, with a Retry-After from the same pre
 
 The target is lower while the engine is overloaded: offered more work than it does over the last
 half second, and a fifth more over the last 3 s (OFFERED_WINDOWS_S: the predicted cost of every
-text decided, queued or refused; a text is never an overload of its own making): the long window
-keeps a normal load's chance bursts out, the short one ends an overload half a second after it
-does; and while a queue stands in front of new
-callers (a typical sentence from one would wait the overload target or more behind queued work:
-the batch running now is no queue, and one caller's long text or burst of sentences, which the fair
-order puts behind newcomers, is none either). A queue that stands in an overload buys no
-throughput, only waiting, and at its end it is what must drain before the server is back to
-normal; so in an overload the queue is held at `WaitTarget.overload_s` (CoDel's lesson): a text
-is refused if its last piece would wait longer (its later pieces, which the fair order puts behind
-newcomers, are backlog too; a stream's counted as if all of it were needed now). Once the overload ends, the queue
-drains below that at once, and the usual target applies again: a request that arrives after an
-overload is not refused for its backlog, whatever the chance bursts of a normal load.
+text decided, queued or refused; a text is never an overload of its own making), while a queue
+stands in front of new callers (a typical sentence from one would wait the overload target or
+more behind queued work: the batch running now is no queue, and one caller's long text or burst
+of sentences, which the fair order puts behind newcomers, is none either). The long window keeps
+a normal load's chance bursts out; the short one ends an overload half a second after it does.
+
+A queue that stands in an overload buys no throughput, only waiting, and at its end it is what
+must drain before the server is back to normal; so in an overload the queue is held at
+`WaitTarget.overload_s` (CoDel's lesson): a text is refused if its last piece would wait longer
+(its later pieces, which the fair order puts behind newcomers, are backlog too; a stream's counted
+as if all of it were needed now). Once the overload ends, the queue drains below that at once, and
+the usual target applies again: a request that arrives after an overload is not refused for its
+backlog, whatever the chance bursts of a normal load.
 """
 
 from __future__ import annotations
@@ -83,10 +84,10 @@ def _refuse_if_late(wait_s: float, target: WaitTarget, overloaded: bool, deadlin
     limit = target.limit_s(overloaded)
     counted = last_wait_s if overloaded and last_wait_s is not None else wait_s
     if counted > limit:
-        now = "; the server is overloaded, and queues less for now" if limit < target.usual_s else ""
+        why = "; the server is overloaded, and queues less for now" if limit < target.usual_s else ""
         whole = " for the whole text" if counted > wait_s else ""
         raise QueueFull(counted - limit, f"the predicted wait{whole} is {counted:.0f} s, over this server's target "
-                        f"of {limit:.0f} s{now}", "queue_wait")
+                        f"of {limit:.0f} s{why}", "queue_wait")
     if wait_s > deadline_in_s:
         raise QueueFull(wait_s, f"the predicted wait of {wait_s:.0f} s is past the request's deadline",
                         "deadline_unreachable")
@@ -215,9 +216,8 @@ class RequestQueue:
                 now = self._clock()
                 starts, chains = self._starts(items, now)
                 wait = self._wait_before(starts[0], now)
-                undue, _ = self._starts(items, now, due=False)  # a stream's later pieces are backlog all the same
-                last_wait = self._wait_before(undue[-1], now) + sum(item.cost_s for item in items[:-1])
-                _refuse_if_late(wait, target, overloaded, items[0].deadline - now, last_wait)
+                _refuse_if_late(wait, target, overloaded, items[0].deadline - now,
+                                self._last_wait(items, now) if overloaded else None)
             finally:
                 self._offer(sum(item.cost_s for item in items))
             for item, start in zip(items, starts):
@@ -230,6 +230,13 @@ class RequestQueue:
             self._items.extend(items)
             self._changed.notify_all()
             return wait
+
+    def _last_wait(self, items: Sequence[SynthesisRequest], now: float) -> float:
+        """When the last of new items would start, counted in an overload: behind the queued work ranked before
+        it and its own earlier pieces, a stream's ranked as if all of it were needed now (its later pieces are
+        backlog all the same)."""
+        undue, _ = self._starts(items, now, due=False)
+        return self._wait_before(undue[-1], now) + sum(item.cost_s for item in items[:-1])
 
     def check(self, count: int, tier: str = "", caller: str = "", priority: int = 0, tier_limit: int | None = None,
               target: WaitTarget = WaitTarget(), deadline_in_s: float = math.inf) -> None:

@@ -13,7 +13,7 @@ so decoding is half the work of a turn; while a stream's first sentence waits fo
 the others' pieces wait, and while a request is queued to join (a place is free, and the policy has
 not declined it) only first pieces are decoded, so that it is prefilled at once; a request
 DEFER_CAP pieces behind is decoded whoever waits, so that nobody starves. The price: a running
-stream's piece comes up to a piece later when a new stream starts; a listener that has audio
+stream's piece comes up to DEFER_CAP pieces later when a new stream starts; a listener that has audio
 buffered hears nothing of it, one whose stream is made slower than real time hears its gap later.
 A deferred piece is decoded at a later turn, longer (which costs less per frame). Measured with 8
 streams of a 89 M-parameter Pocket TTS on 2 cores (a stream starting while the others run): first

@@ -23,6 +23,7 @@ HUGE = "9" * 4000  # a 4,000-digit integer (Python's json reads up to 4,300 digi
 OUT_OF_BOUNDS = [
     (f'{{"request_log_max_rows": {HUGE}}}', "request_log_max_rows"),
     ('{"queue_wait_target_s": Infinity}', "queue_wait_target_s"),
+    ('{"overload_wait_target_s": 0}', "overload_wait_target_s"),
     ('{"cache_max_mb": 1e300}', "cache_max_mb"),
     ('{"exit_hold_s": NaN}', "exit_hold_s"),
     ('{"exit_hold_s": 1e12}', "exit_hold_s"),
