@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from bench.server import ROOT
-from bench.soak import KINDS, LOST, PHASES, TARGETS, Answer, recovery
+from bench.soak import EDGE_S, KINDS, LOST, PHASES, TARGETS, Answer, recovery, refused_outside_overload
 
 
 def test_tiny_soak_answers_every_request_and_writes_complete_results(tmp_path):
@@ -55,3 +55,11 @@ def test_recovery_is_the_last_bad_moment_before_a_clean_hold():
     assert recovery([_refused(55.0)], samples, bounds, hold_s=10)["seconds"] == 6.0  # a later relapse is not
     assert recovery([], [{**s, "queue_length": 50} for s in samples[10:]] + samples[:10], bounds,
                     hold_s=10)["seconds"] is None  # never back within the run
+
+
+def test_a_refusal_sent_at_the_overloads_edge_is_the_overloads():
+    bounds = {"before": [0, 10], "overload": [10, 20], "after": [20, 60]}
+    answers = [_refused(20.01), _refused(20.0 + EDGE_S - 0.01), _refused(20.0 + EDGE_S + 0.01), _refused(45.0),
+               Answer("before", "sse", 0, "503", 5.0, 0.01, None, 0.0, 1.0, ""),
+               Answer("overload", "ws", 0, "503", 15.0, 0.01, None, 0.0, 1.0, "")]
+    assert refused_outside_overload(answers, bounds) == {"outside": 3, "edge": 2}
