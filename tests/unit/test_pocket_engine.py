@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import PocketTTSForConditionalGeneration
 
 from bench.random_model import piper_speech
 from tests.pocket_models import build_tiny_pocket, random_voice, registry_spec, request
@@ -63,14 +64,20 @@ def prompt_of(engine, model, voice: str) -> np.ndarray:
     return load_file(str(model / files[voice]))["audio_prompt_latents"].numpy()
 
 
-def generate_alone(engine, text: str, voice: np.ndarray) -> torch.Tensor:
+@pytest.fixture(scope="session")
+def dense(model):
+    """The model as transformers loads it (the engine's Linear layers are prepacked for the CPU)."""
+    return PocketTTSForConditionalGeneration.from_pretrained(model, local_files_only=True).eval()
+
+
+def generate_alone(dense, engine, text: str, voice: np.ndarray) -> torch.Tensor:
     """What transformers' generate makes for this request alone (greedy), in the codec's space."""
     tokenizer = engine.processor.tokenizer
     prompt = f"{tokenizer.audio_prompt_bos_token}{tokenizer.audio_prompt_token}{text}{tokenizer.audio_bos_token}"
     inputs = engine.processor(text=[prompt], audio_prompt_latents=[torch.from_numpy(voice)], return_tensors="pt")
     never_ends = {"eos_threshold": 1e9} if engine.fixed_length else {}
     with torch.inference_mode():
-        out = engine.model.generate(**inputs, do_sample=False, return_dict_in_generate=True, **never_ends)
+        out = dense.generate(**inputs, do_sample=False, return_dict_in_generate=True, **never_ends)
     return out.audio_latents[0][out.audio_latents_mask[0].bool()]
 
 
@@ -101,6 +108,9 @@ def test_the_registry_voices_are_what_loads_and_any_voices_run_together(loaded):
     assert all(not voice.speed_control and voice.sample_rate == 24000 for voice in spec.voices)
     assert engine.batch_key("tiny", 1.0) == engine.batch_key("other", 1.0)
     assert engine.kv_bytes_per_token == 2 * 2 * 64 * 4  # keys and values x 2 layers x 64 dims x fp32
+    # on the CPU every Linear is prepacked (the frames are still generate's: the tests below compare them)
+    assert not [name for module in (engine.model, engine.codec) for name, layer in module.named_modules()
+                if isinstance(layer, torch.nn.Linear)]
 
 
 def test_the_prompt_is_the_processors(engine, model):
@@ -114,7 +124,7 @@ def test_the_prompt_is_the_processors(engine, model):
 
 
 @pytest.mark.parametrize("fixed_length", [True, False])
-def test_requests_joining_at_different_steps_make_what_generate_makes_alone(engine, model, fixed_length):
+def test_requests_joining_at_different_steps_make_what_generate_makes_alone(engine, model, fixed_length, dense):
     engine.fixed_length = fixed_length
     texts = {"Hi.": "tiny", "Good day, you.": "other", "Hey": "default", "Yo!": "other"}
     items = {text: request(engine, text, voice) for text, voice in texts.items()}
@@ -122,7 +132,7 @@ def test_requests_joining_at_different_steps_make_what_generate_makes_alone(engi
     latents, _, most = run(engine, joining)
     assert most == engine.max_running == 3  # the last one waited for a free row
     for text, item in items.items():
-        expected = generate_alone(engine, text, prompt_of(engine, model, texts[text]))
+        expected = generate_alone(dense, engine, text, prompt_of(engine, model, texts[text]))
         assert latents[item].shape == expected.shape
         assert torch.abs(latents[item] - expected).max() < 1e-5
         if fixed_length:
@@ -149,7 +159,7 @@ def test_streamed_pieces_equal_one_decode_and_synthesize_gives_whole_budgets(eng
     assert engine.running() == []
 
 
-def test_a_release_frees_its_row_at_once_and_leaves_nothing_behind(engine, model):
+def test_a_release_frees_its_row_at_once_and_leaves_nothing_behind(engine, model, dense):
     first, second, third, late = (request(engine, text, "tiny") for text in ["One.", "Two.", "Three.", "Four"])
     engine.admit([first, second, third])
     engine.step()
@@ -160,7 +170,8 @@ def test_a_release_frees_its_row_at_once_and_leaves_nothing_behind(engine, model
     engine.admit([late])
     assert engine.running() == [first, third, late] and engine.context_length(late) < engine.context_length(first)
     latents, _, _ = run(engine, {})
-    assert torch.abs(latents[late] - generate_alone(engine, "Four", prompt_of(engine, model, "tiny"))).max() < 1e-5
+    expected = generate_alone(dense, engine, "Four", prompt_of(engine, model, "tiny"))
+    assert torch.abs(latents[late] - expected).max() < 1e-5
     assert engine.running() == [] and engine.take_audio(second).size == 0
     with pytest.raises(KeyError):
         engine.context_length(second)
@@ -204,13 +215,13 @@ def test_voices_are_described_without_the_weights_and_a_bad_model_is_named(model
         PocketTTSEngine(str(model), [], device="cpu", dtype="bf16")
 
 
-def test_a_voice_given_a_new_prompt_speaks_with_it_not_with_its_cached_prefix(engine, model):
+def test_a_voice_given_a_new_prompt_speaks_with_it_not_with_its_cached_prefix(engine, model, dense):
     run(engine, {0: [request(engine, "Hi.", "other")]})  # the voice's prefix is cached now
     new = random_voice(12, seed=5)
     engine.add_voice("other", new)
     try:
         item = request(engine, "Hi.", "other")
         latents, _, _ = run(engine, {0: [item]})
-        assert torch.abs(latents[item] - generate_alone(engine, "Hi.", new)).max() < 1e-5
+        assert torch.abs(latents[item] - generate_alone(dense, engine, "Hi.", new)).max() < 1e-5
     finally:
         engine.add_voice("other", prompt_of(engine, model, "other"))
