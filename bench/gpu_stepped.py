@@ -146,8 +146,12 @@ def ceiling(engine: SteppedEngine, token_lists: list) -> dict:
 
 
 def _parameters_m(engine: SteppedEngine) -> float:
+    """Millions of weights: parameters, and the weights and biases a CPU engine prepacked (held as buffers)."""
     modules = [engine.model] + ([engine.codec] if hasattr(engine, "codec") else [])
-    return round(sum(p.numel() for module in modules for p in module.parameters()) / 1e6, 1)
+    weights = [tensor for module in modules for tensor in module.parameters()]
+    weights += [tensor for module in modules for name, tensor in module.named_buffers()
+                if name.rsplit(".", 1)[-1] in ("weight", "bias")]
+    return round(sum(tensor.numel() for tensor in weights) / 1e6, 1)
 
 
 def check_model(kind: str, device: str, quick: bool) -> dict:

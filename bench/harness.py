@@ -38,6 +38,7 @@ from bench.load import closed_loop, open_loop, summarize
 from bench.report import LOWER_IS_BETTER, write_docs, write_html
 from bench.server import ROOT, ServerProcess, start_ray_peer, start_server
 from bench.soak import main as soak
+from bench.ttfa import drained
 from bench.workload import texts
 from tts_core.config import Settings
 from tts_core.engines import load_voice_engine
@@ -160,7 +161,8 @@ def idle_latencies(engine: EngineAlone, servers: dict[str, str], plan: dict, voi
 
 def idle_first_audio(servers: dict[str, str], plan: dict, voice: str) -> dict[str, float]:
     """Each server's time to first audio of one stream at a time (mixed texts, text by text in turn):
-    p50 ms, what a stream gets from an idle server."""
+    p50 ms, what a stream gets from an idle server (each stream, cut off at its first audio, is let
+    finish on its server before the next is sent, to that server or another)."""
     firsts: dict[str, list[float]] = {name: [] for name in servers}
     clients = {name: httpx.Client(base_url=url, timeout=300) for name, url in servers.items()}
     try:
@@ -174,6 +176,7 @@ def idle_first_audio(servers: dict[str, str], plan: dict, voice: str) -> dict[st
                         if chunk and len(firsts[name]) < plan["idle_requests"]:
                             firsts[name].append(time.perf_counter() - started)
                             break
+                drained(client)
     finally:
         for client in clients.values():
             client.close()

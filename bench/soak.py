@@ -25,7 +25,7 @@ after the capacity run alone, the first overload's one-time allocations read as 
 A 503 to a request sent within EDGE_S of the overload's end counts as the overload's, and is
 printed apart: the server tells an overload by the work offered over its last EDGE_S (and 3 s), so
 for that long after the load falls it still sees the overload's (two of 475 requests in one run, sent
-0.01 and 0.12 s after the end).
+0.01 and 0.12 s after the end). The recovery time below still counts them.
 
 Recovery time: from the end of the overload to the last bad moment that is followed by a clean
 hold window (HOLD_S, or half the "after" phase if that is shorter) within the "after" phase;
@@ -474,7 +474,7 @@ def refused_outside_overload(answers: list[Answer], bounds: dict) -> dict:
     the rest."""
     overload_end = bounds["overload"][1]
     refused = [answer for answer in answers if answer.status == "503" and answer.phase not in ("warm-up", "overload")]
-    edge = sum(1 for answer in refused if overload_end <= answer.sent_s < overload_end + EDGE_S)
+    edge = sum(1 for answer in refused if answer.phase == "after" and answer.sent_s < overload_end + EDGE_S)
     return {"outside": len(refused) - edge, "edge": edge}
 
 

@@ -51,7 +51,9 @@ def first_audio_s(client: httpx.Client, text: str, user: int, stop: threading.Ev
 
 
 def drained(client: httpx.Client) -> None:
-    while client.get("/api/v1/batch/status").json()["pending_requests"]:
+    """Until the server has nothing queued or running (a stream cut off after its first audio runs on until
+    its next step). A server without Chorus's status (the Ray peer: it does not stream) has nothing left."""
+    while (status := client.get("/api/v1/batch/status")).status_code != 404 and status.json()["pending_requests"]:
         time.sleep(0.05)
 
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import PocketTTSForConditionalGeneration
+from torch.utils.mkldnn import MkldnnLinear
+from transformers import PocketTTSAudioTokenizerModel, PocketTTSForConditionalGeneration, PocketTTSProcessor
 
 from bench.random_model import piper_speech
 from tests.pocket_models import build_tiny_pocket, random_voice, registry_spec, request
@@ -70,6 +71,13 @@ def dense(model):
     return PocketTTSForConditionalGeneration.from_pretrained(model, local_files_only=True).eval()
 
 
+@pytest.fixture(scope="session")
+def dense_processor(model):
+    """The processor with its codec as transformers loads them."""
+    codec = PocketTTSAudioTokenizerModel.from_pretrained(model / "codec", local_files_only=True).eval()
+    return PocketTTSProcessor.from_pretrained(model, local_files_only=True, audio_tokenizer=codec)
+
+
 def generate_alone(dense, engine, text: str, voice: np.ndarray) -> torch.Tensor:
     """What transformers' generate makes for this request alone (greedy), in the codec's space."""
     tokenizer = engine.processor.tokenizer
@@ -109,8 +117,10 @@ def test_the_registry_voices_are_what_loads_and_any_voices_run_together(loaded):
     assert engine.batch_key("tiny", 1.0) == engine.batch_key("other", 1.0)
     assert engine.kv_bytes_per_token == 2 * 2 * 64 * 4  # keys and values x 2 layers x 64 dims x fp32
     # on the CPU every Linear is prepacked (the frames are still generate's: the tests below compare them)
-    assert not [name for module in (engine.model, engine.codec) for name, layer in module.named_modules()
-                if isinstance(layer, torch.nn.Linear)]
+    layers = [layer for module in (engine.model, engine.codec) for layer in module.modules()]
+    assert not [layer for layer in layers if isinstance(layer, torch.nn.Linear)]
+    # and no dense copy is kept alive by autograd beside the prepacked one
+    assert all(layer.weight.grad_fn is None for layer in layers if isinstance(layer, MkldnnLinear))
 
 
 def test_the_prompt_is_the_processors(engine, model):
@@ -141,13 +151,13 @@ def test_requests_joining_at_different_steps_make_what_generate_makes_alone(engi
             assert len(latents[item]) < engine.frames_needed(item)
 
 
-def test_streamed_pieces_equal_one_decode_and_synthesize_gives_whole_budgets(engine):
+def test_streamed_pieces_equal_one_decode_and_synthesize_gives_whole_budgets(engine, dense_processor):
     engine.temperature = 0.7
     items = [request(engine, "Hi.", "tiny"), request(engine, "How are you?", "other")]
     latents, audio, _ = run(engine, {0: items[:1], 3: items[1:]}, take_every=3)
     for item in items:
         streamed = np.concatenate(audio[item])
-        whole = np.clip(engine.processor.decode(latents[item]).numpy(), -1, 1)  # with the processor's fade-in
+        whole = np.clip(dense_processor.decode(latents[item]).numpy(), -1, 1)  # with the processor's fade-in
         assert len(audio[item]) > 3 and streamed.dtype == np.float32
         assert streamed.shape == whole.shape == (len(latents[item]) * engine.frame_size,)
         assert np.abs(streamed - whole).max() <= 1e-5 * np.abs(whole).max()
