@@ -38,6 +38,7 @@ backlog, whatever the chance bursts of a normal load.
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 import time
@@ -113,6 +114,7 @@ class RequestQueue:
         self._chain_end: dict[tuple[str, int], float] = {}  # (caller, priority) -> virtual end of its last item
         self._running = 0  # items taken and not yet done
         self._running_until = 0.0  # predicted end of the batch running now
+        self._joining_now = 0  # how many queued items would start at once (free places of a stepped engine)
         self._changed = threading.Condition(threading.RLock())
         self._closed = False
         self._woken = False  # the engine thread has other work (Batcher.run_on_engine): stop waiting
@@ -156,10 +158,14 @@ class RequestQueue:
         return starts, chains
 
     def _wait_before(self, start: float, now: float, running: bool = True) -> float:
-        """The predicted cost of the queued items ranked before `start`, and (running) what is left of the
-        batch running now."""
-        ahead = sum(item.cost_s for item in self._items if (item.start, item.seq) < (start, math.inf))
-        return (max(0.0, self._running_until - now) if running else 0.0) + ahead
+        """The predicted cost of the queued items ranked before `start`, less those that would start at once
+        in free places (they run beside it, not before it), and (running) what is left of the batch running
+        now."""
+        ahead = [((item.start, item.seq), item.cost_s) for item in self._items
+                 if (item.start, item.seq) < (start, math.inf)]
+        joining = heapq.nsmallest(self._joining_now, ahead)
+        waited = sum(cost for _, cost in ahead) - sum(cost for _, cost in joining)
+        return (max(0.0, self._running_until - now) if running else 0.0) + waited
 
     def predicted_wait(self, length: int = TYPICAL_TOKENS, priority: int = 0, caller: str = "",
                        running: bool = True) -> float:
@@ -327,10 +333,12 @@ class RequestQueue:
             self._running += len(taken)
             self._running_until = self._clock() + predicted_s
 
-    def expect_free_in(self, seconds: float) -> None:
-        """A stepped engine's loop says when its next place frees up (its items stay running across steps)."""
+    def expect_free_in(self, seconds: float, joining_now: int = 0) -> None:
+        """A stepped engine's loop says when its next place frees up (its items stay running across steps),
+        and how many queued items would join at its next step."""
         with self._changed:
             self._running_until = self._clock() + seconds
+            self._joining_now = joining_now
 
     def put_back(self, item: SynthesisRequest) -> None:
         """A taken item that could not run (its engine ran out of memory) goes back where it was ranked."""

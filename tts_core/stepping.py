@@ -147,6 +147,7 @@ class SteppedBatcher(Batcher):
         self.metrics.running_requests.labels(self.engine.name).set(len(running))
         if not running and not candidates:
             self._release_memory_once_idle()
+            self._tell_queue()
             self.queue.wait_for_items()
             return
         self._declined = False
@@ -178,11 +179,13 @@ class SteppedBatcher(Batcher):
         return max(0, int(self.cpu_cache_bytes / self.engine.kv_bytes_per_token) - held)
 
     def _tell_queue(self) -> None:
-        """When a place frees up, for the queue's wait predictions: at the next step while there is room,
-        else when the running request nearest its end is done."""
+        """When a place frees up, for the queue's wait predictions: at the next step while there is room
+        (and how many queued requests join then: all the free places, unless the policy declined one or
+        admits only whole batches), else when the running request nearest its end is done."""
         running = self.engine.running()
-        if len(running) < self.policy.max_running:
-            self.queue.expect_free_in(0.0)
+        room = self.policy.max_running - len(running)
+        if room > 0:
+            self.queue.expect_free_in(0.0, 0 if self._declined or self.policy.holds_results else room)
             return
         longest = max(self.engine.context_length(item) for item in running)
         left = min(self.engine.frames_needed(item) - self._progress[item].frames for item in running)

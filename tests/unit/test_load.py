@@ -61,6 +61,17 @@ def test_the_predicted_wait_counts_the_work_ahead_and_the_batch_running():
     assert queue.predicted_wait(length=20) == pytest.approx(1.5, abs=0.05)
 
 
+def test_queued_items_that_join_a_stepped_engines_free_places_at_once_are_no_wait():
+    queue = RequestQueue(20)
+    queue.put_many([item(20, tag, f"ip:{tag}", cost_s=0.5) for tag in range(4)])
+    queue.expect_free_in(0.0, joining_now=3)  # 3 places free: the first three ranked run beside a newcomer
+    assert queue.predicted_wait(length=20) == pytest.approx(0.5, abs=0.05)
+    queue.expect_free_in(0.0, joining_now=8)
+    assert queue.predicted_wait(length=20) == pytest.approx(0.0, abs=0.05)
+    queue.expect_free_in(1.0)  # all places taken: it waits for a place, and for all four ahead
+    assert queue.predicted_wait(length=20) == pytest.approx(3.0, abs=0.05)
+
+
 def test_admission_refuses_a_wait_past_the_target_or_the_deadline_with_an_honest_retry_after():
     queue = RequestQueue(50)
     queue.put_many([item(20, tag, f"ip:{tag}", cost_s=1.0) for tag in range(12)])  # 12 s of work ahead
