@@ -38,6 +38,7 @@ from tts_core.config import Settings
 from tts_core.degrade import OperatorSettings
 from tts_core.engines import Engine, EngineUnavailable, ModelSpec, model_specs
 from tts_core.errors import InvalidSetting
+from tts_core.memory import limit_heap_arenas
 from tts_core.metrics import Metrics
 from tts_core.monitor import Monitor
 from tts_core.pool import ModelPool
@@ -66,6 +67,7 @@ def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpe
     """The whole app; `engines` replaces the configured models (tests pass fake engines), `make_scheduler` where
     their passages are queued (deploy/ray_serve.py: on Ray Serve engine replicas). StartupError (or
     EngineUnavailable) names the setting at fault."""
+    limit_heap_arenas()  # before the server's threads start
     settings = settings or Settings()
     storage, models = prepare(settings, engines)
     try:

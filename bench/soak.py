@@ -23,9 +23,11 @@ working memory back when it goes idle); the peak under load is printed beside it
 after the capacity run alone, the first overload's one-time allocations read as growth: +14.9%.)
 
 A 503 to a request sent within EDGE_S of the overload's end counts as the overload's, and is
-printed apart: the server tells an overload by the work offered over its last EDGE_S (and 3 s), so
+printed apart: the server tells an overload by the work offered over its last EDGE_S (and 5 s), so
 for that long after the load falls it still sees the overload's (two of 475 requests in one run, sent
-0.01 and 0.12 s after the end). The recovery time below still counts them.
+0.01 and 0.12 s after the end). The recovery time below still counts them. The capacity run's 503s
+are printed apart too: it is a closed loop at saturation (as much as the server can do, long texts
+offered in bursts past it), and its clients wait their Retry-After before they send again.
 
 Recovery time: from the end of the overload to the last bad moment that is followed by a clean
 hold window (HOLD_S, or half the "after" phase if that is shorter) within the "after" phase;
@@ -261,13 +263,17 @@ async def _utterance(socket, audio: Audio) -> Reply:
 # --- load -------------------------------------------------------------------------------------------
 
 async def measure_capacity(traffic: Traffic, seconds: float, clients: int) -> dict:
-    """A closed loop of the soak's own traffic: what the server answers per second at saturation."""
+    """A closed loop of the soak's own traffic: what the server answers per second at saturation. A
+    client told 503 waits its Retry-After before it sends again, as the `openai` client does (one that
+    came straight back would offer the server its refused work again and again)."""
     deadline = time.perf_counter() + seconds
     started = time.perf_counter()
 
     async def client() -> None:
         while time.perf_counter() < deadline:
-            await traffic.send("capacity")
+            answer = await traffic.send("capacity")
+            if answer.status == "503" and answer.retry_after_s:
+                await asyncio.sleep(min(answer.retry_after_s, max(0.0, deadline - time.perf_counter())))
 
     await asyncio.gather(*(client() for _ in range(clients)))
     elapsed = time.perf_counter() - started
@@ -296,16 +302,21 @@ async def offer(traffic: Traffic, phase: str, rate_per_s: float, seconds: float,
 # --- the server process -------------------------------------------------------------------------------
 
 def process_reading(pid: int) -> dict:
-    """Resident memory (MB) and open file descriptors of a process, from /proc; None once it is gone
+    """Resident memory (MB; of it, anonymous and mapped from files) and open file descriptors of a process,
+    from /proc; None once it is gone
     (a server that died mid-run is what a soak is for: its requests still count, as errors)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
-        rss_kb = int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE).group(1))
+        kb = {field: int(re.search(rf"^{field}:\s+(\d+) kB", status, re.MULTILINE).group(1))
+              for field in ("VmRSS", "RssAnon", "RssFile")}
         ticks = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13]  # utime, stime
-        return {"rss_mb": round(rss_kb / 1024, 1), "open_files": len(list(Path(f"/proc/{pid}/fd").iterdir())),
+        return {"rss_mb": round(kb["VmRSS"] / 1024, 1), "anon_mb": round(kb["RssAnon"] / 1024, 1),
+                "file_mb": round(kb["RssFile"] / 1024, 1),
+                "open_files": len(list(Path(f"/proc/{pid}/fd").iterdir())),
                 "cpu_s": sum(map(int, ticks)) / CLOCK_TICKS, "machine_cpu_s": machine_cpu_s()}
     except (OSError, AttributeError):  # no such process, or a zombie without VmRSS
-        return {"rss_mb": None, "open_files": None, "cpu_s": None, "machine_cpu_s": machine_cpu_s()}
+        return {"rss_mb": None, "anon_mb": None, "file_mb": None, "open_files": None, "cpu_s": None,
+                "machine_cpu_s": machine_cpu_s()}
 
 
 def machine_cpu_s() -> float:
@@ -469,13 +480,15 @@ def recovery(answers: list[Answer], samples: list[dict], bounds: dict, hold_s: f
 
 
 def refused_outside_overload(answers: list[Answer], bounds: dict) -> dict:
-    """503s of the phases around the overload ("before", "after"; the capacity run's too): "edge", those sent
-    within EDGE_S of the overload's end, counted as the overload's (see the module's docstring); "outside",
-    the rest."""
+    """503s of the 70% phases around the overload ("before", "after"): "edge", those sent within EDGE_S of
+    the overload's end, counted as the overload's (see the module's docstring); "outside", the rest. And,
+    printed apart, "saturation": the capacity run's (a closed loop that offers as much as the server can
+    do, long texts in bursts past it, is no 70% load)."""
     overload_end = bounds["overload"][1]
-    refused = [answer for answer in answers if answer.status == "503" and answer.phase not in ("warm-up", "overload")]
+    refused = [answer for answer in answers if answer.status == "503" and answer.phase in ("before", "after")]
     edge = sum(1 for answer in refused if answer.phase == "after" and answer.sent_s < overload_end + EDGE_S)
-    return {"outside": len(refused) - edge, "edge": edge}
+    saturation = sum(1 for answer in answers if answer.status == "503" and answer.phase == "capacity")
+    return {"outside": len(refused) - edge, "edge": edge, "saturation": saturation}
 
 
 def degrade_times(samples: list[dict], bounds: dict) -> dict:
@@ -513,6 +526,7 @@ def summarize(run: dict, plan: dict) -> dict:
            "recovery_s": measured["recovery_s"] is not None and measured["recovery_s"] < TARGETS["recovery_s"],
            "refused_outside_overload": measured["refused_outside_overload"] <= TARGETS["refused_outside_overload"]}
     return {"table": table, "server": server, "lost": lost, "recovery": recovered, "refused_at_edge": outside["edge"],
+            "refused_at_saturation": outside["saturation"],
             "cpu": cpu_by_phase(samples, bounds), "degrade": degrade_times(samples, bounds), "measured": measured,
             "targets": TARGETS,
             "verdicts": {name: "met" if ok else "MISSED" for name, ok in met.items()}}
@@ -564,7 +578,9 @@ def _print_server(result: dict) -> None:
     if end["exit_code"] is not None:
         print(f"\nTHE SERVER EXITED during the run, with code {end['exit_code']}")
     print(f"\nserver (pid {server['pid']}): resident memory, idle, {warm['rss_mb']} MB after warm-up -> "
-          f"{end['rss_mb']} MB at the end ({_growth(server['memory_growth_pct'])}, peak {server['peak_rss_mb']} MB); "
+          f"{end['rss_mb']} MB at the end ({_growth(server['memory_growth_pct'])}, peak {server['peak_rss_mb']} MB; "
+          f"of which anonymous {warm['anon_mb']} -> {end['anon_mb']} MB, mapped files {warm['file_mb']} -> "
+          f"{end['file_mb']} MB); "
           f"open files {warm['open_files']} -> {end['open_files']} (peak {server['peak_open_files']})")
     print(f"queue: 70% level {recovered['queue_level']} items (the longest sampled in 'before'); "
           f"peak {recovered['peak_queue_in_overload']} in the overload")
@@ -596,6 +612,8 @@ def _print_targets(result: dict) -> None:
     if result["refused_at_edge"]:
         print(f"  (and {result['refused_at_edge']} 503s to requests sent within {EDGE_S:g} s of the overload's end, "
               "the server's shortest window of offered work: the overload's)")
+    if result["refused_at_saturation"]:
+        print(f"  (and {result['refused_at_saturation']} 503s in the capacity run, at saturation: no 70% phase)")
 
 
 def main(minutes: float, out: Path | None = None, voice: str = "alloy") -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import threading
 
 from .engines.base import Engine
@@ -51,15 +52,32 @@ class MemoryBudget:
                 self.cap = int(self.cap * RECOVER_FACTOR) + 1
 
 
-def _libc_trim():
-    name = ctypes.util.find_library("c")
+HEAP_ARENAS = 2  # glibc's malloc arenas, unless MALLOC_ARENA_MAX says otherwise
+_M_ARENA_MAX = -8  # mallopt's parameter (malloc.h)
+
+
+def _libc_function(name: str):
+    library = ctypes.util.find_library("c")
     try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+        return getattr(ctypes.CDLL(library), name, None) if library else None
     except OSError:
         return None
 
 
-_malloc_trim = _libc_trim()
+_malloc_trim = _libc_function("malloc_trim")
+_mallopt = _libc_function("mallopt")
+
+
+def limit_heap_arenas(count: int = HEAP_ARENAS) -> bool:
+    """Cap glibc's malloc arenas at `count` (call before the threads start; MALLOC_ARENA_MAX, where set,
+    wins). By default glibc gives each thread that allocates an arena of its own, up to 8 per core, and
+    each keeps the pages that a few live objects pin, which no trim gives back: a server's threads
+    (requests, encoders, engines) spread its memory over all of them. Measured with the soak (bundled voice, 2
+    cores): idle memory after the run +14 to +35 MB over the idle memory after the warm-up with glibc's
+    default, +6.5 MB with 2 arenas. False without glibc."""
+    if _mallopt is None or "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    return bool(_mallopt(_M_ARENA_MAX, count))
 
 
 def release_heap() -> bool:

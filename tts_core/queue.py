@@ -20,12 +20,15 @@ of it, plus what is left of the batch running now. Admission refuses work whose 
 past the operator's target or its deadline, with a Retry-After from the same prediction.
 
 The target is lower while the engine is overloaded: offered more work than it does over the last
-half second, and a fifth more over the last 3 s (OFFERED_WINDOWS_S: the predicted cost of every
+half second, and half as much again over the last 5 s (OFFERED_WINDOWS_S: the predicted cost of every
 text decided, queued or refused; a text is never an overload of its own making), while a queue
 stands in front of new callers (a typical sentence from one would wait the overload target or
 more behind queued work: the batch running now is no queue, and one caller's long text or burst
 of sentences, which the fair order puts behind newcomers, is none either). The long window keeps
 a normal load's chance bursts out; the short one ends an overload half a second after it does.
+(At 70% load, a few texts a second of mixed lengths, a 3 s window with a fifth's margin read as
+overloaded 5-8% of the time, and its chance refusals came every minute or so; 5 s and half again,
+0.1-0.7%, and a load of 3x is still found within 1.5 s.)
 
 A queue that stands in an overload buys no throughput, only waiting, and at its end it is what
 must drain before the server is back to normal; so in an overload the queue is held at
@@ -55,7 +58,7 @@ QUEUE_ORDERS = ("fair", "fifo")
 PRIORITY_STEP_S = 5.0  # one priority class is worth this much waiting
 LONG_TOKENS = 400  # an item this long (in tokens: ~180 characters of Piper phonemes) is delayed the whole horizon
 TYPICAL_TOKENS = LONG_TOKENS // 4  # a typical sentence: the load score is the wait one arriving now would have
-OFFERED_WINDOWS_S = {0.5: 1.0, 3.0: 1.2}  # an overload: work offered over the last 0.5 s and 3 s, over what is done
+OFFERED_WINDOWS_S = {0.5: 1.0, 5.0: 1.5}  # an overload: work offered over the last 0.5 s and 5 s, over what is done
 
 
 @dataclass(frozen=True)

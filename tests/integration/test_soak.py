@@ -61,5 +61,6 @@ def test_a_refusal_sent_at_the_overloads_edge_is_the_overloads():
     bounds = {"before": [0, 10], "overload": [10, 20], "after": [20, 60]}
     answers = [_refused(20.01), _refused(20.0 + EDGE_S - 0.01), _refused(20.0 + EDGE_S + 0.01), _refused(45.0),
                Answer("before", "sse", 0, "503", 5.0, 0.01, None, 0.0, 1.0, ""),
-               Answer("overload", "ws", 0, "503", 15.0, 0.01, None, 0.0, 1.0, "")]
-    assert refused_outside_overload(answers, bounds) == {"outside": 3, "edge": 2}
+               Answer("overload", "ws", 0, "503", 15.0, 0.01, None, 0.0, 1.0, ""),
+               Answer("capacity", "plain", 0, "503", -20.0, 0.01, None, 0.0, 1.0, "")]
+    assert refused_outside_overload(answers, bounds) == {"outside": 3, "edge": 2, "saturation": 1}

@@ -96,31 +96,32 @@ def test_in_an_overload_the_queue_is_kept_short_until_half_a_second_after_it():
         queue.check(1, caller=f"ip:{tag}", target=target)
         return queue.put_many([item(20, tag, f"ip:{tag}")], target=target)
 
-    assert [offer(tag) for tag in range(4)] == pytest.approx([0.0, 1.0, 2.0, 3.0])  # no overload yet: 3 s in 3 s
-    assert queue.overloaded(target)  # 4 s of work offered within 3 s (and half a second): over 1.2x, and a queue
+    # no overload yet: 7 s offered in 5 s, under half as much again as is done
+    assert [offer(tag) for tag in range(8)] == pytest.approx([float(tag) for tag in range(8)])
+    assert queue.overloaded(target)  # 8 s of work offered within 5 s (and half a second): over 1.5x, and a queue
     with pytest.raises(QueueFull) as raised:
-        offer(4)  # 4 s of wait: under the usual target, over the overload's
-    assert raised.value.code == "queue_wait" and raised.value.retry_after_s == 2
+        offer(8)  # 8 s of wait: under the usual target, over the overload's
+    assert raised.value.code == "queue_wait" and raised.value.retry_after_s == 6
     assert "overloaded" in raised.value.message
     now[0] += 0.6  # nothing offered for half a second: the usual target is back, the queue as it was
     assert not queue.overloaded(target)
-    assert offer(5) == pytest.approx(4.0)
+    assert offer(9) == pytest.approx(8.0)
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_in_an_overload_a_text_is_taken_only_if_its_last_piece_starts_within_the_target(stream):
     queue = RequestQueue(100, clock=lambda: 100.0)
     target = WaitTarget(usual_s=10.0, overload_s=2.0)
-    for tag in range(2):  # two callers' texts of 1.9 s at once: offered faster than done, a queue 3.8 s deep
-        queue.put_many([item(60, tag, f"ip:{tag}", cost_s=1.9)], target=target)
+    for tag in range(3):  # three callers' texts of 2.6 s at once: offered faster than done, a queue 7.8 s deep
+        queue.put_many([item(60, tag, f"ip:{tag}", cost_s=2.6)], target=target)
     assert queue.overloaded(target)
-    three = [item(20, 10 + tag, "ip:three", cost_s=1.5) for tag in range(3)]
+    three = [item(20, 10 + tag, "ip:three", cost_s=1.0) for tag in range(3)]
     for tag, piece in enumerate(three if stream else []):
         piece.due_s = 10.0 * tag  # a stream's later pieces, when they will be needed: backlog all the same
-    # a shorter text goes first (short first), but its last sentence would start behind both and its own two
+    # a shorter text goes first (short first), but its last sentence would start behind all three and its own two
     with pytest.raises(QueueFull) as raised:
         queue.put_many(three, target=target)
-    assert "whole text is 7 s" in raised.value.message and raised.value.retry_after_s == 5
+    assert "whole text is 10 s" in raised.value.message and raised.value.retry_after_s == 8
     assert queue.put_many([item(20, 20, "ip:one", cost_s=1.5)], target=target) == pytest.approx(0.0)  # taken
 
 

@@ -1,4 +1,9 @@
-"""Device-memory-aware batching: the memory budget, and surviving out-of-memory."""
+"""Device-memory-aware batching: the memory budget, and surviving out-of-memory; the host heap's arenas."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,3 +96,45 @@ def test_nvml_readings_become_gauges_and_no_gpu_leaves_them_unset():
     metrics.device_reading({"free_mb": 1024.0, "total_mb": 4096.0, "used_fraction": 0.75, "utilization_pct": 40})
     text = generate_latest(metrics.registry).decode()
     assert "tts_gpu_free_memory_bytes 1.073741824e+09" in text and "tts_gpu_utilization_percent 40.0" in text
+
+
+ARENAS_AFTER_THREADS = """
+import ctypes, ctypes.util, sys, tempfile, threading
+from tts_core.memory import limit_heap_arenas
+if sys.argv[1] == "limited":
+    assert limit_heap_arenas()
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.fopen.restype, libc.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes, libc.fclose.argtypes = [ctypes.c_int, ctypes.c_void_p], [ctypes.c_void_p]
+start = threading.Barrier(8)
+
+def allocate():
+    start.wait()
+    for _ in range(5000):
+        [bytes(200) for _ in range(20)]
+
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+with tempfile.NamedTemporaryFile("r") as report:
+    stream = libc.fopen(report.name.encode(), b"w")
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    print(report.read().count("<heap nr="))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_threads_that_allocate_share_two_heap_arenas_once_limited():
+    """glibc's default gives each thread that allocates an arena of its own (up to 8 per core), each
+    keeping memory no trim gives back; app.create_app caps them (tts_core/memory.py)."""
+    def arenas(mode: str) -> int:
+        env = {key: value for key, value in os.environ.items() if key != "MALLOC_ARENA_MAX"}
+        run = subprocess.run([sys.executable, "-c", ARENAS_AFTER_THREADS, mode], capture_output=True, text=True,
+                             cwd=Path(__file__).parents[2], env=env, timeout=120)
+        assert run.returncode == 0, run.stderr
+        return int(run.stdout)
+
+    assert arenas("limited") <= 2 < arenas("default")

@@ -27,8 +27,10 @@ class SizedEngine(FakeEngine):
 
 
 def spec(name: str, pinned: bool = False, megabytes: int = 100, loads: list | None = None,
-         load_seconds: float = 0.0, fails: bool = False) -> ModelSpec:
+         load_seconds: float = 0.0, fails: bool = False, threads: list | None = None) -> ModelSpec:
     def load():
+        if threads is not None:
+            threads.append(threading.current_thread())
         time.sleep(load_seconds)
         if fails:
             raise EngineUnavailable(f"model {name!r} could not be loaded: gone")
@@ -60,6 +62,22 @@ def test_models_load_when_first_asked_for_and_pinned_ones_at_start():
         speak(service, "b-voice")
         assert loads == ["a", "b"] and set(service.batchers) == {"a", "b"}
         assert service.status()["engines"]["b"]["loaded"] is True
+    finally:
+        service.stop()
+
+
+def test_models_load_on_threads_of_their_own_that_end_with_the_load():
+    """A torch model loaded on a thread that lives on leaves an OpenMP team there, which slows the
+    engine's steps on its own thread (ModelPool._start_load): neither a pinned model (loaded at start,
+    the caller waiting) nor a lazy one loads on the caller's thread or on one that stays."""
+    threads = []
+    service = make_service([spec("a", pinned=True, threads=threads), spec("b", threads=threads)])
+    try:
+        speak(service, "b-voice")
+        assert len(threads) == 2 and threading.current_thread() not in threads
+        for thread in threads:
+            thread.join(10)
+            assert not thread.is_alive()
     finally:
         service.stop()
 
