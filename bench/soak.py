@@ -23,7 +23,7 @@ working memory back when it goes idle); the peak under load is printed beside it
 after the capacity run alone, the first overload's one-time allocations read as growth: +14.9%.)
 
 A 503 to a request sent within EDGE_S of the overload's end counts as the overload's, and is
-printed apart: the server tells an overload by the work offered over its last EDGE_S (and 5 s), so
+printed apart: the server tells an overload by the work offered over its last EDGE_S (and 2 s and 5 s), so
 for that long after the load falls it still sees the overload's (two of 475 requests in one run, sent
 0.01 and 0.12 s after the end). The recovery time below still counts them. The capacity run's 503s
 are printed apart too: it is a closed loop at saturation (as much as the server can do, long texts

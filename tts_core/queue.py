@@ -19,16 +19,20 @@ The queue predicts how long a new item would wait: the predicted cost of everyth
 of it, plus what is left of the batch running now. Admission refuses work whose predicted wait is
 past the operator's target or its deadline, with a Retry-After from the same prediction.
 
-The target is lower while the engine is overloaded: offered more work than it does over the last
-half second, and half as much again over the last 5 s (OFFERED_WINDOWS_S: the predicted cost of every
-text decided, queued or refused; a text is never an overload of its own making), while a queue
-stands in front of new callers (a typical sentence from one would wait the overload target or
-more behind queued work: the batch running now is no queue, and one caller's long text or burst
-of sentences, which the fair order puts behind newcomers, is none either). The long window keeps
-a normal load's chance bursts out; the short one ends an overload half a second after it does.
-(At 70% load, a few texts a second of mixed lengths, a 3 s window with a fifth's margin read as
-overloaded 5-8% of the time, and its chance refusals came every minute or so; 5 s and half again,
-0.1-0.7%, and a load of 3x is still found within 1.5 s.)
+The target is lower while the engine is overloaded: offered more work than it does over the last half
+second, and half as much again over the last 2 s and the last 5 s (OFFERED_WINDOWS_S: the predicted cost
+of every text decided, queued or refused; a text is never an overload of its own making), while a queue
+stands in front of new callers (a typical sentence from one would wait the overload target or more
+behind queued work: the batch running now is no queue, and one caller's long text or burst of sentences,
+which the fair order puts behind newcomers, is none either). The long window keeps a normal load's
+chance bursts out; the short one ends an overload half a second after it does, and the middle one within
+1.3 s of a 3x overload's end when a text fills the short window by chance (at 70% load a single text of
+over half a second's work does, about a third of the time), while the long one still reads the overload
+for 3 s after it. Replayed (bench/overload_replay.py: this queue on a simulated clock, 300 runs of 60 s
+at 70%, 60 s at 3x, 60 s at 70%): with the short and long windows alone, 503s outside the overload in
+50% of the runs (364, 195 of them in the 3 s after it); with the middle one too, in 39% (226, 121); the
+overload found as fast (its first 503 after 2.55 s), its accepted waits as short (p95 6.0 s). (A 3 s
+long window with a fifth's margin read a 70% load as overloaded 5-8% of the time.)
 
 A queue that stands in an overload buys no throughput, only waiting, and at its end it is what
 must drain before the server is back to normal; so in an overload the queue is held at
@@ -58,7 +62,8 @@ QUEUE_ORDERS = ("fair", "fifo")
 PRIORITY_STEP_S = 5.0  # one priority class is worth this much waiting
 LONG_TOKENS = 400  # an item this long (in tokens: ~180 characters of Piper phonemes) is delayed the whole horizon
 TYPICAL_TOKENS = LONG_TOKENS // 4  # a typical sentence: the load score is the wait one arriving now would have
-OFFERED_WINDOWS_S = {0.5: 1.0, 5.0: 1.5}  # an overload: work offered over the last 0.5 s and 5 s, over what is done
+# an overload: work offered over each window (seconds), over what the engine does in it times the factor
+OFFERED_WINDOWS_S = {0.5: 1.0, 2.0: 1.5, 5.0: 1.5}
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,8 @@ class QueueClosed(Exception):
 class RequestQueue:
     def __init__(self, max_size: int, aging_horizon_s: float = 2.0, long_tokens: int = LONG_TOKENS,
                  on_drop: Callable[[str, int], None] = lambda reason, count: None, order: str = "fair",
-                 max_per_caller: int = 0, clock: Callable[[], float] = time.monotonic):
+                 max_per_caller: int = 0, clock: Callable[[], float] = time.monotonic,
+                 offered_windows: dict[float, float] = OFFERED_WINDOWS_S):
         if order not in QUEUE_ORDERS:
             raise ValueError(f"unknown queue order {order!r}; one of {', '.join(QUEUE_ORDERS)}")
         self.max_size = max_size
@@ -123,6 +129,7 @@ class RequestQueue:
         self._woken = False  # the engine thread has other work (Batcher.run_on_engine): stop waiting
         self._clock = clock  # time.monotonic (tests move their own)
         self._offered: deque[tuple[float, float]] = deque()  # (when, predicted cost) of texts offered, decided
+        self._offered_windows = offered_windows  # {seconds: factor} (bench/overload_replay.py tries others)
         self._piece_cost_s = 0.0  # moving average of the queued pieces' predicted cost
 
     def __len__(self) -> int:
@@ -182,14 +189,14 @@ class RequestQueue:
             return self._wait_before(starts[0], now, running)
 
     def overloaded(self, target: WaitTarget) -> bool:
-        """More work was offered over each of OFFERED_WINDOWS_S (queued or refused) than the engine does in
+        """More work was offered over each of its offered windows (queued or refused) than the engine does in
         that time (a second of predicted cost per second) times the window's factor, and a queue stands in
         front of new callers (the batch running now is no queue): see the module's docstring."""
         with self._changed:
             now = self._clock()
             self._forget_offers(now)
             offered = all(sum(seconds for when, seconds in self._offered if when >= now - window) > window * factor
-                          for window, factor in OFFERED_WINDOWS_S.items())
+                          for window, factor in self._offered_windows.items())
             return offered and self.predicted_wait(running=False) >= target.overload_s
 
     def _offer(self, seconds: float) -> None:
@@ -200,7 +207,7 @@ class RequestQueue:
         self._offered.append((now, seconds))
 
     def _forget_offers(self, now: float) -> None:
-        while self._offered and self._offered[0][0] < now - max(OFFERED_WINDOWS_S):
+        while self._offered and self._offered[0][0] < now - max(self._offered_windows):
             self._offered.popleft()
 
     def backlog_s(self) -> float:
