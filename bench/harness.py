@@ -28,7 +28,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -501,12 +500,12 @@ def main() -> None:
                 settings["voices_file"] = str(args.voices_file)
             return start_server(Path(folders[-1].name), **settings)
 
-        with ThreadPoolExecutor(len(peers) + 1) as pool:
-            starts = {name: pool.submit(launch, name) for name in [*peers, CONTROL]}
-        failures = [start.exception() for start in starts.values() if start.exception()]
-        servers.update({name: start.result() for name, start in starts.items() if not start.exception()})
-        if failures:
-            raise failures[0]
+        # One after another: each calibrates its cost model on a quiet machine, and torch servers started
+        # together fight for the cores: five Pocket TTS servers at once were ready after 280-330 s here,
+        # against about 90 s before models loaded on threads that end (tts_core/pool.py; likely libgomp
+        # letting a lone OpenMP team spin between its parallel regions, five such teams on two cores).
+        for name in [*peers, CONTROL]:
+            servers[name] = launch(name)
         urls = {name: servers[name].base_url for name in peers}
         print("idle latency: the engine alone and every server, text by text in turn ...", flush=True)
         idle = idle_latencies(engine, urls, plan, args.voice)
