@@ -502,8 +502,8 @@ def main() -> None:
 
         # One after another: each calibrates its cost model on a quiet machine, and torch servers started
         # together fight for the cores: five Pocket TTS servers at once were ready after 280-330 s here,
-        # against about 90 s before models loaded on threads that end (tts_core/pool.py; likely libgomp
-        # letting a lone OpenMP team spin between its parallel regions, five such teams on two cores).
+        # against about 90 s before models loaded on threads that end (tts_core/pool.py: libgomp lets a
+        # lone OpenMP team spin between its parallel regions; with OMP_WAIT_POLICY=PASSIVE, 97-108 s).
         for name in [*peers, CONTROL]:
             servers[name] = launch(name)
         urls = {name: servers[name].base_url for name in peers}
