@@ -111,13 +111,13 @@ def _run_next(queue: RequestQueue, clock: Clock) -> tuple[int, float]:
 
 def summary(windows: dict[float, float], runs: int, load: float) -> dict:
     results = [replay(seed, windows, load) for seed in range(runs)]
+    outside = [[moment for moment in run.refused_normal if not 0 <= moment < EDGE_S] for run in results]
     normal = [moment for run in results for moment in run.refused_normal]
     return {"windows": windows, "runs": runs, "load": load,
-            "refused_normal": sum(1 for moment in normal if not 0 <= moment < EDGE_S),
+            "refused_normal": sum(map(len, outside)),
             "refused_at_edge": sum(1 for moment in normal if 0 <= moment < EDGE_S),
             "refused_in_tail": sum(1 for moment in normal if EDGE_S <= moment < TAIL_S),
-            "runs_with_refusals": sum(1 for run in results
-                                      if any(not 0 <= moment < EDGE_S for moment in run.refused_normal)),
+            "runs_with_refusals": sum(1 for moments in outside if moments),
             "refused_in_overload": sum(run.refused_overload for run in results),
             "first_refusal_s": statistics.median(run.first_refusal_s for run in results),
             "overload_wait_p95_s": statistics.median(run.overload_wait_p95_s for run in results)}

@@ -8,13 +8,14 @@ import socket
 import httpx
 
 from tests.serve import metric, wait_until
+from tts_core.config import Settings
 
 ITEMS, SENTENCES = 32, 12  # TTS_MAX_BATCH_ITEMS items; 384 sentences take far longer than the waits below
 # One caller's batch is held to its share of the queue and to the wait target (the rest of its items
 # are refused at once, 503 in the manifest); what was queued must go when the client does. Between the
-# look at the queue and the hang-up, the engine may take one batch (TTS_MAX_BATCH_SIZE, 16 pieces) off it
+# look at the queue and the hang-up, the engine may take one batch (TTS_MAX_BATCH_SIZE pieces) off it
 # to run: those are synthesized, not dropped, so the queue is looked at until it holds that much more.
-QUEUED, MAX_BATCH_SIZE = 2 * SENTENCES, 16
+QUEUED, MAX_BATCH_SIZE = 2 * SENTENCES, Settings.model_fields["max_batch_size"].default  # the shared server's
 
 
 def queue_length(server: str) -> int:
