@@ -1,11 +1,10 @@
 """Admin API on a real server process: auth, validation, and settings that survive a restart."""
 
-import time
-
 import httpx
 import pytest
 
 from bench.server import start_server
+from tests.serve import wait_until
 
 TOKEN = "s3cret-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}", "X-Chorus-Actor": "ops-alice"}
@@ -82,8 +81,9 @@ def test_requests_are_logged(admin_server, data_dir):
                       json={"model": "tts-1", "voice": "alloy", "input": "Log me."}).status_code == 200
     bad_voice = {"model": "tts-1", "voice": "x", "input": "Hi"}
     assert httpx.post(f"{admin_server}/v1/audio/speech", json=bad_voice).status_code == 400
-    time.sleep(1.5)  # the writer flushes every second
-    rows = Storage(sqlite_url(data_dir / "chorus.db")).request_log(10)
+    storage = Storage(sqlite_url(data_dir / "chorus.db"))
+    assert wait_until(lambda: {200, 400} <= {row["status"] for row in storage.request_log(10)}, 10)  # flushed each s
+    rows = storage.request_log(10)
     ok = next(row for row in rows if row["status"] == 200)
     assert ok["voice"] == "en_US-joe-medium" and ok["characters"] == 7 and ok["batch_size"] == 1
     assert ok["queue_ms"] is not None and ok["synthesis_ms"] > 0 and ok["client"] == "ip:127.0.0.1"

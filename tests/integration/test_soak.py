@@ -6,13 +6,16 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from bench.server import ROOT
 from bench.soak import EDGE_S, KINDS, LOST, PHASES, TARGETS, Answer, recovery, refused_outside_overload
 
 
+@pytest.mark.timeout(900)  # a few minutes here; CI's machine is slower
 def test_tiny_soak_answers_every_request_and_writes_complete_results(tmp_path):
     run = subprocess.run([sys.executable, "-m", "bench", "--soak", "0.25", "--out", str(tmp_path)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=400)
+                         capture_output=True, text=True, timeout=800)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads((tmp_path / "soak.json").read_text())
     answers = result["answers"]

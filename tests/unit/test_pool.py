@@ -106,10 +106,11 @@ def test_a_busy_model_is_not_unloaded_and_a_full_pool_answers_503():
         speak(service, "a-voice")
         engine = service.batchers["a"].engine
         engine.gate.clear()  # a's next synthesis blocks: a is busy
+        engine.calls_started = threading.Semaphore(0)  # count the calls from here on
 
         async def scenario():
             busy = asyncio.ensure_future(service.synthesize("hold", "a-voice"))
-            await asyncio.sleep(0.3)
+            assert await asyncio.to_thread(engine.calls_started.acquire, True, 5)  # a is busy now
             with pytest.raises(Overloaded) as raised:
                 await service.synthesize("hello", "b-voice")
             assert raised.value.code == "models_busy"
@@ -134,14 +135,14 @@ def test_the_memory_budget_unloads_idle_models_beyond_it():
 
 def test_one_load_serves_every_caller_waiting_for_it_and_others_are_not_held_up():
     loads = []
-    service = make_service([spec("fast", pinned=True), spec("slow", loads=loads, load_seconds=1.0)])
+    service = make_service([spec("fast", pinned=True), spec("slow", loads=loads, load_seconds=2.0)])
     try:
         async def scenario():
             waiting = [asyncio.ensure_future(service.synthesize("hi", "slow-voice")) for _ in range(3)]
             await asyncio.sleep(0.1)
             started = time.perf_counter()
             await service.synthesize("hi", "fast-voice")  # while slow loads
-            assert time.perf_counter() - started < 0.5
+            assert time.perf_counter() - started < 1.0  # not the 2 s load's wait
             await asyncio.gather(*waiting)
 
         asyncio.run(asyncio.wait_for(scenario(), 10))

@@ -1,8 +1,10 @@
 import asyncio
+import threading
 
 import pytest
 
 from tests.fakes import SAMPLES_PER_TOKEN, FakeEngine
+from tests.serve import wait_until
 from tts_core.config import Settings
 from tts_core.errors import InvalidRequest, Overloaded
 from tts_core.frontend import NormalizationOptions
@@ -62,14 +64,15 @@ def test_invalid_requests_name_the_field(service, text, speed, param):
 def test_full_queue_is_refused_before_any_work(service):
     engine = service.batchers["fake"].engine
     engine.gate.clear()  # hold the engine so the queue fills
+    engine.calls_started = threading.Semaphore(0)  # count the calls from here on
 
     async def scenario():
         as_written = NormalizationOptions(normalize=False)  # "|" is the fake engine's sentence break: keep it
         # 1 runs, 3 queue
         running = asyncio.ensure_future(service.synthesize("a|b|c|d", "alloy", reading=Reading(as_written)))
-        await asyncio.sleep(0.3)
+        assert await asyncio.to_thread(engine.calls_started.acquire, True, 5)  # "a" runs
         filling = asyncio.ensure_future(service.synthesize("e", "alloy"))  # the 4th queued item
-        await asyncio.sleep(0.1)
+        assert await asyncio.to_thread(wait_until, lambda: service.queue_length() == 4, 5)
         before = engine.tokenized
         with pytest.raises(Overloaded) as raised:
             await service.synthesize("one more", "alloy")
