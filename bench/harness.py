@@ -108,8 +108,8 @@ class EngineAlone:
     def close(self) -> None:
         self._thread.shutdown()
 
-    def run(self, token_lists: list) -> float:
-        """Synthesizes one batch; returns its audio seconds."""
+    def _run_batch(self, token_lists: list) -> float:
+        """Synthesizes one batch (on the engine's thread); returns its audio seconds."""
         items = [SynthesisRequest(tokens=tokens, voice=self.voice, speed=1.0, key=None, deadline=math.inf)
                  for tokens in token_lists]
         return sum(audio.size for audio in self.engine.synthesize(items)) / self.engine.sample_rate
@@ -125,7 +125,7 @@ class EngineAlone:
         return self._on_its_thread(self._speak, text)
 
     def _speak(self, text: str) -> float:
-        return sum(self.run([tokens]) for tokens in self.engine.tokenize(text, self.voice))
+        return sum(self._run_batch([tokens]) for tokens in self.engine.tokenize(text, self.voice))
 
     def ceiling(self, workload: str, plan: dict, sizes: list[int]) -> dict:
         """The same texts the served peers get, sorted by length and run in the best of `sizes`:
@@ -141,7 +141,7 @@ class EngineAlone:
         best = None
         for size in sizes:
             started = time.perf_counter()
-            audio = sum(self.run(batch) for batch in self._runs(token_lists, size))
+            audio = sum(self._run_batch(batch) for batch in self._runs(token_lists, size))
             seconds = time.perf_counter() - started + front_end_s
             if best is None or audio / seconds > best["audio_s_per_s"]:
                 best = {"batch_size": size, "audio_s_per_s": round(audio / seconds, 3),

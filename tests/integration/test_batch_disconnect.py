@@ -32,12 +32,13 @@ def test_a_zip_batch_whose_client_hangs_up_has_its_items_dropped(server):
              for index in range(ITEMS)]
     body = json.dumps({"items": items}).encode()
     host, port = server.removeprefix("http://").split(":")
-    most = [0]
+    most = 0
 
     def past_its_peak() -> bool:  # the engine has taken a few since the most queued: every admitted item is in
+        nonlocal most
         length = queue_length(server)
-        most[0] = max(most[0], length)
-        return most[0] > 2 * SENTENCES and length < most[0] - 2
+        most = max(most, length)
+        return most > 2 * SENTENCES and length < most - 2
 
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(b"POST /v1/audio/speech/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
