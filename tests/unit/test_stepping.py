@@ -273,9 +273,11 @@ def calibrated(decode_s: float = 0.007) -> ContinuousPolicy:
 def test_the_continuous_policy_grows_the_running_set_while_it_pays():
     policy = calibrated()
     plan = policy.plan([], [view() for _ in range(20)], now=0.0)
-    assert 6 <= len(plan.take) <= 16  # throughput still rises past a few, flattens before 16
-    flat = calibrated(decode_s=0.0)
-    assert len(flat.plan([], [view() for _ in range(20)], now=0.0).take) > len(plan.take)
+    assert plan.take == tuple(range(16))  # each short one more still raises the frames per second: all places fill
+    # a long prompt joining short ones makes every step attend over its context: more than it brings
+    long_one = policy.plan([view() for _ in range(8)], [view(context=40_000, final=40_100), view()], now=0.0)
+    assert long_one.take == ()
+    assert policy.plan([], [view(context=40_000, final=40_100)], now=0.0).take == (0,)  # alone it runs
 
 
 def test_the_memory_budget_bounds_who_joins():
