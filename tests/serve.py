@@ -52,10 +52,19 @@ def wait_until(condition, timeout_s: float = 10.0, every_s: float = 0.05) -> boo
     return False
 
 
+def _samples(server: str, pattern: str) -> list[float]:
+    """The values of the /metrics samples matching the regular expression pattern, in order."""
+    return [float(value) for value in re.findall(pattern + r" ([0-9.e+]+)", httpx.get(f"{server}/metrics").text)]
+
+
 def metric(server: str, pattern: str) -> float:
     """The value of the first /metrics sample matching the regular expression pattern (0 if none)."""
-    match = re.search(pattern + r" ([0-9.e+]+)", httpx.get(f"{server}/metrics").text)
-    return float(match.group(1)) if match else 0.0
+    return next(iter(_samples(server, pattern)), 0.0)
+
+
+def metric_total(server: str, pattern: str) -> float:
+    """The sum of every /metrics sample matching the pattern (one metric across its labels)."""
+    return sum(_samples(server, pattern))
 
 
 def require_tools(*commands: str, install: str) -> None:

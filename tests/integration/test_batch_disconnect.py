@@ -3,12 +3,11 @@ its queued items are cancelled, not synthesized for no one. On the shared server
 (degrade off, so the flood changes nothing for the tests after it)."""
 
 import json
-import re
 import socket
 
 import httpx
 
-from tests.serve import metric, wait_until
+from tests.serve import metric, metric_total, wait_until
 
 # TTS_MAX_BATCH_ITEMS items of 12 sentences: far more than the wait target lets one caller queue, so the
 # batch is held to its share (the rest of its items are refused at once, 503 in the manifest)
@@ -22,7 +21,7 @@ def queue_length(server: str) -> int:
 
 def synthesized_items(server: str) -> float:
     """Items the server's engines have run."""
-    return sum(map(float, re.findall(r"^tts_batch_size_sum\{.*\} (\S+)$", httpx.get(f"{server}/metrics").text, re.M)))
+    return metric_total(server, r"tts_batch_size_sum\{[^}]*\}")
 
 
 def test_a_zip_batch_whose_client_hangs_up_has_its_items_dropped(server):

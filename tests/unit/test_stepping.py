@@ -260,13 +260,13 @@ def view(context: int = 50, final: int = 200) -> StepView:
     return StepView(context, final)
 
 
-def calibrated(decode_s: float = 0.007) -> ContinuousPolicy:
+def calibrated() -> ContinuousPolicy:
     policy = ContinuousPolicy(max_running=16)
     for running in (1, 2, 4, 8, 16):
         for longest in (100, 400):  # the research's CPU fit: 25.8 ms + 2.37 ms a request + 3.08 us a position
             policy.cost.observe_step(running, longest, 0.0258 + 0.00237 * running + 3.08e-6 * running * longest,
                                      calibration=True)
-    policy.cost.observe_decode(1, decode_s)
+    policy.cost.observe_decode(1, 0.007)  # the codec's seconds per frame
     return policy
 
 
