@@ -13,7 +13,7 @@ from .catalogue import Catalogue, speaks
 from .config import Settings
 from .degrade import DegradeController
 from .engines import Voice
-from .errors import InvalidRequest, Overloaded
+from .errors import Degraded, InvalidRequest
 from .frontend import NormalizationOptions, normalize_text, spoken_parts, ssml
 from .lexicon import Lexicon
 from .metrics import Metrics
@@ -92,16 +92,21 @@ class Admission:
         tier = caller.tier if caller else Tier()
         if "shed" in state.actions and tier.sheddable:
             self.metrics.degrade_actions.labels("shed").inc()
-            retry = max(5, round(settings.exit_hold_s))  # the mode lasts at least that long once calm
-            raise Overloaded("the server is under heavy load and is serving higher priorities only; "
-                             f"retry after {retry} s", retry, "shed_low_priority")
+            retry = self._retry_after_s()
+            raise Degraded("the server is under heavy load and is serving higher priorities only; "
+                           f"retry after {retry} s", retry, "shed_low_priority")
         script = self.validate(catalogue, text, voice, model, speed, caller, reading)
         if "cap_text" in state.actions and len(text) > settings.cap_text_chars:
             self.metrics.degrade_actions.labels("cap_text").inc()
-            raise InvalidRequest(f"the server is under heavy load: texts are limited to "
-                                 f"{settings.cap_text_chars} characters for now (this one has {len(text)})",
-                                 "input", "degraded_text_limit")
+            retry = self._retry_after_s()
+            raise Degraded(f"the server is under heavy load: texts of up to {settings.cap_text_chars} characters "
+                           f"are accepted now (this one has {len(text)}); longer ones again in about {retry} s",
+                           retry, "degraded_text_limit", "input")
         return script
+
+    def _retry_after_s(self) -> int:
+        """When a degrade-mode refusal may pass: the mode's expected end, at least a second."""
+        return max(1, round(self.degrade.expected_end_s()))
 
     def wait_target(self) -> WaitTarget:
         """The longest predicted queue wait a request is accepted with, usually and in an overload

@@ -168,6 +168,18 @@ class DegradeController:
             self.state = self._next(active, score, parts, inputs.queue_wait_limit_s)
             return self.state
 
+    def expected_end_s(self) -> float:
+        """Seconds until the mode is expected to end at the current load: the time for the queue's wait to
+        drain down to the exit threshold, then the hold (0 when not active)."""
+        with self._lock:
+            state, settings = self.state, self.settings
+            if not state.active:
+                return 0.0
+            if self._calm_since is not None:
+                return max(0.0, settings.exit_hold_s - (self._clock() - self._calm_since))
+            excess = max(0.0, state.parts.get("queue_wait", state.score) - settings.exit_threshold)
+            return excess * state.queue_wait_limit_s + settings.exit_hold_s
+
     def _next(self, active: bool, score: float, parts: dict[str, float], queue_wait_limit_s: float) -> DegradeState:
         active = active and self.settings.degrade_enabled
         since = self.state.since if active == self.state.active else time.time()

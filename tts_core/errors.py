@@ -107,6 +107,18 @@ class Overloaded(ChorusError):
         super().__init__(message, code=code, retry_after_s=max(1, int(retry_after_s)))
 
 
+class Degraded(Overloaded):
+    """Refused by a degrade-mode action (the text cap, shedding): a temporary overload, not a fault of the
+    request. It passes once the mode ends (Retry-After: its expected end); jobs wait for it without spending
+    an attempt."""
+
+    default_code = "degraded"
+
+    def __init__(self, message: str, retry_after_s: float, code: str | None = None, param: str | None = None):
+        super().__init__(message, retry_after_s, code)
+        self.param = param
+
+
 class StorageUnavailable(Overloaded):
     def __init__(self, message: str = "the database is unavailable; retry shortly", retry_after_s: int = 5):
         super().__init__(message, retry_after_s, "storage_unavailable")
