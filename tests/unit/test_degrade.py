@@ -34,6 +34,20 @@ def test_leaving_waits_for_the_score_to_stay_calm_for_the_hold():
     assert trace == [True, True, True, True, True, False]
 
 
+def test_the_expected_end_is_the_drain_to_the_exit_threshold_then_the_hold():
+    now = [0.0]
+    controller = DegradeController(OperatorSettings(enter_threshold=0.8, exit_threshold=0.4, exit_hold_s=5),
+                                   clock=lambda: now[0])
+    assert controller.expected_end_s() == 0  # not degraded
+    controller.update(waiting(0.9))
+    # 9 s of predicted wait must drain to 4 s (the exit threshold of the 10 s target), then 5 s of calm
+    assert controller.expected_end_s() == pytest.approx(5 + 5)
+    now[0] = 2.0
+    controller.update(waiting(0.1))  # calm from 2 s: only the rest of the hold is left
+    now[0] = 4.0
+    assert controller.expected_end_s() == pytest.approx(3)
+
+
 def test_an_operator_change_applies_at_once_without_the_hold():
     settings = OperatorSettings(enter_threshold=0.8, exit_threshold=0.4, exit_hold_s=60)
     controller = DegradeController(settings)
