@@ -51,12 +51,18 @@ class Admission:
                 script = Script.plain(spoken, voice_info, model_name, speed)
         except TextError as error:
             raise InvalidRequest(str(error), "input", getattr(error, "code", None)) from None
-        # Every length limit (this, TTS_MAX_CHARS, degrade mode's cap) is on what the caller sent, not on the
-        # spoken text, which number words and symbols make longer than what was written.
+        # Every other length limit (TTS_MAX_CHARS, the tier's, degrade mode's cap) is on what the caller sent.
         tier = caller.tier if caller else Tier()
         if len(text) > tier.max_chars:
             raise InvalidRequest(f"input is {len(text)} characters long; the {caller.tier_name} tier allows "
                                  f"{tier.max_chars}", "input", "tier_text_limit")
+        # The work is the spoken text's, which number words make longer than what was written ("9" * 4,900 says
+        # 24,500 characters): bounded here, before any of it is queued.
+        spoken = sum(len(passage.spoken.text) for passage in script.passages)
+        if spoken > self.settings.max_spoken_chars:
+            raise InvalidRequest(f"input is {spoken} characters long once its numbers and symbols are said as words; "
+                                 f"the limit is {self.settings.max_spoken_chars}", "input",
+                                 "spoken_text_above_max_length")
         return script
 
     def _ssml_script(self, catalogue: Catalogue, text: str, voice_info: Voice, model_name: str, speed: float,

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DeadlineExceeded, Overloaded
+from .errors import DeadlineExceeded, InvalidRequest, Overloaded
 from .request import SynthesisRequest
 
 QUEUE_ORDERS = ("fair", "fifo")
@@ -221,8 +221,8 @@ class RequestQueue:
                  target: WaitTarget = WaitTarget()) -> float:
         """Enqueue all items or none; returns the first item's predicted wait. Refuses (QueueFull)
         when the queue, the items' tier share (tier_limit items) or their caller's share is full,
-        or when the first item's predicted wait is over the wait target or past its deadline.
-        Raises QueueClosed once the queue's model is unloaded."""
+        or when the first item's predicted wait is over the wait target or past its deadline; InvalidRequest
+        for more items than could ever be queued at once. Raises QueueClosed once the queue's model is unloaded."""
         with self._changed:
             if self._closed:
                 raise QueueClosed()
@@ -269,7 +269,18 @@ class RequestQueue:
                 self._offer(count * self._piece_cost_s)
                 raise
 
+    def most_per_text(self, caller: str, tier_limit: int | None = None) -> int:
+        """The most pieces one text of this caller could ever have queued at once: the queue's size, its
+        tier's share (tier_limit items), the caller's share."""
+        caps = (self.max_size, tier_limit, self.max_per_caller if caller else 0)
+        return min(cap for cap in caps if cap)
+
     def _check_room(self, count: int, tier: str, caller: str, tier_limit: int | None) -> None:
+        most = self.most_per_text(caller, tier_limit)
+        if count > most:  # no wait would help: a 400, not a 503 to retry
+            raise InvalidRequest(f"this text makes {count} pieces to synthesize, and at most {most} of one caller's "
+                                 "can ever wait in this server's queue at once; send it in shorter parts", "input",
+                                 "text_above_queue_capacity")
         if len(self._items) + count > self.max_size:
             raise QueueFull(self.backlog_s())
         if tier_limit is not None and sum(1 for item in self._items if item.tier == tier) + count > tier_limit:

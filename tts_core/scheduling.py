@@ -1,9 +1,10 @@
 """Scheduling: a text becomes queued pieces on its model's batcher, and their audio comes back.
 
-A text is cut into sentences (a stream's first pieces shorter, so its first audio comes sooner),
-tokenized, and queued as `SynthesisRequest`s with the caller's identity, priority and deadline;
-a stream's later pieces are due when their audio will be needed. The queue refuses the whole text
-at once if its predicted wait is past the operator's target (or its deadline). Every piece ends:
+A text is cut into sentences, short ones packed together where there are many (a stream's first
+pieces shorter, so its first audio comes sooner), tokenized, and queued as `SynthesisRequest`s with
+the caller's identity, priority and deadline; a stream's later pieces are due when their audio will
+be needed. The queue refuses the whole text at once if its predicted wait is past the operator's target
+(or its deadline), or as invalid if it has more pieces than could ever wait at once. Every piece ends:
 synthesized, failed, dropped when its caller goes, or timed out here if nothing answers it.
 """
 
@@ -32,6 +33,11 @@ from .text import words as text_words
 
 STREAM_DUE_MARGIN = 0.8  # a stream's piece is scheduled as if due at 80% of its estimated play time
 SUBMIT_TRIES = 3  # a model unloaded between lookup and queueing is loaded again, this often at most
+# A passage's sentences are packed into at most this many pieces (where the queue holds fewer for its caller, that
+# many): any text within TTS_MAX_CHARS fits in what one caller may queue (TTS_MAX_QUEUE_PER_CALLER, 128), with
+# room for a stream's shorter first pieces; texts of fewer sentences keep a piece each (interleaved with other
+# callers' work, batched side by side).
+PIECES_PER_PASSAGE = 64
 
 
 class Scheduler:
@@ -78,10 +84,12 @@ class Scheduler:
         batcher = await self.pool.batcher(model_name)
         speed = passage.speed * voice.speed  # the voice's default speed, times the request's
         stepped = isinstance(batcher.engine, SteppedEngine)  # its audio streams out as frames are made
-        chunks = split_chunks(passage.spoken.text, self.settings.max_chunk_chars)
-        if streaming and first and not stepped and self.settings.stream_first_chunk_chars:
-            chunks = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)
         share = None if tier.max_queue_share >= 1 else max(1, int(tier.max_queue_share * batcher.queue.max_size))
+        most = batcher.queue.most_per_text(identity, share)
+        chunks = split_chunks(passage.spoken.text, self.settings.max_chunk_chars, min(PIECES_PER_PASSAGE, most))
+        if streaming and first and not stepped and self.settings.stream_first_chunk_chars:
+            ramped = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)
+            chunks = ramped if len(ramped) <= most else chunks  # a short first piece only where it fits
         tier_name = caller.tier_name if caller else ""
         batcher.queue.check(len(chunks), tier_name, identity, tier.priority, share, target, timeout_s)
         engine = batcher.engine

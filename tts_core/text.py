@@ -102,8 +102,11 @@ def _pack(pieces: list[str], max_chars: int) -> list[str]:
     return packed
 
 
-def split_chunks(text: str, max_chars: int) -> list[str]:
-    """Sentences, each at most max_chars: long sentences are split at clauses, then words."""
+def split_chunks(text: str, max_chars: int, most: int | None = None) -> list[str]:
+    """Sentences, each at most max_chars: long sentences are split at clauses, then words. With `most`,
+    neighbouring short sentences are packed into one piece (up to max_chars) until there are at most
+    `most` pieces, or as few as max_chars allows: a text of many short sentences ("Yes. No. Maybe.")
+    becomes a few pieces, not hundreds; a text with no more sentences than `most` is left as it is."""
     chunks: list[str] = []
     for sentence in _split_after(text, SENTENCE_ENDS):
         if len(sentence) <= max_chars:
@@ -113,18 +116,41 @@ def split_chunks(text: str, max_chars: int) -> list[str]:
         for clause in _split_after(sentence, CLAUSE_ENDS):
             clauses.extend([clause] if len(clause) <= max_chars else _pack_words(clause, max_chars))
         chunks.extend(_pack(clauses, max_chars))
-    return chunks
+    if most is None or len(chunks) <= most:
+        return chunks
+    # Greedy packing up to `size` leaves at most about 2 * len(text) / size pieces; the size grows by half
+    # (a few passes, each linear) until the pieces are few enough, packing no more than it must.
+    size = max(2, len(text) // most)
+    while True:
+        packed = _pack_sentences(chunks, min(size, max_chars))
+        if len(packed) <= most or size >= max_chars:
+            return packed
+        size += size // 2
+
+
+def _pack_sentences(sentences: list[str], max_chars: int) -> list[str]:
+    """Join neighbouring sentences while they fit in max_chars. A line with no punctuation at its end (an
+    item of a list) is joined with a comma, so that it keeps a pause before the next."""
+    packed: list[str] = []
+    for sentence in sentences:
+        joiner = " " if packed and packed[-1][-1] in SENTENCE_ENDS | CLAUSE_ENDS else ", "
+        if packed and len(packed[-1]) + len(joiner) + len(sentence) <= max_chars:
+            packed[-1] = f"{packed[-1]}{joiner}{sentence}"
+        else:
+            packed.append(sentence)
+    return packed
 
 
 def ramp_up(chunks: list[str], first_chars: int, max_chars: int) -> list[str]:
     """For streaming: the first chunk at most first_chars long, each next one at most twice the
     one before, up to max_chars. The first audio is then ready after a short synthesis, and each
-    chunk is synthesized while the shorter one before it plays. Cuts fall at clauses, then words."""
+    chunk is synthesized while the shorter one before it plays. Cuts fall at sentences (a chunk
+    may hold several, packed) and clauses, then words."""
     ramped: list[str] = []
     limit = first_chars
     for chunk in chunks:
         while limit < max_chars and len(chunk) > limit:
-            pieces = _pack([part for clause in _split_after(chunk, CLAUSE_ENDS)
+            pieces = _pack([part for clause in _split_after(chunk, SENTENCE_ENDS | CLAUSE_ENDS)
                             for part in _pack_words(clause, limit)], limit)
             ramped.append(pieces[0])
             chunk = " ".join(pieces[1:])

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from tts_core.frontend import LANGUAGES, NormalizationOptions, normalize_text
+from tts_core.frontend.english import say_as
 from tts_core.frontend.pieces import BREAK, PRONUNCIATION, SAID, TEXT
 from tts_core.pronunciation import Pronounced, as_text
 from tts_core.text import TextError
@@ -262,3 +263,29 @@ def test_hostile_input_takes_linear_time(name):
 
     small, large = cpu_seconds(5_000), cpu_seconds(20_000)
     assert large < 2.0 and large < 8 * small + 0.05, (small, large)
+
+
+LONG = "9" * 4400  # past Python's 4,300-digit limit for int()
+
+
+@pytest.mark.parametrize("text, ends", [
+    (f"Total: ${LONG}.50 today.", "nine nine dollars and fifty cents today."),
+    (f"Total: ${LONG} today.", "nine nine dollars today."),
+    (f"{LONG}.1.2.3 is no address.", "nine point one point two point three is no address."),
+    (f"{LONG}th place", "nine nine th place"),
+], ids=["money", "whole money", "dotted", "ordinal ending"])
+def test_numbers_of_any_length_are_read(text, ends):
+    assert normalize_text(text, "en_US").text.endswith(ends)
+
+
+@pytest.mark.parametrize("written, kind, date_format, ends", [
+    (LONG, "ordinal", None, "nine nine ninth"),
+    (LONG[:-1] + "2nd", "ordinal", None, "nine nine second"),
+    (LONG, "cardinal", None, "nine nine nine"),
+    (f"1/{LONG}/2020", "date", "mdy", None),  # no such day: read as written
+    (f"{LONG}/2020", "date", "my", None),
+    ("²", "ordinal", None, None),  # a digit to Python, no number to read
+], ids=["ordinal", "ordinal ending", "cardinal", "day", "month", "superscript"])
+def test_say_as_reads_numbers_of_any_length(written, kind, date_format, ends):
+    said = say_as(written, kind, date_format)
+    assert said == ends if ends is None else said.endswith(ends)

@@ -123,3 +123,17 @@ def test_short_requests_do_not_wait_for_long_streams_unlike_fifo():
     assert max(chorus) < 0.2  # at most one long sentence ahead, never the streams
     assert np.mean(fifo) > 0.7  # behind every long sentence queued before them
     assert max(chorus) < 0.25 * min(fifo)
+
+
+def test_a_text_of_many_short_sentences_fits_the_queue_in_packed_pieces_and_says_every_one():
+    engine = FakeEngine()
+    service = running_service(engine, max_queue=40, max_queue_per_caller=40)
+    text = " ".join(["Yes.", "No.", "Maybe."] * 200)  # 600 sentences: one piece each would be 600 items
+    try:
+        speech = asyncio.run(asyncio.wait_for(service.synthesize(text, "fake-voice"), 30))
+        assert speech.chunks <= 40  # what the queue holds
+        joins = speech.chunks - 1  # a space between pieces is no token; a pause is there instead
+        pause = int(0.12 * engine.sample_rate)
+        assert speech.audio.size == (len(text) - joins) * SAMPLES_PER_TOKEN + joins * pause  # every sentence said
+    finally:
+        service.stop()

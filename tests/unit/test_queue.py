@@ -5,7 +5,7 @@ import pytest
 
 from tests.fakes import FakeEngine
 from tests.unit.conftest import make_item
-from tts_core.errors import DeadlineExceeded
+from tts_core.errors import DeadlineExceeded, InvalidRequest
 from tts_core.queue import QueueFull, RequestQueue
 
 
@@ -44,6 +44,28 @@ def test_full_queue_rejects_all_or_nothing():
         queue.put_many([make_item(10), make_item(10)])
     assert raised.value.retry_after_s >= 1
     assert len(queue) == 2
+
+
+@pytest.mark.parametrize("count, caller, tier_limit, most", [
+    (11, "", None, 10),  # more than the whole queue holds
+    (5, "ip:reader", None, 4),  # more than one caller may have waiting
+    (4, "ip:reader", 3, 3),  # more than the caller's tier may hold
+])
+def test_a_text_that_could_never_be_queued_is_refused_as_invalid_not_full(count, caller, tier_limit, most):
+    queue = RequestQueue(10, max_per_caller=4)  # empty: no wait would ever let it in
+    assert queue.most_per_text(caller, tier_limit) == most
+    with pytest.raises(InvalidRequest) as raised:
+        queue.check(count, caller=caller, tier_limit=tier_limit)
+    assert raised.value.code == "text_above_queue_capacity" and raised.value.retry_after_s is None
+    assert f"at most {most}" in raised.value.message
+    queue.check(most, caller=caller, tier_limit=tier_limit)  # as many as fit: accepted
+
+
+def test_put_many_refuses_more_items_than_the_queue_holds_as_invalid():
+    queue = RequestQueue(3)
+    with pytest.raises(InvalidRequest):
+        queue.put_many([make_item(10) for _ in range(4)])
+    assert len(queue) == 0
 
 
 def test_cancelled_items_are_dropped_and_expired_items_fail():

@@ -97,3 +97,17 @@ def test_the_front_end_runs_for_the_voices_language_and_the_cache_keys_on_what_i
     with pytest.raises(InvalidRequest) as raised:
         speak("😀\n```\ncode\n```")
     assert raised.value.param == "input" and "nothing to speak" in raised.value.message
+
+
+def test_a_text_that_says_more_than_the_spoken_limit_is_refused_before_any_work():
+    engine = CountingEngine()
+    service = SpeechService(Settings(max_spoken_chars=100, voice_aliases={}, model_aliases={}), [engine], Metrics())
+    digits = "9" * 30  # 30 characters, said one by one: "nine nine ..." (149)
+    with pytest.raises(InvalidRequest) as raised:
+        asyncio.run(service.synthesize(f"Total: {digits}.", "fake-voice"))
+    assert raised.value.code == "spoken_text_above_max_length" and raised.value.param == "input"
+    assert "the limit is 100" in raised.value.message and raised.value.retry_after_s is None
+    assert engine.tokenized == 0
+    ssml = f'<speak><say-as interpret-as="cardinal">{digits}</say-as></speak>'
+    with pytest.raises(InvalidRequest, match="once its numbers"):
+        asyncio.run(service.synthesize(ssml, "fake-voice"))

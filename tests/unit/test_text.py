@@ -73,6 +73,37 @@ def test_ramp_up_starts_short_and_doubles_without_losing_or_cutting_words():
     assert ramp_up(["Short."], 24, 120) == ["Short."]
 
 
+SHORT_SENTENCES = " ".join(["Yes.", "No.", "Maybe.", "Sure!", "Why?"] * 120)  # 600 sentences, 2,999 characters
+
+
+def test_many_short_sentences_are_packed_into_few_pieces_losing_no_word():
+    chunks = split_chunks(SHORT_SENTENCES, 400, most=32)
+    assert len(chunks) <= 32 and all(len(chunk) <= 400 for chunk in chunks)
+    assert " ".join(chunks).split() == SHORT_SENTENCES.split()
+    assert all(chunk.endswith((".", "!", "?")) for chunk in chunks)  # packed whole sentences
+
+
+def test_texts_with_few_sentences_are_not_packed():
+    assert split_chunks("One. Two! Three? Four", 100, most=32) == ["One.", "Two!", "Three?", "Four"]
+
+
+def test_packed_lines_keep_a_pause_between_them():
+    lines = "\n".join(f"Item {number}" for number in range(100))
+    chunks = split_chunks(lines, 400, most=10)
+    assert len(chunks) <= 10 and chunks[0].startswith("Item 0, Item 1, Item 2")
+
+
+def test_as_few_pieces_as_the_size_allows_when_the_budget_cannot_be_met():
+    chunks = split_chunks(SHORT_SENTENCES, 400, most=2)
+    assert all(len(chunk) <= 400 for chunk in chunks) and len(chunks) <= 2 * len(SHORT_SENTENCES) // 400 + 1
+
+
+def test_a_stream_cuts_its_first_packed_piece_at_a_sentence():
+    chunks = ramp_up(split_chunks(SHORT_SENTENCES, 400, most=32), 24, 400)
+    assert chunks[0] == "Yes. No. Maybe. Sure!"
+    assert " ".join(chunks).split() == SHORT_SENTENCES.split()
+
+
 @pytest.mark.parametrize(("text", "cut"), [
     ("One. Two", ("One.", " Two")),
     ("One. Two! Three", ("One. Two!", " Three")),

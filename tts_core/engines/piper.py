@@ -102,10 +102,16 @@ class PiperEngine(Engine):
                 for phonemes in self._phonemes(text)]
 
     def _phonemes(self, text: str) -> list[list[str]]:
-        """Each sentence's phonemes, those the voice has no id for left out (as phonemes_to_ids does)."""
+        """The text's phonemes as one model input (none if it has none), those the voice has no id for left
+        out (as phonemes_to_ids does). The sentences espeak finds are joined with a word break: the scheduler
+        has cut the text into the pieces it queues, short sentences packed together (tts_core.text)."""
         id_map = self.config.phoneme_id_map
         sentences = self._front_end.phonemize(self._with_phonemes(text))
-        return [[phoneme for phoneme in phonemes if phoneme in id_map] for phonemes in sentences if phonemes]
+        joined: list[str] = []
+        for phonemes in sentences:
+            kept = [phoneme for phoneme in phonemes if phoneme in id_map]
+            joined += [" ", *kept] if joined and kept else kept
+        return [joined] if joined else []
 
     def tokenize_words(self, text: str, voice: str) -> list[tuple[np.ndarray, np.ndarray]]:
         """Phonemes map to words by tts_core.engines.alignment.unit_words (the phonemes between " " are

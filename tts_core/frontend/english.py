@@ -237,7 +237,7 @@ def dotted(tokens: list[Token], index: int) -> Found:
             return index + 1, spoken, "date_normalization"
     if sizes == [3, 3, 4]:
         return index + 1, ", ".join(map(digits, groups)), "phone_normalization"
-    if len(groups) == 4 and all(int(group) <= 255 for group in groups):
+    if len(groups) == 4 and all(len(group) <= 3 and int(group) <= 255 for group in groups):
         return index + 1, " dot ".join(map(cardinal, groups)), "number_normalization"
     return index + 1, " point ".join(map(cardinal, groups)), "number_normalization"
 
@@ -334,10 +334,10 @@ def money(tokens: list[Token], index: int) -> Found:
         spoken = f"{number_words(written)} {scale} {units}"
     elif not fraction or len(fraction) > 2:
         spoken = f"{number_words(written)} {unit if written == '1' else units}"
-    else:
-        major, minor = int(whole), int(fraction.ljust(2, "0"))
-        said = [f"{cardinal(whole)} {unit if major == 1 else units}"] if major or not minor else []
-        said += [f"{cardinal(str(minor))} {cent if minor == 1 else cents}"] if minor else []
+    else:  # compared as written: int() refuses numbers of over 4,300 digits
+        major, minor = whole.lstrip("0"), fraction.ljust(2, "0").lstrip("0")
+        said = [f"{cardinal(whole)} {unit if major == '1' else units}"] if major or not minor else []
+        said += [f"{cardinal(minor)} {cent if minor == '1' else cents}"] if minor else []
         spoken = " and ".join(said)
     return end, ("minus " if negative else "") + spoken, "currency_normalization"
 
@@ -468,18 +468,23 @@ def say_as(written: str, interpret_as: str, date_format: str | None) -> str | No
     if interpret_as in ("cardinal", "number"):
         negative = numeric[:1] in MINUS
         number = numeric[1:] if negative else numeric
-        if number.replace(".", "", 1).isdigit() and number[:1] in DIGITS:
+        if _ascii_digits(number.replace(".", "", 1)) and number[:1] in DIGITS:
             return ("minus " if negative else "") + number_words(number)
         return None
     if interpret_as == "ordinal":
         number = numeric.rstrip(".").removesuffix("th").removesuffix("st").removesuffix("nd").removesuffix("rd")
-        return ordinal(number) if number.isdigit() else None
+        return ordinal(number) if _ascii_digits(number) else None
     if interpret_as == "telephone":
         groups = [group for group in "".join(char if char in DIGITS else " " for char in written).split()]
         return ("plus " if written.startswith("+") else "") + ", ".join(map(digits, groups)) if groups else None
     if interpret_as == "date":
         return _say_as_date(written, date_format or "mdy")
     return None
+
+
+def _ascii_digits(written: str) -> bool:
+    """0-9 only, at least one ("²".isdigit() is true too, and no number words can say it)."""
+    return bool(written) and all(char in DIGITS for char in written)
 
 
 def _say_as_date(written: str, date_format: str) -> str | None:
@@ -490,6 +495,8 @@ def _say_as_date(written: str, date_format: str) -> str | None:
     if len(numbers) != len(date_format):
         return None
     values = dict(zip(date_format, numbers))
+    if any(len(values.get(part, "")) > 2 for part in "md"):
+        return None
     month = int(values["m"]) if "m" in values else None
     if month is not None and not 1 <= month <= 12:
         return None

@@ -6,6 +6,7 @@ from num2words import num2words
 
 MAX_CARDINAL_DIGITS = 15  # longer digit strings are read digit by digit
 DIGIT_WORDS = {str(digit): num2words(digit, lang="en") for digit in range(10)}
+ORDINAL_DIGIT_WORDS = {str(digit): num2words(digit, lang="en", to="ordinal") for digit in range(10)}
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December")
 MONTH_NAMES = {**{month: month for month in MONTHS}, **{month[:3]: month for month in MONTHS}, "Sept": "September"}
@@ -60,11 +61,16 @@ def digits(written: str) -> str:
 
 
 def ordinal(whole: str) -> str:
+    """1st to the 15-digit numbers in words; a longer one digit by digit, its last digit an ordinal
+    ("one two ... third": no int() of a number of any length)."""
+    if len(whole) > MAX_CARDINAL_DIGITS:
+        return f"{digits(whole[:-1])} {ORDINAL_DIGIT_WORDS[whole[-1]]}"
     return num2words(int(whole), lang="en", to="ordinal").replace(",", "")
 
 
 def year(whole: str) -> str:
-    return num2words(int(whole), lang="en", to="year").replace(",", "")
+    """A year as said ("nineteen ninety"); a number longer than a year's as cardinal() says it."""
+    return num2words(int(whole), lang="en", to="year").replace(",", "") if len(whole) <= 4 else cardinal(whole)
 
 
 def is_year(written: str) -> bool:
