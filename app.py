@@ -27,7 +27,7 @@ from admin.lexicon import LexiconControl
 from admin.ui import build_admin_tab
 from api import build_api
 from api.access import AccessControl
-from api.connections import request_deadline_protocol
+from api.connections import AnsweredHandshakeProtocol, bounded_http_protocol
 from api.logs import redacting_handler
 from api.wyoming import WyomingServer
 from clones import stored_clones
@@ -213,9 +213,11 @@ def main() -> None:
     # proxy_headers off: uvicorn would otherwise believe X-Forwarded-For from 127.0.0.1; Chorus
     # decides which proxies to believe itself (TTS_TRUSTED_PROXIES).
     # http: h11 with a deadline for each request to arrive whole (TTS_HEADER_TIMEOUT_S), so that
-    # connections trickling a byte at a time are closed; idle keep-alive ones close after 5 s.
+    # connections trickling a byte at a time are closed, and a bound on each request's line and headers;
+    # idle keep-alive ones close after 5 s. ws: websockets, with the handshakes it refuses answered and closed.
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                log_config=None, proxy_headers=False, http=request_deadline_protocol(settings.header_timeout_s))
+                log_config=None, proxy_headers=False, http=bounded_http_protocol(settings.header_timeout_s),
+                ws=AnsweredHandshakeProtocol)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,8 @@ def build_api(service: SpeechService, access: AccessControl, request_log: Reques
     app.state.access = access
     app.state.request_log = request_log
     app.state.clones = VoiceClones(access.storage, service)
-    app.state.open_sockets = OpenSockets(service.settings.ws_max_per_caller)
+    app.state.open_sockets = OpenSockets("WebSockets", service.settings.ws_max_per_caller,
+                                         service.settings.ws_max_connections)
     install_error_handlers(app)
     app.include_router(speech.router)
     app.include_router(speech_socket.router)

@@ -5,8 +5,10 @@ says `flush` (the default). The server answers each utterance with a `started` e
 audio frames (one streamable file per utterance), a `progress` event per sentence and a `done`
 event. Anything wrong with a message (malformed, nested too deeply, over TTS_MAX_BODY_BYTES, of
 the wrong type) is answered with an `error` event; the socket stays open. A caller may hold
-TTS_WS_MAX_PER_CALLER sockets open; one with no client message and nothing spoken for
-TTS_WS_IDLE_TIMEOUT_S is closed (1001).
+TTS_WS_MAX_PER_CALLER sockets open, and all callers TTS_WS_MAX_CONNECTIONS; one with no client message and
+nothing spoken for TTS_WS_IDLE_TIMEOUT_S is closed (1001). A web page may open one only from the server's own
+origin or one in TTS_ALLOWED_ORIGINS (403 otherwise). The caller's key is checked again for each message: once
+it is revoked, the socket's work ends with an `error` event (invalid_api_key) and the socket closes (1008).
 
     {"text": "Hello", "flush": false}       buffer text
     {"text": " world.", "voice": "alloy"}   buffer, then speak the buffer with this voice
@@ -20,14 +22,17 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from tts_core.access import Caller
 from tts_core.audio import FORMATS
-from tts_core.errors import ChorusError, InvalidRequest, SynthesisError
+from tts_core.errors import ChorusError, InvalidRequest, SynthesisError, Unauthorized
 from tts_core.frontend import NormalizationOptions, requested
 from tts_core.script import Reading
 from tts_core.service import SentenceStream, SpeechService, check_format
@@ -86,26 +91,50 @@ class Utterance:
 
 
 def _error_event(error: ChorusError, utterance: int | None = None) -> dict:
-    return {"type": "error", **({"id": utterance} if utterance is not None else {}), **error.body()}
+    """OpenAI's error shape as an event; a refusal that may pass later says when, as HTTP's Retry-After does."""
+    retry = {"retry_after_s": error.retry_after_s} if error.retry_after_s is not None else {}
+    return {"type": "error", **({"id": utterance} if utterance is not None else {}), **error.body(), **retry}
+
+
+def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> bool:
+    """Whether a web page from `origin` may use the socket, which then speaks (and spends the limits) of whoever
+    visits it: the server's own pages (Origin's host and port are the Host header's) and those of the origins
+    in TTS_ALLOWED_ORIGINS ("*": any). A client that sends no Origin is not a browser page: allowed."""
+    if origin is None:
+        return True
+    origin = origin.strip().rstrip("/").lower()
+    if "*" in allowed or origin in (entry.strip().rstrip("/").lower() for entry in allowed):
+        return True
+    return bool(host) and urlsplit(origin).netloc == host.strip().lower()
 
 
 @router.websocket("/v1/audio/speech/stream")
 @router.websocket("/stream")
 async def speech_socket(socket: WebSocket) -> None:
     access, open_sockets = socket.app.state.access, socket.app.state.open_sockets
+    origin = socket.headers.get("origin")
+    if not origin_allowed(origin, socket.headers.get("host"), socket.app.state.service.settings.allowed_origins):
+        log.info("websocket refused: Origin %r is neither this server's nor in TTS_ALLOWED_ORIGINS", origin)
+        await socket.close(code=1008)  # before accepting: the handshake is answered 403
+        return
     await socket.accept()
     token = socket.query_params.get("api_key")
     authorization = f"Bearer {token}" if token else socket.headers.get("authorization")
     peer = socket.client.host if socket.client else None
+    forwarded_for = socket.headers.get("x-forwarded-for")
+
+    def identify() -> Caller:
+        return access.identify(authorization, peer, forwarded_for)
+
     try:
-        caller = access.identify(authorization, peer, socket.headers.get("x-forwarded-for"))
+        caller = identify()
         open_sockets.open(caller.identity)
     except ChorusError as refusal:
         await socket.send_json(_error_event(refusal))
         await socket.close(code=1008)
         return
     try:
-        await SpeechConnection(socket, caller).serve()
+        await SpeechConnection(socket, caller, identify).serve()
     finally:
         open_sockets.close(caller.identity)
 
@@ -121,8 +150,8 @@ def _invalid_message(invalid: ValidationError) -> ChorusError:
 class SpeechConnection:
     """One speech WebSocket: reads the client's messages, queues its utterances, sends their audio."""
 
-    def __init__(self, socket: WebSocket, caller: Caller):
-        self.socket, self.caller = socket, caller
+    def __init__(self, socket: WebSocket, caller: Caller, identify: Callable[[], Caller]):
+        self.socket, self.caller, self.identify = socket, caller, identify
         self.service: SpeechService = socket.app.state.service
         self.access = socket.app.state.access
         self.settings = self.service.settings
@@ -134,6 +163,7 @@ class SpeechConnection:
 
     async def serve(self) -> None:
         writer = asyncio.ensure_future(self._write())
+        revoked: Unauthorized | None = None
         try:
             if (message := await self._read_query()) is not None:  # settings; text there is spoken at once
                 await self._take(message)
@@ -149,6 +179,8 @@ class SpeechConnection:
                     await self._take(message)
         except WebSocketDisconnect:
             pass
+        except Unauthorized as refusal:
+            revoked = refusal
         finally:
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
@@ -156,6 +188,11 @@ class SpeechConnection:
                 utterance = self.pending.get_nowait()
                 utterance.stream.close()
                 self._account(499, utterance.accepted_at, utterance.characters, utterance.stream.voice.name)
+        if revoked is not None:  # said once nothing else is being sent
+            log.info("websocket of %s closed: its API key was revoked", self.caller.identity)
+            with suppress(WebSocketDisconnect):  # the client may have left meanwhile
+                await self._refuse(revoked)
+                await self.socket.close(code=1008, reason="API key revoked")
 
     async def _next_message(self) -> dict | None:
         """The client's next message; None once the socket has been idle for ws_idle_timeout_s."""
@@ -202,7 +239,13 @@ class SpeechConnection:
             return await self._refuse(_invalid_message(invalid))
 
     async def _take(self, message: SocketMessage) -> None:
-        """Apply one client message; queue an utterance when it flushes."""
+        """Apply one client message; queue an utterance when it flushes. Unauthorized once the socket's key is
+        revoked: the socket's work ends (serve)."""
+        try:  # the keys are held in memory (api/access.py), refreshed as they change: no storage call here
+            self.caller = self.identify()
+        except Unauthorized:
+            self._account(Unauthorized.status, time.perf_counter(), len(message.text or ""))
+            raise
         session, max_chars = self.session, self.settings.max_chars
         if session.buffered_chars + len(message.text or "") > max_chars:
             return await self._refuse(InvalidRequest(
@@ -259,6 +302,9 @@ class SpeechConnection:
                                             "sentences": len(stream.items), "audio_s": round(audio_s, 3)})
             await socket.send_json({"type": "done", "id": utterance.id, "audio_s": round(audio_s, 3)})
             status = 200
+        except WebSocketDisconnect:  # the client left while this was being sent (status 499): not a failure
+            log.info("websocket utterance %s: the client left before it was sent whole", utterance.id)
+            raise
         except ChorusError as failure:
             status = failure.status
             await self._refuse(failure, utterance.id)

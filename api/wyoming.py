@@ -13,6 +13,13 @@ the same queue, batcher, admission and metrics. Wyoming has no authentication: i
 address ("wyoming:<address>") in TTS_WYOMING_TIER (default: the anonymous tier), one rate-limit hit per
 synthesize or stream. A refusal, or an event that cannot be used, is answered with an `error` event (text,
 code) and the connection stays open; events meant for other services (Wyoming carries many) are ignored.
+
+Anyone who can reach the port may connect, so what a connection holds is bounded: an event whose lengths are not
+whole numbers of bytes within TTS_MAX_BODY_BYTES, or whose header line is over 64 KiB, is answered with an `error`
+event and the connection closed (where the next event starts is unknown); a connection with no whole event
+arriving, or not reading what it is sent, for TTS_WYOMING_IDLE_TIMEOUT_S is closed; an address may hold
+TTS_WYOMING_MAX_PER_CALLER connections, and all of them TTS_WYOMING_MAX_CONNECTIONS (an `error` event, then
+closed, beyond).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from tts_core.service import SpeechService
 from tts_core.text import complete_sentences
 
 from .access import AccessControl
+from .connections import OpenSockets
 
 log = logging.getLogger(__name__)
 
@@ -53,35 +61,44 @@ def error_event(error: ChorusError) -> Event:
     return Error(text=error.message, code=error.code).event()
 
 
+# Refusals after which where the next event starts is unknown: answered, then the connection is closed
+UNREADABLE = ("event_too_large", "invalid_event_length")
+
+
 async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Event | None:
     """The next event (None once the client has gone), read as the wyoming package reads one but bounded,
-    since anyone may connect: InvalidRequest "invalid_event" for a line that is not an event (the next
-    line may be one), "event_too_large" for data and payload over max_bytes (nothing after it can be read)."""
+    since anyone may connect: InvalidRequest "invalid_event" for a line that is not an event, or data that is
+    not a JSON object (the next line may be an event); one of UNREADABLE for a header line over the reader's
+    limit, lengths that are not whole numbers of bytes (1e999, -1, "12") and data and payload over max_bytes."""
     try:
         line = await reader.readline()
-    except ValueError:  # over the reader's 64 KiB limit: asyncio has dropped it
-        raise InvalidRequest("an event's header line is longer than 64 KiB", None, "invalid_event") from None
+    except ValueError:  # over the reader's 64 KiB limit: asyncio has dropped part of it
+        raise InvalidRequest("an event's header line is longer than 64 KiB", None, "event_too_large") from None
     if not line:
         return None
     try:
         header = json.loads(line)
         kind, data = header["type"], header.get("data") or {}
-        lengths = int(header.get("data_length") or 0), int(header.get("payload_length") or 0)
-        if not isinstance(kind, str) or not isinstance(data, dict) or min(lengths) < 0:
+        if not isinstance(kind, str) or not isinstance(data, dict):
             raise ValueError
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # RecursionError: nested too deep
         raise InvalidRequest("not a Wyoming event: send a JSON line with a type", None, "invalid_event") from None
+    lengths = header.get("data_length") or 0, header.get("payload_length") or 0
+    if not all(type(length) is int and length >= 0 for length in lengths):
+        raise InvalidRequest("an event's data_length and payload_length must be whole numbers of bytes", None,
+                             "invalid_event_length")
     if sum(lengths) > max_bytes:
         raise InvalidRequest(f"the event is larger than {max_bytes} bytes", None, "event_too_large")
-    if lengths[0]:
+    more = await reader.readexactly(lengths[0]) if lengths[0] else None
+    payload = await reader.readexactly(lengths[1]) if lengths[1] else None  # read before any refusal: in step
+    if more is not None:
         try:
-            more = json.loads(await reader.readexactly(lengths[0]))
-        except ValueError:  # not JSON, or not UTF-8
+            more = json.loads(more)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
             more = None
         if not isinstance(more, dict):
             raise InvalidRequest("an event's data must be a JSON object", None, "invalid_event")
         data.update(more)
-    payload = await reader.readexactly(lengths[1]) if lengths[1] else None
     return Event(type=kind, data=data, payload=payload)
 
 
@@ -119,6 +136,9 @@ class WyomingServer:
         self.host, self.port, self.tier = host, port, tier
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task] = set()
+        settings = service.settings
+        self.open_connections = OpenSockets("Wyoming connections", settings.wyoming_max_per_caller,
+                                            settings.wyoming_max_connections)
 
     async def start(self) -> None:
         try:
@@ -145,9 +165,19 @@ class WyomingServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._connections.add(task)
+        connection = WyomingConnection(reader, writer, self)
         try:
-            await WyomingConnection(reader, writer, self).run()
-        except asyncio.CancelledError:  # stop(): nothing awaits this task, and asyncio logs a cancelled one
+            try:
+                self.open_connections.open(connection.caller_name)
+            except ChorusError as refusal:  # over a cap: said, then closed
+                log.info("Wyoming connection from %s refused: %s", connection.address, refusal.message)
+                await connection.write_event(error_event(refusal))
+                return
+            try:
+                await connection.run()
+            finally:
+                self.open_connections.close(connection.caller_name)
+        except (asyncio.CancelledError, ConnectionError):  # stop(), or a refused client gone: nothing awaits this
             pass
         finally:
             self._connections.discard(task)
@@ -157,7 +187,7 @@ class WyomingServer:
         """Looked up at each request: the operator's tiers may change while a connection is open."""
         operator = self.access.operator()
         name = self.tier if self.tier in operator.tiers else operator.anonymous_tier
-        return Caller(f"wyoming:{address}", name, operator.tiers[name])
+        return Caller(caller_name(address), name, operator.tiers[name])
 
     def info(self, caller: Caller) -> Info:
         voices = [TtsVoice(name=voice.name, attribution=ATTRIBUTION, installed=True, version=None,
@@ -170,6 +200,10 @@ class WyomingServer:
                                     supports_synthesize_streaming=True)])
 
 
+def caller_name(address: str) -> str:
+    return f"wyoming:{address}"
+
+
 class WyomingConnection(AsyncEventHandler):
     """One client's connection: its events in order, each answered before the next is read."""
 
@@ -178,20 +212,28 @@ class WyomingConnection(AsyncEventHandler):
         self.server, self.service = server, server.service
         peer = writer.get_extra_info("peername")
         self.address = peer[0] if peer else "unknown"
+        self.caller_name = caller_name(self.address)
+        self.idle_timeout_s = self.service.settings.wyoming_idle_timeout_s
         self.stream: Stream | None = None
 
     async def run(self) -> None:
-        """Events until the client leaves (or sends one too large to skip); a lost client ends it quietly."""
+        """Events until the client leaves, sends one that cannot be read past or stays idle; a lost client ends it
+        quietly."""
         try:
             while True:
                 try:
-                    event = await read_event(self.reader, self.service.settings.max_body_bytes)
+                    async with asyncio.timeout(self.idle_timeout_s):  # the whole event: trickling bytes is idle too
+                        event = await read_event(self.reader, self.service.settings.max_body_bytes)
                 except InvalidRequest as unreadable:
                     await self.write_event(error_event(unreadable))
-                    if unreadable.code == "event_too_large":
+                    if unreadable.code in UNREADABLE:
                         break
                     continue
                 except asyncio.IncompleteReadError:
+                    break
+                except TimeoutError:  # idle, or gone without closing (half-open)
+                    log.info("Wyoming connection from %s closed: no whole event for %g s", self.address,
+                             self.idle_timeout_s)
                     break
                 if event is None:
                     break
@@ -201,6 +243,17 @@ class WyomingConnection(AsyncEventHandler):
         finally:
             if self.stream is not None:  # left mid-stream
                 self._account(self.stream.request, 499)
+
+    async def write_event(self, event: Event) -> None:
+        """One event, or ConnectionAbortedError (a ConnectionError: the client is gone) when the client has not
+        taken its bytes within the idle timeout: it reads nothing, or is gone without closing (half-open)."""
+        try:
+            async with asyncio.timeout(self.idle_timeout_s):
+                await super().write_event(event)
+        except TimeoutError:
+            log.info("Wyoming connection from %s closed: it read nothing for %g s", self.address,
+                     self.idle_timeout_s)
+            raise ConnectionAbortedError("the client reads nothing") from None
 
     async def handle_event(self, event: Event) -> bool:
         try:
@@ -335,7 +388,7 @@ class WyomingConnection(AsyncEventHandler):
         self.service.metrics.request_answered("wyoming", status, time.perf_counter() - request.accepted_at,
                                               request.audio_s)
         if self.server.request_log is not None:
-            self.server.request_log.record(client=f"wyoming:{self.address}", source="wyoming", status=status,
+            self.server.request_log.record(client=self.caller_name, source="wyoming", status=status,
                                            voice=request.voice, characters=request.characters)
 
 
