@@ -7,7 +7,7 @@ import io
 import json
 import logging
 import zipfile
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -50,6 +50,8 @@ def public_job(job: dict) -> dict:
         "request": {key: request[key] for key in ("voice", "model", "speed", "response_format")}
                    | {"characters": len(request["input"]) if "input" in request else request["characters"]},
         "audio_s": job["audio_s"], "expired": expired,
+        # when it fails if not done (jobs from before deadlines: the server's setting applies, not shown)
+        "deadline_at": _unix(created + timedelta(seconds=request["deadline_s"])) if "deadline_s" in request else None,
         "audio_url": f"/v1/audio/jobs/{job['id']}/audio" if job["status"] == "succeeded" and not expired else None,
     }
 
@@ -61,7 +63,8 @@ def _own_job(request: Request, job_id: str, caller: Caller) -> dict:
     return job
 
 
-def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int = 0) -> dict:
+def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int = 0,
+           deadline_s: float | None = None) -> dict:
     """Validate now (a bad request fails at once, not in the background), then queue."""
     service = request.app.state.service
     if body.stream or body.stream_format is not None:
@@ -73,14 +76,14 @@ def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int 
                                             "speed": body.speed, "response_format": body.response_format,
                                             "sample_rate": body.sample_rate,
                                             "normalization": normalization.model_dump(),
-                                            "input_type": body.input_type}, priority)
+                                            "input_type": body.input_type, "deadline_s": deadline_s}, priority)
 
 
 @router.post("/v1/audio/jobs", status_code=202, responses=error_responses(400, 401, 429, 503))
 async def create_job(body: JobRequest, request: Request, response: Response,
                      admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
     caller, limit = admission
-    job = await asyncio.to_thread(_queue, request, body, caller, body.priority)
+    job = await asyncio.to_thread(_queue, request, body, caller, body.priority, body.deadline_s)
     response.headers["Location"] = f"/v1/audio/jobs/{job['id']}"
     response.headers.update(limit.headers() if limit else {})
     return public_job(job)

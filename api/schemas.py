@@ -90,6 +90,8 @@ class JobRequest(SpeechRequest):
 
     priority: int = Field(0, ge=-10, le=10, description="order among the caller's own jobs (higher first); "
                                                          "never above the caller's tier")
+    deadline_s: float | None = Field(None, gt=0, description="seconds after queueing by which the job must be done, "
+                                     "else it fails (default and most: the server's TTS_JOB_DEADLINE_S)")
 
 
 class BatchRequest(BaseModel):

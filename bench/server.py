@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,15 +42,17 @@ class ServerProcess:
 UNLIMITED_ANONYMOUS = '{"anonymous_tier": "enterprise"}'
 
 
-def start_server(data_dir: Path, ready_timeout_s: float = 180, **settings: str) -> ServerProcess:
-    """`python app.py` with TTS_<KEY>=value for each setting; returns once /ready answers 200."""
+def start_server(data_dir: Path, ready_timeout_s: float = 180, wrapper: Sequence[str] = (), **settings: str
+                 ) -> ServerProcess:
+    """`python app.py` with TTS_<KEY>=value for each setting (run by `wrapper`, a command that runs another, if
+    given); returns once /ready answers 200."""
     data_dir.mkdir(parents=True, exist_ok=True)
     settings.setdefault("operator_defaults", UNLIMITED_ANONYMOUS)
     port = free_port()
     env = {**os.environ, "TTS_HOST": "127.0.0.1", "TTS_PORT": str(port), "TTS_DATA_DIR": str(data_dir),
            "TTS_LOG_LEVEL": "warning", "GRADIO_ANALYTICS_ENABLED": "False",
            **{f"TTS_{key.upper()}": str(value) for key, value in settings.items()}}
-    return _start([sys.executable, "app.py"], env, port, data_dir, ready_timeout_s)
+    return _start([*wrapper, sys.executable, "app.py"], env, port, data_dir, ready_timeout_s)
 
 
 def start_ray_peer(data_dir: Path, voice: str, voices_file: Path | None = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -19,7 +20,7 @@ from alembic.config import Config
 from alembic.util.exc import CommandError
 from sqlalchemy import and_, create_engine, delete, event, func, or_, select, text, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
+from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .models import (
@@ -52,6 +53,13 @@ class StorageError(Exception):
 # What a database failure looks like from here: the driver's errors as SQLAlchemy wraps them, and the
 # file system's under SQLite.
 FAILURES = (DBAPIError, OSError)
+# Failures that leave a connection unusable although the database may be well again: SQLite opens a file it
+# cannot write read-only and keeps that connection read-only for good (SQLITE_READONLY), and after an I/O error
+# or a journal it could not open (IOERR, CANTOPEN) its view of the file may be stale; Postgres answers 25006 on
+# a connection to a server that has become a read-only standby. pool_pre_ping passes all of these (a SELECT
+# works), so the connection, and the pool's others opened under the same fault, are dropped when one is seen.
+SQLITE_STALE_CODES = {8, 10, 14}  # primary result codes: READONLY, IOERR, CANTOPEN
+POSTGRES_STALE_STATES = {"25006"}  # read_only_sql_transaction
 
 
 @contextmanager
@@ -90,6 +98,9 @@ class Storage:
             raise StorageError(f"not a usable database URL: {error}") from None
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+            if (database := self.engine.url.database) and database != ":memory:":
+                _renew_read_only_connections(self.engine, database)
+        event.listen(self.engine, "handle_error", _drop_stale_connections)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager
@@ -296,12 +307,14 @@ class Storage:
                  "seen_s_ago": round((now - _aware(row.seen_at)).total_seconds(), 1), "figures": _loads(row.figures)}
                 for row in rows]
 
-    def renew_leases(self, owner: str, job_ids: list[str], lease_s: float) -> None:
-        """The owner still runs these jobs: their leases hold lease_s from now."""
-        if not job_ids:
+    def renew_leases(self, owner: str, attempts: dict[str, int], lease_s: float) -> None:
+        """The owner still runs these attempts (job id -> attempt): the leases it still holds last lease_s
+        from now; one another replica has taken over since stays that one's."""
+        if not attempts:
             return
+        held = or_(*(and_(Job.id == job_id, Job.attempts == attempt) for job_id, attempt in attempts.items()))
         with self._transaction(write=True) as session:
-            session.execute(update(Job).where(Job.id.in_(job_ids), Job.status == "running", Job.lease_owner == owner)
+            session.execute(update(Job).where(held, Job.status == "running", Job.lease_owner == owner)
                             .values(lease_until=_now() + timedelta(seconds=lease_s)))
 
     def requeue_expired(self, owner: str | None = None) -> int:
@@ -319,16 +332,19 @@ class Storage:
         never was). Whatever a running attempt does afterwards, this row stays cancelled."""
         return self._move_job(job_id, ("queued", "running"), "cancelled", finished_at=_now())
 
-    def finish_job(self, job_id: str, status: str, **fields: Any) -> dict | None:
-        """running -> succeeded, failed or back to queued; None when the job is no longer running
-        (a cancel came first, and wins)."""
+    def finish_job(self, job_id: str, holder: str, attempt: int, status: str, **fields: Any) -> dict | None:
+        """running -> succeeded, failed or back to queued, by the lease's holder: the replica and attempt
+        that claimed it last. None when the job is no longer that attempt's (a cancel came first and wins,
+        or the lease ran out and the job was queued again or taken by another attempt: that one's row)."""
         if status != "queued":
             fields.setdefault("finished_at", _now())
-        return self._move_job(job_id, ("running",), status, **fields)
+        return self._move_job(job_id, ("running",), status, Job.lease_owner == holder, Job.attempts == attempt,
+                              **fields)
 
-    def _move_job(self, job_id: str, sources: tuple[str, ...], status: str, **fields: Any) -> dict | None:
+    def _move_job(self, job_id: str, sources: tuple[str, ...], status: str, *conditions: Any,
+                  **fields: Any) -> dict | None:
         with self._transaction(write=True) as session:
-            moved = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(sources))
+            moved = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(sources), *conditions)
                                     .values(status=status, **fields)).rowcount
             return _job_dict(session.get(Job, job_id)) if moved else None
 
@@ -569,6 +585,29 @@ def _audit_dict(entry: AuditEntry) -> dict:
     return {"at": _iso(entry.at), "actor": entry.actor, "action": entry.action, "key": entry.key,
             "old_value": None if entry.old_value is None else _loads(entry.old_value),
             "new_value": None if entry.new_value is None else _loads(entry.new_value)}
+
+
+def _renew_read_only_connections(engine: Engine, database: str) -> None:
+    """A connection SQLite opened read-only (its file was not writable then) is replaced by a fresh one at its
+    first use after the file is writable again, before any write of its fails."""
+    @event.listens_for(engine, "connect")
+    def opened(_dbapi_connection, record) -> None:
+        record.info["read_only_file"] = not os.access(database, os.W_OK)
+
+    @event.listens_for(engine, "checkout")
+    def checked_out(_dbapi_connection, record, _proxy) -> None:
+        if record.info.get("read_only_file") and os.access(database, os.W_OK):
+            raise DisconnectionError("opened while the file was read-only; it is writable now")
+
+
+def _drop_stale_connections(context) -> None:
+    """A failure that leaves its connection unusable counts as a disconnect: SQLAlchemy then drops the
+    connection and renews the pool's others, so the database works again here as soon as it does."""
+    error = context.original_exception
+    code = getattr(error, "sqlite_errorcode", None)
+    if (code is not None and code & 0xFF in SQLITE_STALE_CODES) or getattr(error, "sqlstate", None) in \
+            POSTGRES_STALE_STATES:
+        context.is_disconnect = True
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -24,10 +24,11 @@ from api.jobs import public_job
 from storage import Storage, StorageError
 from storage.models import Job
 from tests.fakes import FakeEngine
+from tests.serve import wait_until
 from tts_core.access import Caller, Tier
 from tts_core.config import Settings
 from tts_core.degrade import OperatorSettings
-from tts_core.errors import Overloaded
+from tts_core.errors import Degraded, InvalidRequest, Overloaded
 from tts_core.metrics import Metrics
 from tts_core.service import SpeechService
 
@@ -69,9 +70,9 @@ class WatchedStorage(Storage):
     def cancel_job(self, job_id):
         return self._tell(super().cancel_job(job_id))
 
-    def finish_job(self, job_id, status, **fields):
+    def finish_job(self, job_id, holder, attempt, status, **fields):
         self.before_finish(job_id, status)
-        moved = super().finish_job(job_id, status, **fields)
+        moved = super().finish_job(job_id, holder, attempt, status, **fields)
         self.finishes.append((job_id, status, moved is not None))
         return self._tell(moved)
 
@@ -194,6 +195,74 @@ def test_overload_puts_the_job_back_until_its_retry_after_without_spending_an_at
     assert calls[1] - calls[0] >= 0.9 and calls[2] - calls[1] >= 0.9  # not before its Retry-After
 
 
+def cap_refusal(retry_after_s: float = 1) -> Degraded:
+    return Degraded("the server is under heavy load: texts of up to 300 characters are accepted now (this one has "
+                    "600)", retry_after_s, "degraded_text_limit", "input")
+
+
+def test_a_degrade_mode_refusal_delays_the_job_until_the_mode_allows_it_without_spending_attempts(world):
+    storage, make = world
+    service, runner = make(job_max_attempts=1)  # one spent attempt would end it
+    speak, calls = service.speak, []
+
+    async def degraded_three_times(*args, **options):
+        calls.append(time.monotonic())
+        if len(calls) <= 3:  # longer than the 2 s and 4 s a retry used to wait: the episode lasts what it lasts
+            raise cap_refusal()
+        return await speak(*args, **options)
+
+    service.speak = degraded_three_times
+    job = runner.submit(CALLER, request())
+    done = run_until(runner, storage, job, "succeeded")
+    assert done["attempts"] == 1 and done["error"] is None and len(calls) == 4
+    assert all(later - earlier >= 0.9 for earlier, later in zip(calls, calls[1:]))  # each after its Retry-After
+
+
+def test_a_job_kept_waiting_past_its_deadline_fails_with_the_reason(world):
+    storage, make = world
+    service, runner = make()
+
+    async def always_degraded(*args, **options):
+        raise cap_refusal(retry_after_s=3600)  # the mode's expected end is far off
+
+    service.speak = always_degraded
+    job = runner.submit(CALLER, {**request(), "deadline_s": 1.5})
+    failed = run_until(runner, storage, job, "failed")
+    assert "not done within its deadline (1.5 s after it was queued)" in failed["error"]
+    assert "texts of up to 300 characters are accepted now" in failed["error"]  # why it waited
+    waited_s = (failed["finished_at"] - failed["created_at"]).total_seconds()
+    assert 1.5 <= waited_s < 30  # at its deadline, not at the refusal's Retry-After
+
+
+def test_a_deadline_longer_than_the_servers_is_refused(world):
+    _, make = world
+    _, runner = make(job_deadline_s=600)
+    with pytest.raises(InvalidRequest) as raised:
+        runner.submit(CALLER, {**request(), "deadline_s": 601})
+    assert raised.value.param == "deadline_s" and "600" in raised.value.message
+    assert runner.submit(CALLER, request())["request"]["deadline_s"] == 600  # the server's, kept in the job
+
+
+def test_after_a_refusal_for_load_the_runner_claims_nothing_new_until_its_retry_after(world):
+    """A refused job frees its place at once; offering the next job at once would only be refused too (and
+    counted as more load): the runner waits the Retry-After the server gave."""
+    storage, make = world
+    service, runner = make(job_concurrency=1)
+    speak, calls = service.speak, []
+
+    async def refused_once(text, *args, **options):
+        calls.append((text, time.monotonic()))
+        if len(calls) == 1:
+            raise Overloaded("the predicted wait is 18 s, over this server's target of 10 s; retry after 1 s", 1)
+        return await speak(text, *args, **options)
+
+    service.speak = refused_once
+    first, second = runner.submit(CALLER, request("first")), runner.submit(CALLER, request("second"))
+    run(runner, lambda: until(storage, lambda: all(storage.job(job["id"])["status"] == "succeeded"
+                                                   for job in (first, second))))
+    assert calls[0][0] == "first" and calls[1][1] - calls[0][1] >= 0.9
+
+
 def test_a_full_disk_puts_the_job_back_and_leaves_no_partial_file(world, tmp_path, monkeypatch):
     storage, make = world
     _, runner = make(job_max_attempts=2)
@@ -227,6 +296,87 @@ def test_a_finish_the_database_refuses_is_retried_until_it_is_taken(world, tmp_p
     done = run_until(runner, storage, runner.submit(CALLER, request()), "succeeded")
     assert refusals == ["succeeded"] * 3 and done["attempts"] == 1
     assert files(tmp_path / "results") == [Path(done["result_path"]).name]
+
+
+def test_a_storage_outage_is_logged_once_with_a_count_and_the_loop_backs_off(world, monkeypatch, caplog):
+    storage, make = world
+    monkeypatch.setattr(jobs, "POLL_S", 0.02)  # the backoff's first step (speed only)
+    _, runner = make()
+    refusals = []
+
+    def disk_full(job_id, status):
+        if len(refusals) < 5:
+            refusals.append(time.monotonic())
+            raise StorageError("OperationalError: database or disk is full")
+
+    storage.before_finish = disk_full
+    job = runner.submit(CALLER, request())
+
+    async def until_recorded_and_over():
+        await until(storage, status_is(storage, job, "succeeded"))
+        assert await asyncio.to_thread(wait_until, lambda: runner.outage.since is None, WAIT_S)
+
+    with caplog.at_level("INFO", logger="jobs"):
+        run(runner, until_recorded_and_over)
+    lines = [record.getMessage() for record in caplog.records if record.levelname in ("WARNING", "ERROR")]
+    assert len(lines) == 2, lines  # not a line per failed write
+    assert "storage unavailable" in lines[0] and "disk is full" in lines[0]
+    assert "storage works again" in lines[1] and "(5 failed calls)" in lines[1]
+    gaps = [later - earlier for earlier, later in zip(refusals, refusals[1:])]
+    assert gaps[-1] > 2 * gaps[0]  # the tries spread out as the outage lasts
+
+
+def test_the_outage_backoff_grows_with_its_length_up_to_a_cap():
+    now = [100.0]
+    outage = jobs.StorageOutage(clock=lambda: now[0])
+    assert outage.retry_in_s() == jobs.POLL_S  # no outage
+    outage.failed("a write", StorageError("disk full"))
+    waits = []
+    for _ in range(12):
+        waits.append(outage.retry_in_s())
+        now[0] += waits[-1]
+        outage.failed("a write", StorageError("disk full"))
+    assert waits[:4] == [jobs.POLL_S, jobs.POLL_S, 2 * jobs.POLL_S, 4 * jobs.POLL_S]  # doubling
+    assert waits[-1] == jobs.STORAGE_RETRY_MAX_S and max(waits) == jobs.STORAGE_RETRY_MAX_S  # capped
+    assert outage.failures == 13
+    outage.ended()
+    assert outage.since is None and outage.failures == 0 and outage.retry_in_s() == jobs.POLL_S
+
+
+# --- leases -----------------------------------------------------------------------------------------
+
+def test_an_attempt_whose_lease_passed_to_another_cannot_change_the_job(world, tmp_path):
+    """This replica's attempt 1 is held in the engine past its lease (a paused process); the job is queued
+    again and claimed (attempt 2). Attempt 1's outcome is then a no-op, and its file goes: the job is
+    attempt 2's alone."""
+    storage, make = world
+    engine = FakeEngine()
+    _, runner = make(engine)
+    engine.calls_started = threading.Semaphore(0)
+    engine.gate.clear()
+    job = runner.submit(CALLER, request())
+
+    async def take_over_while_speaking():
+        try:
+            assert await asyncio.to_thread(engine.calls_started.acquire, True, WAIT_S), "never reached the engine"
+            backdate_lease(storage, job["id"])
+            assert storage.requeue_expired() == 1
+            # the same replica's id, a later attempt: only the attempt number tells them apart
+            [taken] = storage.claim_jobs(1, runner.replica, 3600)
+            assert taken["attempts"] == 2
+        finally:
+            engine.gate.set()
+        await until(storage, lambda: (job["id"], "succeeded", False) in storage.finishes)
+
+    run(runner, take_over_while_speaking)
+    row = storage.job(job["id"])
+    assert (row["status"], row["attempts"], row["result_path"]) == ("running", 2, None)
+    assert files(tmp_path / "results") == []
+
+
+def backdate_lease(storage: Storage, job_id: str) -> None:
+    with storage.engine.begin() as connection:
+        connection.execute(update(Job).where(Job.id == job_id).values(lease_until=datetime.now(UTC) - timedelta(1)))
 
 
 # --- cancellation -----------------------------------------------------------------------------------

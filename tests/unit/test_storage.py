@@ -1,20 +1,27 @@
 """Storage on real SQLite files: migrations, settings with audit, request log, failures."""
 
+import json
+import os
 import sqlite3
 import subprocess
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, select
 
 from admin.control import OperatorControl
 from storage import Storage, StorageError, sqlite_url
+from storage.models import Job
 from storage.request_log import RequestLogWriter
 from tests.fakes import FakeEngine
+from tests.serve import require_tools
 from tts_core.config import Settings
 from tts_core.metrics import Metrics
 from tts_core.service import SpeechService
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tables(path) -> set[str]:
@@ -165,3 +172,93 @@ def test_processes_starting_at_once_on_one_sqlite_file_migrate_it_once(tmp_path)
     alone = Storage(sqlite_url(tmp_path / "alone.db"))
     alone.migrate()
     assert Storage(url).revision() == alone.revision()
+
+
+# --- storage that comes back ------------------------------------------------------------------------
+
+# Run in a process of its own: root (as tests often run) writes read-only files anyway, so there the process
+# runs without that privilege (setpriv drops CAP_DAC_OVERRIDE), as a server running as a user does.
+READ_ONLY_SPELL = """
+import json, os, sys
+from storage import Storage, StorageError, sqlite_url
+from storage.models import Job
+
+path = sys.argv[1]
+storage = Storage(sqlite_url(path))
+
+def write(n):
+    try:
+        storage.add_job(f"job_{n}", "ip:x", "pro", 0, {"input": "x"})
+        return "ok"
+    except StorageError as error:
+        return str(error)
+
+outcomes = [write(1)]
+os.chmod(path, 0o444)
+storage.engine.dispose()  # the next connection opens while the file is read-only, as a busy server's new ones do
+outcomes += [write(2), storage.job("job_1")["id"]]  # reads go on
+os.chmod(path, 0o644)
+outcomes += [write(n) for n in range(3, 6)]
+print(json.dumps(outcomes))
+"""
+
+
+def test_writes_work_again_as_soon_as_a_read_only_database_file_is_writable(tmp_path):
+    """SQLite opens a file it cannot write read-only and that connection stays so; pool_pre_ping does not see
+    it. Before the fix, every write on such a pooled connection failed for as long as the process ran."""
+    path = tmp_path / "chorus.db"
+    Storage(sqlite_url(path)).migrate()
+    unprivileged = []
+    if os.geteuid() == 0:
+        require_tools("setpriv", install="apt-get install util-linux")
+        unprivileged = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    done = subprocess.run([*unprivileged, sys.executable, "-c", READ_ONLY_SPELL, str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    outcomes = json.loads(done.stdout)
+    assert outcomes[0] == "ok" and "readonly database" in outcomes[1] and outcomes[2] == "job_1"
+    assert outcomes[3:] == ["ok", "ok", "ok"]  # at once, not after a failed write that finds the stale connection
+
+
+def test_a_connection_left_read_only_is_dropped_at_its_first_failed_write(tmp_path):
+    """A pooled connection that turned read-only (here by SQLite's query_only; a remount or a Postgres failover to
+    a standby do it too) answers every write with SQLITE_READONLY: after the first, a fresh one takes its place."""
+    storage = Storage(sqlite_url(tmp_path / "c.db"))
+    storage.migrate()
+    with storage.engine.connect() as connection:  # the pool's one connection, from now on read-only
+        connection.exec_driver_sql("PRAGMA query_only = ON")
+    with pytest.raises(StorageError, match="readonly database"):
+        storage.add_api_key("p1", "h1", "first", "pro", "ops")
+    assert storage.add_api_key("p2", "h2", "second", "pro", "ops")["name"] == "second"
+
+
+def test_a_stale_lease_holder_cannot_finish_renew_or_put_back_a_job_another_took_over(tmp_path):
+    """Two replicas (two Storage objects on one database). A's lease on attempt 1 ran out while it was paused;
+    B queued the job again and claimed it (attempt 2). Whatever A does afterwards changes nothing."""
+    url = sqlite_url(tmp_path / "shared.db")
+    a, b = Storage(url), Storage(url)
+    a.migrate()
+    job = a.add_job("job_1", "ip:x", "pro", 0, {"input": "x"})
+    [stale] = a.claim_jobs(1, "replica-a", -1)  # its lease already past
+    assert b.requeue_expired() == 1
+    [taken] = b.claim_jobs(1, "replica-b", 3600)
+    assert (stale["attempts"], taken["attempts"]) == (1, 2)
+    lease = lease_until(b, job["id"])
+    a.renew_leases("replica-a", {job["id"]: 1}, 7200)
+    assert a.finish_job(job["id"], "replica-a", 1, "succeeded", result_path="stale.wav") is None
+    assert a.finish_job(job["id"], "replica-a", 1, "queued", attempts=0) is None  # a put-back
+    assert a.finish_job(job["id"], "replica-b", 1, "failed") is None  # the owner alone is not enough
+    row = b.job(job["id"])
+    assert (row["status"], row["attempts"], row["result_path"]) == ("running", 2, None)
+    assert lease_until(b, job["id"]) == lease  # the renewal did not touch B's lease either
+    a.renew_leases("replica-b", {job["id"]: 1}, 7200)  # B's id with A's attempt: no more
+    assert lease_until(b, job["id"]) == lease
+    b.renew_leases("replica-b", {job["id"]: 2}, 7200)
+    assert lease_until(b, job["id"]) > lease
+    assert b.finish_job(job["id"], "replica-b", 2, "succeeded", result_path="job_1.2.wav")["status"] == "succeeded"
+    assert b.claim_jobs(1, "replica-b", 3600) == []  # it ran once
+
+
+def lease_until(storage: Storage, job_id: str) -> datetime:
+    with storage.engine.connect() as connection:
+        return connection.execute(select(Job.lease_until).where(Job.id == job_id)).scalar_one()
