@@ -4,12 +4,12 @@ lexicon, behind a bearer token."""
 from __future__ import annotations
 
 import asyncio
-import json
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
+from api.errors import json_body
 from api.schemas import VoiceName, error_responses
 from storage import AlreadyExists, StorageError
 from tts_core.access import Tier, client_address
@@ -86,10 +86,7 @@ async def get_settings(request: Request, _: str = Depends(require_admin)) -> dic
 @router.put("/settings", response_model=SettingsChanged, responses=error_responses(429, 503),
             openapi_extra=PARTIAL_SETTINGS)
 async def put_settings(request: Request, actor: str = Depends(require_admin)):
-    try:
-        changes = json.loads(await request.body())
-    except ValueError:
-        raise InvalidSetting("the request body is not valid JSON", None, "invalid_json") from None
+    changes = json_body(await request.body(), InvalidSetting)
     if not isinstance(changes, dict) or not changes:
         raise InvalidSetting("send a JSON object of the settings to change", None, "invalid_body")
     settings, entries = await asyncio.to_thread(_control(request).update, changes, actor)

@@ -7,6 +7,7 @@ import functools
 import json
 
 import gradio as gr
+import pydantic_core
 from pydantic import ValidationError
 
 from api.access import AccessControl
@@ -299,7 +300,7 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
                 kind = fields[name].annotation
                 try:
                     value = {int: int, float: float}.get(kind, lambda v: v)(value) if kind in (int, float, str, bool) \
-                        else json.loads(value)
+                        else pydantic_core.from_json(value)  # bounded nesting, unlike json.loads
                 except ValueError as error:
                     return f"Not saved: {name} is not valid ({error})", gr.skip()
                 if value != current[name]:

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+import pydantic_core
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -33,6 +35,19 @@ def unavailable(error: StorageError) -> StorageUnavailable:
     return StorageUnavailable()
 
 
+def json_body(data: bytes, kind: type[ChorusError] = InvalidRequest) -> Any:
+    """A body its route reads itself, parsed as the WebSocket's messages are: pydantic's parser bounds how
+    deeply values nest (json.loads would recurse until Python's stack runs out: a RecursionError, a 500)."""
+    try:
+        return pydantic_core.from_json(data)
+    except ValueError as error:
+        raise _not_json(kind, str(error)) from None
+
+
+def _not_json(kind: type[ChorusError], reason: str) -> ChorusError:
+    return kind(f"the request body is not valid JSON: {reason}", None, "invalid_json")
+
+
 def invalid_input(errors: list[dict], kind: type[ChorusError] = InvalidRequest) -> ChorusError:
     """The first of pydantic's validation errors, in OpenAI's shape (routes, batch items, socket messages)."""
     first = errors[0] if errors else {}
@@ -48,17 +63,25 @@ def invalid_input(errors: list[dict], kind: type[ChorusError] = InvalidRequest) 
     return kind(message, param, first.get("type"))
 
 
-def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+def _invalid_kind(request: Request) -> type[ChorusError]:
     # OpenAI answers invalid requests with 400; the admin API uses 422 for invalid values.
-    kind = InvalidSetting if request.url.path.startswith("/admin/") else InvalidRequest
-    return chorus_response(invalid_input(exc.errors(), kind))
+    return InvalidSetting if request.url.path.startswith("/admin/") else InvalidRequest
+
+
+def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return chorus_response(invalid_input(exc.errors(), _invalid_kind(request)))
 
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI parses a route's JSON body with json.loads and answers any failure but malformed JSON with
+        # a bare 400 "error parsing the body": a body nested past Python's stack is the caller's mistake,
+        # said as json_body says it. Every other RecursionError is a bug: the 500 below, logged.
+        if isinstance(exc.__cause__, RecursionError):
+            return chorus_response(_not_json(_invalid_kind(request), "nested too deeply"))
         return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
     @app.exception_handler(ChorusError)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hmac
 import time
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tts_core.errors import Unauthorized
 from tts_core.service import SpeechService
 
 from .errors import error_response
@@ -63,14 +65,34 @@ async def ready(request: Request, calibrated: bool = Query(
     return JSONResponse({"status": "warming_up"}, status_code=503, headers={"Retry-After": "2"})
 
 
-@router.get("/api/v1/batch/status", tags=["status"])
+async def status_reader(request: Request) -> None:
+    """Who may read the status and metrics (the load, the models, the error rates): anyone, unless API keys
+    are required or TTS_METRICS_TOKEN is set; then the metrics token (a Prometheus scraper's) or any valid
+    API key, else 401. The probes (/health, /ready) stay open."""
+    token, access = _service(request).settings.metrics_token, request.app.state.access
+    if token is None and not access.require_api_key:
+        return
+    authorization = request.headers.get("authorization")
+    scheme, _, given = (authorization or "").partition(" ")
+    if token is not None and scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), token.get_secret_value().encode()):
+        return
+    caller = access.identify(authorization, request.client.host if request.client else None,
+                             request.headers.get("x-forwarded-for"))  # a wrong or revoked key: 401 here
+    if caller.key_id is None:
+        raise Unauthorized("the status and metrics need a key: send Authorization: Bearer <an API key or "
+                           "TTS_METRICS_TOKEN>")
+
+
+@router.get("/api/v1/batch/status", tags=["status"], dependencies=[Depends(status_reader)],
+            responses=error_responses(401))
 async def batch_status(request: Request) -> dict:
     return _service(request).status()
 
 
-@router.get("/metrics", tags=["status"], response_class=Response,
+@router.get("/metrics", tags=["status"], response_class=Response, dependencies=[Depends(status_reader)],
             responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
-                             "description": "Prometheus text format"}})
+                             "description": "Prometheus text format"}, **error_responses(401)})
 async def metrics(request: Request) -> Response:
     return Response(generate_latest(_service(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

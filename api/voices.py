@@ -67,14 +67,16 @@ async def clone_voice(request: Request, response: Response,
                       audio: UploadFile = File(description="3 to 30 s of one speaker: wav, mp3, flac or ogg"),
                       name: str = Form(max_length=128, description="the new voice's name (letters, digits, . _ -)"),
                       model: str = Form(max_length=128, description="a model that can clone (or its family)"),
-                      consent: bool = Form(description="the speaker consents to this clone of their voice"),
+                      consent: str = Form(max_length=16, description="true: the speaker consents to this clone "
+                                          "of their voice (only the word true: not yes, 1 or on)"),
                       text: str | None = Form(None, description="what the clip says (stored with the voice)"),
                       admission: tuple[Caller, RateLimitState | None] = Depends(admitted)) -> dict:
     """Make a voice from a clip, usable by its maker (an admin may make it public). It counts against
     the caller's rate limit like a speech request; the body is bounded by TTS_MAX_BODY_BYTES."""
     caller, limit = admission
     data = await audio.read()
-    record = await _clones(request).create(caller, data, name, model, consent, text)
+    # Consent is a statement, not a checkbox that any truthy word ticks: a form's bool took "yes", "1" and "on".
+    record = await _clones(request).create(caller, data, name, model, consent == "true", text)
     response.headers.update(limit.headers() if limit else {})
     catalogue = request.app.state.service.catalogue
     voice, engine = catalogue.voices[record["name"]]

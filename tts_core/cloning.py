@@ -54,7 +54,9 @@ CONTAINERS = {"wav", "mp3", "flac", "ogg"}  # PyAV's names for what the bytes tu
 # Speech is loud in at least a tenth of its 50 ms windows (-30 to -10 dBFS); a clip whose loudest tenth
 # stays under -50 dBFS is silence, hiss or hum.
 SILENCE_DBFS, WINDOW_S = -50.0, 0.05
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")  # also its file's name: no separators
+# Also its file's name: no separators. Matched whole (fullmatch): with re.match, "$" also matches before a
+# final newline, and "trail\n" became a voice that no request could name.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}")
 PROMPT_KEY = "audio_prompt_latents"
 MAX_TRANSCRIPT_CHARS = 2000
 # How long a refresh waits for engines to take (or drop) the voices made (or deleted) elsewhere: a stuck
@@ -103,7 +105,11 @@ def read_clip(data: bytes) -> Clip:
 def _decoded(container) -> Clip:
     """Decoded and mixed down, stopping as soon as it is too long: a few compressed bytes can hold
     hours of silence, which must not be decoded into memory."""
-    rate = container.streams.audio[0].sample_rate
+    stream = container.streams.audio[0]
+    if stream.codec_context is None:  # a header naming no encoding FFmpeg can decode (0 bits per sample, ...)
+        raise _bad_clip("the clip's header describes audio that cannot be decoded (its encoding, bits per "
+                        "sample or channels); send 16-bit PCM wav, mp3, flac or ogg", "audio_unreadable")
+    rate = stream.sample_rate
     if not rate:
         raise ValueError("no sample rate")
     resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
@@ -221,7 +227,7 @@ class ClonedVoices:
     def reserving(self, name: str, owner: str, catalogue: Catalogue, per_caller: int) -> Iterator[None]:
         """Hold a new voice's name while it is made: 400 for a name that cannot be one, 409 for one
         taken (any voice or alias, or one being made) or when the owner has as many as allowed."""
-        if not NAME_PATTERN.match(name):
+        if not NAME_PATTERN.fullmatch(name):
             raise InvalidRequest("a voice name is 1 to 48 letters, digits, '.', '_' or '-', starting with a "
                                  "letter or digit", "name", "invalid_name")
         with self._lock:

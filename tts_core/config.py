@@ -33,11 +33,15 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None  # unset: the admin tab and API are disabled
     operator_defaults: dict[str, Any] = {}  # JSON: operator settings used until an admin stores others
     require_api_key: bool = False
+    # A bearer token for /metrics and /api/v1/batch/status (Prometheus scrapers). Set, or with require_api_key,
+    # those need it or a valid API key; neither set: they are open.
+    metrics_token: SecretStr | None = None
     trusted_proxies: Annotated[list[str], NoDecode] = []  # proxies whose X-Forwarded-For is believed
     ratelimit_storage: str = "memory://"  # or redis://host:port/db to share counters between replicas
 
     # Request limits
     max_chars: int = Field(5000, ge=1)
+    max_spoken_chars: int = Field(10_000, ge=1)  # the longest an input may be once numbers etc. are said as words
     max_body_bytes: int = Field(1_048_576, ge=1024)
     max_chunk_chars: int = Field(400, ge=20)
     stream_first_chunk_chars: int = Field(24, ge=0)  # streams start with a chunk this short; 0: whole sentences
@@ -47,6 +51,7 @@ class Settings(BaseSettings):
     max_batch_items: int = Field(32, ge=1)  # items in one /v1/audio/speech/batch call
     result_ttl_s: float = Field(3600.0, gt=0)  # how long job results are kept
     job_max_attempts: int = Field(3, ge=1)
+    job_deadline_s: float = Field(3600.0, gt=0)  # jobs not done this long after being queued fail; the most one may ask
     max_job_backlog: int = Field(1000, ge=1)  # queued jobs beyond which submissions answer 503
     job_concurrency: int = Field(4, ge=1)  # jobs in the batcher at once
     job_lease_s: float = Field(30.0, ge=1)  # a running job's claim holds this long unrenewed (a dead replica's returns)
@@ -88,6 +93,10 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(10.0, gt=0)  # an HTTP request's headers and body must arrive whole within this
     ws_idle_timeout_s: float = Field(300.0, gt=0)  # a WebSocket with no message and nothing spoken this long is closed
     ws_max_per_caller: int = Field(8, ge=1)  # WebSockets one caller may hold open
+    ws_max_connections: int = Field(256, ge=1)  # WebSockets open at once, all callers together
+    # Origins (scheme://host[:port]) whose web pages may open the WebSocket; empty: the server's own host only
+    # (Origin's host is the Host header); "*": any. Clients that send no Origin (not browsers) are not affected.
+    allowed_origins: Annotated[list[str], NoDecode] = []
     upload_max_per_caller_per_hour: int = Field(20, ge=0)  # UI file uploads per caller an hour; 0: none
     upload_max_mb_per_caller_per_hour: float = Field(20.0, ge=0)  # their bytes per caller an hour
     upload_max_total_mb: float = Field(256.0, ge=0)  # uploads Gradio keeps on disk, all callers together
@@ -95,6 +104,9 @@ class Settings(BaseSettings):
     # Wyoming (Home Assistant, Rhasspy): off unless a port is set; it binds `host`, and has no authentication
     wyoming_port: int | None = Field(None, ge=1, le=65535)
     wyoming_tier: str | None = None  # the operator tier its callers get; None: the anonymous tier
+    wyoming_idle_timeout_s: float = Field(60.0, gt=0)  # no whole event from the client, or it reads nothing: closed
+    wyoming_max_per_caller: int = Field(8, ge=1)  # connections one address may hold open
+    wyoming_max_connections: int = Field(64, ge=1)  # connections open at once, all addresses together
 
     @field_validator("calibration_sizes", mode="before")
     @classmethod
@@ -108,7 +120,7 @@ class Settings(BaseSettings):
     def _lower_case(cls, value):
         return value.lower() if isinstance(value, str) else value
 
-    @field_validator("trusted_proxies", mode="before")
+    @field_validator("trusted_proxies", "allowed_origins", mode="before")
     @classmethod
     def _comma_separated(cls, value):
         if isinstance(value, str):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import html
-import json
 import logging
 import tempfile
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import gradio as gr
 import numpy as np
+import pydantic_core
 
 from clones import VoiceClones
 from storage import StorageError
@@ -151,7 +151,12 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
 
     def remember(player: str, history: list, subtitle_paths: list | None):
         """The take just made, first in the browser's history; and its files shown (hidden until the first)."""
-        value = json.loads(player or "{}")
+        try:  # the browser's word; pydantic's parser bounds nesting (json.loads recurses until the stack runs out)
+            value = pydantic_core.from_json(player or "{}")
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise gr.Error("that take could not be kept in the history", print_exception=False)
         entry = {key: value.get(key) for key in ("take", "name", "text", "label", "at", "duration_s")}
         kept = takes.entries([entry, *(history or [])], out_dir)
         return kept, takes.history_html(kept, out_dir), gr.File(visible=True), gr.File(visible=bool(subtitle_paths))
