@@ -34,7 +34,7 @@ class SpeechRequest(BaseModel):
     model_config = STRICT | ConfigDict(extra="ignore")  # unknown OpenAI fields are ignored, as OpenAI SDKs add them
 
     model: str = Field(min_length=1, max_length=128, description="A model id or alias (see /v1/models)")
-    input: str = Field(min_length=1, description="The text to speak")
+    input: str = Field(description="The text to speak (an empty one: 400 empty_input)")
     language: str | None = Field(None, min_length=2, max_length=35, pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$",
                                  description="BCP 47 or ISO 639 (en, en-US, fr): with no voice, picks one that "
                                              "speaks it; with a voice of another language, a 400")

@@ -14,7 +14,16 @@ from .config import Settings
 from .degrade import DegradeController
 from .engines import Voice
 from .errors import Degraded, InvalidRequest
-from .frontend import NormalizationOptions, normalize_text, spoken_parts, ssml
+from .frontend import (
+    NormalizationOptions,
+    UnspeakableScript,
+    normalize_text,
+    nothing_to_say,
+    says_something,
+    spoken_parts,
+    ssml,
+)
+from .frontend.scripts import writes
 from .lexicon import Lexicon
 from .metrics import Metrics
 from .queue import WaitTarget
@@ -49,8 +58,10 @@ class Admission:
             else:
                 spoken = normalize_text(text, voice_info.language, reading.normalization, self.lexicon)
                 script = Script.plain(spoken, voice_info, model_name, speed)
+        except UnspeakableScript as error:
+            raise _unspeakable(error, voice_info, catalogue, caller) from None
         except TextError as error:
-            raise InvalidRequest(str(error), "input", getattr(error, "code", None)) from None
+            raise InvalidRequest(str(error), "input", error.code) from None
         # Every other length limit (TTS_MAX_CHARS, the tier's, degrade mode's cap) is on what the caller sent.
         tier = caller.tier if caller else Tier()
         if len(text) > tier.max_chars:
@@ -82,13 +93,13 @@ class Admission:
             spoken = spoken_parts(raw.parts, voice.language, normalization, self.lexicon)
             pauses = [pause for pause in (carried, raw.pause_before_s) if pause is not None]
             pause = sum(pauses) if pauses else None
-            if not spoken.text:
+            if not says_something(spoken.text):
                 carried = pause
                 continue
             passages.append(Passage(spoken, voice, model, speed * raw.rate, pause))
             carried = None
         if not passages:
-            raise InvalidRequest("input has nothing to speak", "input")
+            raise nothing_to_say(text, voice_info.language)
         return Script(tuple(passages), voice_info, model_name, parsed.pause_after_s + (carried or 0))
 
     def admit(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
@@ -133,6 +144,16 @@ def _voice(catalogue: Catalogue, voice: str | None, model: str | None, caller: C
         raise InvalidRequest(f"voice {voice_info.name!r} speaks {voice_info.language}, not {language}; leave out "
                              "the voice to get one that does", "language", "language_mismatch")
     return voice_info, model_name
+
+
+def _unspeakable(error: UnspeakableScript, voice: Voice, catalogue: Catalogue, caller: Caller | None
+                 ) -> InvalidRequest:
+    """The refusal of a text in scripts the voice cannot speak, naming its language and the voices that could."""
+    able = sorted(other.name for other in catalogue.voice_list(caller.identity if caller else None)
+                  if writes(other.language, error.scripts))
+    could = f"voices that can: {', '.join(able[:10])}" if able else "no voice here can"
+    return InvalidRequest(f"{error.written_in}, which voice {voice.name!r} (language {voice.language}) cannot speak; "
+                          f"{could}", "input", error.code)
 
 
 def _check_speed(voice: Voice, speed: float, param: str, where: str = "") -> None:

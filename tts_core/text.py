@@ -14,7 +14,17 @@ CLAUSE_ENDS = frozenset(",;:—–)")
 
 
 class TextError(ValueError):
-    """The text cannot be spoken as given; the message says why."""
+    """The text cannot be spoken as given; the message says why, the code what kind of refusal it is."""
+
+    code: str | None = None
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+EMPTY_INPUT = "empty_input"  # the one code for an input that says nothing: empty, blank, or nothing left to say
 
 
 def _split_after(text: str, ends: frozenset[str]) -> list[str]:

@@ -42,6 +42,25 @@ def test_bad_fields(server, change, status, param):
     assert error["type"] == "invalid_request_error" and error["message"]
 
 
+@pytest.mark.parametrize("text", ["", "   \n\t ", "😀🎉", "| | |\n|---|---|"])
+def test_inputs_that_say_nothing_share_one_code(server, text):
+    response = httpx.post(f"{server}/v1/audio/speech", json={**GOOD, "input": text}, timeout=30)
+    assert response.status_code == 400 and "retry-after" not in response.headers
+    assert response.json()["error"]["code"] == "empty_input" and response.json()["error"]["param"] == "input"
+
+
+def test_a_text_in_a_script_the_voice_cannot_speak_is_refused_naming_its_language(server, speak):
+    response = httpx.post(f"{server}/v1/audio/speech", json={**GOOD, "input": "你好，世界。"}, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_script" and "Chinese characters" in error["message"]
+    assert "'en_US-joe-medium' (language en-us)" in error["message"]  # the bundled voice, English
+    assert "no voice here can" in error["message"]
+    # mixed with English, the letters it cannot speak are left out, not read as their names
+    mixed, alone = speak("Hello 你好 world.", response_format="pcm"), speak("Hello world.", response_format="pcm")
+    assert mixed.status_code == 200 and abs(len(mixed.content) - len(alone.content)) <= 0.1 * len(alone.content)
+
+
 def test_integers_are_numbers(speak):
     assert speak("Hello.", speed=1).status_code == 200  # OpenAI takes 1 for 1.0
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tts_core.frontend import LANGUAGES, NormalizationOptions, normalize_text
+from tts_core.frontend import LANGUAGES, NormalizationOptions, UnspeakableScript, normalize_text
 from tts_core.frontend.english import say_as
 from tts_core.frontend.pieces import BREAK, PRONUNCIATION, SAID, TEXT
 from tts_core.pronunciation import Pronounced, as_text
@@ -230,10 +230,33 @@ def test_said_pieces_name_what_they_say():
 
 
 @pytest.mark.parametrize("text, message", [("", "empty"), (" \n\t", "empty"), ("😀🎉", "nothing to speak"),
-                                           ("```\ncode\n```", "nothing to speak"), ("bell\x07", "control character")])
-def test_text_with_nothing_to_say_is_refused(text, message):
-    with pytest.raises(TextError, match=message):
+                                           ("```\ncode\n```", "nothing to speak")])
+def test_text_with_nothing_to_say_is_refused_with_one_code(text, message):
+    with pytest.raises(TextError, match=message) as raised:
         normalize_text(text, "en_US")
+    assert raised.value.code == "empty_input"  # empty, blank and nothing left: one kind, one code
+
+
+def test_a_control_character_is_refused():
+    with pytest.raises(TextError, match="control character"):
+        normalize_text("bell\x07", "en_US")
+
+
+def test_letters_of_a_script_the_voice_cannot_speak_are_left_out_not_read_as_their_names():
+    spoken = normalize_text("Hello 你好, Привет world.", "en_US")
+    assert spoken.text.split() == ["Hello", ",", "world."] or "你" not in spoken.text and "П" not in spoken.text
+    assert "Hello" in spoken.text and "world" in spoken.text
+    assert normalize_text("你好。", "zh").text.startswith("你好")  # its own script is kept
+    assert "Привет" in normalize_text("Привет, Bob.", "ru").text  # and Latin everywhere
+    assert "你好" in normalize_text("你好", "xx").text  # a language the table does not know keeps every letter
+
+
+@pytest.mark.parametrize("text, named", [("你好，世界。", "Chinese characters"), ("Привет!", "Cyrillic"),
+                                         ("こんにちは", "Hiragana")])
+def test_a_text_only_in_scripts_the_voice_cannot_speak_is_refused_naming_them(text, named):
+    with pytest.raises(UnspeakableScript, match=named) as raised:
+        normalize_text(text, "en_US")
+    assert raised.value.code == "unsupported_script" and "en_US" in str(raised.value)
 
 
 HOSTILE = {

@@ -22,16 +22,17 @@ from dataclasses import dataclass
 
 from ..lexicon import Lexicon, language_code
 from ..pronunciation import Pronounced
-from ..text import SENTENCE_ENDS, TextError
+from ..text import EMPTY_INPUT, SENTENCE_ENDS, TextError
 from . import english
 from .mapped import Mapped, source_text
 from .markup import CELL, LINE, SENTENCE, Break, Override, drop_emoji, markdown_parts
 from .options import NormalizationOptions, requested
 from .pieces import BREAK, PRONUNCIATION, Piece, SpokenText, as_written, piece_of, tidy
+from .scripts import foreign_scripts, foreign_to, script_name
 from .ssml import Part, SayAs
 
-__all__ = ["LANGUAGES", "NormalizationOptions", "Piece", "SpokenText", "normalize_text", "requested",
-           "spoken_parts"]
+__all__ = ["LANGUAGES", "NormalizationOptions", "Piece", "SpokenText", "UnspeakableScript", "normalize_text",
+           "nothing_to_say", "requested", "says_something", "spoken_parts"]
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,32 @@ def normalize_text(text: str, language: str, options: NormalizationOptions = Nor
     source = source_text(text)
     parts = markdown_parts(source) if options.normalize and options.markdown_normalization else [source]
     spoken = spoken_parts(parts, language, options, lexicon)
-    if not spoken.text:
-        raise TextError("input is empty" if not text.strip() else
-                        "input has nothing to speak once normalised (markup, code and emoji are not read)")
+    if not says_something(spoken.text):
+        raise nothing_to_say(text, language)
     return spoken
+
+
+def says_something(spoken: str) -> bool:
+    """Whether a spoken text has a word or a number in it (punctuation alone says nothing)."""
+    return any(char.isalnum() for char in spoken)
+
+
+class UnspeakableScript(TextError):
+    """Nothing is left to say once the letters of scripts the voice's language is not written in are left out."""
+
+    def __init__(self, language: str, scripts: set[str]):
+        self.scripts = scripts
+        self.written_in = f"input is written in {', '.join(sorted(script_name(script) for script in scripts))}"
+        super().__init__(f"{self.written_in}, which a voice of language {language} cannot speak", "unsupported_script")
+
+
+def nothing_to_say(text: str, language: str) -> TextError:
+    """Why a text (plain, or an SSML document's) gives a voice of `language` nothing to say."""
+    if not text.strip():
+        return TextError("input is empty", EMPTY_INPUT)
+    if scripts := foreign_scripts(text, language):
+        return UnspeakableScript(language, scripts)
+    return TextError("input has nothing to speak once normalised (markup, code and emoji are not read)", EMPTY_INPUT)
 
 
 def spoken_parts(parts: list[Part], language: str, options: NormalizationOptions = NormalizationOptions(),
@@ -78,6 +101,7 @@ def spoken_parts(parts: list[Part], language: str, options: NormalizationOptions
     rules = LANGUAGES.get(language_code(language), _NO_RULES)
     verbalize = rules.verbalize if options.normalize else _as_written
     drop = options.normalize and options.emoji_normalization
+    foreign = foreign_to(language)  # always left out: a voice reads them, if at all, as their names
     pieces: list[Piece] = []
     run: list[Mapped] = []  # text parts next to each other are read as one (a rule may span them: "$**5**")
     for part in [*parts, None]:
@@ -86,6 +110,7 @@ def spoken_parts(parts: list[Part], language: str, options: NormalizationOptions
             continue
         if run:
             text = Mapped.join(run)
+            text = text.without(foreign) if foreign else text
             for found in _looked_up(drop_emoji(text) if drop else text, language, lexicon):
                 pieces.extend(verbalize(found, options) if isinstance(found, Mapped) else [_pronounced(found)])
             run = []
