@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
-from fastapi import FastAPI
+import fastapi_offline
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 
 from clones import VoiceClones
 from storage.request_log import RequestLogWriter
@@ -58,8 +63,9 @@ class RequestAccounting:
 
 def build_api(service: SpeechService, access: AccessControl, request_log: RequestLogWriter | None = None,
               lifespan=None) -> FastAPI:
-    app = FastAPI(title="Chorus", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="Chorus", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Self-hosted text-to-speech with an OpenAI-compatible API.")
+    add_offline_docs(app)
     app.state.service = service
     app.state.access = access
     app.state.request_log = request_log
@@ -78,3 +84,38 @@ def build_api(service: SpeechService, access: AccessControl, request_log: Reques
     app.add_middleware(UploadLimit, access=access, settings=service.settings)  # the UI's, mounted on this app
     app.add_middleware(BodySizeLimit, max_bytes=service.settings.max_body_bytes)
     return app
+
+
+# Swagger UI's and ReDoc's scripts, styles and icon, as the fastapi-offline package ships them.
+DOCS_ASSETS_DIR = Path(fastapi_offline.__file__).parent / "static"
+# The pages may load only from Chorus: ReDoc's footer would otherwise fetch its maker's logo from their CDN.
+# (Inline: the pages' own start-up script and the styles ReDoc writes; blob: ReDoc's search worker.)
+DOCS_CONTENT_POLICY = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+                       "img-src 'self' data:; font-src 'self' data:; worker-src 'self' blob:")
+
+
+def add_offline_docs(app: FastAPI, assets: str = "/docs-assets") -> None:
+    """/docs (Swagger UI) and /redoc with their assets served by Chorus, not FastAPI's default CDN: a
+    self-hosted server often runs where that CDN cannot be reached, and the pages were then blank."""
+    app.mount(assets, StaticFiles(directory=DOCS_ASSETS_DIR), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "").rstrip("/")  # behind a proxy that serves Chorus under a path
+        page = get_swagger_ui_html(openapi_url=root + app.openapi_url, title=f"{app.title} - Swagger UI",
+                                   swagger_js_url=f"{root}{assets}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{root}{assets}/swagger-ui.css",
+                                   swagger_favicon_url=f"{root}{assets}/favicon.png",
+                                   swagger_ui_parameters=app.swagger_ui_parameters)
+        page.headers["Content-Security-Policy"] = DOCS_CONTENT_POLICY
+        return page
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "").rstrip("/")
+        page = get_redoc_html(openapi_url=root + app.openapi_url, title=f"{app.title} - ReDoc",
+                              redoc_js_url=f"{root}{assets}/redoc.standalone.js",
+                              redoc_favicon_url=f"{root}{assets}/favicon.png",
+                              with_google_fonts=False)  # fonts from Google are another host to reach
+        page.headers["Content-Security-Policy"] = DOCS_CONTENT_POLICY
+        return page
