@@ -115,6 +115,11 @@ class Settings(BaseSettings):
             return [int(part) for part in value.strip("[] ").split(",") if part.strip()]
         return value
 
+    @field_validator("wyoming_port", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value):
+        return None if isinstance(value, str) and not value.strip() else value  # TTS_WYOMING_PORT= turns it off
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _lower_case(cls, value):

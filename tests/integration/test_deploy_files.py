@@ -109,6 +109,13 @@ def wyoming_describe(port: int) -> dict:
         return json.loads(connection.makefile("rb").readline())
 
 
+def test_an_empty_wyoming_port_turns_the_images_wyoming_off(monkeypatch):
+    monkeypatch.setenv("TTS_WYOMING_PORT", "")  # `docker run -e TTS_WYOMING_PORT= chorus`
+    assert Settings().wyoming_port is None
+    monkeypatch.setenv("TTS_WYOMING_PORT", "10200")
+    assert Settings().wyoming_port == 10200
+
+
 def test_the_image_command_serves_and_keeps_its_data_across_a_restart(tmp_path):
     """As `docker run -e TTS_ADMIN_TOKEN -v chorus-data:/data chorus`, then `docker restart`: /health and the
     image's HEALTHCHECK answer, Wyoming answers on its port, the admin token from the environment opens the
