@@ -139,7 +139,8 @@ def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpe
     page = build_ui(service, admit_ui, identify_ui, api.state.clones, request_log,
                     [lambda: build_admin_tab(service, monitor, control, access, gate, api.state.clones, lexicon,
                                                     replicas)])
-    app = gr.mount_gradio_app(api, page, path="/")
+    # Gradio's own run history would keep every typed text in the browser's plain localStorage: off
+    app = gr.mount_gradio_app(api, page, path="/", run_history=False)
     calm_gradio_queue(page)
     return app
 

@@ -36,7 +36,7 @@ class Chart:
     unit: str  # the left axis' title
     fraction: bool = False  # a share: the axis is 0 to 100%, whatever the values
     right_unit: str = ""
-    absent: str = ""  # what to say instead when there is no data (data that may not exist here)
+    absent: str = ""  # why there is no data, where there may be none (no GPU here): one line instead of the chart
 
 
 CHARTS = (
@@ -65,6 +65,13 @@ def replica_charts(points: list[dict]) -> tuple[Chart, Chart]:
                   fraction=True, absent="no replica has reported"),
             Chart("Queue length by replica", tuple(Series(f"queue:{name}", name) for name in replicas),
                   "items (text pieces)", absent="no replica has reported"))
+
+
+def absent(points: list[dict], chart: Chart) -> str | None:
+    """Why the chart is not drawn: a chart of what may not exist here (a GPU, an engine, replicas) with no value."""
+    if not chart.absent or any(point.get(series.key) is not None for point in points for series in chart.series):
+        return None
+    return chart.absent
 
 
 def plot_data(figure: go.Figure) -> PlotData:
@@ -107,10 +114,6 @@ def series_figure(points: list[dict], chart: Chart) -> go.Figure:
         figure.update_layout(yaxis2=_axis(chart.right_unit, _top(values[True]), overlaying="y", side="right",
                                           showgrid=False),
                              margin={"r": 55})
-    if chart.absent and not values[False] and not values[True]:
-        figure.add_annotation(text=chart.absent, showarrow=False, font={"size": 15})
-        figure.update_xaxes(visible=False)
-        figure.update_yaxes(visible=False)
     return figure
 
 
@@ -125,9 +128,10 @@ def cost_figure(models: dict[str, dict]) -> go.Figure:
     """Predicted seconds against batch size at the typical length: one batch of n items (line) and the same n
     items one at a time (dotted), with the measured batches the model is fitted on (points; hollow: the
     calibration sweep). The adaptive batcher takes a batch only where the line is clearly under the dots."""
-    figure = _figure(COST_TITLE, 250)
-    # the legend in the top left corner, which the lines (rising from there to the right) leave free
-    figure.update_layout(legend={"orientation": "v", "x": 0.02, "y": 0.98, "bgcolor": "rgba(128, 128, 128, 0.12)"})
+    # the legend under the axes, where it covers no point whatever the measurements (a phone wraps it)
+    figure = _figure(COST_TITLE, 360)
+    figure.update_layout(legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.28, "yanchor": "top"},
+                         margin={"b": 120})
     fitted = {name: model for name, model in models.items() if model["fitted"]}
     top_size, top_s, lengths = 1, 0.0, []
     for index, (name, model) in enumerate(fitted.items()):
@@ -158,7 +162,7 @@ def cost_figure(models: dict[str, dict]) -> go.Figure:
     figure.update_layout(
         xaxis={**_axis(f"{size_title}, each {' / '.join(lengths) or '?'} tokens long", top_size),
                "range": [0.5, top_size + 0.5]},
-        yaxis=_axis(f"seconds per {' or '.join(sorted(units))}", _top([1.6 * top_s])))  # room for the legend
+        yaxis=_axis(f"seconds per {' or '.join(sorted(units))}", _top([top_s])))
     if not fitted:
         figure.add_annotation(text=_no_model(models), showarrow=False, font={"size": 15})
         figure.update_xaxes(visible=False)

@@ -35,29 +35,44 @@ class OperatorSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
-    degrade_enabled: bool = True
-    enter_threshold: float = Field(0.85, gt=0, le=1, description="load score that enters degrade mode")
-    exit_threshold: float = Field(0.6, ge=0, lt=1, description="load score that leaves it (below enter)")
-    exit_hold_s: float = Field(5.0, ge=0, le=3600, description="seconds the score must stay at or below exit "
+    degrade_enabled: bool = Field(True, title="Degrade mode",
+                                  description="while the load score is high, apply the actions switched on below")
+    enter_threshold: float = Field(0.85, gt=0, le=1, title="Enter at load score (0 to 1)",
+                                   description="load score that enters degrade mode")
+    exit_threshold: float = Field(0.6, ge=0, lt=1, title="Leave at load score (0 to 1)",
+                                  description="load score that leaves it (below enter)")
+    exit_hold_s: float = Field(5.0, ge=0, le=3600, title="Hold before leaving (s)",
+                               description="seconds the score must stay at or below exit "
                                "before leaving (keeps shedding from flapping the mode)")
-    queue_wait_target_s: float = Field(10.0, gt=0, le=3600, description="longest predicted queue wait a request "
+    queue_wait_target_s: float = Field(10.0, gt=0, le=3600, title="Longest queue wait (s)",
+                                       description="longest predicted queue wait a request "
                                        "is accepted with (longer: 503 with Retry-After); the load score's queue "
                                        "part is the predicted wait of a new caller's sentence over this (over "
                                        "overload_wait_target_s in an overload)")
-    overload_wait_target_s: float = Field(2.0, gt=0, le=3600, description="the same, while an engine is offered "
+    overload_wait_target_s: float = Field(2.0, gt=0, le=3600, title="Longest queue wait in an overload (s)",
+                                          description="the same, while an engine is offered "
                                           "more work than it can do (the lower of the two applies): an overload's "
                                           "queue stays this short, so that it drains within seconds after")
-    cap_text_enabled: bool = True
-    cap_text_chars: int = Field(300, ge=1, le=100_000, description="longest text accepted while degraded")
-    cache_first_enabled: bool = True
-    lower_precision_enabled: bool = True
-    shed_enabled: bool = Field(False, description="while degraded, refuse callers of sheddable tiers")
-    cache_enabled: bool = Field(True, description="serve repeated requests from the cache at any load")
-    cache_max_mb: float = Field(64, ge=0, le=65_536, description="memory the audio cache may hold")
-    request_log_max_rows: int = Field(100_000, ge=0, le=100_000_000, description="request log rows kept")
+    cap_text_enabled: bool = Field(True, title="Cap text length",
+                                   description="while degraded, refuse texts over the cap")
+    cap_text_chars: int = Field(300, ge=1, le=100_000, title="Text cap (characters)",
+                                description="longest text accepted while degraded")
+    cache_first_enabled: bool = Field(True, title="Cache first", description="while degraded, answer repeated "
+                                      "requests from the cache, even with the cache off")
+    lower_precision_enabled: bool = Field(True, title="Lower precision", description="while degraded, engines that "
+                                          "can run at a lower precision do")
+    shed_enabled: bool = Field(False, title="Shed low priority",
+                               description="while degraded, refuse callers of sheddable tiers")
+    cache_enabled: bool = Field(True, title="Audio cache",
+                                description="serve repeated requests from the cache at any load")
+    cache_max_mb: float = Field(64, ge=0, le=65_536, title="Audio cache size (MB)",
+                                description="memory the audio cache may hold")
+    request_log_max_rows: int = Field(100_000, ge=0, le=100_000_000, title="Request log kept (rows)",
+                                      description="request log rows kept")
     tiers: dict[TierName, Tier] = Field(default_factory=lambda: dict(DEFAULT_TIERS), min_length=1, max_length=64,
-                                        description="caller tiers: rate limit, priority, limits")
-    anonymous_tier: TierName = Field("personal", description="tier of callers without an API key")
+                                        title="Caller tiers", description="caller tiers: rate limit, priority, limits")
+    anonymous_tier: TierName = Field("personal", title="Tier of callers without a key",
+                                     description="tier of callers without an API key")
 
     def merged(self, changes: dict[str, Any]) -> OperatorSettings:
         """These settings with changes applied, or InvalidSetting naming the first bad field."""

@@ -9,7 +9,7 @@ import asyncio
 import base64
 import html
 import logging
-import tempfile
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -38,6 +38,8 @@ KEEP_FILES_S = 3600  # Gradio deletes files older than this, this often; api/upl
 PRUNE_EVERY_S = 60  # sweeping the folder on every request would cost a directory scan each time
 MIN_PIECE_S = 0.5  # pieces shorter than this (a stepped engine's frames) go to the player together
 PREVIEWS_KEPT = 64  # voice samples kept in memory
+TRAILING_PUNCTUATION = re.compile(r"[^\w\s]*")
+FIELDS = {"voice": 1, "speed": 2, "response_format": 3}  # the synthesis's inputs after the text (0), by param
 
 
 def refused(error: ChorusError) -> gr.Error:
@@ -46,13 +48,22 @@ def refused(error: ChorusError) -> gr.Error:
     return gr.Error(error.message, print_exception=False)
 
 
-def words_html(words: Sequence[CaptionWord], timed: bool) -> str:
-    """The caption words, each a span with when it is spoken (the player marks the one it plays); escaped,
-    as they are the caller's text."""
+def words_html(text: str, words: Sequence[CaptionWord], timed: bool, done: bool = False) -> str:
+    """The text as the caller wrote it (its punctuation and line breaks kept), each caption word a span
+    with when it is spoken (the player marks the one it plays); escaped, as it is the caller's text. Until
+    the take is done, the text up to the last word said (and the punctuation right after it)."""
     if not timed:
         return '<p class="chorus-untimed">This voice cannot time its words.</p>'
-    return " ".join(f'<span class="chorus-word" data-start="{word.start:.3f}" data-end="{word.end:.3f}">'
-                    f"{html.escape(word.word)}</span>" for word in words)
+    shown = len(text) if done else TRAILING_PUNCTUATION.match(text, words[-1].input_end).end() if words else 0
+    parts, at = [], 0
+    for word in words:
+        start = max(at, word.input_start)
+        parts.append(html.escape(text[at:start]))
+        parts.append(f'<span class="chorus-word" data-start="{word.start:.3f}" data-end="{word.end:.3f}">'
+                     f"{html.escape(text[start:word.input_end])}</span>")
+        at = max(at, word.input_end)
+    parts.append(html.escape(text[at:max(at, shown)]))
+    return f'<p class="chorus-words">{"".join(parts).strip()}</p>'
 
 
 def counter_html(limit: int, tier: str | None) -> str:
@@ -75,7 +86,7 @@ def _read_upload(path: str, limit: int) -> bytes:
 def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: VoiceClones,
              request_log: RequestLogWriter | None = None, extra_tabs: Sequence[Callable[[], None]] = ()) -> gr.Blocks:
     """The app's page: the synthesis tab, then each extra tab (the composition root adds Admin)."""
-    out_dir = Path(tempfile.gettempdir()) / "chorus-ui"
+    out_dir = (service.settings.data_dir / "ui").resolve()  # kept with the server's other data (a volume)
     out_dir.mkdir(parents=True, exist_ok=True)
     gr.set_static_paths([out_dir])  # the player fetches the pieces from it, the history links the files
     metrics = service.metrics
@@ -99,6 +110,25 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
             await asyncio.to_thread(takes.prune, out_dir, KEEP_FILES_S)
         return await asyncio.to_thread(takes.Take, out_dir)
 
+    def answered(status: int, started: float, client: str, characters: int, audio_s: float = 0.0, **details):
+        metrics.request_answered("ui", status, time.perf_counter() - started, audio_s)
+        if request_log is not None:
+            request_log.record(client=client, source="ui", status=status, characters=characters, **details)
+
+    def check(text: str, voice: str, speed: float, response_format: str, request: gr.Request) -> list[dict]:
+        """The request's text, voice and speed checked before it is queued (Gradio's validator): a refusal is
+        one message at the input at fault, and the take before stays in the player."""
+        started, caller = time.perf_counter(), caller_of(request)
+        try:
+            service.validate(text or "", voice, None, float(speed), caller)
+        except ChorusError as error:
+            log.info("UI request refused (%d %s): %s", error.status, error.code, error.message)
+            client = caller.identity if caller else request.client.host if request and request.client else "unknown"
+            answered(error.status, started, client, len(text or ""))
+            at_fault = FIELDS.get(error.param or "", 0)
+            return [gr.validate(index != at_fault, error.message) for index in range(4)]
+        return [gr.validate(True, "")] * 4
+
     async def synthesize(text: str, voice: str, speed: float, response_format: str, request: gr.Request):
         """Plays each sentence as it is synthesized, with the words said so far, then offers the whole
         text as a file, and its subtitles."""
@@ -119,20 +149,20 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
                     words = caption_words(stream.script, text, timed)
                     await asyncio.to_thread(take.add_piece, np.concatenate(pending), rate)
                     pending = []
-                    yield take.player(), words_html(words, timing), gr.skip(), gr.skip()
+                    yield take.player(), words_html(text, words, timing)
             if pending:
                 words = caption_words(stream.script, text, timed)
                 await asyncio.to_thread(take.add_piece, np.concatenate(pending), rate)
             audio = np.concatenate(pieces)
             audio_s = audio.size / rate
             data = await asyncio.to_thread(encode, audio, rate, response_format)
-            markup = words_html(words, timing)
+            markup = words_html(text, words, timing, done=True)
             captions = {kind: subtitles(words, kind) for kind in SUBTITLE_FORMATS} if words else {}
-            path, subtitle_paths = await asyncio.to_thread(take.finish, data, takes.file_stem(stream.voice.name, text),
-                                                           response_format, captions, markup)
-            done = take.player(done=True, **takes.download(path), text=text[:500], label=voice_label(stream.voice),
+            path = await asyncio.to_thread(take.finish, data, takes.file_stem(stream.voice.name, text),
+                                           response_format, captions, markup)
+            done = take.player(done=True, **takes.downloads(path), text=text[:500], label=voice_label(stream.voice),
                                at=time.time(), duration_s=round(audio_s, 2))
-            yield done, markup, str(path), subtitle_paths
+            yield done, markup
         except ChorusError as error:
             status = error.status
             raise refused(error) from None
@@ -144,13 +174,10 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
             log.exception("UI synthesis failed")
             raise gr.Error("synthesis failed: an internal error (logged on the server)") from None
         finally:
-            metrics.request_answered("ui", status, time.perf_counter() - started, audio_s)
-            if request_log is not None:
-                request_log.record(client=client, source="ui", status=status, characters=len(text or ""),
-                                   **details)
+            answered(status, started, client, len(text), audio_s, **details)
 
-    def remember(player: str, history: list, subtitle_paths: list | None):
-        """The take just made, first in the browser's history; and its files shown (hidden until the first)."""
+    def remember(player: str, history: list):
+        """The take just made, first in the browser's history."""
         try:  # the browser's word; pydantic's parser bounds nesting (json.loads recurses until the stack runs out)
             value = pydantic_core.from_json(player or "{}")
         except ValueError:
@@ -159,7 +186,7 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
             raise gr.Error("that take could not be kept in the history", print_exception=False)
         entry = {key: value.get(key) for key in ("take", "name", "text", "label", "at", "duration_s")}
         kept = takes.entries([entry, *(history or [])], out_dir)
-        return kept, takes.history_html(kept, out_dir), gr.File(visible=True), gr.File(visible=bool(subtitle_paths))
+        return kept, takes.history_html(kept, out_dir)
 
     def replay(history: list, event: gr.EventData) -> tuple[str, str]:
         take = getattr(event, "take", None)
@@ -265,14 +292,14 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
         with gr.Tab("Synthesize"):
             with gr.Row():
                 with gr.Column(scale=3, min_width=320):
-                    text = gr.Textbox(label="Text", lines=6, max_length=limit, elem_id="speech-text",
-                                      placeholder="Hello! This is Chorus speaking.")
+                    # a hint, not a sample: grey words in the box read as words that will be spoken
+                    text = gr.Textbox(label="Text to speak", lines=6, max_length=limit, elem_id="speech-text",
+                                      placeholder="Type or paste the text to speak…")
                     counter = gr.HTML(counter_html(limit, None), elem_id="char-counter",
                                       js_on_load=browser.COUNTER_JS, css_template=browser.COUNTER_CSS)
                     with gr.Row():
                         speed = gr.Slider(MIN_SPEED, MAX_SPEED, value=1.0, step=0.05, label="Speed", min_width=160)
                         response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format", min_width=120)
-                    button = gr.Button("Synthesize", variant="primary", elem_id="synthesize")
                 with gr.Column(scale=2, min_width=300):
                     language = gr.Dropdown(language_choices(catalogue), value="", label="Language")
                     voice = gr.Dropdown(voice_choices(catalogue), value=catalogue.default_voice, label="Voice")
@@ -280,6 +307,8 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
                                          elem_id="voice-list", max_height=320, js_on_load=browser.VOICES_JS,
                                          css_template=browser.VOICES_CSS)
                     preview_box = gr.HTML(elem_id="voice-preview", js_on_load=browser.PREVIEW_JS)
+            # below both columns, so that a phone (the columns stacked) shows the text, the voice, then the button
+            button = gr.Button("Synthesize", variant="primary", elem_id="synthesize")
             language.change(pick_language, [language], [voice], api_name="pick_language")
             voice.change(show_voices, [language, voice], [voice_list], api_visibility="private")
             voice_list.choose(choose, None, [voice], api_visibility="private")
@@ -287,18 +316,12 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
             player = gr.HTML("", html_template=browser.PLAYER_HTML, js_on_load=browser.PLAYER_JS,
                              css_template=browser.PLAYER_CSS, elem_id="speech-player")
             captions = gr.HTML(elem_id="speech-words", js_on_load=None, css_template=browser.WORDS_CSS)
-            with gr.Row():
-                download = gr.File(label="The whole text, in the chosen format", interactive=False, visible=False,
-                                   elem_id="speech-file")
-                subtitle_files = gr.File(label="Subtitles (SubRip .srt and WebVTT .vtt)", file_count="multiple",
-                                         interactive=False, visible=False)
             with gr.Accordion("History", open=True):
                 history_box = gr.HTML(takes.history_html([], out_dir), elem_id="speech-history",
                                       js_on_load=browser.HISTORY_JS, css_template=browser.HISTORY_CSS)
-            button.click(synthesize, [text, voice, speed, response_format],
-                         [player, captions, download, subtitle_files], api_name="synthesize", concurrency_limit=None
-                         ).success(remember, [player, history, subtitle_files],
-                                   [history, history_box, download, subtitle_files], api_visibility="private")
+            button.click(synthesize, [text, voice, speed, response_format], [player, captions], api_name="synthesize",
+                         concurrency_limit=None, validator=check
+                         ).success(remember, [player, history], [history, history_box], api_visibility="private")
             history_box.replay(replay, [history], [player, captions], api_visibility="private")
             history_box.forget(forget, [history], [history, history_box], api_visibility="private")
             clone_models = render_cloning(voice)

@@ -10,7 +10,7 @@ PLAYER_HTML = """<div class="chorus-player">
 <button class="chorus-play" type="button" aria-label="Play" disabled>▶</button>
 <canvas class="chorus-wave" height="56" title="Click to play from there"></canvas>
 <span class="chorus-clock">0:00</span>
-<a class="chorus-download" hidden>Download</a>
+<span class="chorus-files"></span>
 </div>"""
 
 PLAYER_CSS = """
@@ -23,7 +23,8 @@ PLAYER_CSS = """
 .chorus-wave { flex: 1; min-width: 0; height: 56px; cursor: pointer; color: var(--color-accent); }
 .chorus-clock { flex: none; font-variant-numeric: tabular-nums; color: var(--body-text-color-subdued);
   font-size: var(--text-sm); }
-.chorus-download { flex: none; font-size: var(--text-sm); color: var(--link-text-color); }
+.chorus-files { flex: none; display: flex; gap: var(--spacing-md); font-size: var(--text-md); }
+.chorus-download { color: var(--link-text-color); }
 @media (max-width: 480px) { .chorus-player { flex-wrap: wrap; } .chorus-wave { flex-basis: 100%; order: 3; } }
 """
 
@@ -32,7 +33,7 @@ PLAYER_CSS = """
 # belongs by moving the origin. window.chorusPlayer is there for the browser tests.
 PLAYER_JS = """
 const canvas = element.querySelector('canvas'), button = element.querySelector('.chorus-play');
-const clock = element.querySelector('.chorus-clock'), link = element.querySelector('.chorus-download');
+const clock = element.querySelector('.chorus-clock'), files = element.querySelector('.chorus-files');
 let context = null, take = null, buffers = [], peaks = [], loudest = 0.01, total = 0, done = false;
 let playing = false, origin = 0, offset = 0, sources = [], frame = 0, fetched = 0, loading = Promise.resolve();
 const audio = () => (context ||= new AudioContext());
@@ -137,8 +138,14 @@ function update() {
   for (; fetched < value.pieces.length; fetched++) fetchPiece(value.pieces[fetched], take);
   const forTake = take;
   loading.then(() => { if (take === forTake && value.done) { done = true; tick(); } });
-  link.hidden = !value.download;
-  if (value.download) { link.href = value.download; link.download = value.name; link.textContent = value.name; }
+  files.replaceChildren(...(value.download ? [value, ...(value.subtitles || [])] : []).map((file, index) => {
+    const link = document.createElement('a');  // the file's type as its text, its name as the saved one
+    link.className = 'chorus-download';
+    link.href = file.download;
+    link.download = link.title = file.name;
+    link.textContent = (index ? '' : 'Download ') + file.name.split('.').pop().toUpperCase();
+    return link;
+  }));
   tick();
 }
 button.addEventListener('click', () => playing ? pause() : play(offset >= total ? 0 : offset));
@@ -146,18 +153,22 @@ canvas.addEventListener('click', (event) => {
   const time = event.offsetX / canvas.clientWidth * total;
   if (playing) play(time); else { offset = time; tick(); }
 });
-// The click that starts a synthesis lets this page's audio start (browsers ask for a user gesture).
-document.addEventListener('click', (event) => { if (event.target.closest?.('#synthesize')) audio().resume(); }, true);
+// The click that starts a synthesis, or plays a take of the history, lets this page's audio start (browsers
+// ask for a user gesture; a page just loaded has had none).
+const STARTS = '#synthesize, #speech-history button[data-action="replay"]';
+document.addEventListener('click', (event) => { if (event.target.closest?.(STARTS)) audio().resume(); }, true);
 new ResizeObserver(() => tick()).observe(canvas);
 window.chorusPlayer = {
   seek: (time) => { if (playing) pause(); offset = time; tick(); },
-  state: () => ({take, pieces: buffers.length, total, playing, done, time: now(), peaks: peaks.length}),
+  state: () => ({take, pieces: buffers.length, total, playing, done, time: now(), peaks: peaks.length,
+                 audio: context && context.state}),
 };
 watch('value', update);
 update();
 """
 
-WORDS_CSS = (".chorus-word.spoken { background: var(--color-accent); color: var(--button-primary-text-color); "
+WORDS_CSS = (".chorus-words { white-space: pre-wrap; font-size: var(--text-lg); color: var(--body-text-color); } "
+             ".chorus-word.spoken { background: var(--color-accent); color: var(--button-primary-text-color); "
              "border-radius: 2px; box-shadow: 0 0 0 2px var(--color-accent); }")  # the Synthesize button's colours
 
 # Counts what the text box holds as Python does (code points), against the caller's limit.
@@ -172,6 +183,14 @@ const count = () => {
 document.addEventListener('input', (event) => { if (event.target.closest?.('#speech-text')) count(); }, true);
 watch('value', count);
 count();
+// A refused text's message is shown above the box, which a phone may have scrolled away: it comes into view.
+const textBlock = document.querySelector('#speech-text');
+let refusal = null;
+if (textBlock) new MutationObserver(() => {
+  const shown = textBlock.querySelector('div.validation-error');
+  if (shown && shown !== refusal) shown.scrollIntoView({block: 'center'});
+  refusal = shown;
+}).observe(textBlock, {childList: true, subtree: true});
 """
 COUNTER_CSS = """font-size: var(--text-sm); color: var(--body-text-color-subdued); text-align: right;
 .chorus-full { color: var(--error-text-color, var(--color-accent)); font-weight: bold; }"""
@@ -184,14 +203,14 @@ element.addEventListener('click', (event) => {
 });
 """
 VOICES_CSS = """
-.chorus-voices h4 { margin: var(--spacing-md) 0 var(--spacing-sm); color: var(--body-text-color-subdued);
-  font-size: var(--text-sm); text-transform: uppercase; letter-spacing: 0.04em; }
+.chorus-voices h4 { margin: var(--spacing-md) 0 var(--spacing-sm); color: var(--body-text-color);
+  font-size: var(--text-md); }
 .chorus-voices ul { list-style: none; margin: 0; padding: 0; }
 .chorus-voice { display: flex; gap: var(--spacing-md); align-items: center; padding: var(--spacing-sm);
   border-radius: var(--radius-md); cursor: pointer; color: var(--body-text-color); }
 .chorus-voice:hover { background: var(--background-fill-secondary); }
 .chorus-voice.chosen { outline: 2px solid var(--color-accent); }
-.chorus-voice small { display: block; color: var(--body-text-color-subdued); }
+.chorus-voice small { display: block; font-size: var(--text-md); color: var(--body-text-color); }
 .chorus-preview { flex: none; width: 2rem; height: 2rem; border-radius: 50%; cursor: pointer;
   border: 1px solid var(--border-color-primary); background: var(--background-fill-primary);
   color: var(--color-accent); }

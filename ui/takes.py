@@ -23,6 +23,7 @@ from urllib.parse import quote
 import numpy as np
 
 from tts_core.audio import encode
+from tts_core.captions import SUBTITLE_FORMATS
 
 HISTORY_SIZE = 20
 TAKE = re.compile(r"[0-9a-f]{12}")
@@ -66,14 +67,14 @@ class Take:
         self.pieces.append(file_url(path))
 
     def finish(self, data: bytes, stem: str, response_format: str, subtitle_files: dict[str, str], words: str
-               ) -> tuple[Path, list[str] | None]:
+               ) -> Path:
         """The whole file, its subtitles beside it (if its words are timed) and its words (for a replay)."""
         path = self.folder / f"{stem}.{response_format}"
         path.write_bytes(data)
         (self.folder / "words.html").write_text(words, encoding="utf-8")
         for kind, text in subtitle_files.items():
             path.with_suffix(f".{kind}").write_text(text, encoding="utf-8")
-        return path, [str(path.with_suffix(f".{kind}")) for kind in subtitle_files] or None
+        return path
 
     def player(self, **extra) -> str:
         """The player's value: the pieces so far (and, once done, the download)."""
@@ -106,12 +107,18 @@ def replay(entry: dict, folder: Path) -> tuple[str, str]:
     pieces = [file_url(path) for path in sorted(take.glob("piece-*.wav"))]
     words = take / "words.html"
     return (json.dumps({"take": entry["take"], "pieces": pieces, "done": True, "replay": time.time(),
-                        **download(take / entry["name"])}),
+                        **downloads(take / entry["name"])}),
             words.read_text(encoding="utf-8") if words.is_file() else "")
 
 
 def download(path: Path) -> dict:
     return {"download": file_url(path), "name": path.name}
+
+
+def downloads(path: Path) -> dict:
+    """The player's links: the whole file, and its subtitles where its words were timed."""
+    kept = [path.with_suffix(f".{kind}") for kind in SUBTITLE_FORMATS]
+    return {**download(path), "subtitles": [download(subtitle) for subtitle in kept if subtitle.is_file()]}
 
 
 def history_html(history: list[dict], folder: Path) -> str:

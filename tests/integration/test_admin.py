@@ -88,3 +88,18 @@ def test_requests_are_logged(admin_server, data_dir):
     assert ok["voice"] == "en_US-joe-medium" and ok["characters"] == 7 and ok["batch_size"] == 1
     assert ok["queue_ms"] is not None and ok["synthesis_ms"] > 0 and ok["client"] == "ip:127.0.0.1"
     assert any(row["status"] == 400 for row in rows)
+
+
+def test_the_admin_tab_labels_every_setting_in_words_with_a_line_of_help(admin_server):
+    """The form's labels are the settings' titles (words, with units), never their names; each has its help."""
+    from tts_core.degrade import OperatorSettings
+
+    components = [component["props"] for component in httpx.get(f"{admin_server}/config").json()["components"]]
+    labels = {props.get("label"): props for props in components if props.get("label")}
+    for name, field in OperatorSettings.model_fields.items():
+        shown = next(props for label, props in labels.items() if label.startswith(field.title))
+        assert field.description in (shown.get("info") or shown["label"]), name
+        assert name.replace("_", " ") not in labels, name
+    assert "Hold before leaving (s)" in labels and "Audio cache size (MB)" in labels
+    entry_id = labels["Entry id"]  # the lexicon form's: empty, for a new entry
+    assert not entry_id.get("value") and entry_id["placeholder"] == "empty: a new entry"

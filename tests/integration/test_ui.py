@@ -1,6 +1,8 @@
 import json
 import re
 from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -16,28 +18,37 @@ VOICE = "en_US-joe-medium"
 
 
 def synthesize(server: str, text: str, voice: str = VOICE, response_format: str = "wav") -> list[tuple]:
-    """Every update the synthesis tab gave: (player, words, file, subtitle files)."""
+    """Every update the synthesis tab gave: (player, words)."""
     job = Client(f"{server}/", verbose=False).submit(text, voice, 1.0, response_format, api_name="/synthesize")
     job.result(timeout=60)
     return job.outputs()
 
 
+def fetch(server: str, link: dict) -> bytes:
+    """A file the player links to (the whole take, or its subtitles)."""
+    response = httpx.get(f"{server}/{link['download']}")
+    assert response.status_code == 200
+    return response.content
+
+
 class Words(HTMLParser):
-    """The caption words of the tab's HTML, as a browser reads them: (text, start, end); and any other tag."""
+    """The caption words of the tab's HTML, as a browser reads them: (text, start, end); the whole text shown;
+    and any other tag."""
 
     def __init__(self, page: str):
         super().__init__()
-        self.words, self.other_tags, self._open = [], [], None
+        self.words, self.other_tags, self.text, self._open = [], [], "", None
         self.feed(page)
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
         if tag == "span" and attrs.get("class") == "chorus-word":
             self._open = ["", float(attrs["data-start"]), float(attrs["data-end"])]
-        else:
+        elif not (tag == "p" and attrs.get("class") == "chorus-words"):
             self.other_tags.append(tag)
 
     def handle_data(self, data):
+        self.text += data
         if self._open is not None:
             self._open[0] += data
 
@@ -48,7 +59,7 @@ class Words(HTMLParser):
 
 
 def last_words(updates: list[tuple]) -> Words:
-    return Words([words for _, words, _, _ in updates if isinstance(words, str)][-1])
+    return Words([words for _, words in updates if isinstance(words, str)][-1])
 
 
 def test_page_loads(server):
@@ -70,10 +81,9 @@ def test_synthesis_streams_each_sentence_then_offers_the_whole_file(server):
         piece = httpx.get(f"{server}/{url}")
         assert piece.status_code == 200 and decode(piece.content, "wav")[1] == 22050
     name = "en_US-joe-medium-hello-from-the-browser-tab.wav"
-    assert players[-1]["name"] == name and updates[-1][2].endswith(name)  # named from the voice and first words
+    assert players[-1]["name"] == name and players[-1]["download"].endswith(name)  # from the voice and first words
     assert players[-1]["text"] == text and players[-1]["label"] == "Joe (medium)"
-    with open(updates[-1][2], "rb") as file:
-        samples, rate = decode(file.read(), "wav")
+    samples, rate = decode(fetch(server, players[-1]), "wav")
     assert rate == 22050 and 2.5 < samples.size / rate < 9
     assert players[-1]["duration_s"] == pytest.approx(samples.size / rate, abs=0.01)
 
@@ -81,18 +91,18 @@ def test_synthesis_streams_each_sentence_then_offers_the_whole_file(server):
 def test_the_words_appear_as_they_are_spoken_with_their_subtitles(server):
     text = "Hello from the browser tab. A second sentence follows. And then a third one."
     updates = synthesize(server, text)
-    counts = [len(Words(words).words) for _, words, _, _ in updates if isinstance(words, str)]
+    counts = [len(Words(words).words) for _, words in updates if isinstance(words, str)]
     assert len(counts) >= 3 and counts == sorted(counts) and counts[0] < counts[-1]  # more with each piece
     words = last_words(updates).words
     assert [word for word, _, _ in words] == re.findall(r"\w+", text)
     assert all(start < end for _, start, end in words)
     assert all(earlier[2] <= later[1] for earlier, later in zip(words, words[1:]))
-    with open(updates[-1][2], "rb") as file:
-        samples, rate = decode(file.read(), "wav")
+    player = json.loads(updates[-1][0])
+    samples, rate = decode(fetch(server, player), "wav")
     assert words[-1][2] <= samples.size / rate
 
-    assert [path.rsplit(".", 1)[1] for path in updates[-1][3]] == ["srt", "vtt"]
-    srt, vtt = (open(path, encoding="utf-8").read() for path in updates[-1][3])
+    assert [link["name"].rsplit(".", 1)[1] for link in player["subtitles"]] == ["srt", "vtt"]
+    srt, vtt = (fetch(server, link).decode() for link in player["subtitles"])
     stamp = r"(\d\d):([0-5]\d):([0-5]\d)[.,](\d{3})"
     header, *vtt_blocks = vtt.rstrip("\n").split("\n\n")  # cues apart by a blank line, after the header
     vtt_cues = [re.fullmatch(rf"{stamp} --> {stamp}\n(.+)", block) for block in vtt_blocks]
@@ -116,21 +126,21 @@ def test_the_callers_words_are_escaped(server):
 
 @pytest.fixture(scope="module")
 def fake_server(tmp_path_factory):
-    """A voice whose engine cannot time its words."""
-    settings = Settings(data_dir=tmp_path_factory.mktemp("ui-fake"), calibration_sizes=[1], model_aliases={},
-                        voice_aliases={}, default_voice="fake-voice",
-                        operator_defaults={"anonymous_tier": "enterprise"})
+    """A voice whose engine cannot time its words; and the server's data folder."""
+    data_dir = tmp_path_factory.mktemp("ui-fake")
+    settings = Settings(data_dir=data_dir, calibration_sizes=[1], model_aliases={}, voice_aliases={},
+                        default_voice="fake-voice", operator_defaults={"anonymous_tier": "enterprise"})
     with serve_in_thread(create_app(settings, engines=[FakeEngine()])) as base:
-        yield base
+        yield base, data_dir
 
 
 def test_a_voice_that_cannot_time_its_words_still_speaks(fake_server):
-    updates = synthesize(fake_server, "No words timed here.", voice="fake-voice")
-    _, _, path, subtitles = updates[-1]
-    with open(path, "rb") as file:
-        samples, rate = decode(file.read(), "wav")
-    assert rate == 16000 and samples.size > 0 and subtitles is None
-    assert "cannot time its words" in [words for _, words, _, _ in updates if isinstance(words, str)][-1]
+    base, _ = fake_server
+    updates = synthesize(base, "No words timed here.", voice="fake-voice")
+    player = json.loads(updates[-1][0])
+    samples, rate = decode(fetch(base, player), "wav")
+    assert rate == 16000 and samples.size > 0 and player["subtitles"] == []
+    assert "cannot time its words" in [words for _, words in updates if isinstance(words, str)][-1]
 
 
 def test_the_language_list_filters_the_voices(server):
@@ -138,3 +148,40 @@ def test_the_language_list_filters_the_voices(server):
     english = client.predict("en", api_name="/pick_language")  # the voices that speak it, its own chosen
     assert english["value"] == "en_US-joe-medium" and [value for _, value in english["choices"]] == ["en_US-joe-medium"]
     assert client.predict("", api_name="/pick_language")["value"] == "en_US-joe-medium"  # any: the default
+
+
+def test_the_words_line_shows_the_text_as_written(server):
+    """The words under the player are the input with its punctuation, quotes and line breaks; only the words
+    are marked, so the player can mark each as it is spoken."""
+    text = 'Well, "hello" there!\nIt\'s 5 o\'clock; time for tea.'
+    words = last_words(synthesize(server, text))
+    assert words.text == text
+    assert [word for word, _, _ in words.words][:4] == ["Well", "hello", "there", "It's"]
+
+
+def test_an_empty_text_is_refused_once_at_the_text_box(server):
+    """An empty or blank text is refused before it is queued (Gradio's validator), with one message for the
+    text box, the API's own; nothing is synthesized (the browser keeps the take it had, without error badges:
+    tests/integration/test_ui_browser.py)."""
+    from gradio_client.exceptions import ValidationError
+
+    for text in ("", "   "):
+        said = httpx.post(f"{server}/v1/audio/speech", json={"model": "tts-1", "voice": "alloy", "input": text})
+        message = said.json()["error"]["message"]
+        with pytest.raises(ValidationError) as refused:
+            Client(f"{server}/", verbose=False).predict(text, VOICE, 1.0, "wav", api_name="/synthesize")
+        assert str(refused.value).splitlines()[1:] == [f"- text: {message}"]
+
+
+def test_the_takes_are_kept_under_the_data_folder(fake_server):
+    base, data_dir = fake_server
+    player = json.loads(synthesize(base, "Kept with the data.", voice="fake-voice")[-1][0])
+    path = Path(unquote(player["download"].split("file=", 1)[1]))
+    assert path.is_file() and path.is_relative_to(data_dir.resolve() / "ui")
+
+
+def test_gradios_own_run_history_is_off(server):
+    """Gradio would keep every text typed in the browser's plain localStorage, beside Chorus's own history."""
+    config = httpx.get(f"{server}/config").json()
+    assert config["run_history"] is False and "runs" not in config["footer_links"]
+    assert httpx.get(f"{server}/gradio_api/runs").status_code == 404

@@ -19,6 +19,13 @@ STATE = "return window.chorusPlayer && window.chorusPlayer.state()"
 # Where the player is (paused, so only the test moves it): the index of the word marked as spoken.
 SEEK = """window.chorusPlayer.seek(arguments[0]);
 return [...document.querySelectorAll('#speech-words .chorus-word')].findIndex(span => span.matches('.spoken'));"""
+# What Gradio shows for an event that failed: a toast, and an "Error" badge over each output.
+FAILED = """return document.querySelectorAll(
+  '[data-testid="toast-body"], [data-testid="status-tracker"] .error').length"""
+# Where an element is on the page, and its text's size and colour (r + g + b).
+LOOKS = """const box = arguments[0].getBoundingClientRect(), style = getComputedStyle(arguments[0]);
+return {top: box.top + window.scrollY, size: parseFloat(style.fontSize),
+        brightness: style.color.match(/\\d+/g).slice(0, 3).map(Number).reduce((a, b) => a + b)};"""
 # Whether the waveform has anything drawn on it.
 DRAWN = """const canvas = document.querySelector('#speech-player canvas');
 return canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data.some(value => value > 0);"""
@@ -44,13 +51,23 @@ def open_page(browser, url: str):
     return wait
 
 
+def type_text(browser, text: str) -> None:
+    """Replaces the text box's text as a person would (selenium's clear() leaves the page's copy as it was)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    box = browser.find_element(By.CSS_SELECTOR, "#speech-text textarea")
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(Keys.DELETE)
+    if text:
+        box.send_keys(text)
+
+
 def synthesize(browser, wait, text: str) -> dict:
     """Types the text, clicks Synthesize, and waits for the whole take: the player's state."""
     from selenium.webdriver.common.by import By
 
-    box = browser.find_element(By.CSS_SELECTOR, "#speech-text textarea")
-    box.clear()
-    box.send_keys(text)
+    type_text(browser, text)
     before = browser.execute_script(STATE)["take"]
     browser.find_element(By.ID, "synthesize").click()
     wait.until(lambda driver: (state := driver.execute_script(STATE))["take"] != before and state["done"])
@@ -82,11 +99,16 @@ def test_synthesis_plays_as_it_arrives_marks_the_spoken_word_and_keeps_a_history
     assert state["playing"] or state["time"] > 0  # it started playing on its own
     assert browser.execute_script(DRAWN)
     name = "en_US-joe-medium-chorus-reads-this-aloud-as.mp3"
-    assert browser.find_element(By.CSS_SELECTOR, "#speech-player a.chorus-download").get_attribute("download") == name
-    wait.until(lambda driver: all(f"en_US-joe-medium-chorus-reads-this-aloud-as.{kind}" in driver.page_source
-                                  for kind in ("mp3", "srt", "vtt")))  # the file and its subtitles
+    links = browser.find_elements(By.CSS_SELECTOR, "#speech-player a.chorus-download")  # the file and its subtitles
+    assert [link.get_attribute("download") for link in links] == [name[:-3] + kind for kind in ("mp3", "srt", "vtt")]
+    assert [link.text for link in links] == ["Download MP3", "SRT", "VTT"]
+    wait.until(lambda driver: driver.find_elements(By.CSS_SELECTOR, "#speech-history li"))
+    # the file is offered twice: beside the player and in the history (no file box besides)
+    assert len(browser.find_elements(By.CSS_SELECTOR, f"a[download='{name}']")) == 2
+    assert not browser.find_elements(By.CSS_SELECTOR, "[data-testid='file'], .file-preview")
     words = browser.find_elements(By.CSS_SELECTOR, "#speech-words .chorus-word")
     assert [word.text for word in words][:3] == ["Chorus", "reads", "this"] and len(words) == 14
+    assert browser.find_element(By.ID, "speech-words").text == TEXT  # as written: its punctuation kept
     for index in (1, 9, 5):  # the player's time inside a word's [start, end): that word, and only it, is marked
         middle = (float(words[index].get_attribute("data-start")) + float(words[index].get_attribute("data-end"))) / 2
         wait.until(lambda driver, middle=middle, index=index: driver.execute_script(SEEK, middle) == index)
@@ -95,6 +117,15 @@ def test_synthesis_plays_as_it_arrives_marks_the_spoken_word_and_keeps_a_history
     assert len(entries) == 1 and TEXT[:40] in entries[0].text and "Joe (medium)" in entries[0].text
     save_screenshot(browser, "ui.png")
 
+    # An empty text: one message at the text box; no toast, no error badges, the take stays in the player.
+    type_text(browser, "")
+    browser.find_element(By.ID, "synthesize").click()
+    message = wait.until(lambda driver: driver.find_element(By.CSS_SELECTOR, "#speech-text div.validation-error"))
+    assert message.text and message.is_displayed()
+    assert browser.execute_script(FAILED) == 0 and browser.execute_script(STATE)["take"] == state["take"]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#speech-history li")) == 1
+    save_screenshot(browser, "ui-empty-text.png")
+
     wait = open_page(browser, ui_server + "/")  # a reload keeps the history
     entry = wait.until(lambda driver: driver.find_element(By.CSS_SELECTOR, "#speech-history li"))
     assert TEXT[:40] in entry.text
@@ -102,6 +133,8 @@ def test_synthesis_plays_as_it_arrives_marks_the_spoken_word_and_keeps_a_history
     entry.find_element(By.CSS_SELECTOR, "button[data-action='replay']").click()
     wait.until(lambda driver: (replayed := driver.execute_script(STATE))["done"]
                and replayed["take"] == state["take"] and replayed["pieces"] == state["pieces"])
+    # and it plays: the page's audio runs (the click on Play let it start) and the take's time moves
+    wait.until(lambda driver: (played := driver.execute_script(STATE))["audio"] == "running" and played["time"] > 0.2)
     assert len(browser.find_elements(By.CSS_SELECTOR, "#speech-words .chorus-word")) == 14  # its words again
     entry.find_element(By.CSS_SELECTOR, "button[data-action='forget']").click()
     wait.until(lambda driver: not driver.find_elements(By.CSS_SELECTOR, "#speech-history li"))
@@ -115,7 +148,11 @@ def test_a_voice_preview_plays(browser, ui_server):
     wait = open_page(browser, ui_server + "/")
     row = browser.find_element(By.CSS_SELECTOR, "#voice-list .chorus-voice.chosen")
     assert "Joe (medium)" in row.text and "22.05 kHz" in row.text and "OpenAI names: alloy" in row.text
-    assert browser.find_element(By.CSS_SELECTOR, "#voice-list h4").text.lower() == "english (united states)"
+    details = browser.execute_script(LOOKS, row.find_element(By.CSS_SELECTOR, "small"))
+    assert details["size"] >= 14 and details["brightness"] < 200  # readable: body-sized, dark on the light page
+    placeholder = browser.find_element(By.CSS_SELECTOR, "#speech-text textarea").get_attribute("placeholder")
+    assert placeholder.startswith("Type") and placeholder.endswith("…")  # a hint, not a sample to be spoken
+    assert browser.find_element(By.CSS_SELECTOR, "#voice-list h4").text == "English (United States)"
     row.find_element(By.CSS_SELECTOR, ".chorus-preview").click()
     wait.until(lambda driver: driver.execute_script(
         "const audio = document.querySelector('#voice-preview audio'); return audio && audio.currentTime > 0"))
@@ -130,6 +167,12 @@ def test_the_tab_fits_a_phone_and_reads_in_dark_mode(browser, ui_server):
         wait = open_page(browser, ui_server + "/?__theme=dark")
         synthesize(browser, wait, "Short and sweet.")
         assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+        # the columns stacked: the text, then the voice, then the button
+        tops = [browser.execute_script(LOOKS, browser.find_element(By.CSS_SELECTOR, css))["top"]
+                for css in ("#speech-text", "#voice-list", "#synthesize")]
+        assert tops == sorted(tops), tops
+        details = browser.execute_script(LOOKS, browser.find_element(By.CSS_SELECTOR, ".chorus-voice small"))
+        assert details["size"] >= 14
         brightness = ("const [r, g, b] = getComputedStyle(arguments[0])[arguments[1]].match(/\\d+/g).map(Number);"
                       "return r + g + b;")
         for css in ("#voice-list .chorus-voice strong", "#speech-history q", ".chorus-voice small"):  # light text

@@ -4,11 +4,22 @@ over p95, no toolbar, the cost model with its measured batches, and the load sco
 import json
 from types import SimpleNamespace
 
-from admin.charts import CHARTS, cost_figure, plot_data, replica_charts, series_figure
+from admin.charts import CHARTS, absent, cost_figure, plot_data, replica_charts, series_figure
 from admin.state import load_markdown
 from admin.stats import cost_models
+from tests.fakes import FakeEngine
 from tts_core.degrade import OperatorSettings
-from tts_core.policy import AdaptivePolicy, make_policy
+from tts_core.engine_loop import EngineLoop, Serving
+from tts_core.metrics import Metrics
+from tts_core.one_shot import OneShotStrategy
+from tts_core.policy import AdaptivePolicy, BatchPolicy, make_policy
+from tts_core.queue import RequestQueue
+
+
+def serving(policy: BatchPolicy) -> SimpleNamespace:
+    """A service with one model's loop (not started) under this policy: all that cost_models reads."""
+    served = Serving(FakeEngine(), RequestQueue(8), Metrics())
+    return SimpleNamespace(loops={"piper": EngineLoop(served, OneShotStrategy(served, policy))})
 
 
 def flat_points(count: int = 5) -> list[dict]:
@@ -27,7 +38,27 @@ def test_flat_series_get_axes_from_zero_with_units():
     assert figures["Latency"]["yaxis"]["range"][0] == 0 and 7945 < figures["Latency"]["yaxis"]["range"][1] < 10_000
     assert all(layout["yaxis"]["title"]["text"] for layout in figures.values())
     assert figures["Job backlog"]["yaxis2"]["title"]["text"] == "s waiting"
-    assert figures["GPU"]["annotations"][0]["text"].startswith("no GPU")
+
+
+def test_charts_of_what_is_not_here_are_one_line_instead():
+    """No GPU, no autoregressive engine: those two charts are not drawn, and say why in a line; every other
+    chart is drawn, flat or not (a queue that stays at 0 is a measurement)."""
+    reasons = {chart.title: absent(flat_points(), chart) for chart in CHARTS}
+    assert reasons.pop("GPU") == "no GPU (NVML not available)"
+    assert reasons.pop("Autoregressive engines") == "no autoregressive engine loaded"
+    assert set(reasons.values()) == {None}
+    with_gpu = [{**point, "gpu_used_fraction": 0.5} for point in flat_points()]
+    assert absent(with_gpu, next(chart for chart in CHARTS if chart.title == "GPU")) is None
+    assert absent([], replica_charts([])[0]) == "no replica has reported"
+
+
+def test_every_setting_has_a_label_in_words_with_its_unit_and_a_line_of_help():
+    """The Admin tab's form labels each setting with its field's title, and its description as help."""
+    fields = OperatorSettings.model_fields
+    assert all(info.title and "_" not in info.title and info.description for info in fields.values()), fields
+    assert fields["exit_hold_s"].title == "Hold before leaving (s)"
+    assert fields["cache_max_mb"].title == "Audio cache size (MB)"
+    assert fields["cap_text_chars"].title.endswith("(characters)")
 
 
 def test_p50_is_drawn_over_p95_and_no_toolbar():
@@ -46,7 +77,7 @@ def test_the_cost_model_chart_shows_the_fit_and_the_measured_batches():
         policy.observe(size, size * 24, 0.05 + 0.002 * size * 24, calibration=True)
     policy.observe(1, 40, 0.09, real_tokens=40)
     policy.observe(1, 40, 0.09, real_tokens=40)
-    models = cost_models(SimpleNamespace(batchers={"piper": SimpleNamespace(policy=policy)}))
+    models = cost_models(serving(policy))
     assert models["piper"]["fitted"] and len(models["piper"]["observations"]) == 5
     figure = cost_figure(models)
     traces = {trace.name: trace for trace in figure.data}
@@ -55,11 +86,14 @@ def test_the_cost_model_chart_shows_the_fit_and_the_measured_batches():
     line = traces["predicted: one batch of n"]
     assert list(line.x) == list(range(1, 9)) and line.y[0] == policy.cost_model.predict(1, 40)
     assert "40 tokens" in figure.layout.xaxis.title.text  # the served batches' length, not the sweep's
+    # the legend is under the axes (below 0 on the plot's scale), so it covers none of the points
+    assert figure.layout.legend.y < 0 and figure.layout.legend.yanchor == "top"
+    highest = max(max(trace.y) for trace in figure.data)
+    assert highest < figure.layout.yaxis.range[1] <= 1.2 * highest  # no headroom kept for a legend inside
 
 
 def test_a_policy_without_a_cost_model_says_so():
-    batchers = {"piper": SimpleNamespace(policy=make_policy("static", 8, 10_000))}
-    figure = cost_figure(cost_models(SimpleNamespace(batchers=batchers)))
+    figure = cost_figure(cost_models(serving(make_policy("static", 8, 10_000))))
     assert "static" in figure.layout.annotations[0].text and not figure.data
 
 

@@ -4,11 +4,12 @@ history."""
 import json
 import time
 
+from tts_core.captions import CaptionWord
 from tts_core.catalogue import Catalogue
 from tts_core.cloning import ClonedVoice
 from tts_core.config import Settings
 from tts_core.engines import ModelSpec, Voice
-from ui import takes
+from ui import takes, words_html
 from ui.voices import language_choices, language_name, voice_choices, voice_label, voice_list_html
 
 JOE = Voice("en_US-joe-medium", "piper", "en-us", 22050)
@@ -65,7 +66,7 @@ def test_downloads_are_named_from_the_voice_and_the_first_words():
 
 def test_the_history_keeps_only_takes_of_ours_whose_files_remain(tmp_path):
     take = takes.Take(tmp_path)
-    path, _ = take.finish(b"audio", "joe-hello", "mp3", {}, "")
+    path = take.finish(b"audio", "joe-hello", "mp3", {}, "")
     entry = {"take": take.id, "name": path.name, "text": "<i>hi</i>", "label": "Joe", "at": time.time(),
              "duration_s": 1.5}
     (tmp_path / "secret.txt").write_text("not yours")
@@ -79,3 +80,29 @@ def test_the_history_keeps_only_takes_of_ours_whose_files_remain(tmp_path):
     assert json.loads(player)["download"].endswith(f"{take.id}/{path.name}") and words == ""
     assert takes.forget([entry], "../..", tmp_path) == [entry] and (tmp_path / "secret.txt").exists()
     assert takes.forget([entry], take.id, tmp_path) == [] and not take.folder.exists()
+
+
+def test_a_take_offers_its_file_and_its_subtitles_once_each(tmp_path):
+    """The player links the whole file and its subtitles (the history links the file again); a replay too."""
+    take = takes.Take(tmp_path)
+    path = take.finish(b"audio", "joe-hello", "mp3", {"srt": "1", "vtt": "WEBVTT"}, "")
+    links = takes.downloads(path)
+    assert links["name"] == "joe-hello.mp3" and [link["name"] for link in links["subtitles"]] == \
+        ["joe-hello.srt", "joe-hello.vtt"]
+    player, _ = takes.replay({"take": take.id, "name": path.name}, tmp_path)
+    assert json.loads(player)["subtitles"] == links["subtitles"]
+
+
+def test_the_words_line_is_the_text_as_written_with_each_word_marked():
+    text = 'Hi, "Ann" & <Bob>!\nBye.'
+    words = [CaptionWord("Hi", 0.0, 0.2, 0, 2), CaptionWord("Ann", 0.2, 0.5, 5, 8), CaptionWord("&", 0.5, 0.6, 10, 11),
+             CaptionWord("Bob", 0.6, 0.9, 13, 16)]
+    done = words_html(text, [*words, CaptionWord("Bye", 1.0, 1.3, 19, 22)], True, done=True)
+    assert done == ('<p class="chorus-words"><span class="chorus-word" data-start="0.000" data-end="0.200">Hi</span>'
+                    ', &quot;<span class="chorus-word" data-start="0.200" data-end="0.500">Ann</span>&quot; '
+                    '<span class="chorus-word" data-start="0.500" data-end="0.600">&amp;</span> &lt;'
+                    '<span class="chorus-word" data-start="0.600" data-end="0.900">Bob</span>&gt;!\n'
+                    '<span class="chorus-word" data-start="1.000" data-end="1.300">Bye</span>.</p>')
+    # while it is spoken: the text up to the last word said, and the punctuation right after it
+    assert words_html(text, words, True).endswith('Bob</span>&gt;!</p>')
+    assert "cannot time its words" in words_html(text, [], False)
