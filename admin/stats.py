@@ -9,7 +9,6 @@ from storage import StorageError
 from tts_core import gpu
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
-from tts_core.stepping import SteppedBatcher
 
 from .cluster import ReplicaReporter
 from .control import OperatorControl
@@ -51,12 +50,11 @@ def cost_models(service: SpeechService) -> dict:
     fixed + per_item * size + per_padded_token * padded tokens; a stepped engine's: seconds a step, its size
     the requests running) with the measured batches it is fitted on."""
     models = {}
-    for name, batcher in service.batchers.items():
-        policy = batcher.policy
-        model = policy.cost_model if policy.learns else None
+    for name, loop in service.loops.items():
+        described = loop.cost_model()
+        model = described["model"]
         models[name] = {
-            "policy": policy.name, "unit": "step" if isinstance(batcher, SteppedBatcher) else "batch",
-            "max_size": policy.max_batch_size,
+            "policy": described["policy"], "unit": described["unit"], "max_size": described["max_size"],
             "fitted": model is not None and model.fitted,
             "coefficients": None if model is None else [float(value) for value in model.coefficients],
             "observations": [] if model is None else model.observations()}

@@ -1,4 +1,4 @@
-"""GPU check: random-weight models at released sizes through the real engines and the real batchers.
+"""GPU check: random-weight models at released sizes through the real engines and the real engine loops.
 
     bash bench/gpu_check.sh --out DIR                     # on CUDA (a lent GPU): under 8 minutes
     bash bench/gpu_check.sh --device cpu --quick --out DIR   # CPU smoke test (CI), tiny models
@@ -6,11 +6,11 @@
 1. Engine sweep: batch sizes 1..64 of length-sorted workload sentences (the best batches this
    engine can get): seconds per batch, audio seconds per second, real tokens per second, and
    peak device memory (CUDA) per batch and per padded token; on CUDA also at fp16.
-2. Served: the same sentences through the batcher (queue, policy, batcher thread; in process,
+2. Served: the same sentences through the engine loop (queue, policy, engine thread; in process,
    no HTTP) under a closed loop of concurrent clients, once per policy: sequential, static
    (8 items, 500 ms) and adaptive. Throughput, latency percentiles, realised batch sizes.
 3. Autoregressive (bench/gpu_stepped.py): a Pocket TTS at its released size and a VibeVoice at the
-   released 1.5 B layout through the stepped batcher, adaptive (continuous batching) against
+   released 1.5 B layout through the stepped strategy, adaptive (continuous batching) against
    sequential and static (request-level), 16 callers of mixed texts; audio seconds per second and
    frames per step, and each engine's ceiling. A model whose part would end past the time budget is
    skipped, and the JSON says so.
@@ -37,13 +37,12 @@ import torch
 from bench import gpu_stepped
 from bench.random_vits import TINY, save_random_vits
 from bench.workload import texts
-from tts_core.batcher import Batcher
 from tts_core.engines.base import VoiceSpec
 from tts_core.engines.vits import VitsEngine
 from tts_core.metrics import Metrics
-from tts_core.policy import make_policy
 from tts_core.queue import RequestQueue
 from tts_core.request import SynthesisRequest
+from tts_core.strategies import make_engine_loop
 
 FULL = {"sizes": [1, 2, 4, 8, 16, 32, 64], "sweep_s": 5.0, "served_s": 25.0, "clients": 64, "sentences": 512}
 QUICK = {"sizes": [1, 2, 4, 8], "sweep_s": 1.0, "served_s": 4.0, "clients": 8, "sentences": 64}
@@ -95,11 +94,11 @@ def sweep(engine: VitsEngine, token_lists: list, sizes: list[int], seconds_each:
 def served(engine: VitsEngine, policy_name: str, token_lists: list, clients: int, seconds: float) -> dict:
     """A closed loop of `clients` callers, each sending the next sentence when its last returns."""
     metrics = Metrics()
-    policy = make_policy(policy_name, MAX_BATCH_SIZE, MAX_BATCH_TOKENS)
     queue = RequestQueue(max_size=4 * clients + 64)
-    batcher = Batcher(engine, policy, queue, metrics, calibration_sizes=(1, 2, 4, 8, 16, 32, 64))
-    batcher.start()
-    batcher.ready.wait()
+    loop = make_engine_loop(engine, queue, metrics, policy_name, MAX_BATCH_SIZE, MAX_BATCH_TOKENS,
+                            calibration_sizes=(1, 2, 4, 8, 16, 32, 64))
+    loop.start()
+    loop.ready.wait()
     latencies: list[float] = []
     audio = [0.0]
     lock = threading.Lock()
@@ -113,7 +112,7 @@ def served(engine: VitsEngine, policy_name: str, token_lists: list, clients: int
             item = SynthesisRequest(tokens=tokens, voice=VOICE, speed=1.0, key=engine.batch_key(VOICE, 1.0),
                                     deadline=math.inf)
             started = time.perf_counter()
-            batcher.submit([item])
+            loop.submit([item])
             output = item.future.result()
             with lock:
                 latencies.append(time.perf_counter() - started)
@@ -127,15 +126,15 @@ def served(engine: VitsEngine, policy_name: str, token_lists: list, clients: int
         thread.join()
     elapsed = time.perf_counter() - started
     window = metrics.window()  # the batches of this run (its window outlasts the run)
-    batcher.stop()
+    loop.stop()
     latencies.sort()
     return {"policy": policy_name, "clients": clients, "seconds": round(elapsed, 2), "requests": len(latencies),
             "requests_per_s": round(len(latencies) / elapsed, 2), "audio_s_per_s": round(audio[0] / elapsed, 2),
             "p50_ms": round(1000 * latencies[len(latencies) // 2], 1),
             "p95_ms": round(1000 * latencies[int(0.95 * (len(latencies) - 1))], 1),
             "avg_batch_size": window["avg_batch_size"], "batches": window["batches_in_window"],
-            "policy_state": policy.describe(),
-            "memory_token_budget": batcher.memory.tokens(), "out_of_memory": batcher.memory.out_of_memory_count}
+            "policy_state": loop.status()["policy"],
+            "memory_token_budget": loop.memory.tokens(), "out_of_memory": loop.memory.out_of_memory_count}
 
 
 def check_vits(device: str, quick: bool, plan: dict, result: dict) -> None:
@@ -160,7 +159,7 @@ def check_vits(device: str, quick: bool, plan: dict, result: dict) -> None:
         engine.set_low_precision(False)
     result["ceiling_audio_s_per_s"] = ceiling
 
-    print(f"served through the batcher, {plan['clients']} concurrent clients, mixed sentences:", flush=True)
+    print(f"served through the loop, {plan['clients']} concurrent clients, mixed sentences:", flush=True)
     result["served"] = []
     for policy in POLICIES:
         row = served(engine, policy, token_lists, plan["clients"], plan["served_s"])

@@ -1,13 +1,14 @@
 """The GPU check's autoregressive part: a random-weight Pocket TTS at its released size and a random-weight
-VibeVoice at the released 1.5 B layout, each through the real SteppedBatcher (queue, step policy, batcher
+VibeVoice at the released 1.5 B layout, each through the real engine loop (queue, policy, engine
 thread; in process, no HTTP) once per policy: adaptive (continuous batching), sequential and static
 (request-level batches of 8, 500 ms, audio held until the batch is done). A closed loop of 16 callers of
 mixed texts for a fixed time; then the engine ceiling, engine.synthesize of the 16 first texts at once.
 
-Throughput is the audio the engine made per second of the run: the frames every step made (the metrics'
-step records), at the model's frame rate. Counting only the requests done in the window would favour
-short ones and miss the work in flight at its end. The requests done, their latency and the audio they
-delivered are given too. Weights are random: `fixed_length` makes every request its whole frame budget.
+Throughput is the audio the engine made per second of the run: the frames every step made (counted at
+each step the engine makes, after the calibration sweep), at the model's frame rate. Counting only the
+requests done in the window would favour short ones and miss the work in flight at its end. The requests
+done, their latency and the audio they delivered are given too. Weights are random: `fixed_length` makes
+every request its whole frame budget.
 
 `--device cpu --quick` runs the same with the tiny models, short texts and short runs (a smoke test).
 """
@@ -31,15 +32,14 @@ from tts_core.engines.base import SteppedEngine
 from tts_core.metrics import Metrics
 from tts_core.queue import RequestQueue
 from tts_core.request import SynthesisRequest
-from tts_core.step_policy import make_step_policy
-from tts_core.stepping import SteppedBatcher
+from tts_core.strategies import make_engine_loop
 
 FULL = {"clients": 16, "served_s": 15.0, "texts": 64, "workload": "mixed", "calibration_sizes": [1, 2, 4, 8, 16]}
 QUICK = {"clients": 8, "served_s": 2.0, "texts": 16, "workload": "short", "calibration_sizes": [1, 2]}
 POLICIES = ["sequential", "static", "adaptive"]
 MODELS = {"pocket_tts": "Pocket TTS, released size", "vibevoice": "VibeVoice, the released 1.5 B layout"}
 # What each model's part takes on an H200, about (estimated, not yet measured there): building the random
-# model and its tokenizer, three batcher warm-ups, three runs, the ceiling.
+# model and its tokenizer, three engine-loop warm-ups, three runs, the ceiling.
 NEEDS_S = {"pocket_tts": 120.0, "vibevoice": 170.0}
 # The stepped voices' targets of bench's harness (continuous batching against request-level batches).
 TARGETS = {"adaptive_vs_sequential": 2.0, "adaptive_vs_static": 1.3, "adaptive_vs_ceiling": 0.85}
@@ -79,12 +79,11 @@ def _items(engine: SteppedEngine, token_lists: list[np.ndarray]) -> list[Synthes
 def served(engine: SteppedEngine, policy_name: str, token_lists: list, plan: dict) -> dict:
     """`clients` callers, each sending the next text when its last returns, for served_s; what is still
     queued or running then is cancelled."""
-    metrics = Metrics(window_s=3600.0)  # every step of the run stays in the window
-    policy = make_step_policy(policy_name, engine.max_running)
-    batcher = SteppedBatcher(engine, policy, RequestQueue(max_size=4 * plan["clients"] + 64), metrics,
-                             calibration_sizes=plan["calibration_sizes"])
-    batcher.start()
-    batcher.ready.wait()
+    loop = make_engine_loop(engine, RequestQueue(max_size=4 * plan["clients"] + 64), Metrics(), policy_name,
+                            calibration_sizes=plan["calibration_sizes"])
+    loop.start()
+    loop.calibrated.wait()
+    steps = _count_steps(engine)
     latencies: list[float] = []
     delivered, errors = [0.0], [0]
     lock = threading.Lock()
@@ -97,11 +96,11 @@ def served(engine: SteppedEngine, policy_name: str, token_lists: list, plan: dic
             [item] = _items(engine, [token_lists[position % len(token_lists)]])
             position += plan["clients"]
             sent = time.perf_counter()
-            batcher.submit([item])
+            loop.submit([item])
             try:
                 audio = item.future.result(timeout=max(0.0, stop_at - sent))
             except (FutureTimeout, CancelledError):
-                item.future.cancel()  # the caller goes: the batcher drops it at its next step
+                item.future.cancel()  # the caller goes: the loop drops it at its next turn
                 return
             except Exception:  # a failed request (out of memory, say): counted, and the caller goes on
                 with lock:
@@ -115,21 +114,35 @@ def served(engine: SteppedEngine, policy_name: str, token_lists: list, plan: dic
     for thread in threads:
         thread.start()
     time.sleep(max(0.0, stop_at - time.perf_counter()))
-    elapsed, window = time.perf_counter() - started, metrics.window()  # the steps of this run
+    elapsed, sizes = time.perf_counter() - started, list(steps)  # the steps of this run
     with lock:
         done, audio_s = sorted(latencies), delivered[0]
     for thread in threads:
         thread.join()
-    batcher.stop()
-    frames = window["batches_in_window"] * window["avg_batch_size"]
+    loop.stop()
+    del engine.step  # the class's own again
+    frames = sum(sizes)
     return {"policy": policy_name, "clients": plan["clients"], "seconds": round(elapsed, 2),
-            "audio_s_per_s": round(frames / engine.frame_rate / elapsed, 2), "steps": window["batches_in_window"],
-            "frames_per_step": window["avg_batch_size"], "requests_done": len(done),
+            "audio_s_per_s": round(frames / engine.frame_rate / elapsed, 2), "steps": len(sizes),
+            "frames_per_step": round(frames / len(sizes), 2) if sizes else 0.0, "requests_done": len(done),
             "delivered_audio_s_per_s": round(audio_s / elapsed, 2),
             "p50_ms": round(1000 * done[len(done) // 2], 1) if done else None,
             "p95_ms": round(1000 * done[int(0.95 * (len(done) - 1))], 1) if done else None,
-            "errors": errors[0], "policy_state": policy.describe(),
-            "out_of_memory": batcher.memory.out_of_memory_count}
+            "errors": errors[0], "policy_state": loop.status()["policy"],
+            "out_of_memory": loop.memory.out_of_memory_count}
+
+
+def _count_steps(engine: SteppedEngine) -> list[int]:
+    """The requests running at each step the engine makes from now on, whoever drives it (the stepped
+    strategy, or the request-level peers' whole batches): one frame each."""
+    sizes: list[int] = []
+    step = engine.step
+
+    def counted():
+        sizes.append(len(engine.running()))
+        return step()
+    engine.step = counted
+    return sizes
 
 
 def ceiling(engine: SteppedEngine, token_lists: list) -> dict:

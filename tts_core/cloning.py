@@ -13,7 +13,7 @@ A model can clone when its engine has `voice_prompt_from_audio(audio, sample_rat
   lists them and says who may use each. Its `give_to` is the load hook: a model that loads later (the
   pool loads lazily, and after a restart) gets its cloned voices before its batcher starts.
 - `Cloner` makes the engine calls (encode a clip, add or remove a voice) on the engine's own thread
-  (Batcher.run_on_engine), never beside a step; the model is loaded first if it is not. Its `follow`
+  (EngineLoop.run_on_engine), never beside a step; the model is loaded first if it is not. Its `follow`
   applies, from a thread, what another replica made, changed or deleted (the stored rows' refresh).
 """
 
@@ -341,7 +341,7 @@ class Cloner:
             future = self._on_loaded(model, call)
             return None if future is None else await asyncio.wrap_future(future)
         while True:
-            batcher = await self.pool.batcher(model)
+            batcher = await self.pool.loop(model)
             if cloning and not can_clone(batcher.engine):
                 raise _cannot_clone(model, self.models())
             future = _errand(batcher, call)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 
 from . import gpu
 from .degrade import LoadInputs
+from .engine_loop import EngineLoop
+from .queue import QueueClosed
 from .service import SpeechService
-from .stepping import SteppedBatcher
 
 log = logging.getLogger(__name__)
 
@@ -45,37 +47,47 @@ class Monitor:
     def tick(self, device: dict | None = None) -> None:
         service, metrics = self.service, self.service.metrics
         service.pool.maintain()
-        batchers = service.batchers
+        loops = service.loops
         memory_used = device["used_fraction"] if device else None
         state = service.degrade.update(LoadInputs(*service.queue_pressure(), memory_used))
         metrics.load_score.set(state.score)
         metrics.degrade_active.set(1 if state.active else 0)
-        self._set_precision(batchers, "lower_precision" in state.actions)
+        self._set_precision(loops, "lower_precision" in state.actions)
 
     @property
     def precision(self) -> dict[str, str]:
         """Loaded model -> "full" | "low" | "low (unsupported: no-op)"."""
-        return {name: batcher.precision for name, batcher in self.service.batchers.items()}
+        return {name: loop.precision for name, loop in self.service.loops.items()}
 
-    def _set_precision(self, batchers: dict, low: bool) -> None:
-        # the state lives on each batcher, so a model loaded again while degraded starts at full and is lowered
-        for name, batcher in batchers.items():
-            wanted = "low" if low else "full"
-            if batcher.precision.startswith(wanted):
+    def _set_precision(self, loops: dict[str, EngineLoop], low: bool) -> list[Future[bool]]:
+        """Ask each loop for the precision wanted, as an errand on its engine's thread; returns the errands
+        handed over. The state lives on each loop, so a model loaded again while degraded starts at full and
+        is lowered too."""
+        switches = []
+        for name, loop in loops.items():
+            try:
+                switch = loop.set_low_precision(low)
+            except QueueClosed:  # unloaded meanwhile
                 continue
-            supported = batcher.engine.set_low_precision(low)
-            batcher.precision = wanted if supported or not low else "low (unsupported: no-op)"
-            if low:
-                action = "lower_precision" if supported else "lower_precision_noop"
-                self.service.metrics.degrade_actions.labels(action).inc()
-                log.info("degrade: %s precision for %s", "lower" if supported else "no lower", name)
+            if switch is not None:
+                switches.append(switch)
+                if low:
+                    switch.add_done_callback(lambda done, name=name: self._lowered(name, done))
+        return switches
+
+    def _lowered(self, name: str, done: Future[bool]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            return
+        supported = done.result()
+        self.service.metrics.degrade_actions.labels("lower_precision" if supported else "lower_precision_noop").inc()
+        log.info("degrade: %s precision for %s", "lower" if supported else "no lower", name)
 
     def sample(self, device: dict | None = None) -> dict:
         service, metrics = self.service, self.service.metrics
         window = metrics.window()
         state = service.degrade.state
-        stepped = [batcher for batcher in service.batchers.values() if isinstance(batcher, SteppedBatcher)]
-        rates = [metrics.step_rate(batcher.engine.name) for batcher in stepped]
+        # autoregressive engines: requests running, steps a second, frames a step (None without one)
+        stepping = [loop.status() for loop in service.loops.values() if loop.running_count() is not None]
         point = {
             "t": time.time(),
             "queue_length": service.queue_length(),
@@ -92,10 +104,9 @@ class Monitor:
             "degraded": state.active,
             "gpu_used_fraction": device["used_fraction"] if device else None,
             "gpu_utilization_pct": device["utilization_pct"] if device else None,
-            # autoregressive engines: requests running, steps a second, frames a step (None without one)
-            "running_requests": sum(len(batcher.engine.running()) for batcher in stepped) if stepped else None,
-            "steps_per_s": sum(rate["steps_per_s"] for rate in rates) if stepped else None,
-            "frames_per_step": max((rate["frames_per_step"] for rate in rates), default=None),
+            "running_requests": sum(status["running"] for status in stepping) if stepping else None,
+            "steps_per_s": sum(status["steps_per_s"] for status in stepping) if stepping else None,
+            "frames_per_step": max((status["frames_per_step"] for status in stepping), default=None),
         }
         metrics.series.append(point)
         return point

@@ -1,12 +1,12 @@
 """The loaded models: pinned ones always, the others loaded when first asked for and unloaded,
 least recently used first, to keep within a count and a memory budget.
 
-Loading runs on the pool's own threads, never a batcher's, so loading one model never holds up
+Loading runs on the pool's own threads, never an engine loop's, so loading one model never holds up
 synthesis on the others; callers asking for a model that is loading wait for that one load.
 
-The pool's state (the slots, and which batcher each holds) has one owner: every decision that
+The pool's state (the slots, and which loop each holds) has one owner: every decision that
 reads or changes it (look up, load, unload, retire, add) is made under one lock, and is short;
-loading a model and joining a stopped batcher's thread happen outside it. A model is unloaded
+loading a model and joining a stopped loop's thread happen outside it. A model is unloaded
 only when its queue closes while idle (RequestQueue.close_if_idle, atomic with submission), so
 nothing can be queued on a model that is going away: a submission that finds its queue closed
 asks the pool again and gets the model loaded anew.
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from .batcher import Batcher
+from .engine_loop import EngineLoop
 from .engines import Engine, EngineUnavailable, ModelSpec
 from .errors import InvalidRequest, Overloaded
 from .metrics import Metrics
@@ -51,7 +51,7 @@ class PoolFull(Overloaded):
 @dataclass(eq=False)
 class Slot:
     spec: ModelSpec
-    batcher: Batcher | None = None
+    loop: EngineLoop | None = None
     last_used: float = 0.0
     loading: Future | None = None
     retired: bool = False  # no longer configured: unloaded once idle
@@ -61,9 +61,9 @@ class Slot:
 
 
 class ModelPool:
-    def __init__(self, specs: Sequence[ModelSpec], make_batcher: Callable[[Engine], Batcher], metrics: Metrics,
+    def __init__(self, specs: Sequence[ModelSpec], make_loop: Callable[[Engine], EngineLoop], metrics: Metrics,
                  max_loaded: int = 0, memory_budget_bytes: int = 0):
-        self.make_batcher = make_batcher
+        self.make_loop = make_loop
         self.metrics = metrics
         self.max_loaded = max_loaded  # 0: no limit
         self.memory_budget_bytes = memory_budget_bytes  # 0: no limit
@@ -101,34 +101,34 @@ class ModelPool:
     def start(self) -> None:
         with self._lock:
             self._started = True
-            batchers = [slot.batcher for slot in self._slots.values() if slot.batcher is not None]
-        for batcher in batchers:
-            batcher.start()
+            loops = [slot.loop for slot in self._slots.values() if slot.loop is not None]
+        for loop in loops:
+            loop.start()
 
     def stop(self) -> None:
         with self._lock:
             for slot in self._slots.values():
                 if slot.loading is not None:
                     slot.loading.cancel()  # a load not begun yet never begins; one under way ends as it does
-            batchers = [slot.batcher for slot in self._slots.values() if slot.batcher is not None]
-        for batcher in batchers:
-            batcher.stop()
+            loops = [slot.loop for slot in self._slots.values() if slot.loop is not None]
+        for loop in loops:
+            loop.stop()
 
     # --- use -------------------------------------------------------------------------------------
 
-    def loaded(self) -> dict[str, Batcher]:
+    def loaded(self) -> dict[str, EngineLoop]:
         with self._lock:
-            return {name: slot.batcher for name, slot in self._slots.items() if slot.batcher is not None}
+            return {name: slot.loop for name, slot in self._slots.items() if slot.loop is not None}
 
-    async def batcher(self, name: str) -> Batcher:
-        """The model's batcher, loading the model first if it is not loaded."""
+    async def loop(self, name: str) -> EngineLoop:
+        """The model's loop, loading the model first if it is not loaded."""
         with self._lock:
             slot = self._slots.get(name)
             if slot is None or slot.retired:
                 raise InvalidRequest(f"model {name!r} has just been removed", "model", "model_not_found")
             now = slot.last_used = time.monotonic()
-            if slot.batcher is not None:
-                return slot.batcher
+            if slot.loop is not None:
+                return slot.loop
             if slot.loading is None and now < slot.retry_at:
                 raise _broken(slot, now)
             if slot.loading is None:
@@ -140,14 +140,14 @@ class ModelPool:
         except EngineUnavailable:
             raise _broken(slot, time.monotonic()) from None
 
-    def _start_load(self, slot: Slot) -> Future[Batcher]:
+    def _start_load(self, slot: Slot) -> Future[EngineLoop]:
         """Load the slot's model on a thread of its own that ends with the load. A torch model loaded on
         a thread that lives on (the caller's, a pool's) leaves an OpenMP team of worker threads there;
         with two teams on the cores libgomp stops its workers from spinning between parallel regions,
-        and every step of the engine, on its batcher's thread, pays to wake them (Pocket TTS on two
+        and every step of the engine, on its loop's thread, pays to wake them (Pocket TTS on two
         cores: a step of one 40-44 ms after a load on a thread that ended, 53-59 ms after one on a pool
         thread; a step of 16 111-113 ms against 121-129 ms)."""
-        loading: Future[Batcher] = Future()
+        loading: Future[EngineLoop] = Future()
 
         def load() -> None:
             with self._load_turns:
@@ -161,16 +161,16 @@ class ModelPool:
         threading.Thread(target=load, name=f"model-load-{slot.spec.name}", daemon=True).start()
         return loading
 
-    def _load(self, slot: Slot) -> Batcher:
+    def _load(self, slot: Slot) -> EngineLoop:
         name = slot.spec.name
         try:
             self._make_room(slot)
             started = time.perf_counter()
-            batcher = self.make_batcher(slot.spec.load())
+            loop = self.make_loop(slot.spec.load())
             with self._lock:
                 if self._started:
-                    batcher.start()
-                slot.batcher = batcher
+                    loop.start()
+                slot.loop = loop
             slot.failure, slot.failures = None, 0
             self.metrics.model_loads.labels(name, "ok").inc()
             log.info("loaded model %s in %.1f s", name, time.perf_counter() - started)
@@ -189,7 +189,7 @@ class ModelPool:
                 slot.loading = None
             self.metrics.models_loaded.set(len(self.loaded()))
         self._fit_memory(keep=slot)
-        return batcher
+        return loop
 
     # --- unloading -------------------------------------------------------------------------------
 
@@ -221,29 +221,29 @@ class ModelPool:
     def _close_one_idle(self, keep: Slot, reason: str) -> bool:
         """Unload the least recently used idle, unpinned model other than keep; False if there is none."""
         candidates = sorted((slot for slot in self._slots.values()
-                             if slot is not keep and slot.batcher is not None and not slot.spec.pinned),
+                             if slot is not keep and slot.loop is not None and not slot.spec.pinned),
                             key=lambda slot: slot.last_used)
         return any(self._close(slot, reason) for slot in candidates)
 
     def memory_bytes(self) -> int:
-        return sum(batcher.engine.memory_bytes() for batcher in self.loaded().values())
+        return sum(loop.engine.memory_bytes() for loop in self.loaded().values())
 
     def _close(self, slot: Slot, reason: str) -> bool:
         """Unload slot's model if it is idle (under the lock); True when the slot holds no model now."""
-        batcher = slot.batcher
-        if batcher is None:
+        loop = slot.loop
+        if loop is None:
             return True
-        if not batcher.queue.close_if_idle():
+        if not loop.queue.close_if_idle():
             return False
-        slot.batcher = None
+        slot.loop = None
         # its queue is closed and empty: the thread ends at once, and no caller can reach it any more
-        threading.Thread(target=self._finish_unload, args=(batcher,), name="model-unload", daemon=True).start()
+        threading.Thread(target=self._finish_unload, args=(loop,), name="model-unload", daemon=True).start()
         self.metrics.model_evictions.labels(slot.spec.name, reason).inc()
         self.metrics.models_loaded.set(len(self.loaded()))
         log.info("unloaded model %s (%s)", slot.spec.name, reason)
         return True
 
     @staticmethod
-    def _finish_unload(batcher: Batcher) -> None:
-        batcher.stop()
-        batcher.engine.release_memory()
+    def _finish_unload(loop: EngineLoop) -> None:
+        loop.stop()
+        loop.engine.release_memory()

@@ -126,7 +126,7 @@ class RequestQueue:
         self._joining_now = 0  # how many queued items would start at once (free places of a stepped engine)
         self._changed = threading.Condition(threading.RLock())
         self._closed = False
-        self._woken = False  # the engine thread has other work (Batcher.run_on_engine): stop waiting
+        self._woken = False  # the engine thread has other work (EngineLoop.run_on_engine): stop waiting
         self._clock = clock  # time.monotonic (tests move their own)
         self._offered: deque[tuple[float, float]] = deque()  # (when, predicted cost) of texts offered, decided
         self._offered_windows = offered_windows  # {seconds: factor} (bench/overload_replay.py tries others)

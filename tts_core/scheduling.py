@@ -1,4 +1,4 @@
-"""Scheduling: a text becomes queued pieces on its model's batcher, and their audio comes back.
+"""Scheduling: a text becomes queued pieces on its model's engine loop, and their audio comes back.
 
 A text is cut into sentences, short ones packed together where there are many (a stream's first
 pieces shorter, so its first audio comes sooner), tokenized, and queued as `SynthesisRequest`s with
@@ -18,10 +18,10 @@ import numpy as np
 
 from .access import Caller, Tier
 from .audio import JOIN_PAUSE_S, StreamEncoder, faded, resample, silence
-from .batcher import Batcher
 from .captions import Timed, timed_words
 from .config import Settings
-from .engines.base import Engine, SteppedEngine
+from .engine_loop import EngineLoop
+from .engines.base import Engine
 from .errors import DeadlineExceeded, InvalidRequest, Overloaded
 from .metrics import Metrics
 from .pool import ModelPool
@@ -74,25 +74,24 @@ class Scheduler:
     async def submit_passage(self, passage: Passage, index: int, first: bool, caller: Caller | None,
                              streaming: bool, target: WaitTarget, played_s: float, words: bool
                              ) -> tuple[list[SynthesisRequest], float]:
-        """The passage's items, queued on its model's batcher here (none if the voice finds nothing to say in
+        """The passage's items, queued on its model's engine loop here (none if the voice finds nothing to say in
         it: "." alone), and the stream's audio once they have played. The one place a passage meets its
         engine: deploy/ray_serve.py places it on an engine replica elsewhere instead."""
         tier = caller.tier if caller else Tier()
         identity = caller.identity if caller else ""
         timeout_s = self.timeout_s(caller)
         voice, model_name = passage.voice, passage.model
-        batcher = await self.pool.batcher(model_name)
+        loop = await self.pool.loop(model_name)
         speed = passage.speed * voice.speed  # the voice's default speed, times the request's
-        stepped = isinstance(batcher.engine, SteppedEngine)  # its audio streams out as frames are made
-        share = None if tier.max_queue_share >= 1 else max(1, int(tier.max_queue_share * batcher.queue.max_size))
-        most = batcher.queue.most_per_text(identity, share)
+        share = None if tier.max_queue_share >= 1 else max(1, int(tier.max_queue_share * loop.queue.max_size))
+        most = loop.queue.most_per_text(identity, share)
         chunks = split_chunks(passage.spoken.text, self.settings.max_chunk_chars, min(PIECES_PER_PASSAGE, most))
-        if streaming and first and not stepped and self.settings.stream_first_chunk_chars:
+        if streaming and first and not loop.engine.makes_frames and self.settings.stream_first_chunk_chars:
             ramped = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)
             chunks = ramped if len(ramped) <= most else chunks  # a short first piece only where it fits
         tier_name = caller.tier_name if caller else ""
-        batcher.queue.check(len(chunks), tier_name, identity, tier.priority, share, target, timeout_s)
-        engine = batcher.engine
+        loop.queue.check(len(chunks), tier_name, identity, tier.priority, share, target, timeout_s)
+        engine = loop.engine
         if words and not engine.times_words:
             raise InvalidRequest(f"voice {voice.name!r} ({voice.model}) cannot time its words: word timestamps need "
                                  "a model that reports its durations (Piper, VITS)", "voice", "timestamps_unsupported")
@@ -110,20 +109,20 @@ class Scheduler:
         first_pause = passage.pause_before_s
         items[0].pause_s = (0.0 if first else JOIN_PAUSE_S) if first_pause is None else first_pause
         if streaming:
-            played_s = _set_due_times(items, batcher, speed, played_s)
-            for item in items if stepped else ():
+            played_s = _set_due_times(items, loop, speed, played_s)
+            for item in items if loop.hands_out_pieces else ():  # its audio streams out as it is made
                 item.pieces = AudioPieces()
-        await self._queue(items, batcher, model_name, share, target)
+        await self._queue(items, loop, model_name, share, target)
         return items, played_s
 
-    async def _queue(self, items: list[SynthesisRequest], batcher: Batcher, model_name: str, share: int | None,
+    async def _queue(self, items: list[SynthesisRequest], loop: EngineLoop, model_name: str, share: int | None,
                      target: WaitTarget) -> None:
         for _ in range(SUBMIT_TRIES):
             try:
-                batcher.submit(items, share, target)
+                loop.submit(items, share, target)
                 return
             except QueueClosed:  # unloaded just now: load it again
-                batcher = await self.pool.batcher(model_name)
+                loop = await self.pool.loop(model_name)
         raise Overloaded(f"model {model_name} is being reloaded; retry", 1, "model_reloading")
 
     async def collect(self, items: list[SynthesisRequest], sample_rate: int) -> list[np.ndarray]:
@@ -153,7 +152,7 @@ def _tokenized(engine: Engine, chunks: list[str], voice: str, words: bool
 
 
 async def audio_of(item: SynthesisRequest, run_allowance_s: float) -> np.ndarray:
-    """The item's audio. The batcher ends every item it is given; this bound (its deadline, plus the
+    """The item's audio. The engine loop ends every item it is given; this bound (its deadline, plus the
     longest it may take to run) is what keeps a caller from waiting for ever if something is wrong."""
     return await _bounded(item, item.future, run_allowance_s)
 
@@ -180,14 +179,14 @@ async def _bounded(item: SynthesisRequest, future, run_allowance_s: float):
         raise DeadlineExceeded(f"request timed out: no audio within {patience:.0f} s") from None
 
 
-def _set_due_times(items: list[SynthesisRequest], batcher: Batcher, speed: float, played_s: float) -> float:
+def _set_due_times(items: list[SynthesisRequest], loop: EngineLoop, speed: float, played_s: float) -> float:
     """Each piece of a stream is needed once the ones before it have played (estimated low): returns the
     audio the stream has once these have played."""
     for item in items:
         played_s += item.pause_s
         item.due_s = STREAM_DUE_MARGIN * played_s
         item.deadline += item.due_s
-        played_s += item.length * batcher.audio_s_per_token / speed
+        played_s += item.length * loop.audio_s_per_token / speed
     return played_s
 
 

@@ -4,7 +4,7 @@ calls an engine).
 The request's way, one room each:
   catalogue.py   which voices and models exist and what a request's names mean
   admission.py   validation, tier limits and degrade-mode refusals
-  scheduling.py  pieces queued on the model's batcher (the queue refuses waits past the target), audio back
+  scheduling.py  pieces queued on the model's engine loop (the queue refuses waits past the target), audio back
   this module    the assembly of the answer: the cache, joining, encoding; lifecycle and status
 and beside it, cloning.py: voices made from callers' clips, given to their engines as they load.
 """
@@ -24,25 +24,22 @@ from . import gpu
 from .access import Caller
 from .admission import Admission
 from .audio import FORMATS, STREAMABLE, encode, join, silence, unsupported_rate
-from .batcher import Batcher
 from .cache import AudioCache, CachedAudio
 from .captions import CaptionWord, caption_words, timed_words
 from .catalogue import Catalogue
 from .cloning import ClonedVoice, ClonedVoices, Cloner
 from .config import Settings
 from .degrade import DegradeController
+from .engine_loop import EngineLoop
 from .engines import Engine, ModelSpec
-from .engines.base import SteppedEngine
 from .errors import Conflict, InvalidRequest
 from .metrics import Metrics
-from .policy import make_policy
 from .pool import ModelPool
 from .queue import RequestQueue
 from .request import SynthesisRequest
 from .scheduling import Scheduler, SentenceStream
 from .script import Reading, Script
-from .step_policy import make_step_policy
-from .stepping import SteppedBatcher
+from .strategies import make_engine_loop
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +100,7 @@ class SpeechService:
                  make_scheduler: Callable[[Settings, ModelPool, Metrics], Scheduler] = Scheduler):
         """models: loaded engines (always kept) or model specs (the pool loads them as configured);
         clones: the cloned voices stored (given to their models as they load); make_scheduler: where passages
-        are queued (here, on the pool's batchers, unless a deployment places them elsewhere)."""
+        are queued (here, on the pool's engine loops, unless a deployment places them elsewhere)."""
         if not models:
             raise RuntimeError("no voices could be loaded")
         self.settings = settings
@@ -112,7 +109,7 @@ class SpeechService:
         self.cache = cache or AudioCache(int(self.degrade.settings.cache_max_mb * 2**20))
         specs = [model if isinstance(model, ModelSpec) else ModelSpec.loaded(model) for model in models]
         self.clones = ClonedVoices(clones)  # before the pool: pinned models load (and get theirs) in it
-        self.pool = ModelPool(specs, self._make_batcher, metrics, settings.max_loaded_models,
+        self.pool = ModelPool(specs, self._make_loop, metrics, settings.max_loaded_models,
                               settings.model_memory_mb * 2**20)
         self.catalogue = Catalogue.build(specs, settings, self.clones.all())
         self.cloner = Cloner(self.pool, self.clones, self.publish_catalogue, self.cache)
@@ -120,20 +117,18 @@ class SpeechService:
         self.scheduler = make_scheduler(settings, self.pool, metrics)
         self._reloading = threading.Lock()  # one registry reload or catalogue rebuild at a time
 
-    def _make_batcher(self, engine: Engine) -> Batcher:
-        """The engine's loop: one-shot batches, or continuous batching of a stepped (autoregressive) engine.
-        Called once the model has loaded, before its loop starts: it gets its cloned voices here."""
+    def _make_loop(self, engine: Engine) -> EngineLoop:
+        """The engine's loop, with the strategy for its shape: one-shot batches, or continuous batching of a
+        stepped (autoregressive) engine. Called once the model has loaded, before its loop starts: it gets
+        its cloned voices here."""
         self.clones.give_to(engine)
         settings, metrics = self.settings, self.metrics
         queue = RequestQueue(settings.max_queue, settings.aging_horizon_s,
                              on_drop=lambda reason, count: metrics.dropped.labels(reason).inc(count),
                              order=settings.queue_order, max_per_caller=settings.max_queue_per_caller)
-        shared = (settings.calibration_sizes, settings.min_free_mem_mb, settings.empty_cache_every)
-        if isinstance(engine, SteppedEngine):
-            policy = make_step_policy(settings.batch_policy, engine.max_running)
-            return SteppedBatcher(engine, policy, queue, metrics, *shared, settings.cpu_cache_mb)
-        policy = make_policy(settings.batch_policy, settings.max_batch_size, settings.max_batch_tokens)
-        return Batcher(engine, policy, queue, metrics, *shared)
+        return make_engine_loop(engine, queue, metrics, settings.batch_policy, settings.max_batch_size,
+                                settings.max_batch_tokens, settings.calibration_sizes, settings.min_free_mem_mb,
+                                settings.empty_cache_every, settings.cpu_cache_mb)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -144,27 +139,27 @@ class SpeechService:
         self.pool.stop()
 
     @property
-    def batchers(self) -> dict[str, Batcher]:
-        """The loaded models' batchers."""
+    def loops(self) -> dict[str, EngineLoop]:
+        """The loaded models' loops."""
         return self.pool.loaded()
 
     @property
     def ready(self) -> bool:
         """The pinned models are warm (others warm up when they are first loaded): serving."""
-        return self._pinned_all(lambda batcher: batcher.ready.is_set())
+        return self._pinned_all(lambda loop: loop.ready.is_set())
 
     @property
     def calibrated(self) -> bool:
         """The pinned models' calibration sweeps have run too (between the first requests)."""
-        return self._pinned_all(lambda batcher: batcher.calibrated.is_set())
+        return self._pinned_all(lambda loop: loop.calibrated.is_set())
 
     def wait_ready(self, timeout_s: float | None = None) -> bool:
-        """Block until the pinned models serve (the ones loaded at start: they have their batchers by now)."""
-        batchers = [slot.batcher for slot in self.pool.slots().values() if slot.spec.pinned and slot.batcher]
-        return all(batcher.ready.wait(timeout_s) for batcher in batchers)
+        """Block until the pinned models serve (the ones loaded at start: they have their loops by now)."""
+        loops = [slot.loop for slot in self.pool.slots().values() if slot.spec.pinned and slot.loop]
+        return all(loop.ready.wait(timeout_s) for loop in loops)
 
     def _pinned_all(self, check) -> bool:
-        return all(slot.batcher is not None and check(slot.batcher)
+        return all(slot.loop is not None and check(slot.loop)
                    for slot in self.pool.slots().values() if slot.spec.pinned)
 
     def reload_registry(self, specs: Sequence[ModelSpec]) -> dict[str, list[str]]:
@@ -183,7 +178,7 @@ class SpeechService:
         added = [spec for spec in specs if spec.name not in kept]
         for spec in added:
             slot = slots.get(spec.name)
-            if slot is not None and (spec.name not in removed or (slot.batcher is not None and slot.batcher.busy)):
+            if slot is not None and (spec.name not in removed or (slot.loop is not None and slot.loop.busy)):
                 raise Conflict(f"model {spec.name!r} is busy or still being unloaded; retry", "voices", "model_busy")
         for name in removed:
             self.pool.retire(name)
@@ -204,23 +199,23 @@ class SpeechService:
     # --- status --------------------------------------------------------------------------------
 
     def queue_length(self) -> int:
-        return sum(len(batcher.queue) for batcher in self.batchers.values())
+        return sum(len(loop.queue) for loop in self.loops.values())
 
     def queue_pressure(self) -> tuple[float, float]:
         """The predicted wait of a typical sentence from a new caller, and the wait target in force, on the
         model where the one is the largest share of the other."""
         target = self.admission.wait_target()
-        pressures = [(batcher.queue.predicted_wait(), target.limit_s(batcher.queue.overloaded(target)))
-                     for batcher in self.batchers.values()]
+        pressures = [(loop.queue.predicted_wait(), target.limit_s(loop.queue.overloaded(target)))
+                     for loop in self.loops.values()]
         return max(pressures, key=lambda pressure: pressure[0] / pressure[1], default=(0.0, target.usual_s))
 
     def queue_wait_s(self) -> float:
         """The predicted wait of a typical sentence from a new default-priority caller, on the busiest
         model (0 when idle)."""
-        return max((batcher.queue.predicted_wait() for batcher in self.batchers.values()), default=0.0)
+        return max((loop.queue.predicted_wait() for loop in self.loops.values()), default=0.0)
 
     def status(self) -> dict:
-        """What /api/v1/batch/status answers: the batchers now and over the recent window."""
+        """What /api/v1/batch/status answers: the loops now and over the recent window."""
         window = self.metrics.window()
         queued = self.queue_length()
         return {
@@ -233,24 +228,17 @@ class SpeechService:
             "max_batch_size": self.settings.max_batch_size,
             "ready": self.ready,
             "calibrated": self.calibrated,
-            "engines": {name: self._engine_status(slot.batcher, slot.spec.pinned)
+            "engines": {name: self._engine_status(slot.loop, slot.spec.pinned)
                         for name, slot in self.pool.slots().items() if not slot.retired},
-            "models_loaded": len(self.batchers),
+            "models_loaded": len(self.loops),
             "model_memory_mb": round(self.pool.memory_bytes() / 2**20, 1),
         }
 
     @staticmethod
-    def _engine_status(batcher: Batcher | None, pinned: bool) -> dict:
-        if batcher is None:
+    def _engine_status(loop: EngineLoop | None, pinned: bool) -> dict:
+        if loop is None:
             return {"loaded": False, "pinned": pinned, "queue_length": 0, "ready": False}
-        status = {"loaded": True, "pinned": pinned, "queue_length": len(batcher.queue),
-                  "queue_wait_s": round(batcher.queue.predicted_wait(), 3),
-                  "ready": batcher.ready.is_set(), "calibrated": batcher.calibrated.is_set(),
-                  "policy": batcher.policy.describe(),
-                  "memory_token_budget": batcher.memory.tokens(), "out_of_memory": batcher.memory.out_of_memory_count}
-        if isinstance(batcher, SteppedBatcher):
-            status.update(running=len(batcher.engine.running()), **batcher.metrics.step_rate(batcher.engine.name))
-        return status
+        return {"loaded": True, "pinned": pinned, **loop.status()}
 
     # --- synthesis -----------------------------------------------------------------------------
 

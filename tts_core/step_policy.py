@@ -2,7 +2,7 @@
 
 Pure, like tts_core.policy: a policy sees the requests running now and the queued candidates (most
 urgent first) and answers with a BatchPlan of the candidates to admit at the next step. The
-batcher feeds back every step's timing, every prefill's and every decode's.
+stepped strategy feeds back every step's timing, every prefill's and every decode's.
 
 `ContinuousPolicy` (TTS_BATCH_POLICY=adaptive, Chorus's): a candidate joins at the next step when a
 place is free, its cache fits the memory budget, and the cost model says the server is better off
@@ -17,16 +17,19 @@ streams back to keep the running ones in real time was tried: on 2 CPU cores onl
 and 8 streams' first audio waited 6-10 s for a place, against a p95 of 1.9 s without the hold; a listener
 buffers a stream that is made below real time, it cannot buffer one that has not started.)
 
-`RequestLevelPolicy` is how the peers Chorus is measured against batch an autoregressive model:
-a batch is admitted only when nothing runs (after waiting up to `max_wait_s` for `max_batch`
-requests, like TimeoutPolicy), and every member's audio is held until the whole batch is done,
-as one `generate(batch)` call returns it. (Members that finish early leave the step, which
-`generate` does not do: the peer is, if anything, faster than the real thing.)
+`FillPolicy` admits whoever has a place: how the engine's own whole-batch `synthesize` runs a batch
+(tts_core.stepping.synthesize_whole), as one `generate(batch)` call would.
+
+The peers Chorus is measured against (TTS_BATCH_POLICY=sequential, static, window) batch an
+autoregressive model by request: they are tts_core.policy's one-shot policies, run by the one-shot
+strategy over that `synthesize`, so a batch starts only when the one before is done and every member's
+audio is handed out with the batch's. (Members that finish early leave the step, which `generate` does
+not do: the peer is, if anything, faster than the real thing.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .policy import BatchPlan, CostModel
@@ -80,19 +83,10 @@ def _moving(average: float, sample: float) -> float:
 class StepPolicy:
     name = "step"
     learns = False
-    holds_results = False  # True: members' audio is handed out when their whole batch is done
 
     def __init__(self, max_running: int):
         self.max_running = max_running
         self.cost = StepCostModel()
-
-    @property
-    def max_batch_size(self) -> int:  # what the batcher's candidate limits read
-        return self.max_running
-
-    @property
-    def cost_model(self) -> CostModel:  # the step-time model, as the dashboard charts a batch policy's
-        return self.cost.steps
 
     def plan(self, running: Sequence[StepView], queued: Sequence[StepView], now: float,
              memory_tokens: int | None = None) -> BatchPlan:
@@ -139,35 +133,11 @@ class ContinuousPolicy(StepPolicy):
         return after > before
 
 
-class RequestLevelPolicy(StepPolicy):
+class FillPolicy(ContinuousPolicy):
+    """Every free place filled at once, memory permitting: a whole batch run as one call runs it."""
+
+    name = "fill"
     learns = False
-    holds_results = True
 
-    def __init__(self, name: str, max_batch: int, max_wait_s: float):
-        super().__init__(max_batch)
-        self.name = name
-        self.max_wait_s = max_wait_s
-
-    def plan(self, running: Sequence[StepView], queued: Sequence[StepView], now: float,
-             memory_tokens: int | None = None) -> BatchPlan:
-        if running:  # a batch runs until its last member is done
-            return BatchPlan(take=())
-        waited = now - min(view.enqueued_at for view in queued)
-        if len(queued) < self.max_running and waited < self.max_wait_s:
-            return BatchPlan(take=(), wait_s=self.max_wait_s - waited)
-        return BatchPlan(take=tuple(range(min(self.max_running, len(queued)))))
-
-
-# TTS_BATCH_POLICY for stepped engines: max_running -> policy; the same names as tts_core.policy's
-STEP_POLICIES: dict[str, Callable[[int], StepPolicy]] = {
-    "adaptive": ContinuousPolicy,
-    "sequential": lambda running: RequestLevelPolicy("sequential", 1, 0.0),
-    "static": lambda running: RequestLevelPolicy("static", min(8, running), 0.5),
-    "window": lambda running: RequestLevelPolicy("window", min(16, running), 0.010),
-}
-
-
-def make_step_policy(name: str, max_running: int) -> StepPolicy:
-    if name not in STEP_POLICIES:
-        raise ValueError(f"unknown batch policy {name!r}; one of {', '.join(STEP_POLICIES)}")
-    return STEP_POLICIES[name](max_running)
+    def _pays(self, members: list[StepView], candidate: StepView) -> bool:
+        return True

@@ -1,6 +1,6 @@
-"""The engine loop of a stepped (autoregressive) engine: continuous batching.
+"""The stepped strategy: continuous batching of an autoregressive engine (Pocket TTS, VibeVoice).
 
-Each turn of the loop, on the one thread that owns the engine: running requests whose caller has
+Each turn of its engine loop, on the one thread that owns the engine: running requests whose caller has
 gone are stopped; the policy picks which queued requests join, and their prompts are prefilled
 together; every running request makes one frame; each request's new frames are decoded every
 STREAM_PIECE_S of audio (a stream) or FILE_PIECE_S (a whole file), and when it finishes, and
@@ -17,10 +17,13 @@ stream's piece comes up to DEFER_CAP pieces later when a new stream starts; a li
 buffered hears nothing of it, one whose stream is made slower than real time hears its gap later.
 A deferred piece is decoded at a later turn, longer (which costs less per frame). Measured with 8
 streams of a 89 M-parameter Pocket TTS on 2 cores (a stream starting while the others run): first
-audio p50 467 -> 311 ms, p95 573 -> 404 ms, the same audio seconds per second (README). (The
-request-level peers decode as they did: their results are held anyway.)
+audio p50 467 -> 311 ms, p95 573 -> 404 ms, the same audio seconds per second (README).
 
-vLLM v1's split at a smaller scale: the policy plans (pure), the engine steps, this loop delivers.
+vLLM v1's split at a smaller scale: the policy plans (pure), the engine steps, this strategy delivers.
+
+The same code runs a whole batch at once (`synthesize_whole`: the engine's own `synthesize`, so its
+warm-up, the benchmark's ceiling and the request-level peers, which run a batch to its last member as one
+`generate(batch)` call does): one driving loop for every use of a stepped engine.
 
 A running item's future stays pending (not "running") until it resolves: a caller that goes
 cancels it, which stops the item at the next step, and an item the engine had no memory for can
@@ -37,13 +40,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .batcher import CALIBRATION_TEXT, Batcher
+from .engine_loop import CALIBRATION_TEXT, Serving
 from .engines.base import FILE_PIECE_S, STREAM_PIECE_S, SteppedEngine
 from .errors import ChorusError, ClientGone, Overloaded, SynthesisError
 from .metrics import Metrics
 from .queue import RequestQueue
 from .request import SynthesisRequest
-from .step_policy import StepPolicy, StepView
+from .step_policy import FillPolicy, StepPolicy, StepView
 
 log = logging.getLogger(__name__)
 
@@ -81,17 +84,36 @@ class Progress:
         return self.behind >= DEFER_CAP * self.decode_every
 
 
-class SteppedBatcher(Batcher):
+class SteppedStrategy:
+    hands_out_pieces = True
     engine: SteppedEngine
-    policy: StepPolicy
 
-    def __init__(self, engine: SteppedEngine, policy: StepPolicy, queue: RequestQueue, metrics: Metrics,
-                 calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16), min_free_memory_mb: int = 2048,
-                 empty_cache_every: int = 100, cpu_cache_mb: int = 1024):
-        super().__init__(engine, policy, queue, metrics, calibration_sizes, min_free_memory_mb, empty_cache_every)
-        self.cpu_cache_bytes = cpu_cache_mb * 2**20  # the cache's budget where no device memory says otherwise
+    def __init__(self, serving: Serving, policy: StepPolicy, calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16),
+                 cpu_cache_mb: int | None = 1024):
+        self.serving, self.policy = serving, policy
+        self.engine, self.queue, self.metrics = serving.engine, serving.queue, serving.metrics
+        self.calibration_sizes = [s for s in calibration_sizes if 1 <= s <= policy.max_running]
+        # the cache's budget where no device memory says otherwise (None: none, as for one whole batch)
+        self.cpu_cache_bytes = None if cpu_cache_mb is None else cpu_cache_mb * 2**20
         self._progress: dict[SynthesisRequest, Progress] = {}
         self._declined = False  # the policy left queued candidates out at this turn
+
+    # --- what the loop asks --------------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        return not len(self.queue) and not self.engine.running()
+
+    def running_count(self) -> int | None:
+        return len(self.engine.running())
+
+    def status(self) -> dict:
+        return {"policy": self.policy.describe(), "running": len(self.engine.running()),
+                **self.metrics.step_rate(self.engine.name)}
+
+    def cost_model(self) -> dict:
+        """Seconds a step, its size the requests running."""
+        model = self.policy.cost.steps if self.policy.learns else None
+        return {"policy": self.policy.name, "unit": "step", "max_size": self.policy.max_running, "model": model}
 
     # --- warm-up ----------------------------------------------------------------------------------
 
@@ -109,14 +131,11 @@ class SteppedBatcher(Batcher):
         self.engine.synthesize(items(1, 4))  # cold: first runs set up kernels and caches
         started = time.perf_counter()
         outputs = self.engine.synthesize(sample := items(1, 12))
-        self.item_cost.add(1, 12, time.perf_counter() - started)
-        self._learn_audio_rate(sample, outputs)
+        self.serving.item_cost.add(1, 12, time.perf_counter() - started)
+        self.serving.learn_audio_rate(sample, outputs)
         self.engine.measure_memory(tokens[:12])
         return [lambda size=size, length=length: self._calibrate(items(size, length))
                 for length in (4, min(len(tokens), 32)) for size in self.calibration_sizes]
-
-    def _idle(self) -> bool:
-        return not len(self.queue) and not self.engine.running()
 
     def _calibrate(self, items: list[SynthesisRequest]) -> None:
         engine, cost = self.engine, self.policy.cost
@@ -146,7 +165,7 @@ class SteppedBatcher(Batcher):
         self.metrics.queue_length.labels(self.engine.name).set(len(self.queue))
         self.metrics.running_requests.labels(self.engine.name).set(len(running))
         if not running and not candidates:
-            self._release_memory_once_idle()
+            self.serving.release_memory_once_idle()
             self._tell_queue()
             self.queue.wait_for_items()
             return
@@ -172,20 +191,20 @@ class SteppedBatcher(Batcher):
     def _memory_tokens(self) -> int | None:
         """Context positions the cache may still grow by: device memory where the engine has some to
         manage, else the configured CPU budget less what the running requests will hold."""
-        device = self.memory.tokens()
-        if device is not None or not self.engine.kv_bytes_per_token:
+        device = self.serving.memory.tokens()
+        if device is not None or not self.engine.kv_bytes_per_token or self.cpu_cache_bytes is None:
             return device
         held = sum(self.engine.context_tokens(item) for item in self.engine.running())
         return max(0, int(self.cpu_cache_bytes / self.engine.kv_bytes_per_token) - held)
 
     def _tell_queue(self) -> None:
         """When a place frees up, for the queue's wait predictions: at the next step while there is room
-        (and how many queued requests join then: all the free places, unless the policy declined one or
-        admits only whole batches), else when the running request nearest its end is done."""
+        (and how many queued requests join then: all the free places, unless the policy declined one),
+        else when the running request nearest its end is done."""
         running = self.engine.running()
         room = self.policy.max_running - len(running)
         if room > 0:
-            self.queue.expect_free_in(0.0, 0 if self._declined or self.policy.holds_results else room)
+            self.queue.expect_free_in(0.0, 0 if self._declined else room)
             return
         longest = max(self.engine.context_length(item) for item in running)
         left = min(self.engine.frames_needed(item) - self._progress[item].frames for item in running)
@@ -212,12 +231,12 @@ class SteppedBatcher(Batcher):
                 self._end(item, SynthesisError(f"synthesis failed: {error}"), running=False)
             return
         seconds = time.perf_counter() - started
-        self._worked = True
+        self.serving.worked = True
         self.policy.cost.observe_prefill(sum(self.engine.context_length(item) for item in live), seconds)
         for item in live:
             item.queue_s = now - item.enqueued_at
             piece_s = STREAM_PIECE_S if item.pieces is not None else FILE_PIECE_S
-            streaming = item.pieces is not None and not self.policy.holds_results
+            streaming = item.pieces is not None
             self._progress[item] = Progress(running_with, max(1, math.ceil(piece_s * self.engine.frame_rate)),
                                             engine_s=seconds / len(live), streaming=streaming,
                                             opens=streaming and item.due_s == 0)
@@ -253,9 +272,6 @@ class SteppedBatcher(Batcher):
         """The due pieces to decode at this turn (see the module's docstring): first pieces first, then
         the furthest behind, while no stream waits for its first piece and no request waits to join
         (asked before each piece), and those DEFER_CAP pieces behind."""
-        if self.policy.holds_results:
-            yield from due
-            return
         progress = self._progress
         starting = any(progress[item].starting for item in self.engine.running())
         for item in sorted(due, key=lambda item: (not progress[item].starting, -progress[item].behind)):
@@ -287,8 +303,6 @@ class SteppedBatcher(Batcher):
         self._decode(finished, final=True)
         for item in finished:
             self.engine.release(item)
-        if self.policy.holds_results and self.engine.running():
-            return  # a batch's results go out together, once its last member is done
         for item in [item for item in self._progress if item not in self.engine.running()]:
             self._deliver(item)
 
@@ -297,11 +311,9 @@ class SteppedBatcher(Batcher):
         audio = np.concatenate(progress.pieces) if progress.pieces else np.zeros(0, dtype=np.float32)
         item.batch_s, item.batch_size = progress.engine_s, progress.running_with  # before a reader sees the end
         if item.pieces is not None:
-            for piece in progress.pieces if self.policy.holds_results else ():
-                item.pieces.push(piece)
             item.pieces.end()
-        self.item_cost.add(1, item.length, progress.engine_s)
-        self._learn_audio_rate([item], [audio])
+        self.serving.item_cost.add(1, item.length, progress.engine_s)
+        self.serving.learn_audio_rate([item], [audio])
         self.queue.done(1)
         item.resolve(audio)
 
@@ -317,7 +329,7 @@ class SteppedBatcher(Batcher):
         self.queue.done(1)
         item.resolve(error)
 
-    def _stopped(self) -> None:
+    def stopped(self) -> None:
         for item in self.engine.running():
             self._end(item, Overloaded(f"model {self.engine.name} was stopped before this was synthesized; retry",
                                        1, "model_stopped"))
@@ -333,7 +345,7 @@ class SteppedBatcher(Batcher):
         tokens = sum(self.engine.context_tokens(item) for item in items)
         log.warning("%s ran out of memory with %d requests joining or newest", self.engine.name, len(items))
         self.metrics.out_of_memory.labels(self.engine.name).inc()
-        self.memory.out_of_memory(tokens)
+        self.serving.memory.out_of_memory(tokens)
         running = self.engine.running()
         for item in items:
             if item in running:
@@ -349,4 +361,21 @@ class SteppedBatcher(Batcher):
 
 def _gone(item: SynthesisRequest) -> bool:
     return item.abandoned or item.future.cancelled()
+
+
+def synthesize_whole(engine: SteppedEngine, batch: Sequence[SynthesisRequest]) -> list[np.ndarray]:
+    """Each item's whole audio, made by the stepped strategy on the calling thread (the engine's own
+    `synthesize`): every item joins as soon as a place is free and its audio is taken every FILE_PIECE_S,
+    as a served whole file's is. The items run as copies of their engine input, so a served item's future
+    stays its caller's; once all have ended, the first that failed raises its error."""
+    runs = [SynthesisRequest(tokens=item.tokens, voice=item.voice, speed=item.speed, key=None,
+                             deadline=math.inf) for item in batch]
+    if not runs:
+        return []
+    queue = RequestQueue(max_size=len(runs))
+    strategy = SteppedStrategy(Serving(engine, queue, Metrics()), FillPolicy(engine.max_running), cpu_cache_mb=None)
+    queue.put_many(runs)
+    while not all(run.future.done() for run in runs):
+        strategy.step()
+    return [run.future.result() for run in runs]
 

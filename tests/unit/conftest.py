@@ -5,11 +5,10 @@ import numpy as np
 import pytest
 
 from tests.fakes import FakeEngine
-from tts_core.batcher import Batcher
 from tts_core.metrics import Metrics
-from tts_core.policy import make_policy
 from tts_core.queue import RequestQueue
 from tts_core.request import SynthesisRequest
+from tts_core.strategies import make_engine_loop
 
 
 def make_item(length: int, tag: int = 7, key="k", deadline: float = math.inf, priority: int = 0):
@@ -20,21 +19,20 @@ def make_item(length: int, tag: int = 7, key="k", deadline: float = math.inf, pr
 
 
 @pytest.fixture
-def start_batcher():
+def start_loop():
     started = []
 
     def start(engine: FakeEngine, policy: str = "adaptive", max_queue: int = 64,
               aging_horizon_s: float = 2.0, max_batch_size: int = 16, calibration_sizes=(1, 2, 8)):
         queue = RequestQueue(max_queue, aging_horizon_s, long_tokens=400)
-        batcher = Batcher(engine, make_policy(policy, max_batch_size, 100_000), queue, Metrics(),
-                          calibration_sizes)
-        batcher.start()
-        assert batcher.calibrated.wait(30)
+        loop = make_engine_loop(engine, queue, Metrics(), policy, max_batch_size, 100_000, calibration_sizes)
+        loop.start()
+        assert loop.calibrated.wait(30)
         engine.seen.clear()
         engine.calls_started = threading.Semaphore(0)  # count calls after warm-up only
-        started.append(batcher)
-        return batcher
+        started.append(loop)
+        return loop
 
     yield start
-    for batcher in started:
-        batcher.stop()
+    for loop in started:
+        loop.stop()

@@ -4,20 +4,20 @@ import pytest
 
 from tests.fakes import POISON, SAMPLES_PER_TOKEN, FakeEngine, flat_cost, linear_cost
 from tests.unit.conftest import make_item
-from tts_core.batcher import CALIBRATION_LENGTHS, Batcher
 from tts_core.errors import SynthesisError
 from tts_core.metrics import Metrics
-from tts_core.policy import make_policy
+from tts_core.one_shot import CALIBRATION_LENGTHS
 from tts_core.queue import RequestQueue
+from tts_core.strategies import make_engine_loop
 
 
-def submit_while_busy(batcher, engine, items):
+def submit_while_busy(loop, engine, items):
     """Hold the engine on one blocker call, queue items behind it, then let it go."""
     engine.gate.clear()
     blocker = make_item(5, tag=0)
-    batcher.submit([blocker])
+    loop.submit([blocker])
     assert engine.calls_started.acquire(timeout=5)
-    batcher.submit(items)
+    loop.submit(items)
     return blocker
 
 
@@ -26,26 +26,26 @@ def release(engine, blocker):
     blocker.future.result(timeout=5)
 
 
-def test_one_bad_item_fails_alone_and_the_loop_keeps_running(start_batcher):
+def test_one_bad_item_fails_alone_and_the_loop_keeps_running(start_loop):
     engine = FakeEngine()
-    batcher = start_batcher(engine, policy="static")  # static: the 4 items surely share a batch
+    loop = start_loop(engine, policy="static")  # static: the 4 items surely share a batch
     items = [make_item(20, tag=1), make_item(20, tag=POISON), make_item(20, tag=3), make_item(20, tag=4)]
-    batcher.submit(items)
+    loop.submit(items)
     assert items[0].future.result(timeout=5).size == 20 * SAMPLES_PER_TOKEN
     with pytest.raises(SynthesisError, match="poisoned"):
         items[1].future.result(timeout=5)
     assert all(item.future.result(timeout=5) is not None for item in items[2:])
     assert len(engine.seen[0]) == 4  # tried as one batch, then item by item
     later = make_item(30, tag=5)
-    batcher.submit([later])
+    loop.submit([later])
     assert later.future.result(timeout=5).size == 30 * SAMPLES_PER_TOKEN
 
 
-def test_each_item_gets_its_own_audio(start_batcher):
+def test_each_item_gets_its_own_audio(start_loop):
     engine = FakeEngine(cost=flat_cost)
-    batcher = start_batcher(engine)
+    loop = start_loop(engine)
     items = [make_item(10 + tag, tag=tag) for tag in range(1, 20)]
-    blocker = submit_while_busy(batcher, engine, items)
+    blocker = submit_while_busy(loop, engine, items)
     release(engine, blocker)
     for item in items:
         audio = item.future.result(timeout=5)
@@ -53,11 +53,11 @@ def test_each_item_gets_its_own_audio(start_batcher):
         assert audio[0] == pytest.approx(item.tokens[0] / 1000)
 
 
-def test_cancelled_request_is_never_synthesized(start_batcher):
+def test_cancelled_request_is_never_synthesized(start_loop):
     engine = FakeEngine()
-    batcher = start_batcher(engine)
+    loop = start_loop(engine)
     gone, kept = make_item(20, tag=1), make_item(20, tag=2)
-    blocker = submit_while_busy(batcher, engine, [gone, kept])
+    blocker = submit_while_busy(loop, engine, [gone, kept])
     assert gone.future.cancel()  # the client left while it was queued
     release(engine, blocker)
     kept.future.result(timeout=5)
@@ -65,11 +65,11 @@ def test_cancelled_request_is_never_synthesized(start_batcher):
 
 
 @pytest.mark.parametrize("cost, expect_batching", [(flat_cost, True), (linear_cost, False)])
-def test_adaptive_batcher_learns_whether_batching_pays(start_batcher, cost, expect_batching):
+def test_adaptive_batcher_learns_whether_batching_pays(start_loop, cost, expect_batching):
     engine = FakeEngine(cost=cost)
-    batcher = start_batcher(engine, calibration_sizes=(1, 2, 4, 8, 16))
+    loop = start_loop(engine, calibration_sizes=(1, 2, 4, 8, 16))
     items = [make_item(40 + i % 7, tag=i + 1) for i in range(24)]
-    blocker = submit_while_busy(batcher, engine, items)
+    blocker = submit_while_busy(loop, engine, items)
     release(engine, blocker)
     for item in items:
         item.future.result(timeout=10)
@@ -80,11 +80,11 @@ def test_adaptive_batcher_learns_whether_batching_pays(start_batcher, cost, expe
         assert sizes == [1] * 24
 
 
-def test_retry_after_grows_with_the_backlog(start_batcher):
+def test_retry_after_grows_with_the_backlog(start_loop):
     engine = FakeEngine(cost=lambda size, padded: 0.05)
-    batcher = start_batcher(engine, policy="sequential")
-    blocker = submit_while_busy(batcher, engine, [make_item(10) for _ in range(40)])
-    assert batcher.queue.backlog_s() >= 1.9  # 40 queued items of 50 ms: what a full queue's Retry-After says
+    loop = start_loop(engine, policy="sequential")
+    blocker = submit_while_busy(loop, engine, [make_item(10) for _ in range(40)])
+    assert loop.queue.backlog_s() >= 1.9  # 40 queued items of 50 ms: what a full queue's Retry-After says
     release(engine, blocker)
 
 
@@ -92,23 +92,22 @@ def test_the_batcher_serves_before_its_calibration_sweep_is_done():
     """Ready after the warm-up; the sweep's points run between requests: one that comes mid-sweep waits for
     the point under way, not for the rest of the sweep."""
     engine = FakeEngine(cost=lambda size, padded: 0.05)  # a sweep of 3 lengths x 5 sizes x 2 runs: 1.5 s
-    batcher = Batcher(engine, make_policy("adaptive", 16, 100_000), RequestQueue(64, 2.0), Metrics(),
-                      (1, 2, 4, 8, 16))
-    batcher.start()
+    loop = make_engine_loop(engine, RequestQueue(64, 2.0), Metrics(), "adaptive", 16, 100_000, (1, 2, 4, 8, 16))
+    loop.start()
     try:
-        assert batcher.ready.wait(30)
+        assert loop.ready.wait(30)
         warm_up_calls = len(engine.seen)
         engine.calls_started = threading.Semaphore(0)
         engine.gate.clear()  # the sweep holds inside its point under way
-        assert engine.calls_started.acquire(timeout=10) and not batcher.calibrated.is_set()
+        assert engine.calls_started.acquire(timeout=10) and not loop.calibrated.is_set()
         item = make_item(10, tag=42)
-        batcher.submit([item])
+        loop.submit([item])
         engine.gate.set()
         item.future.result(timeout=10)
-        assert batcher.calibrated.wait(30)
+        assert loop.calibrated.wait(30)
         served_at = engine.seen.index([42])
         assert served_at <= warm_up_calls + 2  # after the point under way (two runs), not the whole sweep
         # the warm-up (a cold run, one per length), the sweep (two runs of each length and size), the item
         assert len(engine.seen) == 1 + len(CALIBRATION_LENGTHS) + 2 * len(CALIBRATION_LENGTHS) * 5 + 1
     finally:
-        batcher.stop()
+        loop.stop()

@@ -1,4 +1,4 @@
-"""Calls handed to an engine's own thread (Batcher.run_on_engine), in both loop shapes: they wake an
+"""Calls handed to an engine's own thread (EngineLoop.run_on_engine), with either strategy: they wake an
 idle loop, wait for the running step (never beside one), return their result or exception on a Future,
 and a loop that has ended takes no more."""
 
@@ -13,8 +13,7 @@ from tests.fakes import FakeEngine, FakeSteppedEngine
 from tts_core.metrics import Metrics
 from tts_core.queue import QueueClosed, RequestQueue
 from tts_core.request import SynthesisRequest
-from tts_core.step_policy import make_step_policy
-from tts_core.stepping import SteppedBatcher
+from tts_core.strategies import make_engine_loop
 
 
 class RecordingEngine(FakeSteppedEngine):
@@ -40,58 +39,57 @@ class RecordingEngine(FakeSteppedEngine):
 @pytest.fixture
 def stepped():
     engine = RecordingEngine()
-    batcher = SteppedBatcher(engine, make_step_policy("adaptive", engine.max_running),
-                             RequestQueue(64), Metrics(), calibration_sizes=(1,))
-    batcher.start()
-    assert batcher.calibrated.wait(30)
-    yield engine, batcher
-    batcher.stop()
+    loop = make_engine_loop(engine, RequestQueue(64), Metrics(), calibration_sizes=(1,))
+    loop.start()
+    assert loop.calibrated.wait(30)
+    yield engine, loop
+    loop.stop()
 
 
 def test_an_idle_loop_wakes_for_a_call_and_runs_it_on_the_engines_thread(stepped):
-    engine, batcher = stepped
+    engine, loop = stepped
     started = time.monotonic()
-    assert batcher.run_on_engine(engine.errand).result(timeout=5) == "batcher-fake-ar"
+    assert loop.run_on_engine(engine.errand).result(timeout=5) == "engine-fake-ar"
     assert time.monotonic() - started < 1.0
 
 
-def test_a_one_shot_engines_loop_runs_calls_the_same_way(start_batcher):
-    batcher = start_batcher(FakeEngine())
+def test_a_one_shot_engines_loop_runs_calls_the_same_way(start_loop):
+    loop = start_loop(FakeEngine())
     started = time.monotonic()
-    assert batcher.run_on_engine(lambda: threading.current_thread().name).result(timeout=5).startswith("batcher-")
+    assert loop.run_on_engine(lambda: threading.current_thread().name).result(timeout=5).startswith("engine-")
     assert time.monotonic() - started < 1.0
 
 
 def test_a_call_waits_for_the_running_step_and_never_runs_beside_one(stepped):
-    engine, batcher = stepped
+    engine, loop = stepped
     engine.gate.clear()  # the next step blocks
     long = SynthesisRequest(tokens=np.full(50, 7, dtype=np.int64), voice="fake-ar-voice", speed=1.0, key="fake-ar",
                             deadline=math.inf)
-    batcher.submit([long])
+    loop.submit([long])
     while not engine.stepping:
         time.sleep(0.01)
-    calls = [batcher.run_on_engine(engine.errand) for _ in range(5)]
+    calls = [loop.run_on_engine(engine.errand) for _ in range(5)]
     time.sleep(0.2)
     assert not any(call.done() for call in calls)  # held behind the step
     engine.gate.set()
-    assert all(call.result(timeout=5) == "batcher-fake-ar" for call in calls)
+    assert all(call.result(timeout=5) == "engine-fake-ar" for call in calls)
     long.future.result(timeout=10)
     assert not engine.overlapped
 
 
 def test_a_failing_call_fails_on_its_future_and_the_loop_goes_on(stepped):
-    engine, batcher = stepped
+    engine, loop = stepped
 
     def broken():
         raise ValueError("no such latents")
 
     with pytest.raises(ValueError, match="no such latents"):
-        batcher.run_on_engine(broken).result(timeout=5)
-    assert batcher.run_on_engine(lambda: 42).result(timeout=5) == 42
+        loop.run_on_engine(broken).result(timeout=5)
+    assert loop.run_on_engine(lambda: 42).result(timeout=5) == 42
 
 
 def test_a_stopped_loop_takes_no_more_calls(stepped):
-    _, batcher = stepped
-    batcher.stop()
+    _, loop = stepped
+    loop.stop()
     with pytest.raises(QueueClosed):
-        batcher.run_on_engine(lambda: None)
+        loop.run_on_engine(lambda: None)

@@ -20,23 +20,23 @@ def test_an_item_queued_on_a_model_unloaded_meanwhile_runs_on_the_reloaded_model
     service = make_service([spec("pin", pinned=True), spec("a"), spec("b")], max_loaded_models=2)
     try:
         script = service.validate("hello", "a-voice", None, 1.0, None)
-        lookup = service.pool.batcher
+        lookup = service.pool.loop
 
         async def scenario():
             stale = await lookup("a")
             await lookup("b")  # loading b unloads the idle a (the count limit is 2, with the pinned one)
-            assert stale.queue.closed and "a" not in service.batchers
+            assert stale.queue.closed and "a" not in service.loops
 
             async def stale_first(name):  # the caller looked a up just before it was unloaded
-                service.pool.batcher = lookup
+                service.pool.loop = lookup
                 return stale
 
-            service.pool.batcher = stale_first
+            service.pool.loop = stale_first
             items = await service.scheduler.submit(script, None)
             return await asyncio.wait_for(service.scheduler.collect(items, script.voice.sample_rate), 10)
 
         assert asyncio.run(scenario())[0].size > 0
-        assert service.batchers["a"] is not None  # loaded again, and the item ran there
+        assert service.loops["a"] is not None  # loaded again, and the item ran there
     finally:
         service.stop()
 
@@ -54,15 +54,15 @@ def test_an_idle_check_and_a_submission_cannot_interleave():
         queue.put_many([make_item(5)])
 
 
-def test_stopping_a_batcher_fails_what_is_still_queued(start_batcher):
+def test_stopping_a_loop_fails_what_is_still_queued(start_loop):
     engine = FakeEngine()
-    batcher = start_batcher(engine, policy="sequential")
+    loop = start_loop(engine, policy="sequential")
     engine.gate.clear()
     running, queued = make_item(5, tag=1), make_item(5, tag=2)
-    batcher.submit([running])
+    loop.submit([running])
     assert engine.calls_started.acquire(timeout=5)
-    batcher.submit([queued])
-    stopper = threading.Thread(target=batcher.stop)
+    loop.submit([queued])
+    stopper = threading.Thread(target=loop.stop)
     stopper.start()
     with pytest.raises(Overloaded, match="stopped"):
         queued.future.result(timeout=5)
@@ -95,9 +95,10 @@ def test_a_caller_never_waits_for_ever_on_an_item_nobody_answers():
 
 class PrecisionEngine(FakeEngine):
     low = False
+    switched_on = ""  # the thread that called set_low_precision: only the engine's own may
 
     def set_low_precision(self, enabled: bool) -> bool:
-        self.low = enabled
+        self.low, self.switched_on = enabled, threading.current_thread().name
         return True
 
 
@@ -112,15 +113,17 @@ def test_a_model_loaded_again_while_degraded_is_lowered_too():
     service = make_service([spec("pin", pinned=True), low, spec("b")], max_loaded_models=2)
     monitor = Monitor(service)
     try:
-        asyncio.run(service.pool.batcher("low"))
-        first = service.batchers["low"]
-        monitor._set_precision(service.batchers, low=True)  # degrade mode's lower_precision action
-        assert first.precision == "low" and engines[0].low
-        asyncio.run(service.pool.batcher("b"))  # unloads the idle "low" ...
-        asyncio.run(service.pool.batcher("low"))  # ... and loads it again, while still degraded
-        again = service.batchers["low"]
+        asyncio.run(service.pool.loop("low"))
+        first = service.loops["low"]
+        for switch in monitor._set_precision(service.loops, low=True):  # degrade mode's lower_precision action
+            switch.result(timeout=10)  # an errand on the engine's thread
+        assert first.precision == "low" and engines[0].low and engines[0].switched_on == "engine-low"
+        asyncio.run(service.pool.loop("b"))  # unloads the idle "low" ...
+        asyncio.run(service.pool.loop("low"))  # ... and loads it again, while still degraded
+        again = service.loops["low"]
         assert again is not first and again.precision == "full" and not engines[1].low
-        monitor._set_precision(service.batchers, low=True)
+        for switch in monitor._set_precision(service.loops, low=True):
+            switch.result(timeout=10)
         assert again.precision == "low" and engines[1].low
     finally:
         service.stop()

@@ -99,7 +99,7 @@ def world(tmp_path, monkeypatch):
         service = SpeechService(config, [engine or FakeEngine()], Metrics())
         service.start()
         services.append(service)
-        assert service.batchers["fake"].calibrated.wait(WAIT_S)
+        assert service.loops["fake"].calibrated.wait(WAIT_S)
         return service, jobs.JobRunner(storage, service, config, lambda: OperatorSettings())
 
     yield storage, make

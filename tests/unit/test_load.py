@@ -169,7 +169,7 @@ def world():
                                          model_aliases={}, **settings), [engine], Metrics())
         service.start()
         made.append(service)
-        assert service.batchers["fake"].calibrated.wait(10)
+        assert service.loops["fake"].calibrated.wait(10)
         return service, engine, Monitor(service)
 
     yield make

@@ -31,7 +31,7 @@ def running_service(engine: FakeEngine, **settings) -> SpeechService:
                                      model_aliases={}, **settings), [engine],
                             Metrics())
     service.start()
-    assert service.batchers[engine.name].calibrated.wait(10)
+    assert service.loops[engine.name].calibrated.wait(10)
     engine.seen.clear()
     return service
 

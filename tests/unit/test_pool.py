@@ -56,11 +56,11 @@ def test_models_load_when_first_asked_for_and_pinned_ones_at_start():
     loads = []
     service = make_service([spec("a", pinned=True, loads=loads), spec("b", loads=loads)])
     try:
-        assert loads == ["a"] and set(service.batchers) == {"a"}
+        assert loads == ["a"] and set(service.loops) == {"a"}
         # listed before loading
         assert {voice.name for voice in service.catalogue.voice_list()} == {"a-voice", "b-voice"}
         speak(service, "b-voice")
-        assert loads == ["a", "b"] and set(service.batchers) == {"a", "b"}
+        assert loads == ["a", "b"] and set(service.loops) == {"a", "b"}
         assert service.status()["engines"]["b"]["loaded"] is True
     finally:
         service.stop()
@@ -91,7 +91,7 @@ def test_the_least_recently_used_idle_model_is_unloaded_to_keep_the_count():
         speak(service, "b-voice")
         speak(service, "a-voice")  # b is now the least recently used
         speak(service, "c-voice")
-        assert set(service.batchers) == {"pin", "a", "c"}  # b went, the pinned one never goes
+        assert set(service.loops) == {"pin", "a", "c"}  # b went, the pinned one never goes
         assert service.metrics.model_evictions.labels("b", "count")._value.get() == 1
         speak(service, "b-voice")  # and comes back when asked for
         assert loads == ["a", "b", "c", "b"]
@@ -104,7 +104,7 @@ def test_a_busy_model_is_not_unloaded_and_a_full_pool_answers_503():
     service = make_service([spec("pin", pinned=True), held, spec("b")], max_loaded_models=2)
     try:
         speak(service, "a-voice")
-        engine = service.batchers["a"].engine
+        engine = service.loops["a"].engine
         engine.gate.clear()  # a's next synthesis blocks: a is busy
         engine.calls_started = threading.Semaphore(0)  # count the calls from here on
 
@@ -128,7 +128,7 @@ def test_the_memory_budget_unloads_idle_models_beyond_it():
     try:
         for voice in ("a-voice", "b-voice", "c-voice"):
             speak(service, voice)
-        assert set(service.batchers) == {"b", "c"} and service.pool.memory_bytes() == 600 * 2**20
+        assert set(service.loops) == {"b", "c"} and service.pool.memory_bytes() == 600 * 2**20
     finally:
         service.stop()
 
@@ -166,10 +166,10 @@ def test_reloading_the_registry_keeps_unchanged_models_adds_new_and_removes_gone
     service = make_service([spec("pin", pinned=True), spec("a"), spec("b")])
     try:
         speak(service, "a-voice")
-        a_batcher = service.batchers["a"]
+        a_loop = service.loops["a"]
         summary = service.reload_registry([spec("pin", pinned=True), spec("a"), spec("c", pinned=True)])
         assert summary == {"kept": ["pin", "a"], "removed": ["b"], "added": ["c"]}
-        assert service.batchers["a"] is a_batcher and "c" in service.batchers  # pinned: loaded at once
+        assert service.loops["a"] is a_loop and "c" in service.loops  # pinned: loaded at once
         assert {voice.name for voice in service.catalogue.voice_list()} == {"pin-voice", "a-voice", "c-voice"}
         with pytest.raises(Exception, match="does not exist"):
             speak(service, "b-voice")

@@ -78,11 +78,11 @@ def test_cancelled_items_are_dropped_and_expired_items_fail():
     assert len(queue) == 1
 
 
-def test_long_request_wait_is_bounded_under_a_stream_of_short_ones(start_batcher):
+def test_long_request_wait_is_bounded_under_a_stream_of_short_ones(start_loop):
     # Each call costs 20 ms and a short item arrives every 20 ms, so the queue never empties and,
     # ranked by length alone, the long item would wait forever. Aging bounds its wait.
     engine = FakeEngine(cost=lambda size, padded: 0.02)
-    batcher = start_batcher(engine, policy="sequential", aging_horizon_s=0.3)
+    batcher = start_loop(engine, policy="sequential", aging_horizon_s=0.3)
     stop = threading.Event()
 
     def flood():

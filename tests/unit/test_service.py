@@ -29,7 +29,7 @@ def service():
     engine = CountingEngine()
     service = SpeechService(settings, [engine], Metrics())
     service.start()
-    assert service.batchers["fake"].calibrated.wait(10)  # warm-up runs the engine: before a test holds it
+    assert service.loops["fake"].calibrated.wait(10)  # warm-up runs the engine: before a test holds it
     yield service
     service.stop()
 
@@ -62,7 +62,7 @@ def test_invalid_requests_name_the_field(service, text, speed, param):
 
 
 def test_full_queue_is_refused_before_any_work(service):
-    engine = service.batchers["fake"].engine
+    engine = service.loops["fake"].engine
     engine.gate.clear()  # hold the engine so the queue fills
     engine.calls_started = threading.Semaphore(0)  # count the calls from here on
 
@@ -97,6 +97,25 @@ def test_the_front_end_runs_for_the_voices_language_and_the_cache_keys_on_what_i
     with pytest.raises(InvalidRequest) as raised:
         speak("😀\n```\ncode\n```")
     assert raised.value.param == "input" and "nothing to speak" in raised.value.message
+    assert raised.value.code == "empty_input"
+
+
+@pytest.mark.parametrize("text", ["", "   ", "😀", "<speak><break time='1s'/></speak>"])
+def test_empty_blank_and_nothing_to_say_share_one_code(service, text):
+    with pytest.raises(InvalidRequest) as raised:
+        service.validate(text, "alloy", "tts-1", 1.0, None)
+    assert (raised.value.status, raised.value.param, raised.value.code) == (400, "input", "empty_input")
+
+
+def test_a_text_the_voice_cannot_speak_names_its_language_and_the_voices_that_can():
+    english, chinese = FakeEngine(), FakeEngine(name="fake-zh", voice="zh-voice", language="zh")
+    service = SpeechService(Settings(voice_aliases={}, model_aliases={}), [english, chinese], Metrics())
+    with pytest.raises(InvalidRequest) as raised:
+        service.validate("你好，世界。", "fake-voice", None, 1.0, None)
+    error = raised.value
+    assert (error.status, error.param, error.code) == (400, "input", "unsupported_script")
+    assert "Chinese characters" in error.message and "language en" in error.message and "zh-voice" in error.message
+    assert service.validate("你好，世界。", "zh-voice", None, 1.0, None).passages  # the voice that can, does
 
 
 def test_a_text_that_says_more_than_the_spoken_limit_is_refused_before_any_work():

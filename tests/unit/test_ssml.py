@@ -140,7 +140,7 @@ def service():
                SlowVoiceEngine("fixed", "fixed-voice", 16000, speed_control=False)]
     service = SpeechService(Settings(max_chars=2000, batch_policy="sequential"), engines, Metrics())
     service.start()
-    for batcher in service.batchers.values():
+    for batcher in service.loops.values():
         assert batcher.calibrated.wait(10)
     yield service
     service.stop()
@@ -168,7 +168,7 @@ def test_voices_and_rates_switch_and_the_answer_keeps_the_requests_rate(service)
     # the 8 kHz voice's 4 tokens (400 samples) take 800 at 16 kHz; pauses between passages are the usual
     tokens = 4 * SAMPLES_PER_TOKEN
     assert abs(speech.audio.size - (tokens + 2 * tokens + tokens + 2 * round(JOIN_PAUSE_S * 16000))) <= 16
-    engines = {batcher.engine.name: batcher.engine for batcher in service.batchers.values()}
+    engines = {batcher.engine.name: batcher.engine for batcher in service.loops.values()}
     assert engines["fake"].speeds[-2:] == [2.0, 2.5] and engines["half"].speeds[-1] == 2.0
 
 

@@ -11,13 +11,15 @@ import pytest
 
 from tests.fakes import FRAME, FakeSteppedEngine
 from tts_core.config import Settings
+from tts_core.engine_loop import EngineLoop
 from tts_core.errors import InvalidRequest, Overloaded, SynthesisError
 from tts_core.metrics import Metrics
+from tts_core.policy import make_policy
 from tts_core.queue import RequestQueue
 from tts_core.request import AudioPieces, SynthesisRequest
 from tts_core.service import SpeechService
-from tts_core.step_policy import ContinuousPolicy, RequestLevelPolicy, StepView, make_step_policy
-from tts_core.stepping import SteppedBatcher
+from tts_core.step_policy import ContinuousPolicy, StepView
+from tts_core.strategies import make_engine_loop
 
 
 def item(frames: int, tag: int = 7, stream: bool = False) -> SynthesisRequest:
@@ -32,25 +34,25 @@ def item(frames: int, tag: int = 7, stream: bool = False) -> SynthesisRequest:
 def start():
     started = []
 
-    def start(engine: FakeSteppedEngine, policy: str = "adaptive", cpu_cache_mb: int = 1024) -> SteppedBatcher:
-        batcher = SteppedBatcher(engine, make_step_policy(policy, engine.max_running),
-                                 RequestQueue(64), Metrics(), calibration_sizes=(1, 2), cpu_cache_mb=cpu_cache_mb)
-        batcher.start()
-        assert batcher.calibrated.wait(30)
+    def start(engine: FakeSteppedEngine, policy: str = "adaptive", cpu_cache_mb: int = 1024) -> EngineLoop:
+        loop = make_engine_loop(engine, RequestQueue(64), Metrics(), policy, calibration_sizes=(1, 2),
+                                   cpu_cache_mb=cpu_cache_mb)
+        loop.start()
+        assert loop.calibrated.wait(30)
         engine.steps_run.clear()
-        started.append(batcher)
-        return batcher
+        started.append(loop)
+        return loop
 
     yield start
-    for batcher in started:
-        batcher.stop()
+    for loop in started:
+        loop.stop()
 
 
-def hold(engine: FakeSteppedEngine, batcher: SteppedBatcher, first: SynthesisRequest) -> None:
+def hold(engine: FakeSteppedEngine, loop: EngineLoop, first: SynthesisRequest) -> None:
     """Start `first` and hold the engine in its next step (so what is submitted now queues)."""
     engine.gate.clear()
-    batcher.submit([first])
-    wait_for(lambda: first in engine.running())
+    loop.submit([first])
+    wait_for(lambda: engine.running())  # first (or, for a peer's whole batch, the engine's copy of it)
 
 
 def wait_for(condition, timeout: float = 10.0) -> None:
@@ -64,10 +66,10 @@ def wait_for(condition, timeout: float = 10.0) -> None:
 
 def test_a_short_request_joins_a_running_long_one_and_leaves_first(start):
     engine = FakeSteppedEngine()
-    batcher = start(engine)
+    loop = start(engine)
     long, short = item(60, tag=1), item(5, tag=2)
-    hold(engine, batcher, long)
-    batcher.submit([short])
+    hold(engine, loop, long)
+    loop.submit([short])
     engine.gate.set()
     audio = short.future.result(timeout=10)
     assert not long.future.done()  # nobody waits for the longest member
@@ -78,12 +80,12 @@ def test_a_short_request_joins_a_running_long_one_and_leaves_first(start):
 
 def test_a_stream_gets_its_audio_while_it_is_still_being_made(start):
     engine = FakeSteppedEngine()
-    batcher = start(engine)
+    loop = start(engine)
     streamed = item(40, tag=3, stream=True)
     order = []
     streamed.pieces.head.add_done_callback(lambda _: order.append("first piece"))
     streamed.future.add_done_callback(lambda _: order.append("whole audio"))
-    hold(engine, batcher, streamed)
+    hold(engine, loop, streamed)
     engine.gate.set()
     audio, following = streamed.pieces.head.result(timeout=10)
     pieces = [audio]
@@ -98,31 +100,31 @@ def test_a_stream_gets_its_audio_while_it_is_still_being_made(start):
 
 def test_a_caller_that_leaves_frees_its_place_at_the_next_step(start):
     engine = FakeSteppedEngine()
-    batcher = start(engine)
+    loop = start(engine)
     gone = item(100, tag=4)
-    hold(engine, batcher, gone)
+    hold(engine, loop, gone)
     gone.abandon()
     engine.gate.set()
     wait_for(lambda: not engine.running())
-    assert batcher.metrics.dropped.labels("cancelled")._value.get() == 1
+    assert loop.metrics.dropped.labels("cancelled")._value.get() == 1
     kept = item(3, tag=5)
-    batcher.submit([kept])
+    loop.submit([kept])
     assert kept.future.result(timeout=10).size == 3 * FRAME
 
 
 def test_running_requests_never_exceed_the_engine_or_the_memory(start):
     engine = FakeSteppedEngine(max_running=3)
-    batcher = start(engine)
+    loop = start(engine)
     items = [item(20, tag=n) for n in range(8)]
-    batcher.submit(items)
+    loop.submit(items)
     for each in items:
         each.future.result(timeout=20)
     assert max(engine.steps_run) == 3
     # 1 MB of cache at 1000 bytes a position: 1048 positions; each request holds 2 x 200
     small = FakeSteppedEngine(max_running=8, name="small")
-    batcher = start(small, cpu_cache_mb=1)
+    loop = start(small, cpu_cache_mb=1)
     items = [item(200, tag=n) for n in range(6)]
-    batcher.submit(items)
+    loop.submit(items)
     for each in items:
         each.future.result(timeout=30)
     assert max(small.steps_run) == 2
@@ -130,14 +132,14 @@ def test_running_requests_never_exceed_the_engine_or_the_memory(start):
 
 def test_a_request_the_engine_has_no_memory_for_goes_back_to_the_queue(start):
     engine = FakeSteppedEngine(fail_admitting=lambda running: running > 2)
-    batcher = start(engine)
+    loop = start(engine)
     first, second, third = item(30, tag=1), item(30, tag=2), item(5, tag=3)
-    hold(engine, batcher, first)
-    batcher.submit([second, third])  # the two join together: out of memory; back to the queue they go
+    hold(engine, loop, first)
+    loop.submit([second, third])  # the two join together: out of memory; back to the queue they go
     engine.gate.set()
     for each in (first, second, third):
         assert each.future.result(timeout=20).size == each.length * FRAME
-    assert batcher.metrics.out_of_memory.labels("fake-ar")._value.get() >= 1
+    assert loop.metrics.out_of_memory.labels("fake-ar")._value.get() >= 1
 
 
 def test_a_failing_step_fails_only_the_newest_request(start):
@@ -148,10 +150,10 @@ def test_a_failing_step_fails_only_the_newest_request(start):
             return super().step()
 
     engine = Flaky()
-    batcher = start(engine)
+    loop = start(engine)
     good, bad = item(30, tag=1), item(10, tag=99)
-    hold(engine, batcher, good)
-    batcher.submit([bad])
+    hold(engine, loop, good)
+    loop.submit([bad])
     engine.gate.set()
     with pytest.raises(SynthesisError, match="bad input"):
         bad.future.result(timeout=10)
@@ -160,11 +162,11 @@ def test_a_failing_step_fails_only_the_newest_request(start):
 
 def test_stopping_ends_what_is_running_and_queued_with_a_clear_error(start):
     engine = FakeSteppedEngine(max_running=1)
-    batcher = start(engine)
+    loop = start(engine)
     running, queued = item(50, tag=1), item(5, tag=2)
-    hold(engine, batcher, running)
-    batcher.submit([queued])
-    stopper = threading.Thread(target=batcher.stop)
+    hold(engine, loop, running)
+    loop.submit([queued])
+    stopper = threading.Thread(target=loop.stop)
     stopper.start()
     engine.gate.set()
     stopper.join(10)
@@ -174,19 +176,21 @@ def test_stopping_ends_what_is_running_and_queued_with_a_clear_error(start):
 
 
 def test_the_request_level_peer_holds_results_until_its_batch_is_done(start):
+    """Under a peer's policy a stepped engine runs one whole batch at a time (the one-shot strategy, through
+    the engine's own synthesize, which the stepped strategy's code drives)."""
     engine = FakeSteppedEngine()
-    batcher = start(engine, policy="static")
+    loop = start(engine, policy="static")
     short, long = item(3, tag=1), item(30, tag=2)
     steps_when_short_came = []
     short.future.add_done_callback(lambda _: steps_when_short_came.append(len(engine.steps_run)))
-    batcher.submit([short, long])  # static waits up to 0.5 s for 8; then both run as one batch
+    loop.submit([short, long])  # static waits up to 0.5 s for 8; then both run as one batch
     audio = short.future.result(timeout=10)
     assert audio.size == 3 * FRAME and long.future.result(timeout=10).size == 30 * FRAME
     assert steps_when_short_came == [29]  # handed out with the long one, once its 29 steps were done
     later = item(3, tag=3)
     engine.steps_run.clear()
-    hold(engine, batcher, item(20, tag=4))
-    batcher.submit([later])
+    hold(engine, loop, item(20, tag=4))
+    loop.submit([later])
     engine.gate.set()
     later.future.result(timeout=10)
     assert max(engine.steps_run) == 1  # it waited for the running batch to finish before starting
@@ -202,16 +206,16 @@ def always_joins(monkeypatch) -> None:
 def test_a_joining_streams_first_piece_comes_before_the_running_ones_next_pieces(start, monkeypatch, joining_due_s):
     always_joins(monkeypatch)
     engine = FakeSteppedEngine()
-    batcher = start(engine)
+    loop = start(engine)
     running, joining = item(60, tag=1, stream=True), item(20, tag=2, stream=True)
     joining.due_s = joining_due_s
 
     def join_at_the_third_step() -> None:  # on the engine's thread: no race
         if len(engine.steps_run) == 2:  # the running stream's first piece (3 frames) is out
-            batcher.submit([joining])  # it joins at the next turn, when the running one is 1 frame into its next piece
+            loop.submit([joining])  # it joins at the next turn, when the running one is 1 frame into its next piece
 
     engine.on_step = join_at_the_third_step
-    batcher.submit([running])
+    loop.submit([running])
     assert joining.future.result(timeout=10).size == 20 * FRAME
     assert running.future.result(timeout=10).size == 60 * FRAME  # its deferred frames came later, all of them
     events = engine.events
@@ -223,17 +227,17 @@ def test_a_joining_streams_first_piece_comes_before_the_running_ones_next_pieces
 def test_a_request_queued_to_join_stops_the_decoding_of_later_pieces(start, monkeypatch):
     always_joins(monkeypatch)
     engine = FakeSteppedEngine()
-    batcher = start(engine)
+    loop = start(engine)
     one, other, joining = item(60, tag=1, stream=True), item(60, tag=3, stream=True), item(20, tag=2, stream=True)
     taken = []
 
     def join_at_the_second_piece(piece_of: SynthesisRequest) -> None:  # the two are due at the same steps
         taken.append(piece_of)
         if taken.count(one) == 2 and joining.enqueued_at == 0.0:
-            batcher.submit([joining])
+            loop.submit([joining])
 
     engine.on_take = join_at_the_second_piece
-    batcher.submit([one, other])
+    loop.submit([one, other])
     for made in (one, other, joining):
         made.future.result(timeout=10)
     events = engine.events
@@ -243,10 +247,10 @@ def test_a_request_queued_to_join_stops_the_decoding_of_later_pieces(start, monk
 
 def test_a_queued_request_that_cannot_join_does_not_stop_a_streams_pieces(start):
     engine = FakeSteppedEngine()
-    batcher = start(engine, cpu_cache_mb=2)  # 2,097 cache positions: one of these fits, two do not
+    loop = start(engine, cpu_cache_mb=2)  # 2,097 cache positions: one of these fits, two do not
     running, waiting = item(600, tag=1, stream=True), item(600, tag=2, stream=True)
-    engine.on_step = lambda: batcher.submit([waiting]) if len(engine.steps_run) == 2 else None
-    batcher.submit([running])
+    engine.on_step = lambda: loop.submit([waiting]) if len(engine.steps_run) == 2 else None
+    loop.submit([running])
     assert running.future.result(timeout=10).size == 600 * FRAME
     assert waiting.future.result(timeout=10).size == 600 * FRAME
     events = engine.events
@@ -286,11 +290,11 @@ def test_the_memory_budget_bounds_who_joins():
     assert plan.take == (0, 1)  # 300 running + 2 x 300 joining <= 1000
 
 
-def test_the_request_level_peer_waits_then_takes_a_batch_only_when_nothing_runs():
-    peer = RequestLevelPolicy("static", 8, 0.5)
-    queued = [StepView(10, 50, enqueued_at=0.0) for _ in range(3)]
-    assert peer.plan([], queued, now=0.1).take == () and peer.plan([], queued, now=0.6).take == (0, 1, 2)
-    assert peer.plan([view()], queued, now=5.0).take == ()
+def test_the_request_level_peer_waits_then_takes_a_batch():
+    peer = make_policy("static", FakeSteppedEngine().max_running, 100_000)
+    queued = [SynthesisRequest(tokens=np.zeros(10, np.int64), voice="v", speed=1.0, key="k", deadline=math.inf)
+              for _ in range(3)]
+    assert peer.plan(queued, now=0.1).take == () and peer.plan(queued, now=0.6).take == (0, 1, 2)
 
 
 # --- through the service -------------------------------------------------------------------------------
@@ -300,7 +304,7 @@ def service():
     engine = FakeSteppedEngine()
     service = SpeechService(Settings(calibration_sizes=[1], voice_aliases={}, model_aliases={}), [engine], Metrics())
     service.start()
-    assert service.batchers["fake-ar"].calibrated.wait(10)
+    assert service.loops["fake-ar"].calibrated.wait(10)
     yield service
     service.stop()
 
@@ -327,7 +331,7 @@ def test_a_voice_without_speed_control_refuses_other_speeds(service):
 
 def test_one_shot_synthesize_joins_late_items_and_decodes_whole_files_in_pieces():
     """SteppedEngine.synthesize (warm-up, the benchmark's ceiling) runs more items than fit, each joining
-    when a place frees, and takes each item's audio every FILE_PIECE_S (as the batcher does for a file)."""
+    when a place frees, and takes each item's audio every FILE_PIECE_S (as the loop does for a file)."""
     from tts_core.engines.base import FILE_PIECE_S
 
     class Counting(FakeSteppedEngine):

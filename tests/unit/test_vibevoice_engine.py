@@ -262,7 +262,7 @@ def test_the_tiny_model_serves_two_requests_at_once_through_the_batcher(loaded):
     service = SpeechService(Settings(calibration_sizes=[1], voice_aliases={}, model_aliases={}), [engine], Metrics())
     service.start()
     try:
-        assert service.batchers[engine.name].calibrated.wait(60)
+        assert service.loops[engine.name].calibrated.wait(60)
 
         async def both():
             return await asyncio.gather(service.synthesize("Hi.", "tiny"), service.synthesize("Hello you.", "other"))

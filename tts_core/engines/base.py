@@ -1,10 +1,9 @@
 """The two shapes of engine: one-shot (a batch in, its audio out: Piper, VITS) and stepped
 (autoregressive: requests stay running across calls, one frame per step: Pocket TTS, VibeVoice).
-Only the engine's batcher thread calls them."""
+Only the engine's loop thread calls them."""
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -44,13 +43,16 @@ class VoiceSpec:
 
 
 class Engine(ABC):
-    """One loaded model. Only its batcher's thread calls `synthesize`."""
+    """One loaded model. Only its engine loop's thread calls `synthesize`."""
 
     name: str  # unique per loaded model, used in metrics and batch keys
     sample_rate: int
     out_of_memory_errors: tuple[type[BaseException], ...] = (MemoryError,)  # what `synthesize` raises when full
     bytes_per_padded_token: float | None = None  # device memory a batch needs per padded token, if measured
     times_words: bool = False  # tokenize_words and token_samples are implemented (word timestamps)
+    # makes its audio a few frames at a time: a stream's first audio comes soon whatever its first chunk's
+    # length (a one-shot engine's comes once the whole chunk is made, so a stream starts with a short one)
+    makes_frames: bool = False
 
     @abstractmethod
     def voices(self) -> list[Voice]: ...
@@ -126,11 +128,13 @@ class SteppedEngine(Engine):
     """An autoregressive model. Requests join the running set (`admit`: their prompts are prefilled
     and each makes its first frame), advance one frame per `step` together, hand out their audio as
     it is decoded (`take_audio`), and leave when done or abandoned (`release`), so nobody waits for
-    the longest member of a batch. The engine owns its cache; the batcher decides who runs.
+    the longest member of a batch. The engine owns its cache; its engine loop's strategy decides who runs.
 
-    `synthesize` (one-shot) runs a batch through the same calls, for warm-up and the engine ceiling.
+    `synthesize` (one-shot) runs a batch through the same calls, driven by the stepped strategy's code (for
+    warm-up, the engine ceiling and the request-level peers).
     """
 
+    makes_frames = True
     frame_rate: float  # frames per second of audio
     max_running: int  # the most requests that can run at once (cache slots)
     kv_bytes_per_token: float = 0.0  # cache memory one context position of one request takes
@@ -171,23 +175,7 @@ class SteppedEngine(Engine):
         """The item leaves the running set (finished or abandoned); its place is free at once."""
 
     def synthesize(self, batch: Sequence[SynthesisRequest]) -> list[np.ndarray]:
-        """Decodes in FILE_PIECE_S pieces, as the batcher does for a whole file."""
-        audio: dict[int, list[np.ndarray]] = {id(item): [] for item in batch}
-        undecoded: dict[int, int] = {}  # frames made since the item's audio was last taken
-        decode_every = max(1, math.ceil(FILE_PIECE_S * self.frame_rate))
-        waiting = list(batch)
-        while waiting or self.running():
-            room = self.max_running - len(self.running())
-            joining, waiting = waiting[:room], waiting[room:]
-            done = self.admit(joining) if joining else []
-            undecoded.update((id(item), 1) for item in joining)
-            done += self.step() if self.running() else []
-            for item in self.running():
-                undecoded[id(item)] += 1
-                if item not in done and undecoded[id(item)] >= decode_every:
-                    audio[id(item)].append(self.take_audio(item))
-                    undecoded[id(item)] = 0
-            for item in done:
-                audio[id(item)].append(self.take_audio(item, final=True))
-                self.release(item)
-        return [np.concatenate(audio[id(item)]) if audio[id(item)] else np.zeros(0, np.float32) for item in batch]
+        """Decodes in FILE_PIECE_S pieces, as a served whole file is: the same driving loop."""
+        from ..stepping import synthesize_whole  # the scheduler's module imports this one: imported when run
+
+        return synthesize_whole(self, batch)
