@@ -60,10 +60,11 @@ class Metrics:
                                      registry=r)
         self.out_of_memory = Counter("tts_out_of_memory", "Batches that ran out of device memory (run again in halves)",
                                      ["engine"], registry=r)
-        self.gpu_free_memory = Gauge("tts_gpu_free_memory_bytes", "Free memory of the GPU (NVML; stays 0 without one)",
-                                     registry=r)
-        self.gpu_used_fraction = Gauge("tts_gpu_memory_used_fraction", "Used share of GPU memory (NVML)", registry=r)
-        self.gpu_utilization = Gauge("tts_gpu_utilization_percent", "GPU utilisation (NVML)", registry=r)
+        # Registered at the first reading: without a GPU there is no reading, and a 0 would say "none free"
+        self.gpu_free_memory = Gauge("tts_gpu_free_memory_bytes", "Free memory of the GPU (NVML)", registry=None)
+        self.gpu_used_fraction = Gauge("tts_gpu_memory_used_fraction", "Used share of GPU memory (NVML)", registry=None)
+        self.gpu_utilization = Gauge("tts_gpu_utilization_percent", "GPU utilisation (NVML)", registry=None)
+        self._gpu_gauges_registered = False
         self.jobs_queued = Gauge("tts_jobs_queued", "Jobs waiting", registry=r)
         self.jobs_running = Gauge("tts_jobs_running", "Jobs running", registry=r)
         self.jobs_oldest_queued = Gauge("tts_jobs_oldest_queued_seconds", "Age of the oldest waiting job",
@@ -99,9 +100,13 @@ class Metrics:
         self.jobs_oldest_queued.set(oldest_queued_s or 0.0)
 
     def device_reading(self, reading: dict | None) -> None:
-        """The latest NVML reading (gpu.readings()); None (no GPU) leaves the gauges unset."""
+        """The latest NVML reading (gpu.readings()); None (no GPU) leaves the gauges out of /metrics."""
         if reading is None:
             return
+        if not self._gpu_gauges_registered:
+            for gauge in (self.gpu_free_memory, self.gpu_used_fraction, self.gpu_utilization):
+                self.registry.register(gauge)
+            self._gpu_gauges_registered = True
         self.gpu_free_memory.set(reading["free_mb"] * 2**20)
         if reading["used_fraction"] is not None:
             self.gpu_used_fraction.set(reading["used_fraction"])

@@ -35,9 +35,9 @@ class SmallDeviceEngine(FakeEngine):
         self.released += 1
 
 
-def test_out_of_memory_splits_the_batch_lowers_the_budget_and_loses_nothing(start_batcher):
+def test_out_of_memory_splits_the_batch_lowers_the_budget_and_loses_nothing(start_loop):
     engine = SmallDeviceEngine()
-    batcher = start_batcher(engine, policy="static", max_batch_size=8)  # always tries 8 at once
+    batcher = start_loop(engine, policy="static", max_batch_size=8)  # always tries 8 at once
     items = [make_item(100, tag=index + 1) for index in range(16)]
     batcher.submit(items)
     audio = [item.future.result(timeout=10) for item in items]
@@ -51,9 +51,9 @@ def test_out_of_memory_splits_the_batch_lowers_the_budget_and_loses_nothing(star
     assert all(len(batch) * 100 <= LIMIT for batch in engine.seen[-2:])  # planned within the budget now
 
 
-def test_an_item_too_large_even_alone_fails_alone_with_a_clear_error(start_batcher):
+def test_an_item_too_large_even_alone_fails_alone_with_a_clear_error(start_loop):
     engine = SmallDeviceEngine()
-    batcher = start_batcher(engine, policy="sequential")
+    batcher = start_loop(engine, policy="sequential")
     huge, small = make_item(LIMIT + 1, tag=1), make_item(10, tag=2)
     batcher.submit([huge, small])
     assert small.future.result(timeout=10) is not None
@@ -85,14 +85,14 @@ def test_status_reports_the_budget_and_out_of_memory_count():
     assert engine_status["memory_token_budget"] is None and engine_status["out_of_memory"] == 0
 
 
-def test_nvml_readings_become_gauges_and_no_gpu_leaves_them_unset():
+def test_nvml_readings_become_gauges_and_no_gpu_leaves_them_out():
     from prometheus_client import generate_latest
 
     from tts_core.metrics import Metrics
 
     metrics = Metrics()
     metrics.device_reading(None)
-    assert "tts_gpu_free_memory_bytes 0.0" in generate_latest(metrics.registry).decode()
+    assert "tts_gpu" not in generate_latest(metrics.registry).decode()  # no GPU: no reading, not a 0
     metrics.device_reading({"free_mb": 1024.0, "total_mb": 4096.0, "used_fraction": 0.75, "utilization_pct": 40})
     text = generate_latest(metrics.registry).decode()
     assert "tts_gpu_free_memory_bytes 1.073741824e+09" in text and "tts_gpu_utilization_percent 40.0" in text
