@@ -57,6 +57,7 @@ class SynthesisRequest:
     cost_s: float = 0.0  # predicted engine time, for the queue's wait predictions
     sample_rate: int = 0  # the engine's: its audio's rate
     pause_s: float = 0.0  # silence before its audio where the answer joins it to the item before
+    cut: bool = False  # a stream's piece cut from the chunk before it: joined with no pause and no quiet edges
     passage: int = 0  # which passage of its script it speaks (tts_core.script)
     word_ids: np.ndarray | None = None  # asked for word timestamps: each token's word of the passage, or -1
     enqueued_at: float = 0.0

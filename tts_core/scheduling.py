@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 
 from .access import Caller, Tier
-from .audio import JOIN_PAUSE_S, StreamEncoder, faded, resample, silence
+from .audio import JOIN_PAUSE_S, StreamEncoder, faded, quiet_edges_trimmed, resample, silence
 from .captions import Timed, timed_words
 from .config import Settings
 from .engine_loop import EngineLoop
@@ -86,9 +86,11 @@ class Scheduler:
         share = None if tier.max_queue_share >= 1 else max(1, int(tier.max_queue_share * loop.queue.max_size))
         most = loop.queue.most_per_text(identity, share)
         chunks = split_chunks(passage.spoken.text, self.settings.max_chunk_chars, min(PIECES_PER_PASSAGE, most))
+        cuts = [False] * len(chunks)
         if streaming and first and not loop.engine.makes_frames and self.settings.stream_first_chunk_chars:
             ramped = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)
-            chunks = ramped if len(ramped) <= most else chunks  # a short first piece only where it fits
+            if len(ramped) <= most:  # a short first piece only where it fits
+                chunks, cuts = [chunk for chunk, _ in ramped], [cut for _, cut in ramped]
         tier_name = caller.tier_name if caller else ""
         loop.queue.check(len(chunks), tier_name, identity, tier.priority, share, target, timeout_s)
         engine = loop.engine
@@ -96,16 +98,17 @@ class Scheduler:
             raise InvalidRequest(f"voice {voice.name!r} ({voice.model}) cannot time its words: word timestamps need "
                                  "a model that reports its durations (Piper, VITS)", "voice", "timestamps_unsupported")
         tokenized = await asyncio.to_thread(_tokenized, engine, chunks, voice.name, words)
-        tokenized = [(tokens, word_ids) for tokens, word_ids in tokenized if tokens.size]
+        tokenized = [(tokens, word_ids, cut) for (tokens, word_ids), cut in zip(tokenized, cuts, strict=True)
+                     if tokens.size]
         if not tokenized:
             return [], played_s
         deadline = time.monotonic() + timeout_s
         key = engine.batch_key(voice.name, speed)
         items = [SynthesisRequest(tokens=tokens, voice=voice.name, speed=speed, key=key, deadline=deadline,
                                   priority=tier.priority, tier=tier_name, caller=identity,
-                                  sample_rate=engine.sample_rate, pause_s=JOIN_PAUSE_S, passage=index,
-                                  word_ids=word_ids)
-                 for tokens, word_ids in tokenized]
+                                  sample_rate=engine.sample_rate, pause_s=0.0 if cut else JOIN_PAUSE_S, cut=cut,
+                                  passage=index, word_ids=word_ids)
+                 for tokens, word_ids, cut in tokenized]
         first_pause = passage.pause_before_s
         items[0].pause_s = (0.0 if first else JOIN_PAUSE_S) if first_pause is None else first_pause
         if streaming:
@@ -214,6 +217,9 @@ class SentenceStream:
                 async for piece_index, audio in _numbered(pieces_of(item, self._run_allowance_s)):
                     if index == 0 and piece_index == 0:
                         self._metrics.first_audio(time.monotonic() - self._started)
+                    if whole:  # a stream's ramp cut a chunk here: joined as the chunk's own audio would be
+                        audio = quiet_edges_trimmed(audio, item.sample_rate, head=item.cut,
+                                                    tail=index + 1 < len(self.items) and self.items[index + 1].cut)
                     audio = resample(audio, item.sample_rate, self.sample_rate)
                     self._metrics.audio_seconds.inc(audio.size / self.sample_rate)
                     # a sentence's first piece fades in after the pause; only a whole one knows its end

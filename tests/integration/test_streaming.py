@@ -25,6 +25,19 @@ def sentence_server(tmp_path_factory):
     process.stop()
 
 
+@pytest.fixture(scope="module")
+def ramp_server(tmp_path_factory):
+    """Streams ramped up from a short first piece (the default), with Piper's durations deterministic so that two
+    syntheses of one text can be compared."""
+    process = start_server(tmp_path_factory.mktemp("ramp"), calibration_sizes="1", piper_noise_scale="0",
+                           piper_noise_w="0")
+    yield process.base_url
+    process.stop()
+
+
+RAMPED = " ".join(f"Sentence number {n} is long enough, so the stream cuts it into a few pieces." for n in range(6))
+
+
 def body(text: str = TEXT, **extra) -> dict:
     return {"model": "tts-1", "voice": "alloy", "input": text, **extra}
 
@@ -160,17 +173,30 @@ def test_websocket_client_leaving_drops_the_rest(sentence_server):
     assert metric(sentence_server, dropped) - before >= 25
 
 
-def test_streams_start_with_a_short_chunk_and_still_carry_every_word(server):
-    """With the default ramp, the first chunk is a few words; the stream is the whole text, cut
-    into more pieces (each cut adds at most a pause and the voice's edge silence)."""
-    text = " ".join(f"Sentence number {n} is long enough, so the stream cuts it into a few pieces." for n in range(6))
-    whole = httpx.post(f"{server}/v1/audio/speech", json=body(text, response_format="pcm"), timeout=60).content
-    with connect(socket_url(server)) as socket:
-        socket.send(json.dumps({"text": text}))
+def test_streams_start_with_a_short_chunk_and_still_carry_every_word(ramp_server):
+    """With the default ramp, the first chunk is a few words; the stream is the whole text, cut into more pieces,
+    and as long as the whole file: a cut adds no pause and no edge of silence."""
+    whole = httpx.post(f"{ramp_server}/v1/audio/speech", json=body(RAMPED, response_format="pcm"), timeout=60).content
+    with connect(socket_url(ramp_server)) as socket:
+        socket.send(json.dumps({"text": RAMPED}))
         events, audio = receive_utterance(socket)
     progress = [event for event in events if event["type"] == "progress"]
-    cuts = len(progress) - 6
-    assert cuts >= 2 and progress[0]["audio_s"] < 2.0  # a few words come first
-    whole_s, streamed_s = len(whole) / 2 / 24000, len(audio) / 2 / 24000
-    # two syntheses of the same text: Piper's durations are drawn with noise, a few percent either way
-    assert whole_s * 0.96 - 0.1 <= streamed_s <= whole_s * 1.04 + cuts * 0.4
+    assert len(progress) - 6 >= 2 and progress[0]["audio_s"] < 2.0  # cut into more pieces; a few words come first
+    assert len(audio) == pytest.approx(len(whole), rel=0.02)
+
+
+@pytest.mark.parametrize("response_format", ["pcm", "wav", "mp3", "opus", "aac", "sse"])
+def test_a_ramped_stream_is_as_long_as_the_whole_file(ramp_server, response_format):
+    encoding = "pcm" if response_format == "sse" else response_format
+    whole = httpx.post(f"{ramp_server}/v1/audio/speech", json=body(RAMPED, response_format=encoding), timeout=60)
+    streaming = {"stream_format": "sse"} if response_format == "sse" else {"stream": True}
+    streamed = httpx.post(f"{ramp_server}/v1/audio/speech", timeout=60,
+                          json=body(RAMPED, response_format=encoding, **streaming))
+    assert whole.status_code == streamed.status_code == 200
+    if response_format == "sse":
+        events = [json.loads(line[len("data: "):]) for line in streamed.text.splitlines() if line.startswith("data: ")]
+        data = b"".join(base64.b64decode(event["audio"]) for event in events if event["type"] == "speech.audio.delta")
+    else:
+        data = streamed.content
+    whole_s, streamed_s = duration(whole.content, encoding), duration(data, encoding)
+    assert whole_s > 20 and streamed_s == pytest.approx(whole_s, rel=0.02), (streamed_s, whole_s)

@@ -65,12 +65,16 @@ def test_adversarial_input_is_linear_time(text):
 
 def test_ramp_up_starts_short_and_doubles_without_losing_or_cutting_words():
     text = " ".join(["Alpha beta gamma delta, epsilon zeta eta theta iota kappa lambda mu nu xi omicron."] * 6)
-    chunks = ramp_up(split_chunks(text, 120), 24, 120)
+    ramped = ramp_up(split_chunks(text, 120), 24, 120)
+    chunks = [chunk for chunk, _ in ramped]
     assert " ".join(chunks).split() == text.split()
     assert len(chunks[0]) <= 24 and len(chunks[1]) <= 48 and len(chunks[2]) <= 96
     assert all(len(chunk) <= 120 for chunk in chunks)
     assert chunks[0] == "Alpha beta gamma delta,"  # cut at the clause, not mid-word
-    assert ramp_up(["Short."], 24, 120) == ["Short."]
+    # a piece cut from its sentence continues it (no pause); the next sentence does not
+    assert [continues for _, continues in ramped[:2]] == [False, True]
+    assert sum(not continues for _, continues in ramped) == 6  # each sentence starts a piece of its own
+    assert ramp_up(["Short."], 24, 120) == [("Short.", False)]
 
 
 SHORT_SENTENCES = " ".join(["Yes.", "No.", "Maybe.", "Sure!", "Why?"] * 120)  # 600 sentences, 2,999 characters
@@ -99,7 +103,7 @@ def test_as_few_pieces_as_the_size_allows_when_the_budget_cannot_be_met():
 
 
 def test_a_stream_cuts_its_first_packed_piece_at_a_sentence():
-    chunks = ramp_up(split_chunks(SHORT_SENTENCES, 400, most=32), 24, 400)
+    chunks = [chunk for chunk, _ in ramp_up(split_chunks(SHORT_SENTENCES, 400, most=32), 24, 400)]
     assert chunks[0] == "Yes. No. Maybe. Sure!"
     assert " ".join(chunks).split() == SHORT_SENTENCES.split()
 
