@@ -27,13 +27,14 @@ from admin.lexicon import LexiconControl
 from admin.ui import build_admin_tab
 from api import build_api
 from api.access import AccessControl
-from api.connections import AnsweredHandshakeProtocol, bounded_http_protocol
+from api.connections import AnsweredHandshakeProtocol, OpenSockets, bounded_http_protocol
 from api.logs import redacting_handler
 from api.wyoming import WyomingServer
 from clones import stored_clones
 from jobs import JobRunner
 from storage import Storage, StorageError
 from storage.request_log import RequestLogWriter
+from tts_core.access import trusted_proxy
 from tts_core.config import Settings
 from tts_core.degrade import OperatorSettings
 from tts_core.engines import Engine, EngineUnavailable, ModelSpec, model_specs
@@ -216,9 +217,11 @@ def main() -> None:
     # http: h11 with a deadline for each request to arrive whole (TTS_HEADER_TIMEOUT_S), so that
     # connections trickling a byte at a time are closed, and a bound on each request's line and headers;
     # idle keep-alive ones close after 5 s. ws: websockets, with the handshakes it refuses answered and closed.
+    # Connections are capped per address and in all (a file descriptor each); a trusted proxy's count in all only.
+    connections = OpenSockets("HTTP connections", settings.http_max_per_caller, settings.http_max_connections)
+    http = bounded_http_protocol(settings.header_timeout_s, connections, trusted_proxy(settings.trusted_proxies))
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                log_config=None, proxy_headers=False, http=bounded_http_protocol(settings.header_timeout_s),
-                ws=AnsweredHandshakeProtocol)
+                log_config=None, proxy_headers=False, http=http, ws=AnsweredHandshakeProtocol)
 
 
 if __name__ == "__main__":

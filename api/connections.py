@@ -7,7 +7,9 @@ wyoming)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import ClassVar
 
@@ -16,7 +18,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS
 
-from tts_core.errors import Overloaded, RateLimited
+from tts_core.errors import ChorusError, Overloaded, RateLimited
 
 # The WebSocket handshake's own limits (websockets reads the upgrade with them), so that every route has the
 # same: a request line or a header line over 8 KiB, or over 128 headers, is refused before any route sees it.
@@ -79,8 +81,11 @@ class BoundedHttpProtocol(H11Protocol):
     """
 
     deadline_s: ClassVar[float] = 10.0
+    open_connections: ClassVar[OpenSockets | None] = None  # the HTTP connections open, per caller and in all
+    is_proxy: ClassVar[Callable[[str], bool]] = staticmethod(lambda peer: False)  # counted in all only
     _deadline: asyncio.TimerHandle | None = None
     _upgraded = False
+    _counted: tuple[str | None] | None = None  # the caller this connection is counted for, once counted
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -88,6 +93,17 @@ class BoundedHttpProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.open_connections is not None:
+            peer = self.client[0] if self.client else "unknown"
+            caller = None if self.is_proxy(peer) else peer
+            try:
+                self.open_connections.open(caller)
+            except ChorusError as refusal:  # answered before any request, then closed: its file is free at once
+                self.logger.info("%s - refused: %s", client_name(self.client), refusal.message)
+                transport.write(_refusal_bytes(refusal))
+                transport.close()
+                return
+            self._counted = (caller,)
         self._arm_deadline()  # a connection that never sends a byte is closed too
 
     def data_received(self, data: bytes) -> None:
@@ -100,8 +116,9 @@ class BoundedHttpProtocol(H11Protocol):
             self._disarm_deadline()
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
-        self._upgraded = True  # the WebSocket protocol owns the connection from here
+        self._upgraded = True  # the WebSocket protocol owns the connection from here, and its caps count it
         self._disarm_deadline()
+        self._uncount()
         super().handle_websocket_upgrade(event)
 
     def send_400_response(self, msg: str) -> None:
@@ -119,7 +136,13 @@ class BoundedHttpProtocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_deadline()
+        self._uncount()
         super().connection_lost(exc)
+
+    def _uncount(self) -> None:
+        if self._counted is not None:
+            self.open_connections.close(self._counted[0])
+            self._counted = None
 
     def _arm_deadline(self) -> None:
         if self._deadline is None:  # the deadline runs from the request's first byte, not its latest one
@@ -138,9 +161,22 @@ class BoundedHttpProtocol(H11Protocol):
             self.transport.close()
 
 
-def bounded_http_protocol(deadline_s: float) -> type[BoundedHttpProtocol]:
-    """The protocol class to hand uvicorn (Config(http=...)), with this deadline."""
-    return type("BoundedHttpProtocol", (BoundedHttpProtocol,), {"deadline_s": deadline_s})
+def bounded_http_protocol(deadline_s: float, connections: OpenSockets | None = None,
+                          is_proxy: Callable[[str], bool] = lambda peer: False) -> type[BoundedHttpProtocol]:
+    """The protocol class to hand uvicorn (Config(http=...)), with this deadline and these caps (a trusted
+    proxy's connections, each many callers', count in all only)."""
+    return type("BoundedHttpProtocol", (BoundedHttpProtocol,),
+                {"deadline_s": deadline_s, "open_connections": connections, "is_proxy": staticmethod(is_proxy)})
+
+
+def _refusal_bytes(refusal: ChorusError) -> bytes:
+    """A whole HTTP answer to a connection refused before its first request (h11 sends none before one)."""
+    body = json.dumps(refusal.body()).encode()
+    headers = {"content-type": "application/json", "content-length": str(len(body)), "connection": "close",
+               **refusal.headers()}
+    head = f"HTTP/1.1 {refusal.status} {HTTPStatus(refusal.status).phrase}\r\n" + "".join(
+        f"{name}: {value}\r\n" for name, value in headers.items())
+    return head.encode("latin-1") + b"\r\n" + body
 
 
 class AnsweredHandshakeProtocol(WebSocketsSansIOProtocol):
@@ -180,17 +216,17 @@ class OpenSockets:
         self.what, self.max_per_caller, self.max_total = what, max_per_caller, max_total
         self._open: Counter[str] = Counter()
 
-    def open(self, caller: str) -> None:
+    def open(self, caller: str | None) -> None:
         """Count one more connection for caller: RateLimited if it already holds the most it may, Overloaded if
-        all callers together do."""
-        if self._open[caller] >= self.max_per_caller:
+        all callers together do. None: a connection counted in all only (a trusted proxy's, many callers')."""
+        if caller is not None and self._open[caller] >= self.max_per_caller:
             raise too_many_sockets(self.max_per_caller, self.what)
         if self._open.total() >= self.max_total:
             raise Overloaded(f"the server holds the most {self.what} it may ({self.max_total}); retry shortly", 1,
                              "too_many_connections")
         self._open[caller] += 1
 
-    def close(self, caller: str) -> None:
+    def close(self, caller: str | None) -> None:
         self._open[caller] -= 1
         if self._open[caller] <= 0:
             del self._open[caller]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import limits
@@ -66,10 +67,8 @@ class RateLimitState:
                 "X-RateLimit-Reset": str(int(self.reset_at))}
 
 
-def client_address(peer: str | None, forwarded_for: str | None, trusted_proxies: list[str]) -> str:
-    """The caller's address: the socket peer, unless the peer is a trusted proxy; then the
-    right-most X-Forwarded-For entry that is not itself a trusted proxy. X-Forwarded-For from
-    anyone else is ignored, so it cannot be spoofed to dodge a limit."""
+def trusted_proxy(trusted_proxies: list[str]) -> Callable[[str], bool]:
+    """Whether an address is one of the trusted proxies (addresses or networks)."""
     networks = [ipaddress.ip_network(proxy, strict=False) for proxy in trusted_proxies]
 
     def trusted(address: str) -> bool:
@@ -78,7 +77,14 @@ def client_address(peer: str | None, forwarded_for: str | None, trusted_proxies:
         except ValueError:
             return False
         return any(ip in network for network in networks)
+    return trusted
 
+
+def client_address(peer: str | None, forwarded_for: str | None, trusted_proxies: list[str]) -> str:
+    """The caller's address: the socket peer, unless the peer is a trusted proxy; then the
+    right-most X-Forwarded-For entry that is not itself a trusted proxy. X-Forwarded-For from
+    anyone else is ignored, so it cannot be spoofed to dodge a limit."""
+    trusted = trusted_proxy(trusted_proxies)
     address = peer or "unknown"
     if not forwarded_for or not trusted(address):
         return address

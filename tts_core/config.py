@@ -90,6 +90,8 @@ class Settings(BaseSettings):
     language_voices: dict[str, str] = {}  # a request's language with no voice -> the voice to use ("fr": "mms-fra")
 
     # Connections and hostile input (#14)
+    http_max_per_caller: int = Field(256, ge=1)  # HTTP connections one address may hold open (a trusted proxy: no cap)
+    http_max_connections: int = Field(1024, ge=1)  # HTTP connections open at once, all callers together
     header_timeout_s: float = Field(10.0, gt=0)  # an HTTP request's headers and body must arrive whole within this
     ws_idle_timeout_s: float = Field(300.0, gt=0)  # a WebSocket with no message and nothing spoken this long is closed
     ws_max_per_caller: int = Field(8, ge=1)  # WebSockets one caller may hold open

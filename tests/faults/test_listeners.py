@@ -279,3 +279,57 @@ def test_a_wyoming_event_whose_lengths_cannot_be_read_is_answered_then_closed(se
         assert refused_and_closed(connection) == code
     with wyoming(server[1], "127.0.5.1") as connection:  # and the server serves on
         assert Info.is_type(ask(connection, Describe().event()).type)
+
+
+HTTP_MAX_PER_CALLER, HTTP_MAX_CONNECTIONS = 2, 4
+
+
+@pytest.fixture(scope="module")
+def capped_server(tmp_path_factory):
+    """HTTP connections capped small; 127.0.0.1 is a trusted proxy (its connections count in all only), 127.0.0.3 a
+    caller of its own. Idle connections are held for the test's length (a long header deadline)."""
+    process = start_server(tmp_path_factory.mktemp("capped"), log_level="info", calibration_sizes="1",
+                           trusted_proxies="127.0.0.1", header_timeout_s="60",
+                           http_max_per_caller=str(HTTP_MAX_PER_CALLER), http_max_connections=str(HTTP_MAX_CONNECTIONS))
+    yield process
+    process.stop()
+
+
+def _held(server: str, source: str) -> socket.socket:
+    """An idle connection from `source` that the server has taken (its answer to a first request: none yet)."""
+    address = urlsplit(server)
+    return socket.create_connection((address.hostname, address.port), timeout=WAIT_S, source_address=(source, 0))
+
+
+def _refused(server: str, source: str) -> tuple[int, dict]:
+    """The status and error body a new connection from `source` is answered with before it sends anything, and
+    that it is then closed."""
+    with _held(server, source) as refused:
+        answer = b""
+        while chunk := refused.recv(65536):  # the server closes it after its answer
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def _served(server: str, source: str) -> bool:
+    with _held(server, source) as held:
+        held.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return held.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+def test_http_connections_are_capped_per_caller_and_in_all(capped_server):
+    server = capped_server.base_url
+    caller = [_held(server, "127.0.0.3") for _ in range(HTTP_MAX_PER_CALLER)]
+    # one more from the same address: 429 too_many_sockets with Retry-After, then closed (no file held)
+    status, body = _refused(server, "127.0.0.3")
+    assert status == 429 and body["error"]["code"] == "too_many_sockets"
+    # a trusted proxy speaks for many callers: it is not held to one caller's share, only to the total
+    proxy = [_held(server, "127.0.0.1") for _ in range(HTTP_MAX_CONNECTIONS - HTTP_MAX_PER_CALLER)]
+    status, body = _refused(server, "127.0.0.1")
+    assert status == 503 and body["error"]["code"] == "too_many_connections"
+    for held in caller + proxy:
+        held.close()
+    # once they are closed, the server serves again
+    assert wait_until(lambda: _served(server, "127.0.0.3"), WAIT_S)
+    assert "refused: at most 2 HTTP connections" in capped_server.log_path.read_text()
