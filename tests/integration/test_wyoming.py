@@ -98,6 +98,19 @@ def test_synthesize_answers_the_voices_audio(server, voice, rate):
     assert len(audio) // 2 == http_samples(base, text, voice)
 
 
+def test_a_long_text_is_as_long_as_the_http_file_though_its_first_sentence_is_cut(server):
+    # Wyoming streams: the first sentence is cut into a short first piece and longer ones, joined with no pause
+    base, port = server
+    text = " ".join(f"Sentence number {n} is long enough, so the stream cuts it into a few pieces." for n in range(4))
+
+    async def conversation(client):
+        await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name=PIPER)).event())
+        return await utterance(client)
+
+    _, audio = talk(port, conversation)
+    assert len(audio) // 2 == pytest.approx(http_samples(base, text, PIPER), rel=0.02)
+
+
 def test_a_stream_is_spoken_sentence_by_sentence(server):
     base, port = server
 
