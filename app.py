@@ -177,7 +177,7 @@ def prepare(settings: Settings, engines: list[Engine | ModelSpec] | None) -> tup
 
 
 def calm_gradio_queue(page: gr.Blocks) -> None:
-    """Gradio's queue looks for new UI events every 1 ms while idle: about 7% of a core per
+    """Gradio's queue looks for new UI events every 1 ms while idle: a share of a core spent by a
     process doing nothing, on the event loop the API shares. 20 ms still starts a click at once."""
     page._queue.sleep_when_free = 0.02
     page._queue.progress_update_sleep_when_free = 0.1

@@ -74,11 +74,11 @@ GPU_TARGETS = {"chorus_vs_static": 1.4, "chorus_vs_ceiling": 0.8}
 STEPPED_TARGETS = {"chorus_vs_sequential": 2.0, "chorus_vs_static": 1.3, "chorus_vs_ceiling": 0.85,
                    "first_audio_p95_vs_idle_p50": 2.0, "short_p95_vs_static": 0.5}
 STEPPED_PLAN = {"workloads": ["mixed"], "clients": 16, "streams": 8, "stream_workload": "mixed",
-                "ceiling_sizes": [8, 16], "idle_requests": 12}  # (a request takes seconds here, not 100 ms)
-# The full plan's, for such a voice. A request of it takes 10-25 s under that load: in closed-loop rounds of 25 s,
-# every client made two requests, all 16 had started at the same instant, and a round measured that opening burst
-# and the drain after it rather than the loop (side by side: chorus/static 1.22-1.25 in rounds of 25 s, 1.38-1.49
-# in rounds of 75 s). The streams' 60 s make about 40 that start while others run.
+                "ceiling_sizes": [8, 16], "idle_requests": 12}  # (a request takes seconds, not a fraction of one)
+# The full plan's, for such a voice. A request of it takes many seconds under that load: in closed-loop rounds of
+# 25 s, every client made two requests, all 16 had started at the same instant, and a round measured that opening
+# burst and the drain after it rather than the loop (docs/benchmarks-history.md#an-autoregressive-voice). The
+# streams' 60 s make about 40 that start while others run.
 STEPPED_FULL_PLAN = {"closed_s": 90.0, "stream_s": 60.0}
 # Voices the benchmark builds itself (random weights, no download): name -> (engine kind, size for its builder)
 BUILT_VOICES = {"pocket-random": ("pocket_tts", "default"), "pocket-tiny": ("pocket_tts", "tiny"),
@@ -95,9 +95,8 @@ class EngineAlone:
     """The voice's engine in this process: no server, queue, HTTP or encoding. Like a server's engine, it
     loads and runs on one thread of its own: torch work on a second thread of the process would start a
     second OpenMP team, and with two teams on the cores libgomp stops its workers spinning between
-    parallel regions, so that every step pays to wake them (on 2 cores, the ceiling of Pocket TTS run on
-    an executor's thread beside the main thread's team: 7.4-7.9 audio-s/s, against 8.7-9.9 for the
-    server it is the ceiling of)."""
+    parallel regions, so that every step pays to wake them: two OpenMP teams in one process slow each
+    other's steps, and the ceiling would read below the server it is the ceiling of."""
 
     def __init__(self, voice: str, voices_file: Path | None):
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-alone")
@@ -525,9 +524,9 @@ def main() -> None:
             return start_server(Path(folders[-1].name), **settings)
 
         # One after another: each calibrates its cost model on a quiet machine, and torch servers started
-        # together fight for the cores: five Pocket TTS servers at once were ready after 280-330 s here,
-        # against about 90 s before models loaded on threads that end (tts_core/pool.py: libgomp lets a
-        # lone OpenMP team spin between its parallel regions; with OMP_WAIT_POLICY=PASSIVE, 97-108 s).
+        # together fight for the cores: since models load on threads that end (tts_core/pool.py), libgomp
+        # lets each process's lone OpenMP team spin between its parallel regions, and servers started at
+        # once take far longer to be ready than in turn (docs/voices.md#autoregressive-voices).
         for name in [*peers, CONTROL]:
             servers[name] = launch(name)
         urls = {name: servers[name].base_url for name in peers}

@@ -36,7 +36,7 @@ from tts_core.queue import LONG_TOKENS, OFFERED_WINDOWS_S, QueueFull, RequestQue
 from tts_core.request import SynthesisRequest
 
 PHASE_S = 60.0
-CHARS_PER_ENGINE_S = 180.0  # Piper on this machine's 2 cores: ~12x real time, ~15 characters a second of speech
+CHARS_PER_ENGINE_S = 180.0  # Piper on the soak's slower 2-core machine, ~15 characters a second of speech
 TOKENS_PER_CHAR = LONG_TOKENS / 180  # Piper's phoneme ids (see tts_core.queue.LONG_TOKENS)
 TAIL_S = 3.0  # "just after the overload": its long window still reads it
 

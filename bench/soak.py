@@ -20,13 +20,13 @@ no WebSocket `done`). Once a second the server's resident memory, open files, qu
 degrade state are sampled. Memory growth compares two idle moments: after the warm-up and after
 the last answer, each read once the server has nothing queued or running (an engine hands its
 working memory back when it goes idle); the peak under load is printed beside it. (Measured from
-after the capacity run alone, the first overload's one-time allocations read as growth: +14.9%.)
+after the capacity run alone, the first overload's one-time allocations would read as growth.)
 
 A 503 to a request sent within EDGE_S of the overload's end counts as the overload's, and is
 printed apart: the server tells an overload by the work offered over its last EDGE_S (and 2 s and 5 s), so
-for that long after the load falls it still sees the overload's (two of 475 requests in one run, sent
-0.01 and 0.12 s after the end). The recovery time below still counts them. The capacity run's 503s
-are printed apart too: it is a closed loop at saturation (as much as the server can do, long texts
+for that long after the load falls it still sees the overload's (some runs in docs/benchmarks-history.md#soak-runs
+had one or two such 503s). The recovery time below still counts them. The capacity run's 503s are printed
+apart too: it is a closed loop at saturation (as much as the server can do, long texts
 offered in bursts past it), and its clients wait their Retry-After before they send again.
 
 Recovery time: from the end of the overload to the last bad moment that is followed by a clean

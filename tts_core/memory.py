@@ -72,9 +72,9 @@ def limit_heap_arenas(count: int = HEAP_ARENAS) -> bool:
     """Cap glibc's malloc arenas at `count` (call before the threads start; MALLOC_ARENA_MAX, where set,
     wins). By default glibc gives each thread that allocates an arena of its own, up to 8 per core, and
     each keeps the pages that a few live objects pin, which no trim gives back: a server's threads
-    (requests, encoders, engines) spread its memory over all of them. Measured with the soak (bundled voice, 2
-    cores): idle memory after the run +14 to +35 MB over the idle memory after the warm-up with glibc's
-    default, +6.5 MB with 2 arenas. False without glibc."""
+    (requests, encoders, engines) spread its memory over all of them. With 2 arenas the soak's idle memory
+    grows less from the warm-up to the end than with glibc's default (docs/batching.md#memory-follows-the-work).
+    False without glibc."""
     if _mallopt is None or "MALLOC_ARENA_MAX" in os.environ:
         return False
     return bool(_mallopt(_M_ARENA_MAX, count))

@@ -174,8 +174,8 @@ class AdaptivePolicy(BatchPolicy):
     sequential by the model's own account.
 
     The model can be wrong (a calibration sweep timed while other processes took the cores once
-    made batches of 16 look cheap on a CPU where they cost twice their items run alone, and a deep
-    queue then halved the server's throughput). So each executed batch is checked against its own
+    made batches of 16 look cheap on a CPU where they cost more than their items run alone, and a deep
+    queue then cut the server's throughput). So each executed batch is checked against its own
     items' predicted time alone, which the many single-item runs keep accurate: a batch that did
     not pay sends the next SOLO_AFTER_MISS dispatches alone while the model takes the new timing in.
     """

@@ -144,9 +144,8 @@ class ModelPool:
         """Load the slot's model on a thread of its own that ends with the load. A torch model loaded on
         a thread that lives on (the caller's, a pool's) leaves an OpenMP team of worker threads there;
         with two teams on the cores libgomp stops its workers from spinning between parallel regions,
-        and every step of the engine, on its loop's thread, pays to wake them (Pocket TTS on two
-        cores: a step of one 40-44 ms after a load on a thread that ended, 53-59 ms after one on a pool
-        thread; a step of 16 111-113 ms against 121-129 ms)."""
+        and every step of the engine, on its loop's thread, pays to wake them (measured in
+        docs/voices.md#autoregressive-voices)."""
         loading: Future[EngineLoop] = Future()
 
         def load() -> None:

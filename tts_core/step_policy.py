@@ -9,13 +9,13 @@ place is free, its cache fits the memory budget, and the cost model says the ser
 with it running: one more running request must raise the frames made per second (a short request
 always does; a long one joining short ones may not, since every step then attends over its context).
 A request that finishes leaves at once; nobody waits for the longest member of a batch. (Asking for a
-rise of 2% or more stopped at 11 of 16 on 2 CPU cores, where the codec's cost per frame does not fall
-with more running: in a closed loop of 16 clients, 10.2-10.5 audio-s/s against 11.2-11.5 with every
-rise taken, side by side; a request kept waiting gains nothing from the others' slightly faster steps,
-and a short one waits behind long ones instead of sharing the steps. Holding
-streams back to keep the running ones in real time was tried: on 2 CPU cores only 5 streams fit,
-and 8 streams' first audio waited 6-10 s for a place, against a p95 of 1.9 s without the hold; a listener
-buffers a stream that is made below real time, it cannot buffer one that has not started.)
+rise of 2% or more stopped admitting with places still free on a CPU, where the codec's cost per frame
+does not fall with more running, and served less than taking every rise (docs/batching.md); a request
+kept waiting gains nothing from the others' slightly faster steps, and a short one waits behind long ones
+instead of sharing the steps. Holding streams back to keep the running ones in real time was tried: on
+a small CPU few streams fit, and the others' first audio waited for a place far longer than it does
+without the hold (docs/benchmarks-history.md); a listener buffers a stream that is made below real time,
+it cannot buffer one that has not started.)
 
 `FillPolicy` admits whoever has a place: how the engine's own whole-batch `synthesize` runs a batch
 (tts_core.stepping.synthesize_whole), as one `generate(batch)` call would.

@@ -15,9 +15,9 @@ not declined it) only first pieces are decoded, so that it is prefilled at once;
 DEFER_CAP pieces behind is decoded whoever waits, so that nobody starves. The price: a running
 stream's piece comes up to DEFER_CAP pieces later when a new stream starts; a listener that has audio
 buffered hears nothing of it, one whose stream is made slower than real time hears its gap later.
-A deferred piece is decoded at a later turn, longer (which costs less per frame). Measured with 8
-streams of a 89 M-parameter Pocket TTS on 2 cores (a stream starting while the others run): first
-audio p50 467 -> 311 ms, p95 573 -> 404 ms, the same audio seconds per second (README).
+A deferred piece is decoded at a later turn, longer (which costs less per frame). So a stream that
+starts while the others run gets its first audio sooner, and as much audio is served a second as
+without the deferral (measured in docs/batching.md#first-audio-first).
 
 vLLM v1's split at a smaller scale: the policy plans (pure), the engine steps, this strategy delivers.
 

@@ -1,8 +1,8 @@
 """The admin tab in a real headless browser (Debian chromium + chromedriver, driven by selenium).
 
-The screenshot is kept as a test artifact (TTS_TEST_ARTIFACTS, default ./artifacts) and is the
-one the README shows. .ci/run installs the browser and sets CHORUS_REQUIRE_TOOLS=1, so in CI a
-missing browser fails the test instead of skipping it.
+The screenshot is kept as a test artifact (TTS_TEST_ARTIFACTS, default ./artifacts); docs/admin.png,
+which docs/operating.md shows, is a copy of it. .ci/run installs the browser and sets
+CHORUS_REQUIRE_TOOLS=1, so in CI a missing browser fails the test instead of skipping it.
 """
 
 import os
@@ -141,7 +141,7 @@ def test_admin_tab_renders_live_charts(browser, admin_server, served):
     settings = httpx.get(f"{admin_server}/admin/api/settings", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert settings["settings"]["cap_text_chars"] == 250
     wait.until(lambda driver: "cap_text_chars" in audit.text and "admin-ui" in audit.text)
-    browser.execute_script("window.scrollTo(0, 0)")  # the README's picture: the state and the charts
+    browser.execute_script("window.scrollTo(0, 0)")  # docs/operating.md's picture: the state and the charts
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "admin.png"))
 

@@ -1,4 +1,4 @@
-"""Chorus on Ray Serve, started the README's way (`serve run deploy/serve.yaml`, two engine replicas of the
+"""Chorus on Ray Serve, started as docs/deployment.md says (`serve run deploy/serve.yaml`, two engine replicas of the
 bundled voice and one of a tiny Pocket TTS), inside a network namespace of its own: speech and streams of
 the right length through the ingress, refusals in OpenAI's shape, a voice cloned earlier on the same
 database spoken by its engine replica (cloning through the ingress refused), both replicas of the bundled
@@ -107,7 +107,7 @@ def serving(replicas: dict[str, bool]) -> int:
 
 
 @pytest.mark.loopback_namespace
-@pytest.mark.timeout(900)  # 78 s here, 164 s beside a benchmark; CI's machine is slower
+@pytest.mark.timeout(900)  # room for a run beside a benchmark, on CI's slower machine
 def test_chorus_on_ray_serve_speaks_streams_shows_its_replicas_and_survives_losing_one(tmp_path):
     with chorus_on_ray(tmp_path):
         speaks_streams_shows_its_replicas_and_survives_losing_one()

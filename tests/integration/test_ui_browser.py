@@ -1,7 +1,7 @@
 """The synthesis tab in a real headless browser (Debian chromium + chromedriver, driven by selenium).
 
 The screenshots are kept as test artifacts (TTS_TEST_ARTIFACTS, default ./artifacts); docs/ui.png and
-docs/ui-phone-dark.png, which the README shows, are copies of them. .ci/run installs the browser and
+docs/ui-phone-dark.png, which docs/ui.md shows, are copies of them. .ci/run installs the browser and
 sets CHORUS_REQUIRE_TOOLS=1, so in CI a missing browser fails the tests instead of skipping them.
 """
 

@@ -26,7 +26,7 @@ VOICES = {  # registry name -> entry options
 
 @pytest.fixture(scope="session", autouse=True)
 def one_thread():
-    """Tiny tensors: two intra-op threads only wait on each other (40x slower on a busy 2-core machine)."""
+    """Tiny tensors: two intra-op threads only wait on each other on a busy 2-core machine."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

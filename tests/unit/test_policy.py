@@ -104,8 +104,8 @@ def test_make_policy_knows_every_setting_value():
 
 def test_a_batch_must_beat_its_own_items_run_one_by_one_not_just_the_head():
     """Seen on a 2-core CPU: a small fixed cost made one 12-sentence batch of mixed lengths look
-    10% faster than the short head alone, though padding made it slower than running the twelve
-    one by one (13 s against 8 s), and it held a stream's first audio back by 15 s."""
+    faster than the short head alone, though padding made it slower than running the twelve one by
+    one, and it held a stream's first audio back (docs/benchmarks-history.md)."""
     policy = calibrated(lambda size, padded: 0.027 + 0.0117 * size + 0.00196 * padded)
     lengths = [21, 57, 101, 209, 255, 361, 393, 397, 483, 495, 525, 561]
     assert policy.plan([Item(length) for length in lengths], now=0.0).take == (0,)

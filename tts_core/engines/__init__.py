@@ -96,8 +96,8 @@ def _vibevoice_kind(model: str, voices: list[VoiceSpec], name: str, settings: Se
 
 def _torch_loader(settings: Settings, load: Callable[[], Engine]) -> Callable[[], Engine]:
     """load, with torch's CPU threads set first where TTS_TORCH_THREADS says (process-wide, as torch has
-    it); else torch's own, one a core (measured here: a Pocket TTS server gave 8.4 audio-s/s to 16
-    clients with 2 threads on 2 cores against 5.9 with 1, the load generator on the same cores)."""
+    it); else torch's own, one a core (a Pocket TTS server served more with a thread a core than with one
+    thread, even with the load generator on the same cores: docs/configuration.md)."""
     def loaded() -> Engine:
         if settings.torch_threads:
             import torch

@@ -118,8 +118,8 @@ def word_spans(word_ids: np.ndarray, token_samples: np.ndarray) -> dict[int, tup
 
 # A request's new frames are decoded every so much audio: a stream's in short pieces, so it plays soon after
 # its prefill (4 frames of Pocket TTS, 3 of VibeVoice); a whole file's in longer ones, which the codec decodes
-# for less a frame (measured with Pocket TTS on this CPU: 7.1 ms a frame in pieces of 4, 6.2 in pieces of 8+).
-# Not all at the end: 32 mixed texts, 16 running, made 6.8 audio-s/s decoded whole and 10.2 in 1.2 s pieces.
+# for less a frame. Not all at the end either: decoding each file whole when it finished served less audio a
+# second than decoding it in FILE_PIECE_S pieces as it is made (docs/benchmarks-history.md).
 STREAM_PIECE_S = 0.3
 FILE_PIECE_S = 1.2
 
