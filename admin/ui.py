@@ -146,9 +146,9 @@ def _lexicon_rows(lexicon: LexiconControl) -> list[list]:
              "yes" if e["case_sensitive"] else "no", _time(e["updated_at"]), e["updated_by"]] for e in rows]
 
 
-def _entry_id(given: str | None) -> int | None:
+def _entry_id(given: str | int | None) -> int | None:
     """The id typed in the lexicon form: None when empty (a new entry), 0 when it is not an id."""
-    given = (given or "").strip()
+    given = "" if given is None else str(given).strip()
     if not given:
         return None
     return int(given) if given.isascii() and given.isdigit() and 0 < int(given) < 2**63 else 0

@@ -97,9 +97,8 @@ class Scheduler:
         if words and not engine.times_words:
             raise InvalidRequest(f"voice {voice.name!r} ({voice.model}) cannot time its words: word timestamps need "
                                  "a model that reports its durations (Piper, VITS)", "voice", "timestamps_unsupported")
-        tokenized = await asyncio.to_thread(_tokenized, engine, chunks, voice.name, words)
-        tokenized = [(tokens, word_ids, cut) for (tokens, word_ids), cut in zip(tokenized, cuts, strict=True)
-                     if tokens.size]
+        tokenized = await asyncio.to_thread(_tokenized, engine, chunks, cuts, voice.name, words)
+        tokenized = [(tokens, word_ids, cut) for tokens, word_ids, cut in tokenized if tokens.size]
         if not tokenized:
             return [], played_s
         deadline = time.monotonic() + timeout_s
@@ -140,17 +139,18 @@ class Scheduler:
             raise
 
 
-def _tokenized(engine: Engine, chunks: list[str], voice: str, words: bool
-               ) -> list[tuple[np.ndarray, np.ndarray | None]]:
-    """Each sentence's model input, and with `words` the word of the passage each token says (the
-    chunks' words, in order, are the passage's)."""
-    if not words:
-        return [(tokens, None) for chunk in chunks for tokens in engine.tokenize(chunk, voice)]
+def _tokenized(engine: Engine, chunks: list[str], cuts: list[bool], voice: str, words: bool
+               ) -> list[tuple[np.ndarray, np.ndarray | None, bool]]:
+    """Each sentence's model input (an engine may read a chunk as several), with `words` the word of the passage
+    each token says (the chunks' words, in order, are the passage's), and whether it continues a chunk cut
+    before it (its chunk's first input only)."""
     tokenized, first = [], 0
-    for chunk in chunks:
-        tokenized += [(tokens, np.where(word_ids >= 0, word_ids + first, -1))
-                      for tokens, word_ids in engine.tokenize_words(chunk, voice)]
-        first += len(text_words(chunk))
+    for chunk, cut in zip(chunks, cuts, strict=True):
+        inputs = engine.tokenize_words(chunk, voice) if words else [(tokens, None)
+                                                                     for tokens in engine.tokenize(chunk, voice)]
+        tokenized += [(tokens, None if word_ids is None else np.where(word_ids >= 0, word_ids + first, -1),
+                       cut and index == 0) for index, (tokens, word_ids) in enumerate(inputs)]
+        first += len(text_words(chunk)) if words else 0
     return tokenized
 
 
