@@ -26,9 +26,11 @@ def server(tmp_path_factory):
 def schemathesis(base: str, *extra: str) -> str:
     beside_python = Path(sys.executable).with_name("st")  # the one installed with this interpreter's packages
     st = str(beside_python) if beside_python.exists() else shutil.which("st")
+    # One worker: on CPython 3.11, ast.parse in two threads at once (hypothesis describing its filter
+    # lambdas) can raise "SystemError: AST constructor recursion depth mismatch" (cpython#106905).
     result = subprocess.run(
         [st, "run", f"{base}/openapi.json", "--checks", CHECKS, "--max-examples", "30", "--seed", "7",
-         "--phases", "examples,coverage,fuzzing", "--generation-database", "none", "--workers", "2", *extra],
+         "--phases", "examples,coverage,fuzzing", "--generation-database", "none", "--workers", "1", *extra],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     return result.stdout
