@@ -18,6 +18,7 @@ from tts_core.service import SpeechService
 
 from . import jobs, speech, speech_socket, system, voices
 from .access import AccessControl
+from .accounting import account
 from .connections import OpenSockets
 from .errors import install_error_handlers
 from .limits import BodySizeLimit
@@ -50,15 +51,10 @@ class RequestAccounting:
         finally:
             if not completed and status < 400:  # the client left before the whole answer was sent
                 status = 499
-            details = scope.get("state", {}).get("speech", {})
-            self.metrics.request_answered("api", status, time.perf_counter() - started, details.get("audio_s", 0.0))
-            if self.request_log is not None:
-                self.request_log.record(
-                    client=details.get("client") or (scope.get("client") or ("unknown",))[0],
-                    source="api", status=status,
-                    voice=details.get("voice"), characters=details.get("characters", 0),
-                    queue_ms=details.get("queue_ms"), synthesis_ms=details.get("synthesis_ms"),
-                    batch_size=details.get("batch_size"))
+            details = dict(scope.get("state", {}).get("speech", {}))
+            client = details.pop("client", None) or (scope.get("client") or ("unknown",))[0]
+            account(self.metrics, self.request_log, source="api", client=client, status=status, started=started,
+                    **details)
 
 
 def build_api(service: SpeechService, access: AccessControl, request_log: RequestLogWriter | None = None,

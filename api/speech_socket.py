@@ -37,6 +37,7 @@ from tts_core.frontend import NormalizationOptions, requested
 from tts_core.script import Reading
 from tts_core.service import SentenceStream, SpeechService, check_format
 
+from .accounting import account
 from .errors import invalid_input
 from .schemas import SocketMessage
 
@@ -318,9 +319,6 @@ class SpeechConnection:
 
     def _account(self, status: int, accepted_at: float, characters: int, voice: str | None = None,
                  audio_s: float = 0.0) -> None:
-        """Metrics and the request log, as the HTTP routes get them from RequestAccounting."""
-        seconds = time.perf_counter() - accepted_at
-        self.service.metrics.request_answered("websocket", status, seconds, audio_s)
-        if (request_log := self.socket.app.state.request_log) is not None:
-            request_log.record(client=self.caller.identity, source="websocket", status=status, voice=voice,
-                               characters=characters)
+        account(self.service.metrics, self.socket.app.state.request_log, source="websocket",
+                client=self.caller.identity, status=status, started=accepted_at, characters=characters, voice=voice,
+                audio_s=audio_s)

@@ -47,6 +47,7 @@ from tts_core.service import SpeechService
 from tts_core.text import complete_sentences
 
 from .access import AccessControl
+from .accounting import account
 from .connections import OpenSockets
 
 log = logging.getLogger(__name__)
@@ -383,13 +384,9 @@ class WyomingConnection(AsyncEventHandler):
         return self.service.catalogue.voice_for_language(voice["language"], None, caller)[0].name
 
     def _account(self, request: Request, status: int | None = None) -> None:
-        """Metrics and the request log, as the HTTP routes get them."""
-        status = status or request.status
-        self.service.metrics.request_answered("wyoming", status, time.perf_counter() - request.accepted_at,
-                                              request.audio_s)
-        if self.server.request_log is not None:
-            self.server.request_log.record(client=self.caller_name, source="wyoming", status=status,
-                                           voice=request.voice, characters=request.characters)
+        account(self.service.metrics, self.server.request_log, source="wyoming", client=self.caller_name,
+                status=status or request.status, started=request.accepted_at, characters=request.characters,
+                voice=request.voice, audio_s=request.audio_s)
 
 
 def _text(event: Event) -> str:

@@ -11,8 +11,11 @@ synthesized, failed, dropped when its caller goes, or timed out here if nothing 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 
@@ -38,6 +41,7 @@ SUBMIT_TRIES = 3  # a model unloaded between lookup and queueing is loaded again
 # room for a stream's shorter first pieces; texts of fewer sentences keep a piece each (interleaved with other
 # callers' work, batched side by side).
 PIECES_PER_PASSAGE = 64
+T = TypeVar("T")
 
 
 class Scheduler:
@@ -45,6 +49,16 @@ class Scheduler:
         self.settings = settings
         self.pool = pool
         self.metrics = metrics
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="text-reader")
+
+    async def read(self, function: Callable[..., T], *args) -> T:
+        """function(*args) on the text reader, the one thread where texts are read (normalized, parsed, cut,
+        tokenized) off the event loop. One thread, not a pool: reading is pure Python, which holds the GIL, and
+        each more thread holding it makes the event loop wait longer for its turn."""
+        return await asyncio.get_running_loop().run_in_executor(self._reader, functools.partial(function, *args))
+
+    def close(self) -> None:
+        self._reader.shutdown(wait=False, cancel_futures=True)
 
     async def submit(self, script: Script, caller: Caller | None, streaming: bool = False,
                      target: WaitTarget = WaitTarget(), words: bool = False) -> list[SynthesisRequest]:
@@ -85,19 +99,15 @@ class Scheduler:
         speed = passage.speed * voice.speed  # the voice's default speed, times the request's
         share = None if tier.max_queue_share >= 1 else max(1, int(tier.max_queue_share * loop.queue.max_size))
         most = loop.queue.most_per_text(identity, share)
-        chunks = split_chunks(passage.spoken.text, self.settings.max_chunk_chars, min(PIECES_PER_PASSAGE, most))
-        cuts = [False] * len(chunks)
-        if streaming and first and not loop.engine.makes_frames and self.settings.stream_first_chunk_chars:
-            ramped = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)
-            if len(ramped) <= most:  # a short first piece only where it fits
-                chunks, cuts = [chunk for chunk, _ in ramped], [cut for _, cut in ramped]
+        ramped = streaming and first and not loop.engine.makes_frames
+        chunks, cuts = await self.read(self._pieces, passage.spoken.text, most, ramped)
         tier_name = caller.tier_name if caller else ""
         loop.queue.check(len(chunks), tier_name, identity, tier.priority, share, target, timeout_s)
         engine = loop.engine
         if words and not engine.times_words:
             raise InvalidRequest(f"voice {voice.name!r} ({voice.model}) cannot time its words: word timestamps need "
                                  "a model that reports its durations (Piper, VITS)", "voice", "timestamps_unsupported")
-        tokenized = await asyncio.to_thread(_tokenized, engine, chunks, cuts, voice.name, words)
+        tokenized = await self.read(_tokenized, engine, chunks, cuts, voice.name, words)
         tokenized = [(tokens, word_ids, cut) for tokens, word_ids, cut in tokenized if tokens.size]
         if not tokenized:
             return [], played_s
@@ -117,6 +127,16 @@ class Scheduler:
         await self._queue(items, loop, model_name, share, target)
         return items, played_s
 
+    def _pieces(self, text: str, most: int, ramped: bool) -> tuple[list[str], list[bool]]:
+        """The text's chunks, at most `most`, and whether each continues a chunk cut before it (where `ramped`,
+        a stream's first, the first sentence is cut into short pieces where they fit)."""
+        chunks = split_chunks(text, self.settings.max_chunk_chars, min(PIECES_PER_PASSAGE, most))
+        if ramped and self.settings.stream_first_chunk_chars:
+            pieces = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)
+            if len(pieces) <= most:  # a short first piece only where it fits
+                return [chunk for chunk, _ in pieces], [cut for _, cut in pieces]
+        return chunks, [False] * len(chunks)
+
     async def _queue(self, items: list[SynthesisRequest], loop: EngineLoop, model_name: str, share: int | None,
                      target: WaitTarget) -> None:
         for _ in range(SUBMIT_TRIES):
@@ -132,7 +152,8 @@ class Scheduler:
         for it."""
         try:
             audio = await asyncio.gather(*(audio_of(item, self.settings.request_timeout_s) for item in items))
-            return [resample(piece, item.sample_rate, sample_rate) for item, piece in zip(items, audio, strict=True)]
+            return await asyncio.to_thread(lambda: [resample(piece, item.sample_rate, sample_rate)
+                                                    for item, piece in zip(items, audio, strict=True)])
         except BaseException:  # caller gone, deadline or engine error
             for item in items:
                 item.abandon()
@@ -213,19 +234,12 @@ class SentenceStream:
         played = 0  # samples yielded
         try:
             for index, item in enumerate(self.items):
-                whole = item.pieces is None
                 async for piece_index, audio in _numbered(pieces_of(item, self._run_allowance_s)):
                     if index == 0 and piece_index == 0:
                         self._metrics.first_audio(time.monotonic() - self._started)
-                    if whole:  # a stream's ramp cut a chunk here: joined as the chunk's own audio would be
-                        audio = quiet_edges_trimmed(audio, item.sample_rate, head=item.cut,
-                                                    tail=index + 1 < len(self.items) and self.items[index + 1].cut)
-                    audio = resample(audio, item.sample_rate, self.sample_rate)
-                    self._metrics.audio_seconds.inc(audio.size / self.sample_rate)
-                    # a sentence's first piece fades in after the pause; only a whole one knows its end
-                    piece = faded(audio, self.sample_rate, fade_in=piece_index == 0, fade_out=whole,
-                                  pause_s=item.pause_s if piece_index == 0 else 0.0)
-                    speech_at = (played + piece.size - audio.size) / self.sample_rate
+                    piece, speech = await asyncio.to_thread(self._playable, audio, index, piece_index)
+                    self._metrics.audio_seconds.inc(speech / self.sample_rate)
+                    speech_at = (played + piece.size - speech) / self.sample_rate
                     played += piece.size
                     yield piece, timed_words(item, speech_at) if piece_index == 0 else []
             if self.script.pause_after_s:
@@ -233,6 +247,20 @@ class SentenceStream:
             self._metrics.chunks_per_request.observe(len(self.items))
         finally:
             self.close()
+
+    def _playable(self, audio: np.ndarray, index: int, piece_index: int) -> tuple[np.ndarray, int]:
+        """Item `index`'s piece ready to concatenate, and how many of its samples are speech (the rest is the
+        pause in front)."""
+        item = self.items[index]
+        whole = item.pieces is None
+        if whole:  # a stream's ramp cut a chunk here: joined as the chunk's own audio would be
+            audio = quiet_edges_trimmed(audio, item.sample_rate, head=item.cut,
+                                        tail=index + 1 < len(self.items) and self.items[index + 1].cut)
+        audio = resample(audio, item.sample_rate, self.sample_rate)
+        # a sentence's first piece fades in after the pause; only a whole one knows its end
+        piece = faded(audio, self.sample_rate, fade_in=piece_index == 0, fade_out=whole,
+                      pause_s=item.pause_s if piece_index == 0 else 0.0)
+        return piece, audio.size
 
     def close(self) -> None:
         for item in self.items:

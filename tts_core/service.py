@@ -137,6 +137,7 @@ class SpeechService:
 
     def stop(self) -> None:
         self.pool.stop()
+        self.scheduler.close()
 
     @property
     def loops(self) -> dict[str, EngineLoop]:
@@ -244,20 +245,30 @@ class SpeechService:
 
     def validate(self, text: str, voice: str | None, model: str | None, speed: float, caller: Caller | None,
                  reading: Reading = Reading()) -> Script:
-        """What a request is checked for whatever the load: what it says, in which voices."""
+        """What a request is checked for whatever the load: what it says, in which voices. Blocking (the front
+        end's work grows with the text): callers on the event loop use `admit` or `synthesize`."""
         return self.admission.validate(self.catalogue, text, voice, model, speed, caller, reading)
+
+    async def admit(self, text: str, voice: str | None, model: str | None, speed: float, caller: Caller | None,
+                    reading: Reading) -> Script:
+        """validate(), and degrade mode's refusals, on a worker thread: the event loop only routes."""
+        return await self.scheduler.read(self.admission.admit, self.catalogue, text, voice, model, speed, caller,
+                                       reading)
 
     async def synthesize(self, text: str, voice: str | None = None, model: str | None = None,
                          speed: float = 1.0, caller: Caller | None = None,
                          reading: Reading = Reading()) -> Speech:
         """The raw speech of a text (validated, not admitted through degrade mode, not cached)."""
-        script = self.validate(text, voice, model, speed, caller, reading)
+        script = await self.scheduler.read(self.validate, text, voice, model, speed, caller, reading)
         items = await self.scheduler.submit(script, caller)
         return await self._joined(script, items)
 
     async def _joined(self, script: Script, items: list[SynthesisRequest]) -> Speech:
+        pieces = await self.scheduler.collect(items, script.voice.sample_rate)
+        return await asyncio.to_thread(self._speech, script, items, pieces)
+
+    def _speech(self, script: Script, items: list[SynthesisRequest], pieces: list[np.ndarray]) -> Speech:
         rate = script.voice.sample_rate
-        pieces = await self.scheduler.collect(items, rate)
         audio = join([*pieces, silence(script.pause_after_s, rate)], rate, [item.pause_s for item in items] + [0.0])
         self.metrics.audio_seconds.inc(audio.size / rate)
         starts, at = [], 0
@@ -275,7 +286,7 @@ class SpeechService:
         queue's wait target and the cache in the way; with `words`, when each word of the input is spoken
         (not cached)."""
         check_format(response_format, sample_rate)
-        script = self.admission.admit(self.catalogue, text, voice, model, speed, caller, reading)
+        script = await self.admit(text, voice, model, speed, caller, reading)
         state, settings = self.degrade.state, self.degrade.settings
         use_cache = not words and (settings.cache_enabled or "cache_first" in state.actions)
         # keyed on what is said: inputs (or normalization options) that say the same share their audio
@@ -293,11 +304,7 @@ class SpeechService:
         content_type = FORMATS[response_format].content_type
         if use_cache:
             self.cache.put(key, CachedAudio(data, content_type, speech.voice, speech.duration_s))
-        captions = None
-        if words:
-            timed = [word for item, start in zip(items, speech.speech_starts_s, strict=True)
-                     for word in timed_words(item, start)]
-            captions = tuple(caption_words(script, text, timed))
+        captions = await asyncio.to_thread(_captions, script, text, items, speech) if words else None
         return SpokenAudio(data, content_type, speech.voice, speech.duration_s, "miss" if use_cache else "off",
                            self.degrade.state.actions, speech.timings, captions)
 
@@ -317,7 +324,14 @@ class SpeechService:
         words timed: SentenceStream.timed). Refusals (validation, limits, the queue's wait) raise here,
         before any audio exists."""
         started = time.monotonic()
-        script = self.admission.admit(self.catalogue, text, voice, model, speed, caller, reading)
+        script = await self.admit(text, voice, model, speed, caller, reading)
         items = await self.scheduler.submit(script, caller, streaming=True, target=self.admission.wait_target(),
                                             words=words)
         return SentenceStream(script, items, started, self.metrics, self.settings.request_timeout_s)
+
+
+def _captions(script: Script, text: str, items: list[SynthesisRequest], speech: Speech) -> tuple[CaptionWord, ...]:
+    """When each word of the input is spoken in the joined speech."""
+    timed = [word for item, start in zip(items, speech.speech_starts_s, strict=True)
+             for word in timed_words(item, start)]
+    return tuple(caption_words(script, text, timed))

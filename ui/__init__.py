@@ -18,6 +18,7 @@ import gradio as gr
 import numpy as np
 import pydantic_core
 
+from api.accounting import account
 from clones import VoiceClones
 from storage import StorageError
 from storage.request_log import RequestLogWriter
@@ -111,9 +112,8 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
         return await asyncio.to_thread(takes.Take, out_dir)
 
     def answered(status: int, started: float, client: str, characters: int, audio_s: float = 0.0, **details):
-        metrics.request_answered("ui", status, time.perf_counter() - started, audio_s)
-        if request_log is not None:
-            request_log.record(client=client, source="ui", status=status, characters=characters, **details)
+        account(metrics, request_log, source="ui", client=client, status=status, started=started,
+                characters=characters, audio_s=audio_s, **details)
 
     def check(text: str, voice: str, speed: float, response_format: str, request: gr.Request) -> list[dict]:
         """The request's text, voice and speed checked before it is queued (Gradio's validator): a refusal is

@@ -22,6 +22,8 @@ from tests.faults.conftest import (
     speak,
 )
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 SLOW_STARTS = {
     "silent": b"",  # connects, never sends a byte
     "trickled headers": b"GET /health HTTP/1.1\r\nHost: x\r\n",  # then a header byte at a time

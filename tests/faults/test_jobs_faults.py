@@ -24,6 +24,8 @@ import pytest
 from bench.server import start_server
 from tests.serve import metric, require_tools, wait_until
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TOKEN = "jobs-faults-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 SHORT = {"model": "tts-1", "voice": "alloy", "input": "Kept for later.", "response_format": "wav"}

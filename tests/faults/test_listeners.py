@@ -32,6 +32,8 @@ from bench.server import free_port, start_server
 from tests.faults.conftest import connect_as, receive_event, speak
 from tests.serve import metric, wait_until
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 ADMIN_TOKEN = "listeners-admin"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 ALLOWED_ORIGIN = "https://app.example"

@@ -15,6 +15,8 @@ from tests.serve import wait_until
 from tts_core.access import Tier
 from tts_core.degrade import OperatorSettings
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TOKEN = "values-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 HUGE = "9" * 4000  # a 4,000-digit integer (Python's json reads up to 4,300 digits)

@@ -25,6 +25,8 @@ from tests.serve import require_tools, serve_in_thread, wait_until
 from tts_core.config import Settings
 from tts_core.degrade import OperatorSettings
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TOKEN = "redis-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 LIMITED = json.dumps({"tiers": {"free": {"rate_limit": "1000/minute"}, "pro": {}}, "anonymous_tier": "free"})

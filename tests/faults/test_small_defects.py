@@ -24,6 +24,8 @@ from tests.pocket_models import build_tiny_pocket
 from tests.serve import serve_in_thread
 from tts_core.config import Settings
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 ADMIN_TOKEN = "small-defects-admin"
 METRICS_TOKEN = "small-defects-scraper"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -11,6 +11,8 @@ import pytest
 from bench.server import ROOT, free_port
 from tts_core.engines.piper import bundled_voice_path
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 
 def start(tmp_path, **env: str) -> subprocess.CompletedProcess:
     """`python app.py` with TTS_<KEY>=value; a server that starts anyway is stopped by the timeout."""

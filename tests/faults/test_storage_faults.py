@@ -19,6 +19,8 @@ from bench.server import start_server
 from storage import Storage, StorageError, sqlite_url
 from tests.serve import wait_until
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TOKEN = "storage-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 DRIVER_WORDS = ("full", "locked", "sqlite", "OperationalError", "chorus.db", "disk")

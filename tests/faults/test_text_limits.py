@@ -16,6 +16,8 @@ import pytest
 from bench.server import ServerProcess, start_server
 from tests.faults.conftest import connect_as, receive_event, speak
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 FAST_S = 5.0  # a refusal made before any work: well under this, even on a loaded machine
 DIGITS_4400 = "9" * 4400  # past the 4,300 digits Python's int() takes
 

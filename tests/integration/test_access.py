@@ -11,6 +11,8 @@ from gradio_client import Client
 from bench.server import free_port, start_server
 from tests.serve import require_tools
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TOKEN = "access-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 

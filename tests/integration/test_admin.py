@@ -6,6 +6,8 @@ import pytest
 from bench.server import start_server
 from tests.serve import wait_until
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TOKEN = "s3cret-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}", "X-Chorus-Actor": "ops-alice"}
 

@@ -15,6 +15,8 @@ import pytest
 from admin.charts import COST_TITLE
 from bench.server import ROOT, start_server
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TOKEN = "browser-admin-token"
 ARTIFACTS = Path(os.environ.get("TTS_TEST_ARTIFACTS", ROOT / "artifacts"))
 

@@ -12,6 +12,8 @@ import pytest
 from bench.server import free_port, start_server
 from tests.serve import require_tools
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 
 @pytest.fixture(scope="module")
 def docs_server(tmp_path_factory):

@@ -6,8 +6,11 @@ import json
 import socket
 
 import httpx
+import pytest
 
 from tests.serve import metric, metric_total, wait_until
+
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
 
 # TTS_MAX_BATCH_ITEMS items of 12 sentences: far more than the wait target lets one caller queue, so the
 # batch is held to its share (the rest of its items are refused at once, 503 in the manifest)

@@ -12,6 +12,8 @@ from bench.harness import PEERS, RAY_PEER
 from bench.report import write_docs
 from bench.server import ROOT
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 
 @pytest.mark.loopback_namespace  # its Ray Serve peer, where Ray is installed
 @pytest.mark.timeout(900)  # a few minutes here; CI's machine is slower

@@ -25,6 +25,8 @@ from tests.integration.test_voice_cloning import (  # noqa: F401 (speech: a fixt
 from tests.pocket_models import build_tiny_pocket
 from tests.serve import wait_until
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 PROMPT = "voices/cloned/tiny-pocket/{}.safetensors"
 
 

@@ -14,6 +14,8 @@ from tests.fakes import FakeEngine
 from tests.serve import serve_in_thread, wait_until
 from tts_core.config import Settings
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TOKEN = "test-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 LONG_TEXT = "word " * 30  # 150 characters

@@ -23,6 +23,8 @@ from bench.server import ROOT, free_port
 from tests.serve import require_tools, wait_until
 from tts_core.config import Settings
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 DEPLOY = ROOT / "deploy"
 REPLICAS = ("chorus-1", "chorus-2")
 PIP_TOOLS = "pip install -r requirements-dev.txt"

@@ -5,7 +5,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from bench.server import ROOT
+
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
 
 
 def test_gpu_check_runs_on_the_cpu_and_its_json_renders_the_docs_page(tmp_path):

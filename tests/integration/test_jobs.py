@@ -12,6 +12,8 @@ from bench.server import start_server
 from tests.audio_check import decode
 from tests.serve import wait_until
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TOKEN = "jobs-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 

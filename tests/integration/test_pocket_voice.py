@@ -15,6 +15,8 @@ from tests.audio_check import decode
 from tests.pocket_models import build_tiny_pocket
 from tests.serve import metric
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 FRAME_S = 1920 / 24000  # Pocket TTS: 12.5 frames a second
 
 

@@ -9,6 +9,8 @@ pytest.importorskip("ray")
 from bench.harness import EngineAlone
 from bench.server import start_ray_peer
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank"
 
 

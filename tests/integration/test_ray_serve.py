@@ -27,6 +27,8 @@ from tests.pocket_models import build_tiny_pocket, random_voice
 from tests.serve import wait_until
 from tts_core.audio import encode
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 pytest.importorskip("ray.serve")
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,6 +9,8 @@ import pytest
 from bench.server import start_server
 from tts_core.engines.piper import bundled_voice_path
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TOKEN = "reload-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -26,6 +26,8 @@ from tests.integration.test_access import redis_url  # noqa: F401 (a fixture: a 
 from tests.serve import require_tools, wait_until
 from tts_core.degrade import OperatorSettings
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TOKEN = "replicas-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 JOBS = 200

@@ -11,6 +11,8 @@ import pytest
 
 from bench.server import start_server
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TOKEN = "fuzz-admin-token"
 CHECKS = "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance"
 

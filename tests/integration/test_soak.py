@@ -11,6 +11,8 @@ import pytest
 from bench.server import ROOT
 from bench.soak import EDGE_S, KINDS, LOST, PHASES, TARGETS, Answer, recovery, refused_outside_overload
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 
 @pytest.mark.timeout(900)  # a few minutes here; CI's machine is slower
 def test_tiny_soak_answers_every_request_and_writes_complete_results(tmp_path):

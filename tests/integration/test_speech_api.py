@@ -7,6 +7,8 @@ import pytest
 
 from tests.audio_check import decode, duration
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac",
                  "wav": "audio/wav", "pcm": "audio/pcm"}
 SENTENCE = "The quick brown fox jumps over the lazy dog, and then it runs away."

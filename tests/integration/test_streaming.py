@@ -12,6 +12,8 @@ from bench.server import start_server
 from tests.audio_check import duration
 from tests.serve import metric, wait_until
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TEXT = ("Streaming sends the first sentence as soon as it is ready. The second one follows. "
         "And then a third, a little longer than the others, closes the text.")
 

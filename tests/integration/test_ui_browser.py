@@ -13,6 +13,8 @@ import pytest
 
 from bench.server import ROOT, start_server
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 ARTIFACTS = Path(os.environ.get("TTS_TEST_ARTIFACTS", ROOT / "artifacts"))
 TEXT = "Chorus reads this aloud as it is synthesized. The second sentence follows the first."
 STATE = "return window.chorusPlayer && window.chorusPlayer.state()"

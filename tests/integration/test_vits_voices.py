@@ -7,6 +7,8 @@ from bench.random_vits import TINY, save_random_vits
 from bench.server import start_server
 from tests.audio_check import decode
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

@@ -19,6 +19,8 @@ from tests.vibevoice_models import build_tiny_vibevoice
 from tts_core.audio import encode
 from tts_core.engines.piper import PiperEngine, bundled_voice_path
 
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
 TOKEN = "clone-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}", "X-Chorus-Actor": "ops-carol"}
 CAP = 3  # cloned voices per caller on this server

@@ -104,6 +104,7 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow  # generates with a tiny model
 def test_a_saved_prompt_given_at_load_speaks_as_the_clip_does(tmp_path, one_torch_thread):
     """What a restart relies on: the prompt file, given to a freshly loaded engine by the load hook,
     makes the same audio as the latents the clip was encoded to, and not the default voice's."""

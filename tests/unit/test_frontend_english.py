@@ -267,6 +267,7 @@ HOSTILE = {
 }
 
 
+@pytest.mark.slow  # a minute in all: a measurement of time, the full run's
 @pytest.mark.parametrize("name", HOSTILE)
 def test_hostile_input_takes_linear_time(name):
     """Four times the input takes about four times the work (this thread's CPU time, so other load on the machine

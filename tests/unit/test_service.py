@@ -130,3 +130,46 @@ def test_a_text_that_says_more_than_the_spoken_limit_is_refused_before_any_work(
     ssml = f'<speak><say-as interpret-as="cardinal">{digits}</say-as></speak>'
     with pytest.raises(InvalidRequest, match="once its numbers"):
         asyncio.run(service.synthesize(ssml, "fake-voice"))
+
+
+class ThreadRecordingEngine(FakeEngine):
+    """Records the threads its tokenize runs on."""
+
+    def __init__(self):
+        super().__init__()
+        self.tokenized_on: set[str] = set()
+
+    def tokenize(self, text, voice):
+        self.tokenized_on.add(threading.current_thread().name)
+        return super().tokenize(text, voice)
+
+
+def test_texts_are_read_off_the_event_loop_one_at_a_time(monkeypatch):
+    """Normalizing, cutting and tokenizing run on the scheduler's text reader, never on the event loop's thread."""
+    import tts_core.admission as admission
+
+    normalized_on: set[str] = set()
+    normalize = admission.normalize_text
+
+    def recording_normalize(*args, **kwargs):
+        normalized_on.add(threading.current_thread().name)
+        return normalize(*args, **kwargs)
+
+    monkeypatch.setattr(admission, "normalize_text", recording_normalize)
+    engine = ThreadRecordingEngine()
+    service = SpeechService(Settings(batch_policy="sequential"), [engine], Metrics())
+    service.start()
+    assert service.loops["fake"].calibrated.wait(10)
+    engine.tokenized_on.clear()  # warm-up's own inputs
+    try:
+        async def speak_and_stream() -> str:
+            await service.speak("One two. Three four five.", "fake-voice", "fake", response_format="wav")
+            stream = await service.stream_pieces("Six seven. Eight.", "fake-voice", "fake")
+            assert [piece async for piece in stream]
+            return threading.current_thread().name
+
+        loop_thread = asyncio.run(speak_and_stream())
+    finally:
+        service.stop()
+    readers = {name.rsplit("_", 1)[0] for name in normalized_on | engine.tokenized_on}
+    assert readers == {"text-reader"} and loop_thread not in normalized_on | engine.tokenized_on

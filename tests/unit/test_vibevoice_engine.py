@@ -21,6 +21,8 @@ from tts_core.engines.vibevoice_parts import DPMSolver, encode_voice
 from tts_core.metrics import Metrics
 from tts_core.service import SpeechService
 
+pytestmark = pytest.mark.slow  # a tiny model generating, step by step: the full run only (see pytest.ini)
+
 VOICES = {  # registry name -> entry options
     "tiny": {"fixed_length": True, "max_running": 3},  # no prompt: the shipped default voice
     "other": {"prompt": "other.safetensors"},  # relative to the model folder

@@ -43,7 +43,9 @@ class VoiceSpec:
 
 
 class Engine(ABC):
-    """One loaded model. Only its engine loop's thread calls `synthesize`."""
+    """One loaded model. Only its engine loop's thread calls `synthesize` and the methods that touch the model;
+    `tokenize` and `tokenize_words` run on the scheduler's text reader (one call at a time, beside the engine's
+    thread), so they read only what loading set."""
 
     name: str  # unique per loaded model, used in metrics and batch keys
     sample_rate: int
