@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from jobs import JobRunner
-from storage import StorageError
+from storage import JobStatus, StorageError
 from tts_core.access import Caller, RateLimitState
 from tts_core.audio import FORMATS
 from tts_core.errors import ChorusError, Conflict, Gone, InvalidRequest, NotFound, SynthesisError
@@ -39,7 +39,7 @@ def _unix(moment: datetime | None) -> int | None:
 
 def public_job(job: dict) -> dict:
     """A job as its owner sees it (the owner and storage details stay inside)."""
-    request, expired = job["request"], job["status"] == "succeeded" and job["result_path"] is None
+    request, expired = job["request"], job["status"] == JobStatus.SUCCEEDED and job["result_path"] is None
     started, finished, created = job["started_at"], job["finished_at"], job["created_at"]
     return {
         "id": job["id"], "object": "audio.job", "status": job["status"], "attempts": job["attempts"],
@@ -52,7 +52,7 @@ def public_job(job: dict) -> dict:
         "audio_s": job["audio_s"], "expired": expired,
         # when it fails if not done (jobs from before deadlines: the server's setting applies, not shown)
         "deadline_at": _unix(created + timedelta(seconds=request["deadline_s"])) if "deadline_s" in request else None,
-        "audio_url": f"/v1/audio/jobs/{job['id']}/audio" if job["status"] == "succeeded" and not expired else None,
+        "audio_url": None if job["status"] != JobStatus.SUCCEEDED or expired else f"/v1/audio/jobs/{job['id']}/audio",
     }
 
 
@@ -109,9 +109,9 @@ async def get_job(request: Request, job_id: str = JobId,
 async def get_job_audio(request: Request, job_id: str = JobId,
                         admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
     job = await asyncio.to_thread(_own_job, request, job_id, admission[0])
-    if job["status"] != "succeeded":
+    if job["status"] != JobStatus.SUCCEEDED:
         raise Conflict(f"job {job_id} is {job['status']}; its audio exists once it has succeeded", "job_id",
-                       "job_not_ready", 2 if job["status"] in ("queued", "running") else None)
+                       "job_not_ready", 2 if job["status"] in (JobStatus.QUEUED, JobStatus.RUNNING) else None)
     if job["result_path"] is None:
         raise Gone(f"the audio of job {job_id} has expired (results are kept for {int(_runner(request).ttl_s)} s "
                    "after they are ready)", "job_id", "job_expired")

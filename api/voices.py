@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, Respon
 from clones import VoiceClones
 from tts_core.access import Caller, RateLimitState
 from tts_core.catalogue import Catalogue, speaks
-from tts_core.engines import Voice
+from tts_core.engines import Capabilities, Voice
 from tts_core.errors import Unauthorized
 
 from .schemas import VoiceName, error_responses
@@ -37,13 +37,20 @@ def listed_caller(request: Request) -> str | None:
 def voice_entry(voice: Voice, engine: str, catalogue: Catalogue, aliases: list[str], caller: str | None) -> dict:
     entry = {"id": voice.name, "object": "voice", "model": voice.model, "engine": engine,
              "language": voice.language, "speaker": voice.speaker, "sample_rate": voice.sample_rate,
-             "speed": voice.speed, "aliases": sorted(aliases), "cloned": voice.name in catalogue.clones}
+             "speed": voice.speed, "aliases": sorted(aliases), "cloned": voice.name in catalogue.clones,
+             "capabilities": _capabilities(catalogue.capabilities.get(engine, Capabilities()), voice)}
     clone = catalogue.clones.get(voice.name)
     if clone is not None:
         entry["public"] = clone.public
         if clone.owner == caller:  # others are not told who made a public voice
             entry["owner"] = clone.owner
     return entry
+
+
+def _capabilities(capabilities: Capabilities, voice: Voice) -> dict:
+    """What the voice's model can do, as declared (known before it loads)."""
+    return {"word_timestamps": capabilities.times_words, "cloning": capabilities.clones,
+            "speed": voice.speed_control, "frames": capabilities.makes_frames, "max_running": capabilities.max_running}
 
 
 @router.get("/v1/audio/voices", tags=["catalogue"], responses=error_responses(400, 401))

@@ -25,6 +25,7 @@ import math
 import threading
 import time
 from dataclasses import replace
+from enum import StrEnum
 from functools import partial
 from typing import Any
 
@@ -62,6 +63,16 @@ DESCRIBED = ("tokens", "voice", "speed", "key", "priority", "tier", "caller", "d
 STAMPS = ("queue_s", "batch_s", "batch_size", "token_samples")  # set on a piece as it runs
 
 
+class Event(StrEnum):
+    """What an engine replica's `speak` streams back to the ingress: each event is (kind, ...)."""
+
+    QUEUED = "queued"  # (QUEUED, descriptions, played_s): the passage's pieces are queued there
+    REFUSED = "refused"  # (REFUSED, error): none of it was queued
+    AUDIO = "audio"  # (AUDIO, n, audio): piece n's audio, or a part of it (a stream of a stepped engine)
+    DONE = "done"  # (DONE, n, stamps): piece n has ended, with its timings
+    FAILED = "failed"  # (FAILED, n, error): piece n failed, and the call ends
+
+
 def engine_deployment_name(model: str) -> str:
     return f"engine-{model}"
 
@@ -71,9 +82,8 @@ def engine_deployment_name(model: str) -> str:
 
 @serve.deployment(max_ongoing_requests=MAX_ONGOING_REQUESTS, ray_actor_options={"num_cpus": 0})
 class EngineReplica:
-    """One model, its queue and its batcher. `speak` queues one passage and streams back, in order:
-    ("queued", descriptions, played_s) or ("refused", error); then for each piece ("audio", n, audio)
-    (several for a stream of a stepped engine), ("done", n, stamps), or ("failed", n, error)."""
+    """One model, its queue and its engine loop. `speak` queues one passage and streams back its `Event`s, in order:
+    QUEUED or REFUSED; then for each piece AUDIO (several for a stream of a stepped engine), then DONE or FAILED."""
 
     def __init__(self, model: str):
         settings = Settings()
@@ -113,21 +123,21 @@ class EngineReplica:
             items, played_s = await self.service.scheduler.submit_passage(
                 passage, index, first, caller, streaming, target, played_s, words)
         except ChorusError as error:
-            yield ("refused", error)
+            yield (Event.REFUSED, error)
             return
         now = time.monotonic()
         try:  # from here on, however the call ends (the ingress cancels it: its caller went), nothing is left queued
-            yield ("queued", [{**{name: getattr(item, name) for name in DESCRIBED},
+            yield (Event.QUEUED, [{**{name: getattr(item, name) for name in DESCRIBED},
                                "deadline_in_s": item.deadline - now, "streamed": item.pieces is not None}
                               for item in items], played_s)
             for number, item in enumerate(items):
                 try:
                     async for audio in pieces_of(item, self.service.settings.request_timeout_s):
-                        yield ("audio", number, audio)
+                        yield (Event.AUDIO, number, audio)
                 except ChorusError as error:
-                    yield ("failed", number, error)
+                    yield (Event.FAILED, number, error)
                     return
-                yield ("done", number, {name: getattr(item, name) for name in STAMPS})
+                yield (Event.DONE, number, {name: getattr(item, name) for name in STAMPS})
         finally:
             for item in items:
                 item.abandon()
@@ -171,7 +181,7 @@ class RemoteScheduler(Scheduler):
             if isinstance(error, Exception):
                 raise _lost(error) from error
             raise
-        if kind == "refused":
+        if kind == Event.REFUSED:
             raise answer[0]
         descriptions, played_s = answer
         items = [_standing_in(description) for description in descriptions]
@@ -203,11 +213,11 @@ async def _deliver(events: DeploymentResponseGenerator, items: list[SynthesisReq
     try:
         async for kind, number, value in events:
             item = items[number]
-            if kind == "audio":
+            if kind == Event.AUDIO:
                 audio[number].append(value)
                 if item.pieces is not None:
                     item.pieces.push(value)
-            elif kind == "done":
+            elif kind == Event.DONE:
                 for name, stamp in value.items():
                     setattr(item, name, stamp)
                 if item.pieces is not None:

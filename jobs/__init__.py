@@ -35,7 +35,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from storage import Storage, StorageError
+from storage import JobStatus, Storage, StorageError
 from tts_core.access import Caller, Tier
 from tts_core.config import Settings
 from tts_core.degrade import OperatorSettings
@@ -130,7 +130,7 @@ class JobRunner:
         truth; a running attempt's synthesis is stopped, a write in progress is not (it loses)."""
         job = await asyncio.to_thread(self.storage.cancel_job, job_id)
         if job is not None:
-            self.service.metrics.jobs_finished.labels("cancelled").inc()
+            self.service.metrics.jobs_finished.labels(JobStatus.CANCELLED).inc()
             if (speaking := self._speaking.get(job_id)) is not None:
                 speaking.cancel()
         return job
@@ -214,7 +214,7 @@ class JobRunner:
         try:
             waited = f"; {job['error']}" if job["error"] else ""
             deadline_s = job["request"].get("deadline_s", self.deadline_s)
-            if await self._finish(job["id"], job["attempts"], "failed",
+            if await self._finish(job["id"], job["attempts"], JobStatus.FAILED,
                                   error=f"not done within its deadline ({deadline_s:g} s after it was queued){waited}"):
                 log.info("job %s: failed: past its deadline", job["id"])
         finally:
@@ -253,7 +253,7 @@ class JobRunner:
             if error.retryable:
                 await self._retry_or_fail(job, error.message)
             else:  # it can never succeed as asked: at once, with the reason
-                await self._finish(job_id, job["attempts"], "failed", error=error.message)
+                await self._finish(job_id, job["attempts"], JobStatus.FAILED, error=error.message)
         except Exception as error:  # an unexpected failure, or the result could not be written (disk full)
             log.warning("job %s: attempt %d failed: %r", job_id, job["attempts"], error)
             await self._retry_or_fail(job, str(error) or type(error).__name__)
@@ -266,7 +266,7 @@ class JobRunner:
         name = f"{job['id']}.{job['attempts']}.{job['request']['response_format']}"
         await asyncio.to_thread(_write_atomically, self.results_dir / name, spoken.data)
         expires = datetime.now(UTC) + timedelta(seconds=self.ttl_s)
-        if await self._finish(job["id"], job["attempts"], "succeeded", result_path=name,
+        if await self._finish(job["id"], job["attempts"], JobStatus.SUCCEEDED, result_path=name,
                               content_type=spoken.content_type, audio_s=round(spoken.duration_s, 3),
                               expires_at=expires, error=None):
             log.info("job %s: succeeded on %s", job["id"], self.replica)
@@ -285,20 +285,20 @@ class JobRunner:
     async def _put_back(self, job: dict, delay_s: float, reason: str | None = None) -> None:
         """Queue the job again after delay_s, as if this attempt had not happened (with the reason it waits)."""
         due = datetime.now(UTC) + timedelta(seconds=delay_s)
-        await self._finish(job["id"], job["attempts"], "queued", attempts=job["attempts"] - 1, not_before=due,
+        await self._finish(job["id"], job["attempts"], JobStatus.QUEUED, attempts=job["attempts"] - 1, not_before=due,
                            **({"error": reason} if reason else {}))
         self._wake_in(delay_s)
 
     async def _retry_or_fail(self, job: dict, reason: str) -> None:
         if job["attempts"] < self.max_attempts:
             delay = BACKOFF_S * 2 ** (job["attempts"] - 1)
-            await self._finish(job["id"], job["attempts"], "queued",
+            await self._finish(job["id"], job["attempts"], JobStatus.QUEUED,
                                error=f"attempt {job['attempts']} failed: {reason}",
                                not_before=datetime.now(UTC) + timedelta(seconds=delay))
             self._wake_in(delay)
             log.info("job %s: attempt %d failed (%s); retrying in %.0f s", job["id"], job["attempts"], reason, delay)
         else:
-            await self._finish(job["id"], job["attempts"], "failed",
+            await self._finish(job["id"], job["attempts"], JobStatus.FAILED,
                                error=f"failed after {job['attempts']} attempts: {reason}")
 
     async def _finish(self, job_id: str, attempt: int, status: str, **fields) -> bool:
@@ -311,7 +311,7 @@ class JobRunner:
             self.outage.failed(f"recording job {job_id} {status}", error)
             self._unsettled[job_id] = (attempt, status, fields)
             return False
-        if won and status != "queued":
+        if won and status != JobStatus.QUEUED:
             self.service.metrics.jobs_finished.labels(status).inc()
         return won
 

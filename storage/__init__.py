@@ -28,6 +28,7 @@ from .models import (
     AuditEntry,
     ClonedVoiceRow,
     Job,
+    JobStatus,
     LexiconRow,
     LexiconVersion,
     ReplicaRow,
@@ -255,7 +256,7 @@ class Storage:
     def add_job(self, job_id: str, owner: str, tier: str, priority: int, request: dict) -> dict:
         now = _now()
         with self._transaction(write=True) as session:
-            row = Job(id=job_id, owner=owner, tier=tier, priority=priority, status="queued",
+            row = Job(id=job_id, owner=owner, tier=tier, priority=priority, status=JobStatus.QUEUED,
                       request=json.dumps(request), attempts=0, created_at=now, not_before=now)
             session.add(row)
             return _job_dict(row)
@@ -279,13 +280,13 @@ class Storage:
         has one writer at a time)."""
         now = _now()
         with self._transaction(write=True) as session:
-            query = (select(Job).where(Job.status == "queued", Job.not_before <= now)
+            query = (select(Job).where(Job.status == JobStatus.QUEUED, Job.not_before <= now)
                      .order_by(Job.priority.desc(), Job.created_at).limit(limit))
             if self.engine.dialect.name != "sqlite":
                 query = query.with_for_update(skip_locked=True)
             rows = list(session.scalars(query))
             for row in rows:
-                row.status, row.started_at, row.attempts = "running", now, row.attempts + 1
+                row.status, row.started_at, row.attempts = JobStatus.RUNNING, now, row.attempts + 1
                 row.lease_owner, row.lease_until = owner, now + timedelta(seconds=lease_s)
             return [_job_dict(row) for row in rows]
 
@@ -314,7 +315,7 @@ class Storage:
             return
         held = or_(*(and_(Job.id == job_id, Job.attempts == attempt) for job_id, attempt in attempts.items()))
         with self._transaction(write=True) as session:
-            session.execute(update(Job).where(held, Job.status == "running", Job.lease_owner == owner)
+            session.execute(update(Job).where(held, Job.status == JobStatus.RUNNING, Job.lease_owner == owner)
                             .values(lease_until=_now() + timedelta(seconds=lease_s)))
 
     def requeue_expired(self, owner: str | None = None) -> int:
@@ -324,21 +325,21 @@ class Storage:
         if owner is not None:
             stale = or_(stale, Job.lease_owner == owner)
         with self._transaction(write=True) as session:
-            return session.execute(update(Job).where(Job.status == "running", stale)
-                                   .values(status="queued", lease_owner=None, lease_until=None)).rowcount
+            return session.execute(update(Job).where(Job.status == JobStatus.RUNNING, stale)
+                                   .values(status=JobStatus.QUEUED, lease_owner=None, lease_until=None)).rowcount
 
     def cancel_job(self, job_id: str) -> dict | None:
         """queued|running -> cancelled, in one conditional update; None when the job had ended (or
         never was). Whatever a running attempt does afterwards, this row stays cancelled."""
-        return self._move_job(job_id, ("queued", "running"), "cancelled", finished_at=_now())
+        return self._move_job(job_id, (JobStatus.QUEUED, JobStatus.RUNNING), JobStatus.CANCELLED, finished_at=_now())
 
     def finish_job(self, job_id: str, holder: str, attempt: int, status: str, **fields: Any) -> dict | None:
         """running -> succeeded, failed or back to queued, by the lease's holder: the replica and attempt
         that claimed it last. None when the job is no longer that attempt's (a cancel came first and wins,
         or the lease ran out and the job was queued again or taken by another attempt: that one's row)."""
-        if status != "queued":
+        if status != JobStatus.QUEUED:
             fields.setdefault("finished_at", _now())
-        return self._move_job(job_id, ("running",), status, Job.lease_owner == holder, Job.attempts == attempt,
+        return self._move_job(job_id, (JobStatus.RUNNING,), status, Job.lease_owner == holder, Job.attempts == attempt,
                               **fields)
 
     def _move_job(self, job_id: str, sources: tuple[str, ...], status: str, *conditions: Any,
@@ -351,18 +352,18 @@ class Storage:
     def backlog(self) -> tuple[int, int, float | None]:
         """Queued jobs, running jobs, and the age in seconds of the oldest queued one."""
         with self._transaction() as session:
-            counts = dict(session.execute(select(Job.status, func.count()).where(Job.status.in_(("queued", "running")))
-                                          .group_by(Job.status)).all())
-            oldest = session.scalar(select(func.min(Job.created_at)).where(Job.status == "queued"))
+            waiting = Job.status.in_((JobStatus.QUEUED, JobStatus.RUNNING))
+            counts = dict(session.execute(select(Job.status, func.count()).where(waiting).group_by(Job.status)).all())
+            oldest = session.scalar(select(func.min(Job.created_at)).where(Job.status == JobStatus.QUEUED))
         age = None if oldest is None else (_now() - _aware(oldest)).total_seconds()
-        return counts.get("queued", 0), counts.get("running", 0), age
+        return counts.get(JobStatus.QUEUED, 0), counts.get(JobStatus.RUNNING, 0), age
 
     def expired_jobs(self, ttl_s: float) -> list[dict]:
         """Ended jobs past their retention that still keep a result file or their input text:
         succeeded ones from expires_at, failed and cancelled ones ttl_s after they ended."""
         now = _now()
         cutoff = now - timedelta(seconds=ttl_s)
-        ended_long_ago = and_(Job.status.in_(("failed", "cancelled")), Job.finished_at <= cutoff)
+        ended_long_ago = and_(Job.status.in_((JobStatus.FAILED, JobStatus.CANCELLED)), Job.finished_at <= cutoff)
         # add_job stores the request as json.dumps writes it; a dropped input leaves no "input" key
         keeps_data = or_(Job.result_path.is_not(None), Job.request.contains('"input": '))
         with self._transaction() as session:

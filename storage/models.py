@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 
 from sqlalchemy import Boolean, DateTime, Float, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -10,6 +11,17 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 class Base(DeclarativeBase):
     pass
+
+
+class JobStatus(StrEnum):
+    """A job's way: queued -> running -> succeeded or failed (or back to queued, to try again); cancelled from
+    queued or running."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 class Setting(Base):
@@ -70,7 +82,7 @@ class Job(Base):
     owner: Mapped[str] = mapped_column(String(128), index=True)  # the caller's identity: key:<id> or ip:<address>
     tier: Mapped[str] = mapped_column(String(64))
     priority: Mapped[int] = mapped_column(Integer)  # claim order: higher first (the tier's, then the caller's)
-    status: Mapped[str] = mapped_column(String(16), index=True)  # queued running succeeded failed cancelled
+    status: Mapped[str] = mapped_column(String(16), index=True)  # a JobStatus
     request: Mapped[str] = mapped_column(Text)  # JSON: input, voice, model, speed, response_format
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from .access import Caller, Tier
 from .catalogue import Catalogue, speaks
 from .config import Settings
-from .degrade import DegradeController
-from .engines import Voice
+from .degrade import DegradeAction, DegradeController
+from .engines import Capabilities, Voice
 from .errors import Degraded, InvalidRequest
 from .frontend import (
     NormalizationOptions,
@@ -103,18 +103,24 @@ class Admission:
         return Script(tuple(passages), voice_info, model_name, parsed.pause_after_s + (carried or 0))
 
     def admit(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
-              caller: Caller | None, reading: Reading = Reading()) -> Script:
-        """validate(), and the degrade actions that refuse work up front."""
+              caller: Caller | None, reading: Reading = Reading(), words: bool = False) -> Script:
+        """validate(), the degrade actions that refuse work up front, and with `words` (word timestamps asked
+        for), whether every voice's model can time its words (as declared: none is loaded to find out)."""
         state, settings = self.degrade.state, self.degrade.settings
         tier = caller.tier if caller else Tier()
-        if "shed" in state.actions and tier.sheddable:
-            self.metrics.degrade_actions.labels("shed").inc()
+        if DegradeAction.SHED in state.actions and tier.sheddable:
+            self.metrics.degrade_actions.labels(DegradeAction.SHED).inc()
             retry = self._retry_after_s()
             raise Degraded("the server is under heavy load and is serving higher priorities only; "
                            f"retry after {retry} s", retry, "shed_low_priority")
         script = self.validate(catalogue, text, voice, model, speed, caller, reading)
-        if "cap_text" in state.actions and len(text) > settings.cap_text_chars:
-            self.metrics.degrade_actions.labels("cap_text").inc()
+        for passage in script.passages if words else ():
+            if not catalogue.capabilities.get(passage.model, Capabilities()).times_words:
+                raise InvalidRequest(f"voice {passage.voice.name!r} ({passage.voice.model}) cannot time its words: "
+                                     "word timestamps need a model that reports its durations (Piper, VITS)", "voice",
+                                     "timestamps_unsupported")
+        if DegradeAction.CAP_TEXT in state.actions and len(text) > settings.cap_text_chars:
+            self.metrics.degrade_actions.labels(DegradeAction.CAP_TEXT).inc()
             retry = self._retry_after_s()
             raise Degraded(f"the server is under heavy load: texts of up to {settings.cap_text_chars} characters "
                            f"are accepted now (this one has {len(text)}); longer ones again in about {retry} s",

@@ -6,6 +6,15 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
+from enum import StrEnum
+
+
+class CacheUse(StrEnum):
+    """What the audio cache did for an answer (its X-Cache header)."""
+
+    HIT = "hit"  # served from the cache
+    MISS = "miss"  # looked up, not there: synthesized and stored
+    OFF = "off"  # not looked up (the cache off, or an answer it cannot hold: word timings)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from .cloning import ClonedVoice
 from .config import Settings
-from .engines import ModelSpec, Voice
+from .engines import Capabilities, ModelSpec, Voice
 from .errors import InvalidRequest
 from .lexicon import language_code
 
@@ -33,6 +33,7 @@ class Catalogue:
     default_voice: str
     clones: dict[str, ClonedVoice] = field(default_factory=dict)  # the cloned voices among `voices`
     language_voices: dict[str, str] = field(default_factory=dict)  # a language's voice, when a request names none
+    capabilities: dict[str, Capabilities] = field(default_factory=dict)  # loaded-model name -> what it can do
 
     @classmethod
     def build(cls, specs: Iterable[ModelSpec], settings: Settings,
@@ -51,7 +52,8 @@ class Catalogue:
         return cls(voices, models, _valid_aliases(settings.model_aliases, set(models), "model"),
                    _valid_aliases(settings.voice_aliases, set(voices), "voice"), default,
                    {name: clone for name, (_, clone) in listed.items()},
-                   _valid_aliases(_language_voices(specs, settings), set(voices), "language voice"))
+                   _valid_aliases(_language_voices(specs, settings), set(voices), "language voice"),
+                   {spec.name: spec.capabilities for spec in specs})
 
     def visible(self, name: str, caller: str | None) -> bool:
         """Whether the caller ("key:<id>", "ip:<address>"; None: nobody in particular) may see and use the

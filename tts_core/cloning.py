@@ -38,6 +38,7 @@ import av
 import numpy as np
 from safetensors.numpy import load_file, save
 
+from .engines.base import capabilities_of
 from .errors import ChorusError, Conflict, InvalidRequest, SynthesisError
 from .queue import QueueClosed
 
@@ -179,11 +180,6 @@ class ClonedVoice:
         return self.public or caller == self.owner
 
 
-def can_clone(engine: Any) -> bool:
-    return all(callable(getattr(engine, hook, None))
-               for hook in ("voice_prompt_from_audio", "add_voice", "remove_voice"))
-
-
 class ClonedVoices:
     """The cloned voices offered, and the names being made. The dict is swapped whole on each change,
     so readers (a catalogue's build, a model's load) take it without the lock."""
@@ -192,7 +188,6 @@ class ClonedVoices:
         self._voices: dict[str, ClonedVoice] = {voice.name: voice for voice in voices}
         self._making: dict[str, str] = {}  # name -> owner, while its clip is encoded and stored
         self._lock = threading.Lock()
-        self.able: dict[str, bool] = {}  # model -> whether it can clone (known once it has loaded)
 
     def all(self) -> dict[str, ClonedVoice]:
         return self._voices
@@ -248,8 +243,7 @@ class ClonedVoices:
     def give_to(self, engine: Engine) -> None:
         """The load hook: a model that has just loaded gets its cloned voices (on the loader's thread,
         before its batcher starts: nothing else calls the engine yet)."""
-        self.able[engine.name] = can_clone(engine)
-        for voice in self._voices.values() if self.able[engine.name] else ():
+        for voice in self._voices.values() if capabilities_of(engine).clones else ():
             if voice.model == engine.name:
                 try:
                     engine.add_voice(voice.name, load_prompt(voice.path))
@@ -271,10 +265,8 @@ class Cloner:
         return [] if self.refusal else self.speaking()
 
     def speaking(self) -> list[str]:
-        """The models that can speak cloned voices: those that can clone, and those not loaded yet (whether
-        they can is known once they have loaded)."""
-        return [name for name, slot in self.pool.slots().items()
-                if not slot.retired and self.voices.able.get(name, True)]
+        """The models that can speak cloned voices: those that can clone (as declared)."""
+        return [name for name, slot in self.pool.slots().items() if not slot.retired and slot.spec.capabilities.clones]
 
     def target(self, model: str, catalogue: Catalogue) -> str:
         """The loaded model a clone for `model` (a model's own name, a model family or an alias) goes to;
@@ -287,7 +279,7 @@ class Cloner:
         else:
             family = catalogue.resolve_model(model)
             candidates = [name for name, slot in slots.items() if any(v.model == family for v in slot.spec.voices)]
-        able = [name for name in candidates if self.voices.able.get(name, True)]
+        able = [name for name in candidates if slots[name].spec.capabilities.clones]
         if not able:
             raise _cannot_clone(model, self.models())
         return able[0]
@@ -340,10 +332,11 @@ class Cloner:
         if not load:
             future = self._on_loaded(model, call)
             return None if future is None else await asyncio.wrap_future(future)
+        slot = self.pool.slots().get(model)
+        if cloning and (slot is None or not slot.spec.capabilities.clones):  # as declared: not loaded to find out
+            raise _cannot_clone(model, self.models())
         while True:
             batcher = await self.pool.loop(model)
-            if cloning and not can_clone(batcher.engine):
-                raise _cannot_clone(model, self.models())
             future = _errand(batcher, call)
             if future is not None:
                 return await asyncio.wrap_future(future)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
@@ -22,7 +23,14 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from .access import DEFAULT_TIERS, Tier
 from .errors import InvalidSetting
 
-ACTIONS = ("cap_text", "cache_first", "lower_precision", "shed")  # each switched by the setting <action>_enabled
+
+class DegradeAction(StrEnum):
+    """What degrade mode does while it is on, each switched by the operator setting `<action>_enabled`."""
+
+    CAP_TEXT = "cap_text"  # longer texts refused (503, retry after the mode's expected end)
+    CACHE_FIRST = "cache_first"  # repeated texts answered from the audio cache even where it is off
+    LOWER_PRECISION = "lower_precision"  # engines with a lower precision switch to it
+    SHED = "shed"  # sheddable tiers refused
 
 
 # Every operator value has bounds: a value past them is refused (422) before anything is stored, so no
@@ -143,7 +151,7 @@ class DegradeState:
     score: float = 0.0
     parts: dict[str, float] = field(default_factory=dict)
     since: float = field(default_factory=time.time)
-    actions: tuple[str, ...] = ()
+    actions: tuple[DegradeAction, ...] = ()
     queue_wait_limit_s: float = 0.0  # the wait target the queue part was measured against (0: not yet)
 
 
@@ -198,5 +206,6 @@ class DegradeController:
     def _next(self, active: bool, score: float, parts: dict[str, float], queue_wait_limit_s: float) -> DegradeState:
         active = active and self.settings.degrade_enabled
         since = self.state.since if active == self.state.active else time.time()
-        actions = tuple(action for action in ACTIONS if active and getattr(self.settings, f"{action}_enabled"))
+        actions = tuple(action for action in DegradeAction
+                        if active and getattr(self.settings, f"{action}_enabled"))
         return DegradeState(active, round(score, 4), parts, since, actions, queue_wait_limit_s)

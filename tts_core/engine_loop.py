@@ -21,6 +21,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -35,6 +36,14 @@ from .request import SynthesisRequest
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+
+class Precision(StrEnum):
+    """An engine's precision, as degrade mode's lower_precision action leaves it."""
+
+    FULL = "full"
+    LOW = "low"
+    LOW_UNSUPPORTED = "low (unsupported: no-op)"  # asked for, but the engine has no lower precision
 
 CALIBRATION_TEXT = (
     "The calibration sweep measures how long this engine takes for batches of several sizes, "
@@ -106,8 +115,8 @@ class EngineLoop:
         self.memory = serving.memory  # the device-memory budget
         self.ready = threading.Event()  # serving: warmed up, the wait predictions seeded
         self.calibrated = threading.Event()  # the calibration sweep has run (between requests, once ready)
-        self.precision = "full"  # degrade mode's lower_precision action sets "low" (a new loop starts full)
-        self._precision_asked = "full"
+        self.precision = Precision.FULL  # degrade mode's lower_precision action lowers it (a new loop starts full)
+        self._precision_asked = Precision.FULL
         self._errands: deque[tuple[Callable[[], Any], Future]] = deque()  # run_on_engine's calls, in order
         self._errands_lock = threading.Lock()
         self._errands_closed = False  # the loop has ended: nothing would run a new errand
@@ -176,14 +185,14 @@ class EngineLoop:
         """Degrade mode's lower_precision action (or its end), run as an errand: only the engine's thread
         calls the engine. The Future says whether the engine had a lower precision to offer; None when this
         was already asked for. Raises QueueClosed once the loop has ended."""
-        wanted = "low" if low else "full"
+        wanted = Precision.LOW if low else Precision.FULL
         if self._precision_asked == wanted:
             return None
         self._precision_asked = wanted
 
         def switch() -> bool:
             supported = self.engine.set_low_precision(low)
-            self.precision = wanted if supported or not low else "low (unsupported: no-op)"
+            self.precision = wanted if supported or not low else Precision.LOW_UNSUPPORTED
             return supported
         return self.run_on_engine(switch)
 

@@ -8,7 +8,7 @@ import time
 from concurrent.futures import Future
 
 from . import gpu
-from .degrade import LoadInputs
+from .degrade import DegradeAction, LoadInputs
 from .engine_loop import EngineLoop
 from .queue import QueueClosed
 from .service import SpeechService
@@ -52,11 +52,11 @@ class Monitor:
         state = service.degrade.update(LoadInputs(*service.queue_pressure(), memory_used))
         metrics.load_score.set(state.score)
         metrics.degrade_active.set(1 if state.active else 0)
-        self._set_precision(loops, "lower_precision" in state.actions)
+        self._set_precision(loops, DegradeAction.LOWER_PRECISION in state.actions)
 
     @property
     def precision(self) -> dict[str, str]:
-        """Loaded model -> "full" | "low" | "low (unsupported: no-op)"."""
+        """Loaded model -> its precision now."""
         return {name: loop.precision for name, loop in self.service.loops.items()}
 
     def _set_precision(self, loops: dict[str, EngineLoop], low: bool) -> list[Future[bool]]:
@@ -79,7 +79,8 @@ class Monitor:
         if done.cancelled() or done.exception() is not None:
             return
         supported = done.result()
-        self.service.metrics.degrade_actions.labels("lower_precision" if supported else "lower_precision_noop").inc()
+        action = DegradeAction.LOWER_PRECISION
+        self.service.metrics.degrade_actions.labels(action if supported else f"{action}_noop").inc()
         log.info("degrade: %s precision for %s", "lower" if supported else "no lower", name)
 
     def sample(self, device: dict | None = None) -> dict:

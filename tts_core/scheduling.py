@@ -104,9 +104,6 @@ class Scheduler:
         tier_name = caller.tier_name if caller else ""
         loop.queue.check(len(chunks), tier_name, identity, tier.priority, share, target, timeout_s)
         engine = loop.engine
-        if words and not engine.times_words:
-            raise InvalidRequest(f"voice {voice.name!r} ({voice.model}) cannot time its words: word timestamps need "
-                                 "a model that reports its durations (Piper, VITS)", "voice", "timestamps_unsupported")
         tokenized = await self.read(_tokenized, engine, chunks, cuts, voice.name, words)
         tokenized = [(tokens, word_ids, cut) for tokens, word_ids, cut in tokenized if tokens.size]
         if not tokenized:

@@ -24,12 +24,12 @@ from . import gpu
 from .access import Caller
 from .admission import Admission
 from .audio import FORMATS, STREAMABLE, encode, join, silence, unsupported_rate
-from .cache import AudioCache, CachedAudio
+from .cache import AudioCache, CachedAudio, CacheUse
 from .captions import CaptionWord, caption_words, timed_words
 from .catalogue import Catalogue
 from .cloning import ClonedVoice, ClonedVoices, Cloner
 from .config import Settings
-from .degrade import DegradeController
+from .degrade import DegradeAction, DegradeController
 from .engine_loop import EngineLoop
 from .engines import Engine, ModelSpec
 from .errors import Conflict, InvalidRequest
@@ -87,8 +87,8 @@ class SpokenAudio:
     content_type: str
     voice: str
     duration_s: float
-    cache: str  # "hit", "miss" or "off"
-    degraded: tuple[str, ...]  # degrade actions in force when it was served
+    cache: CacheUse
+    degraded: tuple[DegradeAction, ...]  # degrade actions in force when it was served
     timings: Timings = Timings()
     words: tuple[CaptionWord, ...] | None = None  # asked for: when each word of the input is spoken
 
@@ -250,10 +250,11 @@ class SpeechService:
         return self.admission.validate(self.catalogue, text, voice, model, speed, caller, reading)
 
     async def admit(self, text: str, voice: str | None, model: str | None, speed: float, caller: Caller | None,
-                    reading: Reading) -> Script:
-        """validate(), and degrade mode's refusals, on a worker thread: the event loop only routes."""
+                    reading: Reading, words: bool = False) -> Script:
+        """Admission.admit (validation, degrade mode's refusals, word timings where asked for) on the text reader:
+        the event loop only routes."""
         return await self.scheduler.read(self.admission.admit, self.catalogue, text, voice, model, speed, caller,
-                                       reading)
+                                         reading, words)
 
     async def synthesize(self, text: str, voice: str | None = None, model: str | None = None,
                          speed: float = 1.0, caller: Caller | None = None,
@@ -286,18 +287,18 @@ class SpeechService:
         queue's wait target and the cache in the way; with `words`, when each word of the input is spoken
         (not cached)."""
         check_format(response_format, sample_rate)
-        script = await self.admit(text, voice, model, speed, caller, reading)
+        script = await self.admit(text, voice, model, speed, caller, reading, words)
         state, settings = self.degrade.state, self.degrade.settings
-        use_cache = not words and (settings.cache_enabled or "cache_first" in state.actions)
+        use_cache = not words and (settings.cache_enabled or DegradeAction.CACHE_FIRST in state.actions)
         # keyed on what is said: inputs (or normalization options) that say the same share their audio
         key = (script.model, speed, response_format, sample_rate, script.key)
         if use_cache and (hit := self.cache.get(key)) is not None:
-            self.metrics.cache_lookups.labels("hit").inc()
-            if "cache_first" in state.actions:
-                self.metrics.degrade_actions.labels("cache_first").inc()
-            return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, "hit", state.actions)
+            self.metrics.cache_lookups.labels(CacheUse.HIT).inc()
+            if DegradeAction.CACHE_FIRST in state.actions:
+                self.metrics.degrade_actions.labels(DegradeAction.CACHE_FIRST).inc()
+            return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, CacheUse.HIT, state.actions)
         if use_cache:
-            self.metrics.cache_lookups.labels("miss").inc()
+            self.metrics.cache_lookups.labels(CacheUse.MISS).inc()
         items = await self.scheduler.submit(script, caller, target=self.admission.wait_target(), words=words)
         speech = await self._joined(script, items)
         data = await asyncio.to_thread(encode, speech.audio, speech.sample_rate, response_format, sample_rate)
@@ -305,8 +306,9 @@ class SpeechService:
         if use_cache:
             self.cache.put(key, CachedAudio(data, content_type, speech.voice, speech.duration_s))
         captions = await asyncio.to_thread(_captions, script, text, items, speech) if words else None
-        return SpokenAudio(data, content_type, speech.voice, speech.duration_s, "miss" if use_cache else "off",
-                           self.degrade.state.actions, speech.timings, captions)
+        cache_use = CacheUse.MISS if use_cache else CacheUse.OFF
+        return SpokenAudio(data, content_type, speech.voice, speech.duration_s, cache_use, self.degrade.state.actions,
+                           speech.timings, captions)
 
     async def speak_stream(self, text: str, voice: str | None = None, model: str | None = None,
                            speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None,
@@ -324,7 +326,7 @@ class SpeechService:
         words timed: SentenceStream.timed). Refusals (validation, limits, the queue's wait) raise here,
         before any audio exists."""
         started = time.monotonic()
-        script = await self.admit(text, voice, model, speed, caller, reading)
+        script = await self.admit(text, voice, model, speed, caller, reading, words)
         items = await self.scheduler.submit(script, caller, streaming=True, target=self.admission.wait_target(),
                                             words=words)
         return SentenceStream(script, items, started, self.metrics, self.settings.request_timeout_s)

@@ -95,14 +95,12 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
     previews: dict[tuple, str] = {}  # (voice, its clone record) -> its sample, mp3 in base64
 
     async def open_stream(text: str, voice: str, speed: float, caller: Caller) -> tuple[SentenceStream, bool]:
-        """The stream, with its words timed where the voice can time them (the scheduler knows, once the
-        voice's model is loaded: a Piper voice's phonemes decide); True if they are."""
-        try:
-            return await service.stream_pieces(text, voice, None, speed, caller, words=True), True
-        except InvalidRequest as error:
-            if error.code != "timestamps_unsupported":
-                raise
-        return await service.stream_pieces(text, voice, None, speed, caller), False
+        """The stream, with its words timed where the voice's model can time them (its declared capabilities);
+        True if they are."""
+        catalogue = service.catalogue
+        _, model = catalogue.resolve_voice(voice, None, caller.identity if caller else None)
+        timed = catalogue.capabilities[model].times_words
+        return await service.stream_pieces(text, voice, None, speed, caller, words=timed), timed
 
     async def new_take() -> takes.Take:
         nonlocal next_prune

@@ -173,3 +173,22 @@ def test_texts_are_read_off_the_event_loop_one_at_a_time(monkeypatch):
         service.stop()
     readers = {name.rsplit("_", 1)[0] for name in normalized_on | engine.tokenized_on}
     assert readers == {"text-reader"} and loop_thread not in normalized_on | engine.tokenized_on
+
+
+def test_what_a_model_cannot_do_is_refused_from_its_spec_before_any_load():
+    """Word timings asked of a model that declares none: refused without loading it (nor any other)."""
+    from tts_core.engines import ModelSpec
+
+    def load():
+        raise AssertionError("a refusal must not load the model")
+
+    unloaded = ModelSpec("later", FakeEngine(name="later", voice="later-voice").voices(), load, pinned=False,
+                         source=("later",))
+    service = SpeechService(Settings(batch_policy="sequential"), [FakeEngine(), unloaded], Metrics())
+    service.start()
+    try:
+        with pytest.raises(InvalidRequest) as refused:
+            asyncio.run(service.speak("Hello there.", "later-voice", None, response_format="wav", words=True))
+        assert refused.value.code == "timestamps_unsupported" and "later" not in service.loops
+    finally:
+        service.stop()

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .base import Engine, EngineUnavailable, Voice, VoiceSpec
+from .base import DEFAULT_MAX_RUNNING, Capabilities, Engine, EngineUnavailable, Voice, VoiceSpec, capabilities_of
 
 if TYPE_CHECKING:  # engines load without the settings package (bench/gpu_check runs on bare machines)
     from ..config import Settings
@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class ModelSpec:
-    """A configured model: its name, the voices it speaks (known before it is loaded), how to load
-    it, and whether it stays loaded (pinned) or loads when first asked for."""
+    """A configured model: its name, the voices it speaks and what it can do (known before it is loaded), how to
+    load it, and whether it stays loaded (pinned) or loads when first asked for."""
 
     name: str
     voices: list[Voice]
@@ -27,10 +27,12 @@ class ModelSpec:
     source: tuple = field(default=())  # what it was configured from: equal sources, same model
     registry: bool = False  # from the registry file (reloadable), not the voices folder
     language_defaults: tuple[str, ...] = ()  # its voices that are their language's voice (the registry says)
+    capabilities: Capabilities = Capabilities()
 
     @staticmethod
     def loaded(engine: Engine) -> ModelSpec:
-        return ModelSpec(engine.name, engine.voices(), lambda: engine, pinned=True, source=(id(engine),))
+        return ModelSpec(engine.name, engine.voices(), lambda: engine, pinned=True, source=(id(engine),),
+                         capabilities=capabilities_of(engine))
 
 
 def model_specs(settings: Settings) -> list[ModelSpec]:
@@ -53,45 +55,45 @@ def load_voice_engine(settings: Settings, voice: str) -> Engine:
     raise EngineUnavailable(f"no configured model speaks the voice {voice!r}; configured: {', '.join(known)}")
 
 
-def _piper_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings) -> tuple[list[Voice], Loader]:
+def _piper_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings) -> Described:
     from .piper import PiperEngine, describe_piper
 
-    return describe_piper(model, voices, name), lambda: PiperEngine(model, named_voices=voices, name=name,
-                                                                    **_piper_options(settings))
+    described, capabilities = describe_piper(model, voices, name)
+    return described, capabilities, lambda: PiperEngine(model, named_voices=voices, name=name,
+                                                        **_piper_options(settings))
 
 
-def _vits_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings) -> tuple[list[Voice], Loader]:
+def _vits_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings) -> Described:
     from .vits import VitsEngine, describe_vits  # torch and transformers load only when a VITS voice is configured
 
-    return describe_vits(model, voices), _torch_loader(settings, lambda: VitsEngine(model, voices, settings.device,
-                                                                                  settings.dtype, name=name))
+    return describe_vits(model, voices), capabilities_of(VitsEngine), _torch_loader(
+        settings, lambda: VitsEngine(model, voices, settings.device, settings.dtype, name=name))
 
 
 def _stepped_options(voices: list[VoiceSpec]) -> dict:
     """A stepped model's model-level options: any voice of the model may set them."""
     options: dict = dict(fixed_length=any(voice.fixed_length for voice in voices))
     max_running = [voice.max_running for voice in voices if voice.max_running]
-    if max_running:
-        options["max_running"] = max(max_running)
+    options["max_running"] = max(max_running) if max_running else DEFAULT_MAX_RUNNING
     return options
 
 
-def _pocket_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings
-                 ) -> tuple[list[Voice], Loader]:
+def _pocket_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings) -> Described:
     from .pocket_tts import PocketTTSEngine, describe_pocket_tts
 
     options = _stepped_options(voices)
-    return describe_pocket_tts(model, voices), _torch_loader(settings, lambda: PocketTTSEngine(
-        model, voices, settings.device, settings.dtype, name=name, **options))
+    return describe_pocket_tts(model, voices), capabilities_of(PocketTTSEngine, options["max_running"]), \
+        _torch_loader(settings, lambda: PocketTTSEngine(model, voices, settings.device, settings.dtype, name=name,
+                                                        **options))
 
 
-def _vibevoice_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings
-                    ) -> tuple[list[Voice], Loader]:
+def _vibevoice_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings) -> Described:
     from .vibevoice import VibeVoiceEngine, describe_vibevoice
 
     options = _stepped_options(voices)
-    return describe_vibevoice(model, voices), _torch_loader(settings, lambda: VibeVoiceEngine(
-        model, voices, settings.device, settings.dtype, name=name, **options))
+    return describe_vibevoice(model, voices), capabilities_of(VibeVoiceEngine, options["max_running"]), \
+        _torch_loader(settings, lambda: VibeVoiceEngine(model, voices, settings.device, settings.dtype, name=name,
+                                                        **options))
 
 
 def _torch_loader(settings: Settings, load: Callable[[], Engine]) -> Callable[[], Engine]:
@@ -109,8 +111,10 @@ def _torch_loader(settings: Settings, load: Callable[[], Engine]) -> Callable[[]
 
 
 Loader = Callable[[], Engine]
-# The registry's `engine:` kinds: (model, its voices, a unique name, settings) -> (the voices described, a loader)
-ENGINE_KINDS: dict[str, Callable[[str, list[VoiceSpec], str, Settings], tuple[list[Voice], Loader]]] = {
+Described = tuple[list[Voice], Capabilities, Loader]
+# The registry's `engine:` kinds: (model, its voices, a unique name, settings) -> (the voices described, what the
+# model can do, a loader), all without loading it
+ENGINE_KINDS: dict[str, Callable[[str, list[VoiceSpec], str, Settings], Described]] = {
     "piper": _piper_kind,
     "vits": _vits_kind,
     "pocket_tts": _pocket_kind,
@@ -129,14 +133,14 @@ def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
         names.add(name)
         pinned = any(entry.pinned for entry in entries.values())
         try:
-            described, load = ENGINE_KINDS[kind](model, voices, name, settings)
+            described, capabilities, load = ENGINE_KINDS[kind](model, voices, name, settings)
         except ImportError as missing:  # torch is not installed: the bundled Piper voice needs none of it
             raise EngineUnavailable(
                 f"the {kind} model {model!r} needs the Python package {missing.name!r}, which is not installed "
                 "(pip install torch==2.13.0; the README says how to get the CPU or the CUDA build)") from None
         defaults = tuple(name for name, entry in entries.items() if entry.language_default)
         specs.append(ModelSpec(name, described, load, pinned, (kind, model, tuple(entries.items())), registry=True,
-                               language_defaults=defaults))
+                               language_defaults=defaults, capabilities=capabilities))
     return specs
 
 
@@ -153,5 +157,5 @@ def _unique(name: str, taken: set[str]) -> str:
     return candidate
 
 
-__all__ = ["ENGINE_KINDS", "Engine", "EngineUnavailable", "ModelSpec", "Voice", "VoiceSpec", "load_voice_engine",
-           "model_specs", "registry_specs"]
+__all__ = ["ENGINE_KINDS", "Capabilities", "Engine", "EngineUnavailable", "ModelSpec", "Voice", "VoiceSpec",
+           "load_voice_engine", "model_specs", "registry_specs"]

@@ -42,6 +42,31 @@ class VoiceSpec:
     max_running: int | None = None  # model-level: the most requests a stepped model runs at once
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a model can do, declared on its ModelSpec with its voices, before it loads: admission, the UI, the
+    catalogue and cloning read it, and nothing waits for a load to find out. The engine contract tests check that
+    each loaded engine does what its spec declares (capabilities_of)."""
+
+    times_words: bool = False  # word timestamps: tokenize_words and token_samples
+    clones: bool = False  # voices from a caller's clip: voice_prompt_from_audio, add_voice, remove_voice
+    makes_frames: bool = False  # audio a few frames at a time (a stepped engine): a stream's first comes soon
+    max_running: int | None = None  # the most requests it runs at once (a stepped engine's cache rows)
+
+
+CLONE_HOOKS = ("voice_prompt_from_audio", "add_voice", "remove_voice")
+DEFAULT_MAX_RUNNING = 16  # a stepped model's cache rows, unless its registry entries say otherwise
+
+
+def capabilities_of(engine: Engine | type[Engine], max_running: int | None = None) -> Capabilities:
+    """What an engine (a loaded one, or its class before it loads, with the max_running it will get) implements."""
+    if max_running is None:
+        max_running = getattr(engine, "max_running", None)  # a loaded stepped engine's
+    return Capabilities(times_words=engine.times_words,
+                        clones=all(callable(getattr(engine, hook, None)) for hook in CLONE_HOOKS),
+                        makes_frames=engine.makes_frames, max_running=max_running)
+
+
 class Engine(ABC):
     """One loaded model. Only its engine loop's thread calls `synthesize` and the methods that touch the model;
     `tokenize` and `tokenize_words` run on the scheduler's text reader (one call at a time, beside the engine's

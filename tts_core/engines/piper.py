@@ -26,7 +26,7 @@ from ..pronunciation import OPEN, Pronounced, as_text, split_marked
 from ..request import SynthesisRequest
 from ..text import words
 from .alignment import unit_words
-from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
+from .base import Capabilities, Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +87,7 @@ class PiperEngine(Engine):
         self.noise_w = self.config.noise_w_scale if noise_w is None else noise_w
         self._multi_speaker = self.config.num_speakers > 1
         self._voices, self._speaker_ids = _piper_voices(self.name, self.config, named_voices)
-        # Voices whose phonemes are a list of symbols with " " between words (phonemes_to_ids
-        # maps each to its ids); Chinese and the other languages' phonemizers build ids differently.
-        self.times_words = self.config.phoneme_type in (PhonemeType.ESPEAK, PhonemeType.TEXT)
+        self.times_words = _times_words(self.config)
 
     def voices(self) -> list[Voice]:
         return list(self._voices)
@@ -207,15 +205,21 @@ def _piper_voices(name: str, config: PiperConfig, named_voices: Sequence[VoiceSp
     return [Voice(name, "piper", language, config.sample_rate)], {}
 
 
-def describe_piper(model_path: Path, named_voices: Sequence[VoiceSpec], name: str) -> list[Voice]:
-    """A Piper file's voices, read from its .onnx.json without loading the model."""
+def describe_piper(model_path: Path, named_voices: Sequence[VoiceSpec], name: str) -> tuple[list[Voice], Capabilities]:
+    """A Piper file's voices and what it can do, read from its .onnx.json without loading the model."""
     model_path = Path(model_path)
     try:
         with open(model_path.with_name(model_path.name + ".json"), encoding="utf-8") as file:
             config = PiperConfig.from_dict(json.load(file))
     except (OSError, ValueError, KeyError) as error:
         raise EngineUnavailable(f"Piper voice {str(model_path)!r} could not be read: {error}") from None
-    return _piper_voices(name, config, named_voices)[0]
+    return _piper_voices(name, config, named_voices)[0], Capabilities(times_words=_times_words(config))
+
+
+def _times_words(config: PiperConfig) -> bool:
+    """Voices whose phonemes are a list of symbols with " " between words (phonemes_to_ids maps each to its ids);
+    Chinese and the other languages' phonemizers build ids differently."""
+    return config.phoneme_type in (PhonemeType.ESPEAK, PhonemeType.TEXT)
 
 
 def load_piper_engines(voices_dir: Path, intra_op_threads: int = 0, inter_op_threads: int = 1,

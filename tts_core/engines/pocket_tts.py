@@ -41,7 +41,7 @@ from transformers import (
 
 from ..pronunciation import as_text
 from ..request import SynthesisRequest
-from .base import Voice, VoiceSpec
+from .base import DEFAULT_MAX_RUNNING, Voice, VoiceSpec
 from .pocket_codec import DecoderState, StreamingDecoder, encode_voice
 from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
 from .vits import _loading
@@ -107,7 +107,7 @@ class PocketTTSEngine(TorchSteppedEngine):
     model_kind, model_language, prompt_key = MODEL_KIND, MODEL_LANGUAGE, PROMPT_KEY
 
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
-                 name: str | None = None, max_running: int = 16, fixed_length: bool = False,
+                 name: str | None = None, max_running: int = DEFAULT_MAX_RUNNING, fixed_length: bool = False,
                  temperature: float = 0.7, seed: int | None = None):
         """source: a hub id or a local folder; voices: the registry's voices on this model (none: the
         shipped ones); fixed_length: every request makes its whole frame budget (random weights);
