@@ -110,6 +110,9 @@ def test_admin_tab_renders_live_charts(browser, admin_server, served):
     assert drawn[COST_TITLE]["legend"] < 0  # under the axes, clear of the points
     state = browser.find_element(By.ID, "degrade-state").text
     assert "normal" in state and "queue wait 0.00" in state and "queue_wait_target_s" in state
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    print(f"Admin tab: {height} px tall at {browser.get_window_size()['width']} px wide")
+    assert height < 4500  # 4,600 px when absent hardware and engines had charts of their own
 
     # A key is revoked by choosing it.
     browser.find_element(By.CSS_SELECTOR, "#revoke-key input").click()

@@ -23,9 +23,11 @@ class RecordingEngine(FakeSteppedEngine):
         super().__init__()
         self.stepping = False
         self.overlapped = False
+        self.stepped = threading.Event()  # a step has begun
 
     def step(self):
         self.stepping = True
+        self.stepped.set()
         try:
             return super().step()
         finally:
@@ -65,9 +67,9 @@ def test_a_call_waits_for_the_running_step_and_never_runs_beside_one(stepped):
     engine.gate.clear()  # the next step blocks
     long = SynthesisRequest(tokens=np.full(50, 7, dtype=np.int64), voice="fake-ar-voice", speed=1.0, key="fake-ar",
                             deadline=math.inf)
+    engine.stepped.clear()
     loop.submit([long])
-    while not engine.stepping:
-        time.sleep(0.01)
+    assert engine.stepped.wait(10)
     calls = [loop.run_on_engine(engine.errand) for _ in range(5)]
     time.sleep(0.2)
     assert not any(call.done() for call in calls)  # held behind the step

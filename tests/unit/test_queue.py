@@ -29,10 +29,11 @@ def test_candidates_share_the_head_batch_key():
 
 
 def test_aging_puts_a_long_item_ahead_of_later_short_ones():
-    queue = RequestQueue(10, aging_horizon_s=0.05)
+    now = [100.0]
+    queue = RequestQueue(10, aging_horizon_s=0.05, clock=lambda: now[0])
     long = make_item(400, tag=1)
     queue.put_many([long])
-    time.sleep(0.06)  # past the horizon: everything arriving now ranks behind it
+    now[0] += 0.06  # past the horizon: everything arriving now ranks behind it
     queue.put_many([make_item(10, tag=2)])
     assert queue.next_candidates(10)[0] is long
 
