@@ -148,6 +148,36 @@ class EngineLoop:
             item.cost_s = self.item_cost_s(item.length)
         return self.queue.put_many(items, tier_limit, target)
 
+    def tier_limit(self, queue_share: float) -> int | None:
+        """The most pieces a tier with this share of the queue (a fraction) may hold here; None: no limit of its own."""
+        return None if queue_share >= 1 else max(1, int(queue_share * self.queue.max_size))
+
+    def most_per_text(self, caller: str, tier_limit: int | None) -> int:
+        """The most pieces one text of this caller's may be cut into now."""
+        return self.queue.most_per_text(caller, tier_limit)
+
+    def check(self, count: int, tier: str, caller: str, priority: int, tier_limit: int | None, target: WaitTarget,
+              deadline_in_s: float) -> None:
+        """Refuse (QueueFull) `count` pieces of one text that the queue would not take now: no room, or a wait past
+        the target or the deadline. Made before the text is tokenized; `submit` checks again, exactly."""
+        self.queue.check(count, tier, caller, priority, tier_limit, target, deadline_in_s)
+
+    def predicted_wait(self) -> float:
+        """A typical new sentence's predicted wait here, from a new default-priority caller (0 when idle)."""
+        return self.queue.predicted_wait()
+
+    def pressure(self, target: WaitTarget) -> tuple[float, float]:
+        """predicted_wait(), and the wait target in force for it (the usual one, or the overload one)."""
+        return self.queue.predicted_wait(), target.limit_s(self.queue.overloaded(target))
+
+    @property
+    def queue_length(self) -> int:
+        return len(self.queue)
+
+    def close_if_idle(self) -> bool:
+        """Take no more work, if none is queued or running (the pool is unloading the model); False if busy."""
+        return self.queue.close_if_idle()
+
     def item_cost_s(self, tokens: int) -> float:
         """Predicted engine time of an item of this length, as the work runs now."""
         return self.serving.item_cost.predict(tokens)

@@ -232,7 +232,7 @@ class ModelPool:
         loop = slot.loop
         if loop is None:
             return True
-        if not loop.queue.close_if_idle():
+        if not loop.close_if_idle():
             return False
         slot.loop = None
         # its queue is closed and empty: the thread ends at once, and no caller can reach it any more

@@ -97,12 +97,12 @@ class Scheduler:
         voice, model_name = passage.voice, passage.model
         loop = await self.pool.loop(model_name)
         speed = passage.speed * voice.speed  # the voice's default speed, times the request's
-        share = None if tier.max_queue_share >= 1 else max(1, int(tier.max_queue_share * loop.queue.max_size))
-        most = loop.queue.most_per_text(identity, share)
+        share = loop.tier_limit(tier.max_queue_share)
+        most = loop.most_per_text(identity, share)
         ramped = streaming and first and not loop.engine.makes_frames
         chunks, cuts = await self.read(self._pieces, passage.spoken.text, most, ramped)
         tier_name = caller.tier_name if caller else ""
-        loop.queue.check(len(chunks), tier_name, identity, tier.priority, share, target, timeout_s)
+        loop.check(len(chunks), tier_name, identity, tier.priority, share, target, timeout_s)
         engine = loop.engine
         tokenized = await self.read(_tokenized, engine, chunks, cuts, voice.name, words)
         tokenized = [(tokens, word_ids, cut) for tokens, word_ids, cut in tokenized if tokens.size]

@@ -200,20 +200,19 @@ class SpeechService:
     # --- status --------------------------------------------------------------------------------
 
     def queue_length(self) -> int:
-        return sum(len(loop.queue) for loop in self.loops.values())
+        return sum(loop.queue_length for loop in self.loops.values())
 
     def queue_pressure(self) -> tuple[float, float]:
         """The predicted wait of a typical sentence from a new caller, and the wait target in force, on the
         model where the one is the largest share of the other."""
         target = self.admission.wait_target()
-        pressures = [(loop.queue.predicted_wait(), target.limit_s(loop.queue.overloaded(target)))
-                     for loop in self.loops.values()]
+        pressures = [loop.pressure(target) for loop in self.loops.values()]
         return max(pressures, key=lambda pressure: pressure[0] / pressure[1], default=(0.0, target.usual_s))
 
     def queue_wait_s(self) -> float:
         """The predicted wait of a typical sentence from a new default-priority caller, on the busiest
         model (0 when idle)."""
-        return max((loop.queue.predicted_wait() for loop in self.loops.values()), default=0.0)
+        return max((loop.predicted_wait() for loop in self.loops.values()), default=0.0)
 
     def status(self) -> dict:
         """What /api/v1/batch/status answers: the loops now and over the recent window."""

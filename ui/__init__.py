@@ -26,6 +26,7 @@ from tts_core.access import Caller
 from tts_core.admission import MAX_SPEED, MIN_SPEED
 from tts_core.audio import encode
 from tts_core.captions import SUBTITLE_FORMATS, CaptionWord, caption_words, subtitles
+from tts_core.engines import Capabilities
 from tts_core.errors import ChorusError, InvalidRequest, StorageUnavailable
 from tts_core.scheduling import SentenceStream
 from tts_core.service import SpeechService
@@ -99,7 +100,7 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
         True if they are."""
         catalogue = service.catalogue
         _, model = catalogue.resolve_voice(voice, None, caller.identity if caller else None)
-        timed = catalogue.capabilities[model].times_words
+        timed = catalogue.capabilities.get(model, Capabilities()).times_words
         return await service.stream_pieces(text, voice, None, speed, caller, words=timed), timed
 
     async def new_take() -> takes.Take:
