@@ -41,7 +41,7 @@ from tts_core.engines.base import VoiceSpec
 from tts_core.engines.vits import VitsEngine
 from tts_core.metrics import Metrics
 from tts_core.queue import RequestQueue
-from tts_core.request import SynthesisRequest
+from tts_core.request import EngineInput, QueuedItem
 from tts_core.strategies import make_engine_loop
 
 FULL = {"sizes": [1, 2, 4, 8, 16, 32, 64], "sweep_s": 5.0, "served_s": 25.0, "clients": 64, "sentences": 512}
@@ -65,8 +65,7 @@ def sweep(engine: VitsEngine, token_lists: list, sizes: list[int], seconds_each:
     for size in sizes:
         batches = [ordered[start:start + size] for start in range(0, len(ordered) - size + 1, size)]
         middle = batches[len(batches) // 2]  # a typical length, so sizes compare on like sentences
-        items = [SynthesisRequest(tokens=tokens, voice=VOICE, speed=1.0, key=None, deadline=math.inf)
-                 for tokens in middle]
+        items = [EngineInput(tokens, VOICE) for tokens in middle]
         engine.synthesize(items)  # warm: kernels, allocator
         if engine.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -74,7 +73,7 @@ def sweep(engine: VitsEngine, token_lists: list, sizes: list[int], seconds_each:
         runs, audio_s, started = 0, 0.0, time.perf_counter()
         while runs < 2 or time.perf_counter() - started < seconds_each:
             outputs = engine.synthesize(items)
-            audio_s += sum(output.size for output in outputs) / engine.sample_rate
+            audio_s += sum(output.audio.size for output in outputs) / engine.sample_rate
             runs += 1
         elapsed = time.perf_counter() - started
         padded = size * max(len(tokens) for tokens in middle)
@@ -109,14 +108,13 @@ def served(engine: VitsEngine, policy_name: str, token_lists: list, clients: int
         while time.perf_counter() < stop_at:
             tokens = token_lists[position % len(token_lists)]
             position += clients
-            item = SynthesisRequest(tokens=tokens, voice=VOICE, speed=1.0, key=engine.batch_key(VOICE, 1.0),
-                                    deadline=math.inf)
+            item = QueuedItem(EngineInput(tokens, VOICE), key=engine.batch_key(VOICE, 1.0), deadline=math.inf)
             started = time.perf_counter()
             loop.submit([item])
             output = item.future.result()
             with lock:
                 latencies.append(time.perf_counter() - started)
-                audio[0] += output.size / engine.sample_rate
+                audio[0] += output.audio.size / engine.sample_rate
 
     started = time.perf_counter()
     threads = [threading.Thread(target=client, args=(index,)) for index in range(clients)]

@@ -31,7 +31,7 @@ from bench.workload import texts
 from tts_core.engines.base import SteppedEngine
 from tts_core.metrics import Metrics
 from tts_core.queue import RequestQueue
-from tts_core.request import SynthesisRequest
+from tts_core.request import EngineInput, QueuedItem
 from tts_core.strategies import make_engine_loop
 
 FULL = {"clients": 16, "served_s": 15.0, "texts": 64, "workload": "mixed", "calibration_sizes": [1, 2, 4, 8, 16]}
@@ -70,10 +70,10 @@ def build(kind: str, folder: Path, device: str, quick: bool) -> SteppedEngine:
     return VibeVoiceEngine(str(folder), [], device, dtype, fixed_length=True, seed=0)
 
 
-def _items(engine: SteppedEngine, token_lists: list[np.ndarray]) -> list[SynthesisRequest]:
+def _items(engine: SteppedEngine, token_lists: list[np.ndarray]) -> list[QueuedItem]:
     voice = engine.voices()[0].name
-    return [SynthesisRequest(tokens=tokens, voice=voice, speed=1.0, key=engine.batch_key(voice, 1.0),
-                             deadline=math.inf) for tokens in token_lists]
+    return [QueuedItem(EngineInput(tokens, voice), key=engine.batch_key(voice, 1.0), deadline=math.inf)
+            for tokens in token_lists]
 
 
 def served(engine: SteppedEngine, policy_name: str, token_lists: list, plan: dict) -> dict:
@@ -98,7 +98,7 @@ def served(engine: SteppedEngine, policy_name: str, token_lists: list, plan: dic
             sent = time.perf_counter()
             loop.submit([item])
             try:
-                audio = item.future.result(timeout=max(0.0, stop_at - sent))
+                audio = item.future.result(timeout=max(0.0, stop_at - sent)).audio
             except (FutureTimeout, CancelledError):
                 item.future.cancel()  # the caller goes: the loop drops it at its next turn
                 return
@@ -147,14 +147,14 @@ def _count_steps(engine: SteppedEngine) -> list[int]:
 
 def ceiling(engine: SteppedEngine, token_lists: list) -> dict:
     """engine.synthesize of these texts at once: every request runs from the first step to its last."""
-    items = _items(engine, token_lists)
-    engine.synthesize(items[:1])  # warm
+    inputs = [item.input for item in _items(engine, token_lists)]
+    engine.synthesize(inputs[:1])  # warm
     started = time.perf_counter()
-    outputs = engine.synthesize(items)
+    outputs = engine.synthesize(inputs)
     seconds = time.perf_counter() - started
-    frames = [output.size / engine.sample_rate * engine.frame_rate for output in outputs]
-    return {"requests": len(items), "seconds": round(seconds, 2),
-            "audio_s_per_s": round(sum(output.size for output in outputs) / engine.sample_rate / seconds, 2),
+    frames = [output.audio.size / engine.sample_rate * engine.frame_rate for output in outputs]
+    return {"requests": len(inputs), "seconds": round(seconds, 2),
+            "audio_s_per_s": round(sum(output.audio.size for output in outputs) / engine.sample_rate / seconds, 2),
             "frames_per_step": round(sum(frames) / max(frames), 2)}
 
 

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import importlib.util
 import json
-import math
 import platform
 import re
 import statistics
@@ -42,8 +41,7 @@ from bench.ttfa import drained
 from bench.workload import texts
 from tts_core.config import Settings
 from tts_core.engines import load_voice_engine
-from tts_core.engines.base import SteppedEngine
-from tts_core.request import SynthesisRequest
+from tts_core.request import EngineInput
 
 PEERS = {
     "sequential": {"batch_policy": "sequential", "queue_order": "fifo"},
@@ -113,12 +111,11 @@ class EngineAlone:
 
     def _run_batch(self, token_lists: list) -> float:
         """Synthesizes one batch (on the engine's thread); returns its audio seconds."""
-        items = [SynthesisRequest(tokens=tokens, voice=self.voice, speed=1.0, key=None, deadline=math.inf)
-                 for tokens in token_lists]
-        return sum(audio.size for audio in self.engine.synthesize(items)) / self.engine.sample_rate
+        inputs = [EngineInput(tokens, self.voice) for tokens in token_lists]
+        return sum(output.audio.size for output in self.engine.synthesize(inputs)) / self.engine.sample_rate
 
     def _runs(self, token_lists: list, size: int) -> list[list]:
-        if not isinstance(self.engine, SteppedEngine):
+        if not self.engine.makes_frames:  # one-shot: padded batches of this size
             return _batches(token_lists, size, self.max_batch_tokens)
         self.engine.max_running = size  # (at most the engine's own: its cache has that many rows)
         return [token_lists]
@@ -494,7 +491,7 @@ def main() -> None:
 
     print(f"engine alone ({args.voice}): the ceiling ...", flush=True)
     engine = EngineAlone(args.voice, args.voices_file)
-    stepped = isinstance(engine.engine, SteppedEngine)
+    stepped = engine.engine.makes_frames  # an autoregressive engine (its declared shape)
     if stepped:  # an autoregressive voice: its own scenario sizes and targets
         plan = {**plan, **STEPPED_PLAN,
                 **({"clients": 4, "streams": 4} if args.quick else STEPPED_FULL_PLAN)}

@@ -33,7 +33,7 @@ from bench.soak import EDGE_S, OVERLOAD, OVERLOAD_S, STEADY, USERS
 from bench.workload import MIXES, sentence
 from tts_core.degrade import OperatorSettings
 from tts_core.queue import LONG_TOKENS, OFFERED_WINDOWS_S, QueueFull, RequestQueue, WaitTarget
-from tts_core.request import SynthesisRequest
+from tts_core.request import EngineInput, QueuedItem
 
 PHASE_S = 60.0
 CHARS_PER_ENGINE_S = 180.0  # Piper on the soak's slower 2-core machine, ~15 characters a second of speech
@@ -82,9 +82,9 @@ def replay(seed: int, windows: dict[float, float], load: float = STEADY, phase_s
             running, free_at = _run_next(queue, clock)
         clock.now = arrival
         text = sentence(rng, low, high)
-        piece = SynthesisRequest(tokens=np.zeros(round(len(text) * TOKENS_PER_CHAR), dtype=np.int64), voice="",
-                                 speed=1.0, key=None, deadline=math.inf, caller=f"ip:{rng.randrange(USERS)}",
-                                 cost_s=len(text) / CHARS_PER_ENGINE_S)
+        tokens = np.zeros(round(len(text) * TOKENS_PER_CHAR), dtype=np.int64)
+        piece = QueuedItem(EngineInput(tokens, ""), key=None, deadline=math.inf, caller=f"ip:{rng.randrange(USERS)}",
+                           cost_s=len(text) / CHARS_PER_ENGINE_S)
         try:
             wait = queue.put_many([piece], target=target)
             if overload_start <= arrival < overload_end:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,7 @@ import httpx
 from bench.server import start_server
 from bench.workload import texts
 from tts_core.engines.piper import PiperEngine, bundled_voice_path
-from tts_core.request import SynthesisRequest
+from tts_core.request import EngineInput
 
 TARGET_RATIO = 0.9
 
@@ -27,14 +26,12 @@ TARGET_RATIO = 0.9
 def raw_sequential(workload: list[str]) -> tuple[float, float]:
     """Seconds and audio seconds for the engine alone, one text at a time (front end included)."""
     engine = PiperEngine(bundled_voice_path())
-    engine.synthesize([SynthesisRequest(tokens=engine.tokenize("Warm up.", engine.name)[0], voice=engine.name,
-                                        speed=1.0, key=None, deadline=math.inf)])
+    engine.synthesize([EngineInput(engine.tokenize("Warm up.", engine.name)[0], engine.name)])
     audio = 0.0
     started = time.perf_counter()
     for text in workload:
         for tokens in engine.tokenize(text, engine.name):
-            item = SynthesisRequest(tokens=tokens, voice=engine.name, speed=1.0, key=None, deadline=math.inf)
-            audio += engine.synthesize([item])[0].size / engine.sample_rate
+            audio += engine.synthesize([EngineInput(tokens, engine.name)])[0].audio.size / engine.sample_rate
     return time.perf_counter() - started, audio
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import ast
 import functools
-import math
 import os
 import re
 from collections.abc import Callable
@@ -160,13 +159,12 @@ def piper_speech(sample_rate: int, text: str = VOICE_TEXT) -> np.ndarray:
     """Real speech from the bundled Piper voice, float32 mono at sample_rate."""
     from tts_core.engines.piper import PiperEngine, bundled_voice_path
     from tts_core.engines.pocket_codec import resample
-    from tts_core.request import SynthesisRequest
+    from tts_core.request import EngineInput
 
     piper = PiperEngine(bundled_voice_path())
     voice = piper.voices()[0].name
-    items = [SynthesisRequest(tokens=tokens, voice=voice, speed=1.0, key=None, deadline=math.inf)
-             for tokens in piper.tokenize(text, voice)]
-    return resample(np.concatenate(piper.synthesize(items)), piper.sample_rate, sample_rate)
+    outputs = piper.synthesize([EngineInput(tokens, voice) for tokens in piper.tokenize(text, voice)])
+    return resample(np.concatenate([output.audio for output in outputs]), piper.sample_rate, sample_rate)
 
 
 def save_random_pocket(folder: Path, tiny: bool = False, seed: int = 0, clip: np.ndarray | None = None) -> Path:

@@ -11,7 +11,6 @@ metric names) and `GET /ready` on 127.0.0.1 until it is stopped (SIGTERM or SIGI
 
 import argparse
 import asyncio
-import math
 import signal
 import threading
 import time
@@ -29,7 +28,7 @@ from tts_core.config import Settings
 from tts_core.engines import load_voice_engine
 from tts_core.metrics import BatchRecord, Metrics
 from tts_core.policy import padded_tokens
-from tts_core.request import SynthesisRequest
+from tts_core.request import EngineInput
 from tts_core.text import split_chunks
 
 MAX_BATCH_SIZE = 16  # the same as the "window" peer, Chorus's own fixed-window policy
@@ -75,10 +74,9 @@ class RaySpeech:
         """Every sentence of every text in one padded model call; each text's audio joined."""
         per_text = [[tokens for chunk in split_chunks(text, self.max_chunk_chars)
                      for tokens in self.engine.tokenize(chunk, self.voice)] for text in texts]
-        items = [SynthesisRequest(tokens=tokens, voice=self.voice, speed=1.0, key=None, deadline=math.inf)
-                 for token_lists in per_text for tokens in token_lists]
+        items = [EngineInput(tokens, self.voice) for token_lists in per_text for tokens in token_lists]
         started = time.perf_counter()
-        audio = iter(self.engine.synthesize(items))
+        audio = iter(output.audio for output in self.engine.synthesize(items))
         self.metrics.batch_finished(self.engine.name, BatchRecord(
             time.monotonic(), self.engine.name, len(items), padded_tokens(items), sum(item.length for item in items),
             time.perf_counter() - started, MAX_BATCH_SIZE), [])

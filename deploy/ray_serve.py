@@ -46,7 +46,7 @@ from tts_core.errors import ChorusError, Overloaded, SynthesisError
 from tts_core.metrics import Metrics
 from tts_core.pool import ModelPool
 from tts_core.queue import WaitTarget
-from tts_core.request import AudioPieces, SynthesisRequest
+from tts_core.request import AudioPieces, EngineOutput, QueuedItem
 from tts_core.scheduling import Scheduler, pieces_of
 from tts_core.script import Passage
 from tts_core.service import SpeechService
@@ -57,10 +57,9 @@ REPORT_EVERY_S = 1.0
 # Chorus's queue decides what waits and what is refused (503 with Retry-After): Ray's own limit on
 # requests in flight must never be what refuses first.
 MAX_ONGOING_REQUESTS = 4096
-# What the ingress needs of each piece queued on an engine replica, besides its audio
-DESCRIBED = ("tokens", "voice", "speed", "key", "priority", "tier", "caller", "due_s", "sample_rate", "pause_s",
-             "passage", "word_ids")
-STAMPS = ("queue_s", "batch_s", "batch_size", "token_samples")  # set on a piece as it runs
+# What the ingress needs of each piece queued on an engine replica (its engine input among them), besides its output
+DESCRIBED = ("input", "key", "priority", "tier", "caller", "due_s", "sample_rate", "pause_s", "passage", "word_ids")
+STAMPS = ("queue_s", "batch_s", "batch_size")  # set on a piece as it runs
 
 
 class Event(StrEnum):
@@ -132,8 +131,8 @@ class EngineReplica:
                               for item in items], played_s)
             for number, item in enumerate(items):
                 try:
-                    async for audio in pieces_of(item, self.service.settings.request_timeout_s):
-                        yield (Event.AUDIO, number, audio)
+                    async for output in pieces_of(item, self.service.settings.request_timeout_s):
+                        yield (Event.AUDIO, number, output)
                 except ChorusError as error:
                     yield (Event.FAILED, number, error)
                     return
@@ -166,7 +165,7 @@ class RemoteScheduler(Scheduler):
 
     async def submit_passage(self, passage: Passage, index: int, first: bool, caller: Caller | None,
                              streaming: bool, target: WaitTarget, played_s: float, words: bool
-                             ) -> tuple[list[SynthesisRequest], float]:
+                             ) -> tuple[list[QueuedItem], float]:
         events = self.engines[passage.model].options(stream=True).speak.remote(
             passage, index, first, caller, streaming, target, played_s, words)
         patience_s = min(target.usual_s, self.timeout_s(caller))
@@ -199,30 +198,30 @@ class RemoteScheduler(Scheduler):
         return items, played_s
 
 
-def _standing_in(description: dict) -> SynthesisRequest:
+def _standing_in(description: dict) -> QueuedItem:
     described = {name: description[name] for name in DESCRIBED}
-    return SynthesisRequest(**described, deadline=time.monotonic() + description["deadline_in_s"],
-                            pieces=AudioPieces() if description["streamed"] else None)
+    return QueuedItem(**described, deadline=time.monotonic() + description["deadline_in_s"],
+                      pieces=AudioPieces() if description["streamed"] else None)
 
 
-async def _deliver(events: DeploymentResponseGenerator, items: list[SynthesisRequest]) -> None:
+async def _deliver(events: DeploymentResponseGenerator, items: list[QueuedItem]) -> None:
     """The engine replica's events onto the pieces standing in for its own. However it ends, every piece
     ends (its audio, or why not) and the call is cancelled unless it ran to its end."""
-    audio: list[list[np.ndarray]] = [[] for _ in items]
+    outputs: list[list[EngineOutput]] = [[] for _ in items]
     failure: ChorusError = _lost(EOFError("the call ended early"))  # for pieces its events never ended
     try:
         async for kind, number, value in events:
             item = items[number]
             if kind == Event.AUDIO:
-                audio[number].append(value)
+                outputs[number].append(value)
                 if item.pieces is not None:
-                    item.pieces.push(value)
+                    item.pieces.push(value.audio)
             elif kind == Event.DONE:
                 for name, stamp in value.items():
                     setattr(item, name, stamp)
                 if item.pieces is not None:
                     item.pieces.end()
-                item.resolve(np.concatenate(audio[number]) if audio[number] else np.zeros(0, np.float32))
+                item.resolve(_whole(outputs[number]))
             else:
                 raise value
     except BaseException as error:  # failed, given up here (Ray's RequestCancelledError), or the replica is gone
@@ -235,6 +234,13 @@ async def _deliver(events: DeploymentResponseGenerator, items: list[SynthesisReq
             if item.pieces is not None:
                 item.pieces.end(failure)
             item.resolve(failure)
+
+
+def _whole(outputs: list[EngineOutput]) -> EngineOutput:
+    """A piece's output from the outputs it arrived in: one whole (with its word timings, if any), or a stream's."""
+    if len(outputs) == 1:
+        return outputs[0]
+    return EngineOutput(np.concatenate([output.audio for output in outputs]) if outputs else np.zeros(0, np.float32))
 
 
 def _lost(error: BaseException) -> SynthesisError:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tts_core.engines.base import Engine, SteppedEngine, Voice
-from tts_core.request import SynthesisRequest
+from tts_core.request import EngineInput, EngineOutput
 
 POISON = 999  # a token that makes the fake engine raise
 SAMPLES_PER_TOKEN = 100
@@ -37,14 +37,14 @@ class FakeEngine(Engine):
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
         return [np.full(len(sentence), 7, dtype=np.int64) for sentence in text.split("|") if sentence]
 
-    def synthesize(self, batch: Sequence) -> list[np.ndarray]:
+    def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]:
         self.seen.append([int(item.tokens[0]) for item in batch])
         self.calls_started.release()
         self.gate.wait()
         time.sleep(self.cost(len(batch), len(batch) * max(item.length for item in batch)))
         if any(POISON in item.tokens for item in batch):
             raise RuntimeError("poisoned item")
-        return [np.full(item.length * SAMPLES_PER_TOKEN, item.tokens[0] / 1000, dtype=np.float32)
+        return [EngineOutput(np.full(item.length * SAMPLES_PER_TOKEN, item.tokens[0] / 1000, dtype=np.float32))
                 for item in batch]
 
 
@@ -63,8 +63,8 @@ class FakeSteppedEngine(SteppedEngine):
     frames as it has tokens (FRAME samples each, filled with its first token / 1000, so a test can
     tell whose audio it got). `gate` cleared: steps block until it is set. `events` records, in order,
     ("admit", tag) and ("take", tag) for each item joining and each piece of audio taken (tag: its
-    first token); `on_take(item)` runs at each piece taken, before it is, and `on_step()` at each step,
-    before it runs."""
+    first token); `on_take(item)` runs at each piece taken (with the item's engine input), before it is, and
+    `on_step()` at each step, before it runs."""
 
     frame_rate = 10.0
     kv_bytes_per_token = 1000.0
@@ -77,11 +77,11 @@ class FakeSteppedEngine(SteppedEngine):
         self.gate.set()
         self.steps_run: list[int] = []  # running requests at each step
         self.events: list[tuple[str, int]] = []
-        self.on_take: Callable[[SynthesisRequest], None] = lambda item: None
+        self.on_take: Callable[[EngineInput], None] = lambda item: None
         self.on_step: Callable[[], None] = lambda: None
-        self._running: list = []
-        self._made: dict[int, int] = {}  # id(item) -> frames made
-        self._taken: dict[int, int] = {}  # id(item) -> frames whose audio was taken
+        self._running: dict[int, EngineInput] = {}  # by id, in the order they joined
+        self._made: dict[int, int] = {}  # item id -> frames made
+        self._taken: dict[int, int] = {}  # item id -> frames whose audio was taken
 
     def voices(self) -> list[Voice]:
         return [Voice("fake-ar-voice", "fake-ar", "en", self.sample_rate, speed_control=False)]
@@ -95,44 +95,44 @@ class FakeSteppedEngine(SteppedEngine):
     def context_tokens(self, item) -> int:
         return 2 * item.length
 
-    def context_length(self, item) -> int:
-        return item.length + self._made[id(item)]
+    def context_length(self, item_id: int) -> int:
+        return self._running[item_id].length + self._made[item_id]
 
-    def running(self) -> list:
+    def running(self) -> list[int]:
         return list(self._running)
 
-    def admit(self, items):
+    def admit(self, items: Sequence[EngineInput]) -> list[int]:
         if self.fail_admitting(len(self._running) + len(items)):
             raise MemoryError("no room in the fake cache")
         for item in items:
-            self._running.append(item)
-            self._made[id(item)], self._taken[id(item)] = 1, 0
+            self._running[item.id] = item
+            self._made[item.id], self._taken[item.id] = 1, 0
             self.events.append(("admit", int(item.tokens[0])))
-        return [item for item in items if item.length <= 1]
+        return [item.id for item in items if item.length <= 1]
 
-    def step(self):
+    def step(self) -> list[int]:
         self.gate.wait()
         self.on_step()
         self.steps_run.append(len(self._running))
         time.sleep(self.step_cost(len(self._running)))
         finished = []
-        for item in self._running:
-            self._made[id(item)] += 1
-            if self._made[id(item)] == item.length:
-                finished.append(item)
+        for item_id, item in self._running.items():
+            self._made[item_id] += 1
+            if self._made[item_id] == item.length:
+                finished.append(item_id)
         return finished
 
-    def take_audio(self, item, final: bool = False) -> np.ndarray:
-        new = self._made[id(item)] - self._taken[id(item)]
+    def take_audio(self, item_id: int, final: bool = False) -> np.ndarray:
+        item = self._running[item_id]
+        new = self._made[item_id] - self._taken[item_id]
         if new:
             self.on_take(item)
             self.events.append(("take", int(item.tokens[0])))
-        self._taken[id(item)] = self._made[id(item)]
+        self._taken[item_id] = self._made[item_id]
         return np.full(new * FRAME, item.tokens[0] / 1000, dtype=np.float32)
 
-    def release(self, item) -> None:
-        self._running.remove(item)
-        del self._made[id(item)], self._taken[id(item)]
+    def release(self, item_id: int) -> None:
+        del self._running[item_id], self._made[item_id], self._taken[item_id]
 
 
 FRAME = 100  # samples per frame of FakeSteppedEngine (1000 Hz, 10 frames/s)

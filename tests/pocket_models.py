@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +10,7 @@ import yaml
 from bench.random_model import save_random_pocket
 from tts_core.config import Settings
 from tts_core.engines import ModelSpec, registry_specs
-from tts_core.request import SynthesisRequest
+from tts_core.request import EngineInput
 
 
 def registry_spec(model: Path, voices: dict[str, dict], folder: Path, engine: str = "pocket_tts") -> ModelSpec:
@@ -27,10 +26,9 @@ def build_tiny_pocket(folder: Path) -> Path:
     return save_random_pocket(folder, tiny=True, seed=0)
 
 
-def request(engine, text: str, voice: str) -> SynthesisRequest:
+def request(engine, text: str, voice: str) -> EngineInput:
     [tokens] = engine.tokenize(text, voice)
-    return SynthesisRequest(tokens=tokens, voice=voice, speed=1.0, key=engine.batch_key(voice, 1.0),
-                            deadline=math.inf)
+    return EngineInput(tokens, voice)
 
 
 def random_voice(frames: int, seed: int) -> np.ndarray:

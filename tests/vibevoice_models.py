@@ -12,7 +12,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from bench.random_vibevoice import save_random_vibevoice
 from tts_core.engines.vibevoice import SYSTEM_PROMPT
 from tts_core.engines.vibevoice_parts import DPMSolver
-from tts_core.request import SynthesisRequest
+from tts_core.request import EngineInput
 
 
 def build_tiny_vibevoice(folder: Path) -> Path:
@@ -38,7 +38,7 @@ def script(processor, text: str) -> str:
             f" Speaker 0: {text}\n Speech output:\n{bos}")
 
 
-def generate_alone(engine, item: SynthesisRequest, text: str, clip: np.ndarray) -> np.ndarray:
+def generate_alone(engine, item: EngineInput, text: str, clip: np.ndarray) -> np.ndarray:
     """What transformers' generate makes for this request alone, with the voice clip encoded by the model
     itself (no sampling noise), as audio. With the engine's temperature 0 the diffusion starts from zeros
     here too (generate draws its noise with torch.randn); the scheduler is the engine's, which the

@@ -2,7 +2,7 @@
 
 An engine that times words (Engine.times_words) says which word of a chunk each token speaks and how
 many samples each token spans; the scheduler numbers the words across their passage
-(SynthesisRequest.word_ids). Here those times are carried back through the front end's pieces to the
+(QueuedItem.word_ids). Here those times are carried back through the front end's pieces to the
 caller's input: spoken words that say one written thing ("five dollars" for "$5", the words of an SSML
 <sub> alias) make one caption word, named as the caller wrote it.
 """
@@ -18,7 +18,7 @@ from .engines.base import word_spans
 from .frontend import SpokenText
 from .frontend.pieces import PRONUNCIATION, TEXT
 from .pronunciation import Pronounced
-from .request import SynthesisRequest
+from .request import EngineOutput, QueuedItem
 from .script import Script
 from .text import word_bounds
 
@@ -43,13 +43,14 @@ class CaptionWord:
 Timed = tuple[int, int, float, float]  # (passage, spoken word of the passage, start s, end s)
 
 
-def timed_words(item: SynthesisRequest, start_s: float) -> list[Timed]:
-    """The item's words with their times, its speech starting at start_s in the answer."""
-    if item.word_ids is None or item.token_samples is None:
+def timed_words(item: QueuedItem, output: EngineOutput, start_s: float) -> list[Timed]:
+    """The item's words with their times (from its output's token spans), its speech starting at start_s in the
+    answer."""
+    if item.word_ids is None or output.token_samples is None:
         return []
     rate = item.sample_rate
     return [(item.passage, word, start_s + first / rate, start_s + end / rate)
-            for word, (first, end) in word_spans(item.word_ids, item.token_samples).items()]
+            for word, (first, end) in word_spans(item.word_ids, output.token_samples).items()]
 
 
 def caption_words(script: Script, text: str, timed: list[Timed]) -> list[CaptionWord]:

@@ -24,15 +24,13 @@ from concurrent.futures import Future
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
-import numpy as np
-
 from .engines.base import Engine
 from .errors import Overloaded
 from .memory import MemoryBudget, release_heap
 from .metrics import Metrics
 from .policy import ItemCost
 from .queue import QueueClosed, RequestQueue, WaitTarget
-from .request import SynthesisRequest
+from .request import EngineInput, EngineOutput, QueuedItem
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -63,8 +61,8 @@ class Serving:
         self.audio_s_per_token = 0.0  # moving estimate of audio produced per input token (at speed 1)
         self.worked = False  # work ran since memory was last released
 
-    def learn_audio_rate(self, batch: Sequence[SynthesisRequest], outputs: Sequence[np.ndarray]) -> None:
-        audio_s = sum(audio.size * item.speed for item, audio in zip(batch, outputs)) / self.engine.sample_rate
+    def learn_audio_rate(self, batch: Sequence[EngineInput], outputs: Sequence[EngineOutput]) -> None:
+        audio_s = sum(output.audio.size * item.speed for item, output in zip(batch, outputs)) / self.engine.sample_rate
         rate = audio_s / max(1, sum(item.length for item in batch))
         self.audio_s_per_token = rate if not self.audio_s_per_token else 0.8 * self.audio_s_per_token + 0.2 * rate
 
@@ -139,7 +137,7 @@ class EngineLoop:
         if not self._thread.is_alive():  # its loop has ended (its errands ran), or it never started
             self._fail_errands()
 
-    def submit(self, items: Sequence[SynthesisRequest], tier_limit: int | None = None,
+    def submit(self, items: Sequence[QueuedItem], tier_limit: int | None = None,
                target: WaitTarget = WaitTarget()) -> float:
         """Queue items (all or none) with their predicted cost; returns the first one's predicted
         wait. Raises QueueFull (with a Retry-After from the prediction), or QueueClosed once the

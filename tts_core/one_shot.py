@@ -10,7 +10,6 @@ again in halves.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -20,7 +19,7 @@ from .engine_loop import CALIBRATION_TEXT, Serving
 from .errors import SynthesisError
 from .metrics import BatchRecord
 from .policy import BatchPolicy, padded_tokens
-from .request import SynthesisRequest
+from .request import EngineInput, EngineOutput, QueuedItem
 
 log = logging.getLogger(__name__)
 
@@ -63,15 +62,13 @@ class OneShotStrategy:
         policy), whose points run one at a time while nothing is queued, so the server serves at once."""
         voice = self.engine.voices()[0].name
         tokens = np.concatenate(self.engine.tokenize(CALIBRATION_TEXT, voice))
-        key = self.engine.batch_key(voice, 1.0)
 
         def timed(size: int, length: int) -> float:
-            items = [SynthesisRequest(tokens=tokens[:length], voice=voice, speed=1.0, key=key,
-                                      deadline=math.inf) for _ in range(size)]
+            inputs = [EngineInput(tokens[:length], voice) for _ in range(size)]
             started = time.perf_counter()
-            outputs = self.engine.synthesize(items)
+            outputs = self.engine.synthesize(inputs)
             seconds = time.perf_counter() - started
-            self.serving.learn_audio_rate(items, outputs)
+            self.serving.learn_audio_rate(inputs, outputs)
             return seconds
 
         timed(1, self.calibration_lengths[0])  # cold: first runs set up kernels and caches
@@ -113,7 +110,7 @@ class OneShotStrategy:
         finally:
             self.queue.done(len(batch))
 
-    def _execute(self, batch: list[SynthesisRequest], retried_alone: bool = False) -> None:
+    def _execute(self, batch: list[QueuedItem], retried_alone: bool = False) -> None:
         try:
             outputs = self._run_batch(batch)
         except self.engine.out_of_memory_errors:
@@ -132,11 +129,11 @@ class OneShotStrategy:
         self._batches_run += 1
         if self.empty_cache_every and self._batches_run % self.empty_cache_every == 0:
             self.engine.release_memory()
-        self.serving.learn_audio_rate(batch, outputs)
-        for item, audio in zip(batch, outputs):
-            item.future.set_result(audio)
+        self.serving.learn_audio_rate([item.input for item in batch], outputs)
+        for item, output in zip(batch, outputs):
+            item.future.set_result(output)
 
-    def _out_of_memory(self, batch: list[SynthesisRequest], retried_alone: bool) -> None:
+    def _out_of_memory(self, batch: list[QueuedItem], retried_alone: bool) -> None:
         """Lower the memory budget and run the batch again in halves; an item fails only when it
         does not fit even alone, with the cache released."""
         log.warning("%s ran out of memory on %d items (%d padded tokens)", self.engine.name, len(batch),
@@ -153,12 +150,12 @@ class OneShotStrategy:
         else:
             self._fail(batch[0], "synthesis failed: the item does not fit in device memory even alone")
 
-    def _fail(self, item: SynthesisRequest, message: str) -> None:
+    def _fail(self, item: QueuedItem, message: str) -> None:
         log.warning("%s failed on one item: %s", self.engine.name, message)
         self.metrics.item_errors.labels(self.engine.name).inc()
         item.future.set_exception(SynthesisError(message))
 
-    def _run_batch(self, batch: list[SynthesisRequest]) -> list[np.ndarray]:
+    def _run_batch(self, batch: list[QueuedItem]) -> list[EngineOutput]:
         name = self.engine.name
         dispatched = time.monotonic()
         waits = [dispatched - item.enqueued_at for item in batch]
@@ -166,7 +163,7 @@ class OneShotStrategy:
         record = None
         try:
             started = time.perf_counter()
-            outputs = self.engine.synthesize(batch)
+            outputs = self.engine.synthesize([item.input for item in batch])
             seconds = time.perf_counter() - started
             if len(outputs) != len(batch):
                 raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(batch)} items")

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import DeadlineExceeded, InvalidRequest, Overloaded
-from .request import SynthesisRequest
+from .request import EngineInput, QueuedItem
 
 QUEUE_ORDERS = ("fair", "fifo")
 PRIORITY_STEP_S = 5.0  # one priority class is worth this much waiting
@@ -119,7 +119,7 @@ class RequestQueue:
         self.on_drop = on_drop  # told of items dropped unsynthesized: ("cancelled" | "deadline", count)
         self.aging_horizon_s = aging_horizon_s
         self.long_tokens = long_tokens
-        self._items: list[SynthesisRequest] = []
+        self._items: list[QueuedItem] = []
         self._chain_end: dict[tuple[str, int], float] = {}  # (caller, priority) -> virtual end of its last item
         self._running = 0  # items taken and not yet done
         self._running_until = 0.0  # predicted end of the batch running now
@@ -146,14 +146,14 @@ class RequestQueue:
 
     # --- ranking and predictions ------------------------------------------------------------------
 
-    def _start(self, item: SynthesisRequest, now: float, chain_end: float, due: bool = True) -> float:
+    def _start(self, item: QueuedItem, now: float, chain_end: float, due: bool = True) -> float:
         if self.order == "fifo":
             return now
         length_delay = self.aging_horizon_s * min(1.0, item.length / self.long_tokens)
         due_s = item.due_s if due else 0.0
         return max(now + due_s + length_delay - item.priority * PRIORITY_STEP_S, chain_end)
 
-    def _starts(self, items: Sequence[SynthesisRequest], now: float, due: bool = True) -> tuple[list[float], dict]:
+    def _starts(self, items: Sequence[QueuedItem], now: float, due: bool = True) -> tuple[list[float], dict]:
         """The virtual starts new items would get (without `due`: as if a stream's pieces were all needed
         now), and the callers' chain ends after them."""
         chains: dict[tuple[str, int], float] = {}
@@ -181,8 +181,8 @@ class RequestQueue:
                        running: bool = True) -> float:
         """Seconds until a new item like this one would start, by the queue's present contents (without
         `running`: only what is queued ahead of it)."""
-        probe = SynthesisRequest(tokens=np.zeros(max(1, length), dtype=np.int64), voice="", speed=1.0, key=None,
-                                 deadline=math.inf, priority=priority, caller=caller)
+        probe = QueuedItem(EngineInput(np.zeros(max(1, length), dtype=np.int64), ""), key=None, deadline=math.inf,
+                           priority=priority, caller=caller)
         with self._changed:
             now = self._clock()
             starts, _ = self._starts([probe], now)
@@ -217,7 +217,7 @@ class RequestQueue:
 
     # --- the callers' side --------------------------------------------------------------------------
 
-    def put_many(self, items: Sequence[SynthesisRequest], tier_limit: int | None = None,
+    def put_many(self, items: Sequence[QueuedItem], tier_limit: int | None = None,
                  target: WaitTarget = WaitTarget()) -> float:
         """Enqueue all items or none; returns the first item's predicted wait. Refuses (QueueFull)
         when the queue, the items' tier share (tier_limit items) or their caller's share is full,
@@ -247,7 +247,7 @@ class RequestQueue:
             self._changed.notify_all()
             return wait
 
-    def _last_wait(self, items: Sequence[SynthesisRequest], now: float) -> float:
+    def _last_wait(self, items: Sequence[QueuedItem], now: float) -> float:
         """When the last of new items would start, counted in an overload: behind the queued work ranked before
         it and its own earlier pieces, a stream's ranked as if all of it were needed now (its later pieces are
         backlog all the same)."""
@@ -314,7 +314,7 @@ class RequestQueue:
             self._woken = True
             self._changed.notify_all()
 
-    def next_candidates(self, limit: int) -> list[SynthesisRequest]:
+    def next_candidates(self, limit: int) -> list[QueuedItem]:
         """The most urgent item and up to limit-1 more of its batch key, most urgent first.
 
         Items whose caller has gone (future cancelled) are dropped here unsynthesized, and items
@@ -322,7 +322,7 @@ class RequestQueue:
         """
         now = self._clock()
         with self._changed:
-            live: list[SynthesisRequest] = []
+            live: list[QueuedItem] = []
             cancelled = expired = 0
             for item in self._items:
                 if item.future.cancelled():
@@ -346,7 +346,7 @@ class RequestQueue:
                 self.on_drop(reason, count)
         return candidates
 
-    def take(self, items: Iterable[SynthesisRequest], predicted_s: float) -> None:
+    def take(self, items: Iterable[QueuedItem], predicted_s: float) -> None:
         """Items leave the queue to run (for about predicted_s seconds); `done` when they have."""
         taken = {id(item) for item in items}
         with self._changed:
@@ -361,7 +361,7 @@ class RequestQueue:
             self._running_until = self._clock() + seconds
             self._joining_now = joining_now
 
-    def put_back(self, item: SynthesisRequest) -> None:
+    def put_back(self, item: QueuedItem) -> None:
         """A taken item that could not run (its engine ran out of memory) goes back where it was ranked."""
         with self._changed:
             self._running -= 1
@@ -385,7 +385,7 @@ class RequestQueue:
             self._changed.notify_all()
             return True
 
-    def close(self) -> list[SynthesisRequest]:
+    def close(self) -> list[QueuedItem]:
         """Close for good; returns the items still queued (the caller must end them)."""
         with self._changed:
             self._closed = True

@@ -1,7 +1,7 @@
 """Scheduling: a text becomes queued pieces on its model's engine loop, and their audio comes back.
 
 A text is cut into sentences, short ones packed together where there are many (a stream's first
-pieces shorter, so its first audio comes sooner), tokenized, and queued as `SynthesisRequest`s with
+pieces shorter, so its first audio comes sooner), tokenized, and queued as `QueuedItem`s with
 the caller's identity, priority and deadline; a stream's later pieces are due when their audio will
 be needed. The queue refuses the whole text at once if its predicted wait is past the operator's target
 (or its deadline), or as invalid if it has more pieces than could ever wait at once. Every piece ends:
@@ -15,6 +15,7 @@ import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TypeVar
 
 import numpy as np
@@ -29,7 +30,7 @@ from .errors import DeadlineExceeded, InvalidRequest, Overloaded
 from .metrics import Metrics
 from .pool import ModelPool
 from .queue import QueueClosed, WaitTarget
-from .request import AudioPieces, SynthesisRequest
+from .request import AudioPieces, EngineInput, EngineOutput, QueuedItem
 from .script import Passage, Script
 from .text import ramp_up, split_chunks
 from .text import words as text_words
@@ -61,11 +62,11 @@ class Scheduler:
         self._reader.shutdown(wait=False, cancel_futures=True)
 
     async def submit(self, script: Script, caller: Caller | None, streaming: bool = False,
-                     target: WaitTarget = WaitTarget(), words: bool = False) -> list[SynthesisRequest]:
+                     target: WaitTarget = WaitTarget(), words: bool = False) -> list[QueuedItem]:
         """Queue a script's passages (loading their models first if need be); the items' futures resolve
         to their audio, in order. Each item knows the pause before it and its audio's sample rate, and
         with `words`, which word of its passage each token says (voices that time words only)."""
-        items: list[SynthesisRequest] = []
+        items: list[QueuedItem] = []
         played_s = 0.0  # a stream's audio before a passage (estimated low), for its pieces' due times
         try:
             for index, passage in enumerate(script.passages):
@@ -87,7 +88,7 @@ class Scheduler:
 
     async def submit_passage(self, passage: Passage, index: int, first: bool, caller: Caller | None,
                              streaming: bool, target: WaitTarget, played_s: float, words: bool
-                             ) -> tuple[list[SynthesisRequest], float]:
+                             ) -> tuple[list[QueuedItem], float]:
         """The passage's items, queued on its model's engine loop here (none if the voice finds nothing to say in
         it: "." alone), and the stream's audio once they have played. The one place a passage meets its
         engine: deploy/ray_serve.py places it on an engine replica elsewhere instead."""
@@ -110,10 +111,9 @@ class Scheduler:
             return [], played_s
         deadline = time.monotonic() + timeout_s
         key = engine.batch_key(voice.name, speed)
-        items = [SynthesisRequest(tokens=tokens, voice=voice.name, speed=speed, key=key, deadline=deadline,
-                                  priority=tier.priority, tier=tier_name, caller=identity,
-                                  sample_rate=engine.sample_rate, pause_s=0.0 if cut else JOIN_PAUSE_S, cut=cut,
-                                  passage=index, word_ids=word_ids)
+        items = [QueuedItem(EngineInput(tokens, voice.name, speed), key=key, deadline=deadline,
+                            priority=tier.priority, tier=tier_name, caller=identity, sample_rate=engine.sample_rate,
+                            pause_s=0.0 if cut else JOIN_PAUSE_S, cut=cut, passage=index, word_ids=word_ids)
                  for tokens, word_ids, cut in tokenized]
         first_pause = passage.pause_before_s
         items[0].pause_s = (0.0 if first else JOIN_PAUSE_S) if first_pause is None else first_pause
@@ -134,7 +134,7 @@ class Scheduler:
                 return [chunk for chunk, _ in pieces], [cut for _, cut in pieces]
         return chunks, [False] * len(chunks)
 
-    async def _queue(self, items: list[SynthesisRequest], loop: EngineLoop, model_name: str, share: int | None,
+    async def _queue(self, items: list[QueuedItem], loop: EngineLoop, model_name: str, share: int | None,
                      target: WaitTarget) -> None:
         for _ in range(SUBMIT_TRIES):
             try:
@@ -144,13 +144,14 @@ class Scheduler:
                 loop = await self.pool.loop(model_name)
         raise Overloaded(f"model {model_name} is being reloaded; retry", 1, "model_reloading")
 
-    async def collect(self, items: list[SynthesisRequest], sample_rate: int) -> list[np.ndarray]:
-        """Every item's audio at sample_rate, in order. If one fails or the caller goes, nothing else runs
-        for it."""
+    async def collect(self, items: list[QueuedItem], sample_rate: int) -> list[EngineOutput]:
+        """Every item's output, its audio at sample_rate, in order. If one fails or the caller goes, nothing else
+        runs for it."""
         try:
-            audio = await asyncio.gather(*(audio_of(item, self.settings.request_timeout_s) for item in items))
-            return await asyncio.to_thread(lambda: [resample(piece, item.sample_rate, sample_rate)
-                                                    for item, piece in zip(items, audio, strict=True)])
+            outputs = await asyncio.gather(*(output_of(item, self.settings.request_timeout_s) for item in items))
+            return await asyncio.to_thread(lambda: [replace(output, audio=resample(output.audio, item.sample_rate,
+                                                                                   sample_rate))
+                                                    for item, output in zip(items, outputs, strict=True)])
         except BaseException:  # caller gone, deadline or engine error
             for item in items:
                 item.abandon()
@@ -172,26 +173,26 @@ def _tokenized(engine: Engine, chunks: list[str], cuts: list[bool], voice: str, 
     return tokenized
 
 
-async def audio_of(item: SynthesisRequest, run_allowance_s: float) -> np.ndarray:
-    """The item's audio. The engine loop ends every item it is given; this bound (its deadline, plus the
+async def output_of(item: QueuedItem, run_allowance_s: float) -> EngineOutput:
+    """The item's output. The engine loop ends every item it is given; this bound (its deadline, plus the
     longest it may take to run) is what keeps a caller from waiting for ever if something is wrong."""
     return await _bounded(item, item.future, run_allowance_s)
 
 
-async def pieces_of(item: SynthesisRequest, run_allowance_s: float) -> AsyncIterator[np.ndarray]:
-    """The item's audio as the engine hands it out: piece by piece from a stepped engine, else whole."""
+async def pieces_of(item: QueuedItem, run_allowance_s: float) -> AsyncIterator[EngineOutput]:
+    """The item's output as the engine hands it out: audio piece by piece from a stepped engine, else whole."""
     if item.pieces is None:
-        yield await audio_of(item, run_allowance_s)
+        yield await output_of(item, run_allowance_s)
         return
     link = item.pieces.head
     while True:
         audio, link = await _bounded(item, link, run_allowance_s)
         if audio is None:
             return
-        yield audio
+        yield EngineOutput(audio)
 
 
-async def _bounded(item: SynthesisRequest, future, run_allowance_s: float):
+async def _bounded(item: QueuedItem, future, run_allowance_s: float):
     patience = max(0.0, item.deadline - time.monotonic()) + run_allowance_s
     try:
         return await asyncio.wait_for(asyncio.wrap_future(future), patience)
@@ -200,7 +201,7 @@ async def _bounded(item: SynthesisRequest, future, run_allowance_s: float):
         raise DeadlineExceeded(f"request timed out: no audio within {patience:.0f} s") from None
 
 
-def _set_due_times(items: list[SynthesisRequest], loop: EngineLoop, speed: float, played_s: float) -> float:
+def _set_due_times(items: list[QueuedItem], loop: EngineLoop, speed: float, played_s: float) -> float:
     """Each piece of a stream is needed once the ones before it have played (estimated low): returns the
     audio the stream has once these have played."""
     for item in items:
@@ -216,7 +217,7 @@ class SentenceStream:
     concatenate (edges faded, the pause in front). Closing it, or leaving a loop over it early,
     takes the sentences not yet synthesized out of the queue."""
 
-    def __init__(self, script: Script, items: list[SynthesisRequest], started: float, metrics: Metrics,
+    def __init__(self, script: Script, items: list[QueuedItem], started: float, metrics: Metrics,
                  run_allowance_s: float):
         self.script, self.voice, self.sample_rate, self.items = script, script.voice, script.voice.sample_rate, items
         self._started, self._metrics, self._run_allowance_s = started, metrics, run_allowance_s
@@ -231,14 +232,14 @@ class SentenceStream:
         played = 0  # samples yielded
         try:
             for index, item in enumerate(self.items):
-                async for piece_index, audio in _numbered(pieces_of(item, self._run_allowance_s)):
+                async for piece_index, output in _numbered(pieces_of(item, self._run_allowance_s)):
                     if index == 0 and piece_index == 0:
                         self._metrics.first_audio(time.monotonic() - self._started)
-                    piece, speech = await asyncio.to_thread(self._playable, audio, index, piece_index)
+                    piece, speech = await asyncio.to_thread(self._playable, output.audio, index, piece_index)
                     self._metrics.audio_seconds.inc(speech / self.sample_rate)
                     speech_at = (played + piece.size - speech) / self.sample_rate
                     played += piece.size
-                    yield piece, timed_words(item, speech_at) if piece_index == 0 else []
+                    yield piece, timed_words(item, output, speech_at) if piece_index == 0 else []
             if self.script.pause_after_s:
                 yield silence(self.script.pause_after_s, self.sample_rate), []
             self._metrics.chunks_per_request.observe(len(self.items))
@@ -277,7 +278,7 @@ class SentenceStream:
             self.close()
 
 
-async def _numbered(pieces: AsyncIterator[np.ndarray]) -> AsyncIterator[tuple[int, np.ndarray]]:
+async def _numbered(pieces: AsyncIterator[EngineOutput]) -> AsyncIterator[tuple[int, EngineOutput]]:
     index = 0
     async for piece in pieces:
         yield index, piece

@@ -25,7 +25,7 @@ from .access import Caller
 from .admission import Admission
 from .audio import FORMATS, STREAMABLE, encode, join, silence, unsupported_rate
 from .cache import AudioCache, CachedAudio, CacheUse
-from .captions import CaptionWord, caption_words, timed_words
+from .captions import CaptionWord, Timed, caption_words, timed_words
 from .catalogue import Catalogue
 from .cloning import ClonedVoice, ClonedVoices, Cloner
 from .config import Settings
@@ -36,7 +36,7 @@ from .errors import Conflict, InvalidRequest
 from .metrics import Metrics
 from .pool import ModelPool
 from .queue import RequestQueue
-from .request import SynthesisRequest
+from .request import EngineOutput, QueuedItem
 from .scheduling import Scheduler, SentenceStream
 from .script import Reading, Script
 from .strategies import make_engine_loop
@@ -60,7 +60,7 @@ class Timings:
     batch_size: int | None = None  # largest batch any of its items ran in
 
     @staticmethod
-    def of(items: list[SynthesisRequest]) -> Timings:
+    def of(items: list[QueuedItem]) -> Timings:
         return Timings(round(1000 * sum(i.queue_s for i in items) / len(items), 2),
                        round(1000 * sum(i.batch_s for i in items), 2), max(i.batch_size for i in items))
 
@@ -72,7 +72,7 @@ class Speech:
     voice: str
     chunks: int
     timings: Timings = Timings()
-    speech_starts_s: tuple[float, ...] = ()  # when each item's speech starts in the audio
+    timed_words: tuple[Timed, ...] = ()  # the words of items queued with their words, timed in the audio
 
     @property
     def duration_s(self) -> float:
@@ -263,20 +263,21 @@ class SpeechService:
         items = await self.scheduler.submit(script, caller)
         return await self._joined(script, items)
 
-    async def _joined(self, script: Script, items: list[SynthesisRequest]) -> Speech:
-        pieces = await self.scheduler.collect(items, script.voice.sample_rate)
-        return await asyncio.to_thread(self._speech, script, items, pieces)
+    async def _joined(self, script: Script, items: list[QueuedItem]) -> Speech:
+        outputs = await self.scheduler.collect(items, script.voice.sample_rate)
+        return await asyncio.to_thread(self._speech, script, items, outputs)
 
-    def _speech(self, script: Script, items: list[SynthesisRequest], pieces: list[np.ndarray]) -> Speech:
+    def _speech(self, script: Script, items: list[QueuedItem], outputs: list[EngineOutput]) -> Speech:
         rate = script.voice.sample_rate
+        pieces = [output.audio for output in outputs]
         audio = join([*pieces, silence(script.pause_after_s, rate)], rate, [item.pause_s for item in items] + [0.0])
         self.metrics.audio_seconds.inc(audio.size / rate)
-        starts, at = [], 0
-        for item, piece in zip(items, pieces, strict=True):
+        timed, at = [], 0
+        for item, output in zip(items, outputs, strict=True):
             at += silence(item.pause_s, rate).size
-            starts.append(at / rate)
-            at += piece.size
-        return Speech(audio, rate, script.voice.name, len(items), Timings.of(items), tuple(starts))
+            timed += timed_words(item, output, at / rate)
+            at += output.audio.size
+        return Speech(audio, rate, script.voice.name, len(items), Timings.of(items), tuple(timed))
 
     async def speak(self, text: str, voice: str | None = None, model: str | None = None, speed: float = 1.0,
                     response_format: str = "mp3", caller: Caller | None = None,
@@ -304,7 +305,9 @@ class SpeechService:
         content_type = FORMATS[response_format].content_type
         if use_cache:
             self.cache.put(key, CachedAudio(data, content_type, speech.voice, speech.duration_s))
-        captions = await asyncio.to_thread(_captions, script, text, items, speech) if words else None
+        captions = None
+        if words:
+            captions = tuple(await asyncio.to_thread(caption_words, script, text, list(speech.timed_words)))
         cache_use = CacheUse.MISS if use_cache else CacheUse.OFF
         return SpokenAudio(data, content_type, speech.voice, speech.duration_s, cache_use, self.degrade.state.actions,
                            speech.timings, captions)
@@ -330,9 +333,3 @@ class SpeechService:
                                             words=words)
         return SentenceStream(script, items, started, self.metrics, self.settings.request_timeout_s)
 
-
-def _captions(script: Script, text: str, items: list[SynthesisRequest], speech: Speech) -> tuple[CaptionWord, ...]:
-    """When each word of the input is spoken in the joined speech."""
-    timed = [word for item, start in zip(items, speech.speech_starts_s, strict=True)
-             for word in timed_words(item, start)]
-    return tuple(caption_words(script, text, timed))

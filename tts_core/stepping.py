@@ -45,7 +45,7 @@ from .engines.base import FILE_PIECE_S, STREAM_PIECE_S, SteppedEngine
 from .errors import ChorusError, ClientGone, Overloaded, SynthesisError
 from .metrics import Metrics
 from .queue import RequestQueue
-from .request import SynthesisRequest
+from .request import EngineInput, EngineOutput, QueuedItem
 from .step_policy import FillPolicy, StepPolicy, StepView
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ DEFER_CAP = 2  # pieces: a request this far behind in decoding is decoded even w
 class Progress:
     """What the loop keeps of one running request."""
 
+    item: QueuedItem
     running_with: int  # requests running once it had joined
     decode_every: int  # frames
     frames: int = 1  # frames made (its first comes with the prefill)
@@ -95,7 +96,7 @@ class SteppedStrategy:
         self.calibration_sizes = [s for s in calibration_sizes if 1 <= s <= policy.max_running]
         # the cache's budget where no device memory says otherwise (None: none, as for one whole batch)
         self.cpu_cache_bytes = None if cpu_cache_mb is None else cpu_cache_mb * 2**20
-        self._progress: dict[SynthesisRequest, Progress] = {}
+        self._progress: dict[int, Progress] = {}  # by the running input's id
         self._declined = False  # the policy left queued candidates out at this turn
 
     # --- what the loop asks --------------------------------------------------------------------------
@@ -122,38 +123,36 @@ class SteppedStrategy:
         size, at a short and a long context (run while nothing is queued or running)."""
         voice = self.engine.voices()[0].name
         tokens = np.concatenate(self.engine.tokenize(CALIBRATION_TEXT, voice))
-        key = self.engine.batch_key(voice, 1.0)
 
-        def items(count: int, length: int) -> list[SynthesisRequest]:
-            return [SynthesisRequest(tokens=tokens[:length], voice=voice, speed=1.0, key=key, deadline=math.inf)
-                    for _ in range(count)]
+        def inputs(count: int, length: int) -> list[EngineInput]:
+            return [EngineInput(tokens[:length], voice) for _ in range(count)]
 
-        self.engine.synthesize(items(1, 4))  # cold: first runs set up kernels and caches
+        self.engine.synthesize(inputs(1, 4))  # cold: first runs set up kernels and caches
         started = time.perf_counter()
-        outputs = self.engine.synthesize(sample := items(1, 12))
+        outputs = self.engine.synthesize(sample := inputs(1, 12))
         self.serving.item_cost.add(1, 12, time.perf_counter() - started)
         self.serving.learn_audio_rate(sample, outputs)
         self.engine.measure_memory(tokens[:12])
-        return [lambda size=size, length=length: self._calibrate(items(size, length))
+        return [lambda size=size, length=length: self._calibrate(inputs(size, length))
                 for length in (4, min(len(tokens), 32)) for size in self.calibration_sizes]
 
-    def _calibrate(self, items: list[SynthesisRequest]) -> None:
+    def _calibrate(self, inputs: list[EngineInput]) -> None:
         engine, cost = self.engine, self.policy.cost
         started = time.perf_counter()
-        engine.admit(items)
-        cost.observe_prefill(sum(engine.context_length(item) for item in items), time.perf_counter() - started)
+        engine.admit(inputs)
+        cost.observe_prefill(sum(engine.context_length(item.id) for item in inputs), time.perf_counter() - started)
         best, longest = math.inf, 0
         for _ in range(CALIBRATION_STEPS):
-            longest = max(engine.context_length(item) for item in engine.running())
+            longest = max(map(engine.context_length, engine.running()))
             started = time.perf_counter()
             engine.step()
             best = min(best, time.perf_counter() - started)  # others' work on the cores only ever adds time
-        cost.observe_step(len(items), longest, best, calibration=True)
+        cost.observe_step(len(inputs), longest, best, calibration=True)
         started = time.perf_counter()
-        for item in items:
-            engine.take_audio(item, final=True)
-            engine.release(item)
-        cost.observe_decode(len(items) * (CALIBRATION_STEPS + 1), time.perf_counter() - started)
+        for item in inputs:
+            engine.take_audio(item.id, final=True)
+            engine.release(item.id)
+        cost.observe_decode(len(inputs) * (CALIBRATION_STEPS + 1), time.perf_counter() - started)
 
     # --- one turn of the loop -------------------------------------------------------------------
 
@@ -171,7 +170,7 @@ class SteppedStrategy:
             return
         self._declined = False
         if candidates:
-            plan = self.policy.plan(self._views(running), self._views(candidates, queued=True), time.monotonic(),
+            plan = self.policy.plan(self._running_views(), self._queued_views(candidates), time.monotonic(),
                                     self._memory_tokens())
             self._declined = len(plan.take) < len(candidates)
             if plan.take:
@@ -183,10 +182,18 @@ class SteppedStrategy:
             self._step()
         self._tell_queue()
 
-    def _views(self, items: Sequence[SynthesisRequest], queued: bool = False) -> list[StepView]:
+    def _running_views(self) -> list[StepView]:
         engine = self.engine
-        return [StepView(item.length if queued else engine.context_length(item), engine.context_tokens(item),
-                         item.deadline, item.enqueued_at) for item in items]
+        return [StepView(engine.context_length(item_id), engine.context_tokens(item.input), item.deadline,
+                         item.enqueued_at) for item_id, item in self._running_items()]
+
+    def _queued_views(self, candidates: Sequence[QueuedItem]) -> list[StepView]:
+        return [StepView(item.length, self.engine.context_tokens(item.input), item.deadline, item.enqueued_at)
+                for item in candidates]
+
+    def _running_items(self) -> list[tuple[int, QueuedItem]]:
+        """The running inputs' ids with their queued items, in the order they joined."""
+        return [(item_id, self._progress[item_id].item) for item_id in self.engine.running()]
 
     def _memory_tokens(self) -> int | None:
         """Context positions the cache may still grow by: device memory where the engine has some to
@@ -194,7 +201,7 @@ class SteppedStrategy:
         device = self.serving.memory.tokens()
         if device is not None or not self.engine.kv_bytes_per_token or self.cpu_cache_bytes is None:
             return device
-        held = sum(self.engine.context_tokens(item) for item in self.engine.running())
+        held = sum(self.engine.context_tokens(item.input) for _, item in self._running_items())
         return max(0, int(self.cpu_cache_bytes / self.engine.kv_bytes_per_token) - held)
 
     def _tell_queue(self) -> None:
@@ -206,13 +213,14 @@ class SteppedStrategy:
         if room > 0:
             self.queue.expect_free_in(0.0, 0 if self._declined else room)
             return
-        longest = max(self.engine.context_length(item) for item in running)
-        left = min(self.engine.frames_needed(item) - self._progress[item].frames for item in running)
+        longest = max(map(self.engine.context_length, running))
+        left = min(self.engine.frames_needed(self._progress[item_id].item.input) - self._progress[item_id].frames
+                   for item_id in running)
         self.queue.expect_free_in(max(0, left) * self.policy.cost.frame_s(len(running), longest))
 
     # --- joining, stepping, leaving ----------------------------------------------------------------
 
-    def _admit(self, joining: list[SynthesisRequest]) -> None:
+    def _admit(self, joining: list[QueuedItem]) -> None:
         self.queue.take(joining, 0.0)
         live = [item for item in joining if not _gone(item)]
         self.queue.done(len(joining) - len(live))
@@ -222,72 +230,73 @@ class SteppedStrategy:
         now, running_with = time.monotonic(), len(self.engine.running()) + len(live)
         started = time.perf_counter()
         try:
-            finished = self.engine.admit(live)
+            finished = self.engine.admit([item.input for item in live])
         except self.engine.out_of_memory_errors:
-            self._out_of_memory(live)
+            self._out_of_memory([(item.input.id, item) for item in live])
             return
         except Exception as error:
             for item in live:
-                self._end(item, SynthesisError(f"synthesis failed: {error}"), running=False)
+                self._end(item.input.id, item, SynthesisError(f"synthesis failed: {error}"), running=False)
             return
         seconds = time.perf_counter() - started
         self.serving.worked = True
-        self.policy.cost.observe_prefill(sum(self.engine.context_length(item) for item in live), seconds)
+        self.policy.cost.observe_prefill(sum(self.engine.context_length(item.input.id) for item in live), seconds)
         for item in live:
             item.queue_s = now - item.enqueued_at
             piece_s = STREAM_PIECE_S if item.pieces is not None else FILE_PIECE_S
             streaming = item.pieces is not None
-            self._progress[item] = Progress(running_with, max(1, math.ceil(piece_s * self.engine.frame_rate)),
-                                            engine_s=seconds / len(live), streaming=streaming,
-                                            opens=streaming and item.due_s == 0)
+            self._progress[item.input.id] = Progress(item, running_with,
+                                                     max(1, math.ceil(piece_s * self.engine.frame_rate)),
+                                                     engine_s=seconds / len(live), streaming=streaming,
+                                                     opens=streaming and item.due_s == 0)
         self._finish(finished)
 
     def _step(self) -> None:
         running = self.engine.running()
-        longest = max(self.engine.context_length(item) for item in running)
+        longest = max(map(self.engine.context_length, running))
         started = time.perf_counter()
         try:
             finished = self.engine.step()
         except self.engine.out_of_memory_errors:
-            self._out_of_memory([running[-1]])
+            self._out_of_memory([(running[-1], self._progress[running[-1]].item)])
             return
         except Exception as error:  # the newest member is the likeliest cause: it alone fails
             log.warning("%s: a step failed (%s); stopping the newest request", self.engine.name, error)
-            self._end(running[-1], SynthesisError(f"synthesis failed: {error}"))
+            self._end(running[-1], self._progress[running[-1]].item, SynthesisError(f"synthesis failed: {error}"))
             return
         seconds = time.perf_counter() - started
         self.policy.cost.observe_step(len(running), longest, seconds)
         self.metrics.step_finished(self.engine.name, len(running), longest, seconds, self.policy.max_running)
-        for item in running:
-            progress = self._progress[item]
+        for item_id in running:
+            progress = self._progress[item_id]
             progress.frames += 1
             progress.engine_s += seconds / len(running)
-        due = [item for item in running if item not in finished
-               and self._progress[item].behind >= self._progress[item].decode_every]
-        for item in self._first_audio_first(due):
-            self._decode([item], final=False)
+        due = [item_id for item_id in running if item_id not in finished
+               and self._progress[item_id].behind >= self._progress[item_id].decode_every]
+        for item_id in self._first_audio_first(due):
+            self._decode([item_id], final=False)
         self._finish(finished)
 
-    def _first_audio_first(self, due: list[SynthesisRequest]) -> Iterator[SynthesisRequest]:
+    def _first_audio_first(self, due: list[int]) -> Iterator[int]:
         """The due pieces to decode at this turn (see the module's docstring): first pieces first, then
         the furthest behind, while no stream waits for its first piece and no request waits to join
         (asked before each piece), and those DEFER_CAP pieces behind."""
         progress = self._progress
-        starting = any(progress[item].starting for item in self.engine.running())
-        for item in sorted(due, key=lambda item: (not progress[item].starting, -progress[item].behind)):
-            if progress[item].starting or progress[item].overdue or not (starting or self._joiner_waits()):
-                yield item
+        starting = any(progress[item_id].starting for item_id in self.engine.running())
+        for item_id in sorted(due, key=lambda item_id: (not progress[item_id].starting, -progress[item_id].behind)):
+            if progress[item_id].starting or progress[item_id].overdue or not (starting or self._joiner_waits()):
+                yield item_id
 
     def _joiner_waits(self) -> bool:
         """A request was queued since the policy last declined one, and a place is free."""
         return not self._declined and len(self.queue) > 0 and len(self.engine.running()) < self.policy.max_running
 
-    def _decode(self, items: list[SynthesisRequest], final: bool) -> None:
-        for item in items:
+    def _decode(self, item_ids: list[int], final: bool) -> None:
+        for item_id in item_ids:
             started = time.perf_counter()
-            audio = self.engine.take_audio(item, final)
+            audio = self.engine.take_audio(item_id, final)
             seconds = time.perf_counter() - started
-            progress = self._progress[item]
+            progress = self._progress[item_id]
             progress.engine_s += seconds
             progress.decoded = progress.frames
             if not audio.size:
@@ -297,31 +306,32 @@ class SteppedStrategy:
             self.policy.cost.observe_decode(frames, seconds)
             if progress.streaming:
                 progress.handed_out = True
-                item.pieces.push(audio)
+                progress.item.pieces.push(audio)
 
-    def _finish(self, finished: list[SynthesisRequest]) -> None:
+    def _finish(self, finished: list[int]) -> None:
         self._decode(finished, final=True)
-        for item in finished:
-            self.engine.release(item)
-        for item in [item for item in self._progress if item not in self.engine.running()]:
-            self._deliver(item)
+        for item_id in finished:
+            self.engine.release(item_id)
+        running = set(self.engine.running())
+        for item_id in [item_id for item_id in self._progress if item_id not in running]:
+            self._deliver(self._progress.pop(item_id))
 
-    def _deliver(self, item: SynthesisRequest) -> None:
-        progress = self._progress.pop(item)
-        audio = np.concatenate(progress.pieces) if progress.pieces else np.zeros(0, dtype=np.float32)
+    def _deliver(self, progress: Progress) -> None:
+        item = progress.item
+        output = EngineOutput(np.concatenate(progress.pieces) if progress.pieces else np.zeros(0, dtype=np.float32))
         item.batch_s, item.batch_size = progress.engine_s, progress.running_with  # before a reader sees the end
         if item.pieces is not None:
             item.pieces.end()
         self.serving.item_cost.add(1, item.length, progress.engine_s)
-        self.serving.learn_audio_rate([item], [audio])
+        self.serving.learn_audio_rate([item.input], [output])
         self.queue.done(1)
-        item.resolve(audio)
+        item.resolve(output)
 
-    def _end(self, item: SynthesisRequest, error: ChorusError, running: bool = True) -> None:
+    def _end(self, item_id: int, item: QueuedItem, error: ChorusError, running: bool = True) -> None:
         """The item stops without its audio: released, counted, its caller told."""
         if running:
-            self.engine.release(item)
-        self._progress.pop(item, None)
+            self.engine.release(item_id)
+        self._progress.pop(item_id, None)
         if not isinstance(error, ClientGone):
             self.metrics.item_errors.labels(self.engine.name).inc()
         if item.pieces is not None:
@@ -330,46 +340,45 @@ class SteppedStrategy:
         item.resolve(error)
 
     def stopped(self) -> None:
-        for item in self.engine.running():
-            self._end(item, Overloaded(f"model {self.engine.name} was stopped before this was synthesized; retry",
-                                       1, "model_stopped"))
+        for item_id, item in self._running_items():
+            self._end(item_id, item, Overloaded(f"model {self.engine.name} was stopped before this was synthesized; "
+                                                "retry", 1, "model_stopped"))
 
     def _stop_abandoned(self) -> None:
-        for item in [item for item in self.engine.running() if _gone(item)]:
+        for item_id, item in [(item_id, item) for item_id, item in self._running_items() if _gone(item)]:
             self.metrics.dropped.labels("cancelled").inc()
-            self._end(item, ClientGone("the caller has gone"))
+            self._end(item_id, item, ClientGone("the caller has gone"))
 
-    def _out_of_memory(self, items: list[SynthesisRequest]) -> None:
+    def _out_of_memory(self, items: list[tuple[int, QueuedItem]]) -> None:
         """Put the newest requests back in the queue with a lower memory budget, rather than failing
         everyone; a request that does not fit even alone fails alone."""
-        tokens = sum(self.engine.context_tokens(item) for item in items)
+        tokens = sum(self.engine.context_tokens(item.input) for _, item in items)
         log.warning("%s ran out of memory with %d requests joining or newest", self.engine.name, len(items))
         self.metrics.out_of_memory.labels(self.engine.name).inc()
         self.serving.memory.out_of_memory(tokens)
         running = self.engine.running()
-        for item in items:
-            if item in running:
-                self.engine.release(item)
-            progress = self._progress.pop(item, None)
+        for item_id, item in items:
+            if item_id in running:
+                self.engine.release(item_id)
+            progress = self._progress.pop(item_id, None)
             if (progress and progress.pieces) or (not running and len(items) == 1):
-                self._end(item, SynthesisError("synthesis failed: the request does not fit in device memory"),
+                self._end(item_id, item, SynthesisError("synthesis failed: the request does not fit in device memory"),
                           running=False)
             else:
                 self.queue.put_back(item)
         self.engine.release_memory()
 
 
-def _gone(item: SynthesisRequest) -> bool:
+def _gone(item: QueuedItem) -> bool:
     return item.abandoned or item.future.cancelled()
 
 
-def synthesize_whole(engine: SteppedEngine, batch: Sequence[SynthesisRequest]) -> list[np.ndarray]:
-    """Each item's whole audio, made by the stepped strategy on the calling thread (the engine's own
-    `synthesize`): every item joins as soon as a place is free and its audio is taken every FILE_PIECE_S,
-    as a served whole file's is. The items run as copies of their engine input, so a served item's future
-    stays its caller's; once all have ended, the first that failed raises its error."""
-    runs = [SynthesisRequest(tokens=item.tokens, voice=item.voice, speed=item.speed, key=None,
-                             deadline=math.inf) for item in batch]
+def synthesize_whole(engine: SteppedEngine, batch: Sequence[EngineInput]) -> list[EngineOutput]:
+    """Each input's whole audio, made by the stepped strategy on the calling thread (the engine's own
+    `synthesize`): every input joins as soon as a place is free and its audio is taken every FILE_PIECE_S,
+    as a served whole file's is. Each runs under an id of its own (an input given twice runs twice). Once all have
+    ended, the first that failed raises its error."""
+    runs = [QueuedItem(EngineInput(item.tokens, item.voice, item.speed), key=None, deadline=math.inf) for item in batch]
     if not runs:
         return []
     queue = RequestQueue(max_size=len(runs))

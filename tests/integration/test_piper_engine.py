@@ -1,7 +1,6 @@
 """The real bundled voice through the engine alone: batched output equals solo output, and word timing."""
 
 import json
-import math
 
 import numpy as np
 import pytest
@@ -10,7 +9,7 @@ from tests.unit.test_word_timing import check_word_ids
 from tts_core.engines.base import word_spans
 from tts_core.engines.piper import PiperEngine, bundled_voice_path, load_piper_engines
 from tts_core.pronunciation import Pronounced
-from tts_core.request import SynthesisRequest
+from tts_core.request import EngineInput
 
 TEXTS = ["Hi.", "This sentence is quite a bit longer than the first one.", "A middle one, here."]
 
@@ -21,15 +20,14 @@ def engine():
 
 
 def items(engine, texts, speed=1.0):
-    return [SynthesisRequest(tokens=engine.tokenize(text, engine.name)[0], voice=engine.name, speed=speed,
-                             key=engine.batch_key(engine.name, speed), deadline=math.inf) for text in texts]
+    return [EngineInput(engine.tokenize(text, engine.name)[0], engine.name, speed) for text in texts]
 
 
 def test_batched_items_equal_solo_items_and_have_no_padded_tail(engine):
     batch = items(engine, TEXTS)
-    together = engine.synthesize(batch)
+    together = [output.audio for output in engine.synthesize(batch)]
     for item, audio in zip(batch, together):
-        alone = engine.synthesize([item])[0]
+        alone = engine.synthesize([item])[0].audio
         assert audio.shape == alone.shape  # trimmed to its own length: no padded tail
         assert np.max(np.abs(audio - alone)) < 2e-3
     assert together[0].size < together[2].size < together[1].size
@@ -39,7 +37,7 @@ def test_batched_items_equal_solo_items_and_have_no_padded_tail(engine):
 
 
 def test_output_is_peak_normalised_float32(engine):
-    audio = engine.synthesize(items(engine, ["Normalised audio."]))[0]
+    audio = engine.synthesize(items(engine, ["Normalised audio."]))[0].audio
     assert audio.dtype == np.float32 and np.max(np.abs(audio)) == pytest.approx(1.0)
 
 
@@ -77,16 +75,16 @@ def test_every_word_gets_tokens_in_order(engine, text):
 
 def test_token_samples_sum_to_each_padded_items_audio(engine):
     batch = items(engine, TEXTS)
-    for item, audio in zip(batch, engine.synthesize(batch)):
-        assert item.token_samples.shape == item.tokens.shape and item.token_samples.sum() == audio.size
-        assert (item.token_samples[[0, -1]] > 0).all()  # the last token is real, not padding
+    for item, output in zip(batch, engine.synthesize(batch)):
+        assert output.token_samples.shape == item.tokens.shape and output.token_samples.sum() == output.audio.size
+        assert (output.token_samples[[0, -1]] > 0).all()  # the last token is real, not padding
 
 
 def spans(engine, text):
     (ids, owners), = engine.tokenize_words(text, engine.name)
-    item = SynthesisRequest(tokens=ids, voice=engine.name, speed=1.0, key=None, deadline=math.inf)
-    audio = engine.synthesize([item])[0]
-    return audio, {word: span for word, span in zip(text.split(), word_spans(owners, item.token_samples).values())}
+    [output] = engine.synthesize([EngineInput(ids, engine.name)])
+    return output.audio, {word: span for word, span in
+                          zip(text.split(), word_spans(owners, output.token_samples).values())}
 
 
 def test_word_spans_hold_the_words_speech_in_order(engine):

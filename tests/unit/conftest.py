@@ -7,14 +7,14 @@ import pytest
 from tests.fakes import FakeEngine
 from tts_core.metrics import Metrics
 from tts_core.queue import RequestQueue
-from tts_core.request import SynthesisRequest
+from tts_core.request import EngineInput, QueuedItem
 from tts_core.strategies import make_engine_loop
 
 
 def make_item(length: int, tag: int = 7, key="k", deadline: float = math.inf, priority: int = 0):
     tokens = np.full(length, 7, dtype=np.int64)
     tokens[0] = tag
-    return SynthesisRequest(tokens=tokens, voice="fake-voice", speed=1.0, key=key,
+    return QueuedItem(EngineInput(tokens, "fake-voice"), key=key,
                             deadline=deadline, priority=priority)
 
 

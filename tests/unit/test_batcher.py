@@ -31,14 +31,14 @@ def test_one_bad_item_fails_alone_and_the_loop_keeps_running(start_loop):
     loop = start_loop(engine, policy="static")  # static: the 4 items surely share a batch
     items = [make_item(20, tag=1), make_item(20, tag=POISON), make_item(20, tag=3), make_item(20, tag=4)]
     loop.submit(items)
-    assert items[0].future.result(timeout=5).size == 20 * SAMPLES_PER_TOKEN
+    assert items[0].future.result(timeout=5).audio.size == 20 * SAMPLES_PER_TOKEN
     with pytest.raises(SynthesisError, match="poisoned"):
         items[1].future.result(timeout=5)
     assert all(item.future.result(timeout=5) is not None for item in items[2:])
     assert len(engine.seen[0]) == 4  # tried as one batch, then item by item
     later = make_item(30, tag=5)
     loop.submit([later])
-    assert later.future.result(timeout=5).size == 30 * SAMPLES_PER_TOKEN
+    assert later.future.result(timeout=5).audio.size == 30 * SAMPLES_PER_TOKEN
 
 
 def test_each_item_gets_its_own_audio(start_loop):
@@ -48,9 +48,9 @@ def test_each_item_gets_its_own_audio(start_loop):
     blocker = submit_while_busy(loop, engine, items)
     release(engine, blocker)
     for item in items:
-        audio = item.future.result(timeout=5)
+        audio = item.future.result(timeout=5).audio
         assert audio.size == item.length * SAMPLES_PER_TOKEN
-        assert audio[0] == pytest.approx(item.tokens[0] / 1000)
+        assert audio[0] == pytest.approx(item.input.tokens[0] / 1000)
 
 
 def test_cancelled_request_is_never_synthesized(start_loop):

@@ -124,9 +124,8 @@ def test_a_saved_prompt_given_at_load_speaks_as_the_clip_does(tmp_path, one_torc
     encoder.add_voice("direct", latents)
     assert "cloned" in [voice.name for voice in loaded.voices()]
     text = "Hello there."
-    [cloned] = loaded.synthesize([request(loaded, text, "cloned")])
-    [direct] = encoder.synthesize([request(encoder, text, "direct")])
-    [default] = loaded.synthesize([request(loaded, text, "default")])
+    cloned, direct, default = (engine.synthesize([request(engine, text, voice)])[0].audio
+                               for engine, voice in [(loaded, "cloned"), (encoder, "direct"), (loaded, "default")])
     assert np.allclose(cloned, direct, atol=1e-5) and not np.allclose(cloned, default)
 
 

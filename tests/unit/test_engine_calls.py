@@ -12,7 +12,7 @@ import pytest
 from tests.fakes import FakeEngine, FakeSteppedEngine
 from tts_core.metrics import Metrics
 from tts_core.queue import QueueClosed, RequestQueue
-from tts_core.request import SynthesisRequest
+from tts_core.request import EngineInput, QueuedItem
 from tts_core.strategies import make_engine_loop
 
 
@@ -65,8 +65,7 @@ def test_a_one_shot_engines_loop_runs_calls_the_same_way(start_loop):
 def test_a_call_waits_for_the_running_step_and_never_runs_beside_one(stepped):
     engine, loop = stepped
     engine.gate.clear()  # the next step blocks
-    long = SynthesisRequest(tokens=np.full(50, 7, dtype=np.int64), voice="fake-ar-voice", speed=1.0, key="fake-ar",
-                            deadline=math.inf)
+    long = QueuedItem(EngineInput(np.full(50, 7, dtype=np.int64), "fake-ar-voice"), key="fake-ar", deadline=math.inf)
     engine.stepped.clear()
     loop.submit([long])
     assert engine.stepped.wait(10)

@@ -13,7 +13,7 @@ from tts_core.engines import ModelSpec
 from tts_core.errors import DeadlineExceeded, Overloaded
 from tts_core.monitor import Monitor
 from tts_core.queue import QueueClosed, RequestQueue
-from tts_core.scheduling import audio_of
+from tts_core.scheduling import output_of
 
 
 def test_an_item_queued_on_a_model_unloaded_meanwhile_runs_on_the_reloaded_model():
@@ -35,7 +35,7 @@ def test_an_item_queued_on_a_model_unloaded_meanwhile_runs_on_the_reloaded_model
             items = await service.scheduler.submit(script, None)
             return await asyncio.wait_for(service.scheduler.collect(items, script.voice.sample_rate), 10)
 
-        assert asyncio.run(scenario())[0].size > 0
+        assert asyncio.run(scenario())[0].audio.size > 0
         assert service.loops["a"] is not None  # loaded again, and the item ran there
     finally:
         service.stop()
@@ -68,7 +68,7 @@ def test_stopping_a_loop_fails_what_is_still_queued(start_loop):
         queued.future.result(timeout=5)
     engine.gate.set()
     stopper.join(10)
-    assert running.future.result(timeout=5).size > 0  # the batch that was running finishes
+    assert running.future.result(timeout=5).audio.size > 0  # the batch that was running finishes
 
 
 def test_a_cancel_racing_an_expiry_neither_raises_nor_loses_the_item():
@@ -89,7 +89,7 @@ def test_a_caller_never_waits_for_ever_on_an_item_nobody_answers():
     lost = make_item(5)
     lost.deadline = 0.0  # already past: only the run allowance is left
     with pytest.raises(DeadlineExceeded, match="no audio"):
-        asyncio.run(audio_of(lost, run_allowance_s=0.05))
+        asyncio.run(output_of(lost, run_allowance_s=0.05))
     assert lost.future.cancelled()
 
 

@@ -30,6 +30,7 @@ from tts_core.config import Settings
 from tts_core.degrade import OperatorSettings
 from tts_core.errors import Degraded, InvalidRequest, Overloaded
 from tts_core.metrics import Metrics
+from tts_core.queue import RequestQueue
 from tts_core.service import SpeechService
 
 CALLER = Caller("key:1", "pro", Tier(priority=1))
@@ -520,17 +521,17 @@ def test_a_full_backlog_refuses_new_jobs(world):
     assert raised.value.code == "job_backlog_full" and raised.value.retry_after_s > 0
 
 
-def test_jobs_run_one_priority_class_below_the_callers_interactive_requests(world):
+def test_jobs_run_one_priority_class_below_the_callers_interactive_requests(world, monkeypatch):
     storage, make = world
     priorities = []
+    put_many = RequestQueue.put_many
 
-    class RecordingEngine(FakeEngine):
-        def synthesize(self, batch):
-            priorities.extend(item.priority for item in batch)
-            return super().synthesize(batch)
+    def recording(queue, items, *args, **options):  # what the queue orders them by
+        priorities.extend(item.priority for item in items)
+        return put_many(queue, items, *args, **options)
 
-    service, runner = make(RecordingEngine())
-    priorities.clear()  # (warm-up ran too)
+    monkeypatch.setattr(RequestQueue, "put_many", recording)
+    service, runner = make(FakeEngine())
     run_until(runner, storage, runner.submit(CALLER, request()), "succeeded")
     assert priorities == [CALLER.tier.priority - 1]
 

@@ -25,7 +25,7 @@ def item(length: int, tag: int, caller: str = "", cost_s: float = 1.0, priority:
 
 
 def order(queue: RequestQueue) -> list[int]:
-    return [int(queued.tokens[0]) for queued in queue.next_candidates(100)]
+    return [int(queued.input.tokens[0]) for queued in queue.next_candidates(100)]
 
 
 def test_short_goes_first_between_callers_but_a_caller_keeps_its_own_order():

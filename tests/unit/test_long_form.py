@@ -9,6 +9,7 @@ import numpy as np
 from tests.fakes import SAMPLES_PER_TOKEN, FakeEngine
 from tts_core.config import Settings
 from tts_core.metrics import Metrics
+from tts_core.request import EngineOutput
 from tts_core.service import SpeechService
 
 
@@ -74,7 +75,8 @@ def test_a_stream_yields_its_sentences_in_order_whatever_order_they_complete_in(
             for index in completion:
                 item = stream.items[index]
                 time.sleep(0.02)
-                item.future.set_result(np.full(item.length * SAMPLES_PER_TOKEN, item.tokens[0] / 1000, np.float32))
+                tag = item.input.tokens[0] / 1000
+                item.future.set_result(EngineOutput(np.full(item.length * SAMPLES_PER_TOKEN, tag, np.float32)))
 
         threading.Thread(target=complete).start()
         return [piece async for piece in stream]

@@ -40,7 +40,7 @@ def test_out_of_memory_splits_the_batch_lowers_the_budget_and_loses_nothing(star
     batcher = start_loop(engine, policy="static", max_batch_size=8)  # always tries 8 at once
     items = [make_item(100, tag=index + 1) for index in range(16)]
     batcher.submit(items)
-    audio = [item.future.result(timeout=10) for item in items]
+    audio = [item.future.result(timeout=10).audio for item in items]
     assert [round(float(chunk[0]) * 1000) for chunk in audio] == list(range(1, 17))  # every one, its own
     assert batcher.memory.out_of_memory_count >= 1 and engine.released >= 1
     assert batcher.memory.tokens() <= LIMIT  # the budget shrank below what failed

@@ -89,22 +89,24 @@ def generate_alone(dense, engine, text: str, voice: np.ndarray) -> torch.Tensor:
     return out.audio_latents[0][out.audio_latents_mask[0].bool()]
 
 
-def run(engine, joining: dict[int, list], take_every: int = 0):
+def run(engine, joining: dict[int, list], take_every: int = 0, admitted: list = ()):
     """Step the engine as a batcher would: requests join at their step when a row is free; each finished
     one's latents and audio are kept, then it is released. Returns (latents, audio, most running)."""
     latents, audio, most, step = {}, {}, 0, 0
     waiting = [(at, item) for at, items in sorted(joining.items()) for item in items]
+    named = {item.id: item for item in admitted}  # the inputs by id (`admitted`: those running already)
     while waiting or engine.running():
         due = [item for at, item in waiting if at <= step][: engine.max_running - len(engine.running())]
         waiting = [(at, item) for at, item in waiting if item not in due]
+        named.update((item.id, item) for item in due)
         finished = (engine.admit(due) if due else []) + engine.step()
         most = max(most, len(engine.running()))
-        for item in engine.running():
-            if item in finished or (take_every and step % take_every == 0):
-                audio.setdefault(item, []).append(engine.take_audio(item, final=item in finished))
-        for item in finished:
-            latents[item] = engine.latents(item)
-            engine.release(item)
+        for item_id in engine.running():
+            if item_id in finished or (take_every and step % take_every == 0):
+                audio.setdefault(named[item_id], []).append(engine.take_audio(item_id, final=item_id in finished))
+        for item_id in finished:
+            latents[named[item_id]] = engine.latents(item_id)
+            engine.release(item_id)
         step += 1
     return latents, audio, most
 
@@ -164,8 +166,8 @@ def test_streamed_pieces_equal_one_decode_and_synthesize_gives_whole_budgets(eng
     texts = {"Hi.": "tiny", "Hello you.": "other", "A": "spoken"}
     batch = [request(engine, text, voice) for text, voice in texts.items()]
     for item, out in zip(batch, engine.synthesize(batch)):
-        assert out.dtype == np.float32 and np.abs(out).max() <= 1.0
-        assert out.size == engine.frames_needed(item) * engine.frame_size
+        assert out.audio.dtype == np.float32 and np.abs(out.audio).max() <= 1.0
+        assert out.audio.size == engine.frames_needed(item) * engine.frame_size
     assert engine.running() == []
 
 
@@ -175,19 +177,20 @@ def test_a_release_frees_its_row_at_once_and_leaves_nothing_behind(engine, model
     engine.step()
     with pytest.raises(ValueError, match="do not fit"):
         engine.admit([late])
-    engine.release(second)  # abandoned half-way: the next request takes its row at the next step
-    assert engine.running() == [first, third]
+    engine.release(second.id)  # abandoned half-way: the next request takes its row at the next step
+    assert engine.running() == [first.id, third.id]
     engine.admit([late])
-    assert engine.running() == [first, third, late] and engine.context_length(late) < engine.context_length(first)
-    latents, _, _ = run(engine, {})
+    assert engine.running() == [first.id, third.id, late.id]
+    assert engine.context_length(late.id) < engine.context_length(first.id)
+    latents, _, _ = run(engine, {}, admitted=[first, third, late])
     expected = generate_alone(dense, engine, "Four", prompt_of(engine, model, "tiny"))
     assert torch.abs(latents[late] - expected).max() < 1e-5
-    assert engine.running() == [] and engine.take_audio(second).size == 0
+    assert engine.running() == [] and engine.take_audio(second.id).size == 0
     with pytest.raises(KeyError):
-        engine.context_length(second)
+        engine.context_length(second.id)
     engine.release_memory()  # with nothing running the cache goes; the next admission makes a new one
     assert engine._cache.capacity == 0
-    assert len(engine.synthesize([request(engine, "Hi.", "tiny")])[0]) == 38 * engine.frame_size
+    assert len(engine.synthesize([request(engine, "Hi.", "tiny")])[0].audio) == 38 * engine.frame_size
 
 
 def test_a_voice_made_from_a_clip_is_a_voice_of_its_own(engine, model):
@@ -196,7 +199,8 @@ def test_a_voice_made_from_a_clip_is_a_voice_of_its_own(engine, model):
     assert latents.dtype == np.float32 and latents.shape[1] == 32 and 25 <= len(latents) <= 28  # 2 s + a pause
     voice = engine.add_voice("clone", latents)
     assert voice in engine.voices() and not voice.speed_control
-    clone, spoken, default = engine.synthesize([request(engine, "Hi.", name) for name in ["clone", "spoken", "tiny"]])
+    clone, spoken, default = (output.audio for output in
+                              engine.synthesize([request(engine, "Hi.", name) for name in ["clone", "spoken", "tiny"]]))
     assert np.abs(clone - spoken).max() < 1e-2  # the registry's voice from the same clip
     assert np.abs(clone - default).max() > 1e-4  # tiny random weights barely listen to the voice, but they do
     engine.remove_voice("clone")

@@ -13,19 +13,19 @@ def test_shorter_items_go_first():
     queue = RequestQueue(10, aging_horizon_s=2.0)
     long, short, medium = make_item(300, tag=1), make_item(20, tag=2), make_item(100, tag=3)
     queue.put_many([long, short, medium])
-    assert [item.tokens[0] for item in queue.next_candidates(10)] == [2, 3, 1]
+    assert [item.input.tokens[0] for item in queue.next_candidates(10)] == [2, 3, 1]
 
 
 def test_higher_priority_goes_first():
     queue = RequestQueue(10)
     queue.put_many([make_item(20, tag=1), make_item(300, tag=2, priority=1)])
-    assert queue.next_candidates(10)[0].tokens[0] == 2
+    assert queue.next_candidates(10)[0].input.tokens[0] == 2
 
 
 def test_candidates_share_the_head_batch_key():
     queue = RequestQueue(10)
     queue.put_many([make_item(20, tag=1, key="a"), make_item(21, tag=2, key="b"), make_item(22, tag=3, key="a")])
-    assert [item.tokens[0] for item in queue.next_candidates(10)] == [1, 3]
+    assert [item.input.tokens[0] for item in queue.next_candidates(10)] == [1, 3]
 
 
 def test_aging_puts_a_long_item_ahead_of_later_short_ones():

@@ -12,6 +12,7 @@ from tts_core.config import Settings
 from tts_core.errors import Overloaded, RateLimited, SynthesisError
 from tts_core.metrics import Metrics
 from tts_core.queue import WaitTarget
+from tts_core.request import EngineInput, EngineOutput
 
 pytest.importorskip("ray.serve")
 
@@ -26,7 +27,7 @@ def test_errors_cross_processes_whole():
 
 
 def described(length: int, streamed: bool = False) -> dict:
-    return {"tokens": np.arange(length), "voice": "v", "speed": 1.0, "key": ("v", 1.0), "priority": 0, "tier": "",
+    return {"input": EngineInput(np.arange(length), "v"), "key": ("v", 1.0), "priority": 0, "tier": "",
             "caller": "ip:1", "due_s": 0.0, "sample_rate": 16000, "pause_s": 0.1, "passage": 0, "word_ids": None,
             "deadline_in_s": 30.0, "streamed": streamed}
 
@@ -97,9 +98,10 @@ def test_a_refusal_is_raised_whole():
 def test_audio_arrives_in_order_whole_and_piece_by_piece():
     async def run():
         one, two = np.ones(4, np.float32), np.full(3, 2.0, np.float32)
-        stamps = {"queue_s": 0.5, "batch_s": 0.2, "batch_size": 3, "token_samples": None}
-        events = Events([("queued", [described(5), described(6, streamed=True)], 1.5), ("audio", 0, one),
-                         ("done", 0, stamps), ("audio", 1, two), ("audio", 1, one), ("done", 1, stamps)])
+        stamps = {"queue_s": 0.5, "batch_s": 0.2, "batch_size": 3}
+        events = Events([("queued", [described(5), described(6, streamed=True)], 1.5),
+                         ("audio", 0, EngineOutput(one, np.array([4]))), ("done", 0, stamps),
+                         ("audio", 1, EngineOutput(two)), ("audio", 1, EngineOutput(one)), ("done", 1, stamps)])
         items, played_s = await submit(events)
         first = await asyncio.wrap_future(items[0].future)
         head, link = await asyncio.wrap_future(items[1].pieces.head)
@@ -110,8 +112,9 @@ def test_audio_arrives_in_order_whole_and_piece_by_piece():
 
     items, played_s, first, (head, second, end), whole = asyncio.run(run())
     assert played_s == 1.5 and [item.length for item in items] == [5, 6] and items[0].pieces is None
-    assert np.array_equal(first, np.ones(4)) and np.array_equal(head, np.full(3, 2.0))
-    assert np.array_equal(second, np.ones(4)) and end == (None, None) and whole.size == 7
+    assert np.array_equal(first.audio, np.ones(4)) and first.token_samples.tolist() == [4]  # the engine's output
+    assert np.array_equal(head, np.full(3, 2.0)) and np.array_equal(second, np.ones(4)) and end == (None, None)
+    assert whole.audio.size == 7
     assert items[1].queue_s == 0.5 and items[1].batch_size == 3
 
 
@@ -143,13 +146,13 @@ def test_a_piece_given_up_cancels_the_call():
 def test_a_call_that_ends_early_ends_every_piece_and_empty_audio_is_audio():
     async def run():
         events = Events([("queued", [described(5, streamed=True), described(5)], 1.0),
-                         ("done", 0, {"queue_s": 0.1, "batch_s": 0.1, "batch_size": 1, "token_samples": None})],
+                         ("done", 0, {"queue_s": 0.1, "batch_s": 0.1, "batch_size": 1})],
                         StopAsyncIteration())  # the stream ends there
         items, _ = await submit(events)
         return await asyncio.gather(*(asyncio.wrap_future(item.future) for item in items), return_exceptions=True)
 
     empty, lost = asyncio.run(run())
-    assert isinstance(empty, np.ndarray) and empty.size == 0 and isinstance(lost, SynthesisError)
+    assert isinstance(empty, EngineOutput) and empty.audio.size == 0 and isinstance(lost, SynthesisError)
 
     asyncio.run(run())
 

@@ -16,16 +16,16 @@ from tts_core.errors import InvalidRequest, Overloaded, SynthesisError
 from tts_core.metrics import Metrics
 from tts_core.policy import make_policy
 from tts_core.queue import RequestQueue
-from tts_core.request import AudioPieces, SynthesisRequest
+from tts_core.request import AudioPieces, EngineInput, QueuedItem
 from tts_core.service import SpeechService
 from tts_core.step_policy import ContinuousPolicy, StepView
 from tts_core.strategies import make_engine_loop
 
 
-def item(frames: int, tag: int = 7, stream: bool = False) -> SynthesisRequest:
+def item(frames: int, tag: int = 7, stream: bool = False) -> QueuedItem:
     tokens = np.full(frames, 7, dtype=np.int64)
     tokens[0] = tag
-    made = SynthesisRequest(tokens=tokens, voice="fake-ar-voice", speed=1.0, key="fake-ar", deadline=math.inf)
+    made = QueuedItem(EngineInput(tokens, "fake-ar-voice"), key="fake-ar", deadline=math.inf)
     made.pieces = AudioPieces() if stream else None
     return made
 
@@ -48,7 +48,7 @@ def start():
         loop.stop()
 
 
-def hold(engine: FakeSteppedEngine, loop: EngineLoop, first: SynthesisRequest) -> None:
+def hold(engine: FakeSteppedEngine, loop: EngineLoop, first: QueuedItem) -> None:
     """Start `first` and hold the engine in its next step (so what is submitted now queues)."""
     engine.gate.clear()
     loop.submit([first])
@@ -71,9 +71,9 @@ def test_a_short_request_joins_a_running_long_one_and_leaves_first(start):
     hold(engine, loop, long)
     loop.submit([short])
     engine.gate.set()
-    audio = short.future.result(timeout=10)
+    audio = short.future.result(timeout=10).audio
     assert not long.future.done()  # nobody waits for the longest member
-    assert long.future.result(timeout=10).size == 60 * FRAME
+    assert long.future.result(timeout=10).audio.size == 60 * FRAME
     assert audio.size == 5 * FRAME and np.allclose(audio, 0.002)  # its own audio, every frame of it
     assert max(engine.steps_run) == 2  # the two ran in the same steps
 
@@ -94,7 +94,7 @@ def test_a_stream_gets_its_audio_while_it_is_still_being_made(start):
         if audio is not None:
             pieces.append(audio)
     assert len(pieces) > 2 and np.concatenate(pieces).size == 40 * FRAME
-    assert streamed.future.result(timeout=1).size == 40 * FRAME
+    assert streamed.future.result(timeout=1).audio.size == 40 * FRAME
     assert order == ["first piece", "whole audio"]
 
 
@@ -109,7 +109,7 @@ def test_a_caller_that_leaves_frees_its_place_at_the_next_step(start):
     assert loop.metrics.dropped.labels("cancelled")._value.get() == 1
     kept = item(3, tag=5)
     loop.submit([kept])
-    assert kept.future.result(timeout=10).size == 3 * FRAME
+    assert kept.future.result(timeout=10).audio.size == 3 * FRAME
 
 
 def test_running_requests_never_exceed_the_engine_or_the_memory(start):
@@ -138,14 +138,14 @@ def test_a_request_the_engine_has_no_memory_for_goes_back_to_the_queue(start):
     loop.submit([second, third])  # the two join together: out of memory; back to the queue they go
     engine.gate.set()
     for each in (first, second, third):
-        assert each.future.result(timeout=20).size == each.length * FRAME
+        assert each.future.result(timeout=20).audio.size == each.length * FRAME
     assert loop.metrics.out_of_memory.labels("fake-ar")._value.get() >= 1
 
 
 def test_a_failing_step_fails_only_the_newest_request(start):
     class Flaky(FakeSteppedEngine):
         def step(self):
-            if any(each.tokens[0] == 99 for each in self._running):
+            if any(each.tokens[0] == 99 for each in self._running.values()):
                 raise RuntimeError("bad input")
             return super().step()
 
@@ -157,7 +157,7 @@ def test_a_failing_step_fails_only_the_newest_request(start):
     engine.gate.set()
     with pytest.raises(SynthesisError, match="bad input"):
         bad.future.result(timeout=10)
-    assert good.future.result(timeout=10).size == 30 * FRAME
+    assert good.future.result(timeout=10).audio.size == 30 * FRAME
 
 
 def test_stopping_ends_what_is_running_and_queued_with_a_clear_error(start):
@@ -184,8 +184,8 @@ def test_the_request_level_peer_holds_results_until_its_batch_is_done(start):
     steps_when_short_came = []
     short.future.add_done_callback(lambda _: steps_when_short_came.append(len(engine.steps_run)))
     loop.submit([short, long])  # static waits up to 0.5 s for 8; then both run as one batch
-    audio = short.future.result(timeout=10)
-    assert audio.size == 3 * FRAME and long.future.result(timeout=10).size == 30 * FRAME
+    audio = short.future.result(timeout=10).audio
+    assert audio.size == 3 * FRAME and long.future.result(timeout=10).audio.size == 30 * FRAME
     assert steps_when_short_came == [29]  # handed out with the long one, once its 29 steps were done
     later = item(3, tag=3)
     engine.steps_run.clear()
@@ -216,8 +216,8 @@ def test_a_joining_streams_first_piece_comes_before_the_running_ones_next_pieces
 
     engine.on_step = join_at_the_third_step
     loop.submit([running])
-    assert joining.future.result(timeout=10).size == 20 * FRAME
-    assert running.future.result(timeout=10).size == 60 * FRAME  # its deferred frames came later, all of them
+    assert joining.future.result(timeout=10).audio.size == 20 * FRAME
+    assert running.future.result(timeout=10).audio.size == 60 * FRAME  # its deferred frames came later, all of them
     events = engine.events
     joined, first = events.index(("admit", 2)), events.index(("take", 2))
     # its listener waits for it, and has nothing: the running one's next piece waits; else it does not
@@ -231,9 +231,9 @@ def test_a_request_queued_to_join_stops_the_decoding_of_later_pieces(start, monk
     one, other, joining = item(60, tag=1, stream=True), item(60, tag=3, stream=True), item(20, tag=2, stream=True)
     taken = []
 
-    def join_at_the_second_piece(piece_of: SynthesisRequest) -> None:  # the two are due at the same steps
+    def join_at_the_second_piece(piece_of: EngineInput) -> None:  # the two are due at the same steps
         taken.append(piece_of)
-        if taken.count(one) == 2 and joining.enqueued_at == 0.0:
+        if taken.count(one.input) == 2 and joining.enqueued_at == 0.0:
             loop.submit([joining])
 
     engine.on_take = join_at_the_second_piece
@@ -251,8 +251,8 @@ def test_a_queued_request_that_cannot_join_does_not_stop_a_streams_pieces(start)
     running, waiting = item(600, tag=1, stream=True), item(600, tag=2, stream=True)
     engine.on_step = lambda: loop.submit([waiting]) if len(engine.steps_run) == 2 else None
     loop.submit([running])
-    assert running.future.result(timeout=10).size == 600 * FRAME
-    assert waiting.future.result(timeout=10).size == 600 * FRAME
+    assert running.future.result(timeout=10).audio.size == 600 * FRAME
+    assert waiting.future.result(timeout=10).audio.size == 600 * FRAME
     events = engine.events
     assert events.index(("admit", 2)) > events.index(("take", 1))  # it waited for the running one to end
     assert events.count(("take", 1)) >= 600 // 6 - 1  # pieces kept coming, two pieces' worth at a time at most
@@ -292,8 +292,7 @@ def test_the_memory_budget_bounds_who_joins():
 
 def test_the_request_level_peer_waits_then_takes_a_batch():
     peer = make_policy("static", FakeSteppedEngine().max_running, 100_000)
-    queued = [SynthesisRequest(tokens=np.zeros(10, np.int64), voice="v", speed=1.0, key="k", deadline=math.inf)
-              for _ in range(3)]
+    queued = [QueuedItem(EngineInput(np.zeros(10, np.int64), "v"), key="k", deadline=math.inf) for _ in range(3)]
     assert peer.plan(queued, now=0.1).take == () and peer.plan(queued, now=0.6).take == (0, 1, 2)
 
 
@@ -343,8 +342,8 @@ def test_one_shot_synthesize_joins_late_items_and_decodes_whole_files_in_pieces(
             return audio
 
     engine = Counting(max_running=2)
-    batch = [item(40, tag=1), item(5, tag=2), item(30, tag=3)]
-    audio = engine.synthesize(batch)
+    batch = [item(40, tag=1).input, item(5, tag=2).input, item(30, tag=3).input]
+    audio = [output.audio for output in engine.synthesize(batch)]
     assert [a.size for a in audio] == [40 * FRAME, 5 * FRAME, 30 * FRAME]
     assert [float(a[0]) for a in audio] == pytest.approx([0.001, 0.002, 0.003])  # each its own audio
     piece = math.ceil(FILE_PIECE_S * engine.frame_rate)

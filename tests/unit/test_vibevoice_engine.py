@@ -78,22 +78,24 @@ def engine(loaded):
         engine.release(item)
 
 
-def run(engine, joining: dict[int, list], take_every: int = 0):
+def run(engine, joining: dict[int, list], take_every: int = 0, admitted: list = ()):
     """Step the engine as a batcher would: requests join at their step when a row is free; each finished
     one's latents and audio pieces are kept, then it is released. Returns (latents, pieces, most running)."""
     latents, pieces, most, step = {}, {}, 0, 0
     waiting = [(at, item) for at, items in sorted(joining.items()) for item in items]
+    named = {item.id: item for item in admitted}  # the inputs by id (`admitted`: those running already)
     while waiting or engine.running():
         due = [item for at, item in waiting if at <= step][: engine.max_running - len(engine.running())]
         waiting = [(at, item) for at, item in waiting if item not in due]
+        named.update((item.id, item) for item in due)
         finished = (engine.admit(due) if due else []) + engine.step()
         most = max(most, len(engine.running()))
-        for item in engine.running():
-            if item in finished or (take_every and step % take_every == 0):
-                pieces.setdefault(item, []).append(engine.take_audio(item, final=item in finished))
-        for item in finished:
-            latents[item] = engine.latents(item)
-            engine.release(item)
+        for item_id in engine.running():
+            if item_id in finished or (take_every and step % take_every == 0):
+                pieces.setdefault(named[item_id], []).append(engine.take_audio(item_id, final=item_id in finished))
+        for item_id in finished:
+            latents[named[item_id]] = engine.latents(item_id)
+            engine.release(item_id)
         step += 1
     return latents, pieces, most
 
@@ -143,9 +145,9 @@ def test_requests_joining_at_different_steps_make_what_generate_makes_alone(engi
 def test_an_end_of_speech_leaves_at_once_and_the_others_stay_exact(engine, clips, monkeypatch):
     engine.fixed_length = False  # random weights: the end of speech comes at once, in generate too
     first = request(engine, "Hi.", "tiny")
-    assert engine.admit([first]) == [first] and engine.take_audio(first).size == 0
+    assert engine.admit([first]) == [first.id] and engine.take_audio(first.id).size == 0
     assert generate_alone(engine, first, "Hi.", clips["tiny"]).size == 0
-    engine.release(first)
+    engine.release(first.id)
     engine.fixed_length = True
     speaking, ending = request(engine, "Hey", "tiny"), request(engine, "Yo!", "other")
     choose = engine._tokens  # `ending` says end of speech after its fourth frame
@@ -173,8 +175,8 @@ def test_streamed_pieces_equal_one_decode_and_synthesize_gives_whole_budgets(eng
     texts = {"Hi.": "tiny", "Hello you.": "other", "A": "spoken"}
     batch = [request(engine, text, voice) for text, voice in texts.items()]
     for item, out in zip(batch, engine.synthesize(batch)):
-        assert out.dtype == np.float32 and np.abs(out).max() <= 1.0
-        assert out.size == engine.frames_needed(item) * engine.frame_size
+        assert out.audio.dtype == np.float32 and np.abs(out.audio).max() <= 1.0
+        assert out.audio.size == engine.frames_needed(item) * engine.frame_size
     assert engine.running() == []
 
 
@@ -184,19 +186,20 @@ def test_a_release_frees_its_rows_at_once_and_leaves_nothing_behind(engine, clip
     engine.step()
     with pytest.raises(ValueError, match="do not fit"):
         engine.admit([late])
-    engine.release(second)  # abandoned half-way: the next request takes its rows at the next step
-    assert engine.running() == [first, third]
+    engine.release(second.id)  # abandoned half-way: the next request takes its rows at the next step
+    assert engine.running() == [first.id, third.id]
     assert {layer.cache.shape[0] for layer in engine._streams._layers()} == {2}  # its stream rows went too
     engine.admit([late])
-    assert engine.running() == [first, third, late] and engine.context_length(late) < engine.context_length(first)
-    _, pieces, _ = run(engine, {})
+    assert engine.running() == [first.id, third.id, late.id]
+    assert engine.context_length(late.id) < engine.context_length(first.id)
+    _, pieces, _ = run(engine, {}, admitted=[first, third, late])
     assert_close(joined(pieces[late]), generate_alone(engine, late, "Four", clips["tiny"]))
-    assert engine.running() == [] and engine.take_audio(second).size == 0
+    assert engine.running() == [] and engine.take_audio(second.id).size == 0
     with pytest.raises(KeyError):
-        engine.context_length(second)
+        engine.context_length(second.id)
     engine.release_memory()  # with nothing running the cache goes; the next admission makes a new one
     assert engine._cache.capacity == 0
-    assert len(engine.synthesize([request(engine, "Hi.", "tiny")])[0]) == 55 * engine.frame_size
+    assert len(engine.synthesize([request(engine, "Hi.", "tiny")])[0].audio) == 55 * engine.frame_size
 
 
 def test_a_voice_made_from_a_clip_is_a_voice_of_its_own(engine, model):
@@ -205,7 +208,8 @@ def test_a_voice_made_from_a_clip_is_a_voice_of_its_own(engine, model):
     assert latents.dtype == np.float32 and latents.shape == (15, 16)  # 2 s at 7.5 frames/s, 16-dim latents
     voice = engine.add_voice("clone", latents)
     assert voice in engine.voices() and not voice.speed_control
-    clone, spoken, default = engine.synthesize([request(engine, "Hi.", name) for name in ["clone", "spoken", "tiny"]])
+    clone, spoken, default = (output.audio for output in
+                              engine.synthesize([request(engine, "Hi.", name) for name in ["clone", "spoken", "tiny"]]))
     peak = np.abs(spoken).max()
     assert np.abs(clone - spoken).max() < 1e-2 * peak  # the registry's voice from the same clip
     assert np.abs(clone - default).max() > 1e-3 * peak  # tiny random weights barely listen to the voice, but they do

@@ -1,7 +1,6 @@
 """The transformers VITS engine, on a tiny random model the test saves and loads back through
 the same from_pretrained path the server uses."""
 
-import math
 
 import numpy as np
 import pytest
@@ -9,7 +8,7 @@ import pytest
 from bench.random_vits import TINY, save_random_vits
 from tts_core.engines.base import EngineUnavailable, VoiceSpec
 from tts_core.engines.vits import VitsEngine
-from tts_core.request import SynthesisRequest
+from tts_core.request import EngineInput
 
 TEXTS = ["hello there.", "a much longer sentence with many words in it, to pad the others.", "hi"]
 
@@ -26,8 +25,7 @@ def engine(model_dir):
 
 
 def items(engine, texts, speed=1.0, voice="tiny"):
-    return [SynthesisRequest(tokens=engine.tokenize(text, voice)[0], voice=voice, speed=speed,
-                             key=engine.batch_key(voice, speed), deadline=math.inf) for text in texts]
+    return [EngineInput(engine.tokenize(text, voice)[0], voice, speed) for text in texts]
 
 
 def test_loads_from_a_folder_with_voices_language_and_rate(engine):
@@ -38,8 +36,8 @@ def test_loads_from_a_folder_with_voices_language_and_rate(engine):
 
 def test_batched_items_equal_the_same_items_alone(engine):
     batch = items(engine, TEXTS)
-    together = engine.synthesize(batch)
-    alone = [engine.synthesize([item])[0] for item in batch]
+    together = [output.audio for output in engine.synthesize(batch)]
+    alone = [engine.synthesize([item])[0].audio for item in batch]
     assert len({audio.size for audio in together}) == 3  # each trimmed to its own length
     for batched, single in zip(together, alone):
         assert batched.dtype == np.float32 and batched.size == single.size
@@ -49,8 +47,8 @@ def test_batched_items_equal_the_same_items_alone(engine):
 
 def test_speed_is_part_of_the_batch_key_and_shortens_the_audio(engine):
     slow, fast = items(engine, TEXTS[:1]), items(engine, TEXTS[:1], speed=2.0)
-    assert slow[0].key != fast[0].key
-    assert engine.synthesize(fast)[0].size < engine.synthesize(slow)[0].size
+    assert engine.batch_key("tiny", 1.0) != engine.batch_key("tiny", 2.0)
+    assert engine.synthesize(fast)[0].audio.size < engine.synthesize(slow)[0].audio.size
 
 
 def test_cpu_has_no_lower_precision_and_no_device_memory(engine):

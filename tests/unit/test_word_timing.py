@@ -82,10 +82,11 @@ def test_vits_token_samples_sum_to_each_padded_items_audio(engine, speed):
     lengths: list[torch.Tensor] = []
     hook = engine.model.register_forward_hook(lambda _module, _args, output: lengths.append(output.sequence_lengths))
     try:
-        audio = engine.synthesize(batch)
+        outputs = engine.synthesize(batch)
     finally:
         hook.remove()
-    for item, samples, model_length in zip(batch, audio, lengths[0].tolist()):
-        assert item.token_samples.shape == item.tokens.shape and (item.token_samples >= 0).all()
-        assert item.token_samples.sum() == samples.size == model_length
-        assert (item.token_samples % engine.hop_length == 0).all()
+    for item, output, model_length in zip(batch, outputs, lengths[0].tolist()):
+        spans = output.token_samples
+        assert spans.shape == item.tokens.shape and (spans >= 0).all()
+        assert spans.sum() == output.audio.size == model_length
+        assert (spans % engine.hop_length == 0).all()

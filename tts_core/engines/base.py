@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..request import SynthesisRequest
+from ..request import EngineInput, EngineOutput
 
 
 class EngineUnavailable(RuntimeError):
@@ -105,8 +105,9 @@ class Engine(ABC):
         return False
 
     @abstractmethod
-    def synthesize(self, batch: Sequence[SynthesisRequest]) -> list[np.ndarray]:
-        """One float32 mono array in [-1, 1] per item, trimmed to that item's own length."""
+    def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]:
+        """One output per input: its audio trimmed to its own length (and, where the engine times words, the
+        samples each of its tokens spans)."""
 
     # Device memory: engines on a device with memory to manage override these.
 
@@ -152,10 +153,11 @@ FILE_PIECE_S = 1.2
 
 
 class SteppedEngine(Engine):
-    """An autoregressive model. Requests join the running set (`admit`: their prompts are prefilled
+    """An autoregressive model. Inputs join the running set (`admit`: their prompts are prefilled
     and each makes its first frame), advance one frame per `step` together, hand out their audio as
     it is decoded (`take_audio`), and leave when done or abandoned (`release`), so nobody waits for
-    the longest member of a batch. The engine owns its cache; its engine loop's strategy decides who runs.
+    the longest member of a batch. The engine owns its cache and keeps each running input's state under
+    the input's id; its engine loop's strategy decides who runs.
 
     `synthesize` (one-shot) runs a batch through the same calls, driven by the stepped strategy's code (for
     warm-up, the engine ceiling and the request-level peers).
@@ -167,41 +169,41 @@ class SteppedEngine(Engine):
     kv_bytes_per_token: float = 0.0  # cache memory one context position of one request takes
 
     @abstractmethod
-    def frames_needed(self, item: SynthesisRequest) -> int:
-        """The most frames the item will make (it may end sooner, at its end of speech)."""
+    def frames_needed(self, item: EngineInput) -> int:
+        """The most frames the input will make (it may end sooner, at its end of speech)."""
 
     @abstractmethod
-    def context_tokens(self, item: SynthesisRequest) -> int:
-        """Context positions the item holds once it has made all its frames (prompt + frames):
+    def context_tokens(self, item: EngineInput) -> int:
+        """Context positions the input holds once it has made all its frames (prompt + frames):
         what the memory budget counts."""
 
     @abstractmethod
-    def admit(self, items: Sequence[SynthesisRequest]) -> list[SynthesisRequest]:
-        """Prefill the items' prompts (as one batch) and make them running, each with its first
-        frame; returns those already finished. Raises an out_of_memory_errors one when they do not fit."""
+    def admit(self, items: Sequence[EngineInput]) -> list[int]:
+        """Prefill the inputs' prompts (as one batch) and make them running, each with its first
+        frame; returns the ids of those already finished. Raises an out_of_memory_errors one when they do not fit."""
 
     @abstractmethod
-    def step(self) -> list[SynthesisRequest]:
-        """Advance every running item one frame; returns the ones that finished with this frame."""
+    def step(self) -> list[int]:
+        """Advance every running input one frame; returns the ids of those that finished with this frame."""
 
     @abstractmethod
-    def running(self) -> list[SynthesisRequest]:
-        """The items running now, in the order they joined."""
+    def running(self) -> list[int]:
+        """The ids of the inputs running now, in the order they joined."""
 
     @abstractmethod
-    def context_length(self, item: SynthesisRequest) -> int:
-        """Context positions a running item holds now (its step cost grows with the longest)."""
+    def context_length(self, item_id: int) -> int:
+        """Context positions a running input holds now (its step cost grows with the longest)."""
 
     @abstractmethod
-    def take_audio(self, item: SynthesisRequest, final: bool = False) -> np.ndarray:
-        """The audio of the item's frames not taken yet (decoded as a stream: pieces join seamlessly);
+    def take_audio(self, item_id: int, final: bool = False) -> np.ndarray:
+        """The audio of the input's frames not taken yet (decoded as a stream: pieces join seamlessly);
         `final` flushes what the decoder still holds. Empty when there is nothing new."""
 
     @abstractmethod
-    def release(self, item: SynthesisRequest) -> None:
-        """The item leaves the running set (finished or abandoned); its place is free at once."""
+    def release(self, item_id: int) -> None:
+        """The input leaves the running set (finished or abandoned); its place is free at once."""
 
-    def synthesize(self, batch: Sequence[SynthesisRequest]) -> list[np.ndarray]:
+    def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]:
         """Decodes in FILE_PIECE_S pieces, as a served whole file is: the same driving loop."""
         from ..stepping import synthesize_whole  # the scheduler's module imports this one: imported when run
 

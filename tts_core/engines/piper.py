@@ -23,7 +23,7 @@ from piper.const import BOS, EOS, PAD
 from piper.voice import PiperVoice
 
 from ..pronunciation import OPEN, Pronounced, as_text, split_marked
-from ..request import SynthesisRequest
+from ..request import EngineInput, EngineOutput
 from ..text import words
 from .alignment import unit_words
 from .base import Capabilities, Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
@@ -144,7 +144,7 @@ class PiperEngine(Engine):
     def _speaker_id(self, voice: str) -> int:
         return self._speaker_ids.get(voice, self.config.default_speaker_id)
 
-    def synthesize(self, batch: Sequence[SynthesisRequest]) -> list[np.ndarray]:
+    def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]:
         speeds = {item.speed for item in batch}
         if len(speeds) != 1:
             raise ValueError("a Piper batch must share one speed (length scale is batch-wide)")
@@ -165,9 +165,9 @@ class PiperEngine(Engine):
                              for name, value in inputs.items()}
         audio = audio.reshape(len(batch), -1)
         durations = durations.reshape(len(batch), -1).astype(np.int64) * self.config.hop_length
-        for row, item in enumerate(batch):
-            item.token_samples = durations[row, : item.length]  # padded positions have none
-        return [peak_normalize(audio[row, : int(item.token_samples.sum())]) for row, item in enumerate(batch)]
+        spans = [durations[row, : item.length] for row, item in enumerate(batch)]  # padded positions have none
+        return [EngineOutput(peak_normalize(audio[row, : int(samples.sum())]), samples)
+                for row, samples in enumerate(spans)]
 
 
     def release_memory(self) -> None:

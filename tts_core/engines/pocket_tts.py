@@ -40,7 +40,7 @@ from transformers import (
 )
 
 from ..pronunciation import as_text
-from ..request import SynthesisRequest
+from ..request import EngineInput
 from .base import DEFAULT_MAX_RUNNING, Voice, VoiceSpec
 from .pocket_codec import DecoderState, StreamingDecoder, encode_voice
 from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
@@ -91,7 +91,7 @@ def prepack_linears(module: torch.nn.Module) -> None:
 
 @dataclass(eq=False)
 class _Running:
-    item: SynthesisRequest
+    item: EngineInput
     prompt: list[int]
     budget: int  # the most frames it makes
     frames_after_eos: int
@@ -185,18 +185,18 @@ class PocketTTSEngine(TorchSteppedEngine):
         ids = self.tokenizer.encode(prepared, add_special_tokens=False)
         return [np.asarray(ids, dtype=np.int64)] if ids else []
 
-    def frames_needed(self, item: SynthesisRequest) -> int:
+    def frames_needed(self, item: EngineInput) -> int:
         return math.ceil((item.length / 3 + 2) * self.frame_rate)  # generate's budget, per request
 
-    def _prompt_ids(self, item: SynthesisRequest) -> list[int]:
+    def _prompt_ids(self, item: EngineInput) -> list[int]:
         config = self.model.config
         voice = [config.audio_prompt_token_id] * len(self._voice_prompt(item))
         return [*self._voice_bos, *voice, *item.tokens.tolist(), config.audio_bos_token_id]
 
-    def context_tokens(self, item: SynthesisRequest) -> int:
+    def context_tokens(self, item: EngineInput) -> int:
         return len(self._prompt_ids(item)) + self.frames_needed(item)
 
-    def _frames_after_eos(self, item: SynthesisRequest) -> int:
+    def _frames_after_eos(self, item: EngineInput) -> int:
         """The processor's rule: short texts get a longer tail after their end of speech."""
         words = len(self.tokenizer.decode(item.tokens.tolist(), skip_special_tokens=True).split())
         short = words <= self.processor.short_text_max_words
@@ -204,15 +204,15 @@ class PocketTTSEngine(TorchSteppedEngine):
 
     # --- running --------------------------------------------------------------------------------
 
-    def latents(self, item: SynthesisRequest) -> torch.Tensor:
+    def latents(self, item_id: int) -> torch.Tensor:
         """The frames a running item has made, in the codec's space (frames, latent_dim)."""
-        run = self._running[item]
+        run = self._running[item_id]
         if not run.latents:
             return torch.zeros(0, self.model.config.latent_dim)
         return self.model.denormalize_latents(torch.cat(run.latents))
 
     @torch.inference_mode()
-    def admit(self, items: Sequence[SynthesisRequest]) -> list[SynthesisRequest]:
+    def admit(self, items: Sequence[EngineInput]) -> list[int]:
         if not items:
             return []
         if len(self._rows) + len(items) > self.max_running:
@@ -224,7 +224,7 @@ class PocketTTSEngine(TorchSteppedEngine):
         for run in joiners:  # only now: a prefill that fails (out of memory) leaves the running set as it was
             run.length = len(run.prompt)
             self._rows.append(run)
-            self._running[run.item] = run
+            self._running[run.item.id] = run
         return self._advance(joiners, hidden, eos_logits)
 
     def _prefill(self, joiners: list[_Running], first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,7 +252,7 @@ class PocketTTSEngine(TorchSteppedEngine):
         last = torch.tensor([len(rest) - 1 for rest in rests], device=self.device)
         return out.last_hidden_state[rows, last], out.logits[rows, last, 0]
 
-    def _prefix(self, item: SynthesisRequest) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _prefix(self, item: EngineInput) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The keys and values of the voice's part of a prompt, `[voice BOS, voice x N]`, the same for every
         request in the voice: made once per voice prompt, then copied into each joiner's row (a prefix cache:
         a prefill computes only the text). Kept for the voices offered now."""
@@ -274,7 +274,7 @@ class PocketTTSEngine(TorchSteppedEngine):
         return keys, values
 
     @torch.inference_mode()
-    def step(self) -> list[SynthesisRequest]:
+    def step(self) -> list[int]:
         if not self._rows:
             return []
         count = len(self._rows)
@@ -291,7 +291,7 @@ class PocketTTSEngine(TorchSteppedEngine):
                 run.length += 1
         return self._advance(self._rows, out.last_hidden_state[:, -1], out.logits[:, -1, 0])
 
-    def _advance(self, rows: list[_Running], hidden: torch.Tensor, eos_logits: torch.Tensor) -> list[SynthesisRequest]:
+    def _advance(self, rows: list[_Running], hidden: torch.Tensor, eos_logits: torch.Tensor) -> list[int]:
         """The flow head turns each row's hidden state into its next frame; returns the rows that end."""
         noise = torch.zeros(len(rows), self.model.config.latent_dim, device=self.device)
         if self.temperature > 0:
@@ -304,7 +304,7 @@ class PocketTTSEngine(TorchSteppedEngine):
             run.latents.append(frames[row: row + 1])
             run.done = self._ends(run, eos_logit)
             if run.done:
-                finished.append(run.item)
+                finished.append(run.item.id)
         return finished
 
     def _ends(self, run: _Running, eos_logit: float) -> bool:
@@ -323,9 +323,9 @@ class PocketTTSEngine(TorchSteppedEngine):
         return False
 
     @torch.inference_mode()
-    def take_audio(self, item: SynthesisRequest, final: bool = False) -> np.ndarray:
+    def take_audio(self, item_id: int, final: bool = False) -> np.ndarray:
         """Nothing is held back by the streaming decoder, so `final` needs no flush."""
-        run = self._running.get(item)
+        run = self._running.get(item_id)
         if run is None or run.taken == len(run.latents):
             return np.zeros(0, dtype=np.float32)
         first = run.taken == 0
@@ -337,8 +337,8 @@ class PocketTTSEngine(TorchSteppedEngine):
         return np.clip(audio, -1.0, 1.0)
 
     @torch.inference_mode()  # the cache rows are inference tensors
-    def release(self, item: SynthesisRequest) -> None:
-        run = self._running.pop(item, None)
+    def release(self, item_id: int) -> None:
+        run = self._running.pop(item_id, None)
         if run is None:
             return
         row = self._rows.index(run)

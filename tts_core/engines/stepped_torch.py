@@ -3,7 +3,6 @@ the slot cache of their backbones, their voice tables, their noise generator, an
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import GenerationConfig
 
-from ..request import SynthesisRequest
+from ..request import EngineInput
 from .base import EngineUnavailable, SteppedEngine, Voice, VoiceSpec
 from .pocket_codec import read_clip
 from .vits import DTYPES, _offline, resolve_device
@@ -165,8 +164,8 @@ class SlotCache:
 
 
 class TorchSteppedEngine(SteppedEngine):
-    """A stepped engine on torch with voice prompts. Subclasses keep `_rows` (running requests by cache
-    row, each with its `length`), `_running` (the same, by request, in the order they joined) and
+    """A stepped engine on torch with voice prompts. Subclasses keep `_rows` (running inputs by cache
+    row, each with its `length`), `_running` (the same, by input id, in the order they joined) and
     `_cache` (a SlotCache); they say which modules hold their weights (`_weights`), how wide a voice
     prompt's latents are (`_prompt_width`) and how a clip becomes a prompt (`voice_prompt_from_audio`)."""
 
@@ -191,7 +190,7 @@ class TorchSteppedEngine(SteppedEngine):
         self._prompts: dict[str, torch.Tensor] = {}
         self._voices: list[Voice] = []
         self._rows: list = []
-        self._running: dict[SynthesisRequest, object] = {}
+        self._running: dict[int, object] = {}
 
     def _weights(self) -> list[torch.nn.Module]:
         raise NotImplementedError
@@ -232,7 +231,7 @@ class TorchSteppedEngine(SteppedEngine):
         self._prompts = {known: prompt for known, prompt in self._prompts.items() if known != name}
         self._voices = [known for known in self._voices if known.name != name]
 
-    def _voice_prompt(self, item: SynthesisRequest) -> torch.Tensor:
+    def _voice_prompt(self, item: EngineInput) -> torch.Tensor:
         prompt = self._prompts.get(item.voice)
         if prompt is None:
             raise ValueError(f"{self.name} has no voice {item.voice!r}")
@@ -240,11 +239,11 @@ class TorchSteppedEngine(SteppedEngine):
 
     # --- running --------------------------------------------------------------------------------
 
-    def running(self) -> list[SynthesisRequest]:
+    def running(self) -> list[int]:
         return list(self._running)
 
-    def context_length(self, item: SynthesisRequest) -> int:
-        return self._running[item].length
+    def context_length(self, item_id: int) -> int:
+        return self._running[item_id].length
 
     # --- device memory --------------------------------------------------------------------------
 
@@ -254,8 +253,7 @@ class TorchSteppedEngine(SteppedEngine):
         if self.device != "cuda":
             return
         voice = self._voices[0].name
-        batches = [[SynthesisRequest(tokens=tokens, voice=voice, speed=1.0, key=self.name, deadline=math.inf)
-                    for _ in range(size)] for size in sizes]
+        batches = [[EngineInput(tokens, voice) for _ in range(size)] for size in sizes]
         self.synthesize(batches[-1])  # the cache grows to these lengths first
         per_token = []
         for batch in batches:

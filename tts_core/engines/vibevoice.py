@@ -46,7 +46,7 @@ from transformers import (
 )
 
 from ..pronunciation import as_text
-from ..request import SynthesisRequest
+from ..request import EngineInput
 from .base import DEFAULT_MAX_RUNNING, Voice, VoiceSpec
 from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
 from .vibevoice_parts import DPMSolver, StreamCaches, encode_voice
@@ -75,7 +75,7 @@ def describe_vibevoice(source: str, specs: Sequence[VoiceSpec]) -> list[Voice]:
 
 @dataclass(eq=False)
 class _Running:
-    item: SynthesisRequest
+    item: EngineInput
     prompt: list[int]
     voice: torch.Tensor  # the voice prompt's acoustic latents (frames, latent_dim)
     budget: int  # the most frames it makes
@@ -155,26 +155,26 @@ class VibeVoiceEngine(TorchSteppedEngine):
         words = " ".join(as_text(text).split())  # a pronunciation: its respelling, else its word
         return [np.asarray(self._encode(f" Speaker 0: {words}\n"), dtype=np.int64)] if words else []
 
-    def frames_needed(self, item: SynthesisRequest) -> int:
+    def frames_needed(self, item: EngineInput) -> int:
         return math.ceil((item.length / 3 + 2) * self.frame_rate)
 
-    def _prompt_ids(self, item: SynthesisRequest) -> list[int]:
+    def _prompt_ids(self, item: EngineInput) -> list[int]:
         voice = [self.model.config.audio_token_id] * len(self._voice_prompt(item))
         return [*self._head, *voice, *self._middle, *item.tokens.tolist(), *self._tail]
 
-    def context_tokens(self, item: SynthesisRequest) -> int:
+    def context_tokens(self, item: EngineInput) -> int:
         """Both rows: the prompt and a BOS, then every frame in each."""
         return len(self._prompt_ids(item)) + 1 + 2 * self.frames_needed(item)
 
-    def latents(self, item: SynthesisRequest) -> torch.Tensor:
+    def latents(self, item_id: int) -> torch.Tensor:
         """The latents a running item has made, as the diffusion head makes them (frames, latent_dim)."""
-        run = self._running[item]
+        run = self._running[item_id]
         return torch.cat(run.latents) if run.latents else torch.zeros(0, self.model.config.audio_config.hidden_size)
 
     # --- running --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def admit(self, items: Sequence[SynthesisRequest]) -> list[SynthesisRequest]:
+    def admit(self, items: Sequence[EngineInput]) -> list[int]:
         if not items:
             return []
         if len(self._rows) + len(items) > self.max_running:
@@ -190,7 +190,7 @@ class VibeVoiceEngine(TorchSteppedEngine):
         for run in joiners:  # only now: a failure (out of memory) leaves the running set as it was
             run.length, run.negative = len(run.prompt), 1
             self._rows.append(run)
-            self._running[run.item] = run
+            self._running[run.item.id] = run
         self._streams.extend(streams)
         return finished
 
@@ -224,7 +224,7 @@ class VibeVoiceEngine(TorchSteppedEngine):
                                                past_key_values=self._cache, use_cache=True).last_hidden_state
 
     @torch.inference_mode()
-    def step(self) -> list[SynthesisRequest]:
+    def step(self) -> list[int]:
         if not self._rows:
             return []
         positions = torch.tensor([at for run in self._rows for at in (run.length, run.negative)], device=self.device)
@@ -242,7 +242,7 @@ class VibeVoiceEngine(TorchSteppedEngine):
         return self._advance(self._rows, hidden[0::2], hidden[1::2], self._streams)
 
     def _advance(self, rows: list[_Running], positive: torch.Tensor, negative: torch.Tensor,
-                 streams: StreamCaches) -> list[SynthesisRequest]:
+                 streams: StreamCaches) -> list[int]:
         """Each row's next token; a frame for each row that goes on; the audio of every row (zeros where
         it makes none, as generate decodes); returns the rows that end, by end of speech or budget."""
         tokens = self._tokens(rows, positive)
@@ -251,7 +251,7 @@ class VibeVoiceEngine(TorchSteppedEngine):
         ended = [run for index, run in enumerate(rows) if not run.done and tokens[index] != speaking]
         for run in ended:  # its end of speech
             run.done = True
-        finished = [run.item for run in ended]
+        finished = [run.item.id for run in ended]
         latents = positive.new_zeros(len(rows), self.model.config.audio_config.hidden_size)
         if making:
             chosen = torch.tensor(making, device=self.device)
@@ -264,7 +264,7 @@ class VibeVoiceEngine(TorchSteppedEngine):
             run.embedding = embeddings[index: index + 1]
             if len(run.latents) >= run.budget:
                 run.done = True
-                finished.append(run.item)
+                finished.append(run.item.id)
         return finished
 
     def _tokens(self, rows: list[_Running], positive: torch.Tensor) -> list[int]:
@@ -304,18 +304,18 @@ class VibeVoiceEngine(TorchSteppedEngine):
         return audio[:, 0], embeddings
 
     @torch.inference_mode()
-    def take_audio(self, item: SynthesisRequest, final: bool = False) -> np.ndarray:
+    def take_audio(self, item_id: int, final: bool = False) -> np.ndarray:
         """Audio is decoded as it is made (the semantic encoder needs it), so this only hands it out, and
         `final` has nothing to flush."""
-        run = self._running.get(item)
+        run = self._running.get(item_id)
         if run is None or not run.audio:
             return np.zeros(0, dtype=np.float32)
         pieces, run.audio = run.audio, []
         return np.clip(torch.cat(pieces).float().cpu().numpy(), -1.0, 1.0)
 
     @torch.inference_mode()  # the cache rows are inference tensors
-    def release(self, item: SynthesisRequest) -> None:
-        run = self._running.pop(item, None)
+    def release(self, item_id: int) -> None:
+        run = self._running.pop(item_id, None)
         if run is None:
             return
         row = self._rows.index(run)

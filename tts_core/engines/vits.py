@@ -25,7 +25,7 @@ from torch import nn
 from transformers import VitsConfig, VitsModel, VitsTokenizer
 
 from ..pronunciation import as_text
-from ..request import SynthesisRequest
+from ..request import EngineInput, EngineOutput
 from ..text import words
 from .alignment import unit_words
 from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
@@ -173,7 +173,7 @@ class VitsEngine(Engine):
         return True
 
     @torch.inference_mode()
-    def synthesize(self, batch: Sequence[SynthesisRequest]) -> list[np.ndarray]:
+    def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]:
         if self._wanted_dtype != self.model.dtype:
             self.model.to(dtype=self._wanted_dtype)
         longest = max(item.length for item in batch)
@@ -186,9 +186,9 @@ class VitsEngine(Engine):
                             speaker_id=self._speakers.get(batch[0].voice), speaking_rate=batch[0].speed)
         waveform = output.waveform.float().cpu().numpy()
         durations = self._durations(batch[0].speed)
-        for row, item in enumerate(batch):
-            item.token_samples = durations[row, : item.length]
-        return [peak_normalize(waveform[row, : int(item.token_samples.sum())]) for row, item in enumerate(batch)]
+        spans = [durations[row, : item.length] for row, item in enumerate(batch)]
+        return [EngineOutput(peak_normalize(waveform[row, : int(samples.sum())]), samples)
+                for row, samples in enumerate(spans)]
 
     def _keep_log_durations(self, _module: nn.Module, args: tuple, log_durations: torch.Tensor) -> None:
         self._log_durations = (log_durations, args[1])
@@ -209,8 +209,7 @@ class VitsEngine(Engine):
             return
         per_token = []
         for size in sizes:
-            items = [SynthesisRequest(tokens=tokens, voice=self._voices[0].name, speed=1.0, key=None,
-                                      deadline=float("inf")) for _ in range(size)]
+            items = [EngineInput(tokens, self._voices[0].name) for _ in range(size)]
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
