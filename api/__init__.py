@@ -17,10 +17,10 @@ from tts_core.metrics import Metrics
 from tts_core.service import SpeechService
 
 from . import jobs, speech, speech_socket, system, voices
-from .access import AccessControl
+from .access import AccessControl, LimitExceeded
 from .accounting import account
 from .connections import OpenSockets
-from .errors import install_error_handlers
+from .errors import install_error_handlers, rate_limit_exceeded
 from .limits import BodySizeLimit
 from .uploads import UploadLimit
 
@@ -69,6 +69,10 @@ def build_api(service: SpeechService, access: AccessControl, request_log: Reques
     app.state.open_sockets = OpenSockets("WebSockets", service.settings.ws_max_per_caller,
                                          service.settings.ws_max_connections)
     install_error_handlers(app)
+    # the routes count their callers with slowapi's Limiter (access.counted), the store the WebSocket,
+    # Wyoming and the UI count against too; what it refuses answers in the error table's shape
+    app.state.limiter = access.limiter
+    app.add_exception_handler(LimitExceeded, rate_limit_exceeded)
     app.include_router(speech.router)
     app.include_router(speech_socket.router)
     app.include_router(jobs.router)

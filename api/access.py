@@ -1,5 +1,7 @@
-"""Identity, API keys and tiered rate limits (the `limits` library's counters: in memory, or in Redis
-so that replicas share them). The UI is handed `admit` too, so it is no way around them.
+"""Identity, API keys and tiered rate limits: slowapi's `Limiter` counts every request, the HTTP routes',
+the WebSocket's, Wyoming's and the UI's alike, against the caller's one budget (its key "key:<id>" or
+"ip:<address>", its limit the caller's tier's), on one counter store: in memory, or in Redis so that
+replicas share it. The UI is handed `admit` too, so it is no way around them.
 
 The counter store is never waited on from the event loop: a Redis round trip runs in a worker thread,
 each call is bounded by TTS_REDIS_TIMEOUT_S, and a circuit breaker stops asking a store that keeps
@@ -19,11 +21,14 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 
-import limits
 from limits.errors import ConfigurationError
-from limits.storage import MemoryStorage, storage_from_string
-from limits.strategies import FixedWindowRateLimiter
+from limits.storage import MemoryStorage
+from slowapi import Limiter
+from slowapi.errors import RateLimitExceeded
+from slowapi.wrappers import Limit
+from starlette.requests import Request
 
 from storage import Storage
 from tts_core.access import Caller, RateLimitState, client_address
@@ -34,7 +39,11 @@ from tts_core.errors import RateLimited, Unauthorized
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "ck-"  # Chorus keys; other bearer strings (the openai client's placeholder) are anonymous
-NAMESPACE = "tts"
+NAMESPACE = "tts"  # the counters' key prefix in the store
+# The caller the limiter is counting. slowapi calls a key function and an application limit's function
+# without the caller (an application limit's without any argument), so count() hands it over here; the
+# check runs in the context that set it (asyncio.to_thread copies the context into its worker thread).
+_COUNTED: ContextVar[Caller] = ContextVar("rate-limited caller")
 BREAKER_FAILURES = 3  # failures in a row that open the breaker (one slow answer alone does not)
 
 
@@ -97,6 +106,21 @@ class CircuitBreaker:
             return {"state": state, "since": self.opened_at, "error": self.error}
 
 
+class LimitExceeded(RateLimitExceeded):
+    """slowapi's refusal, with the window the caller ran out of (its Retry-After and X-RateLimit headers).
+    The HTTP routes answer it with the handler build_api installs; every other surface gets `refusal()`."""
+
+    def __init__(self, limit: Limit, state: RateLimitState):
+        super().__init__(limit)
+        self.state = state
+
+    def refusal(self) -> RateLimited:
+        """The error table's 429 rate_limit_exceeded."""
+        retry = max(1, math.ceil(self.state.reset_at - time.time()))
+        return RateLimited(f"rate limit of {self.limit.limit} exceeded; retry after {retry} s", retry,
+                           self.state.headers())
+
+
 class AccessControl:
     def __init__(self, storage: Storage, settings: Settings, operator: Callable[[], OperatorSettings]):
         """ValueError names the setting at fault when TTS_RATELIMIT_STORAGE or TTS_TRUSTED_PROXIES is unusable."""
@@ -105,9 +129,10 @@ class AccessControl:
         self.require_api_key = settings.require_api_key
         self.trusted_proxies = _checked_networks(settings.trusted_proxies)
         self.store_uri = redacted(settings.ratelimit_storage)
-        self.counters = _counter_store(settings.ratelimit_storage, settings.redis_timeout_s)
+        self.limiter = _tier_limiter(settings.ratelimit_storage, settings.redis_timeout_s)
+        self.strategy = self.limiter.limiter  # the fixed-window counting that every surface shares
+        self.counters = self.strategy.storage
         self.remote = not isinstance(self.counters, MemoryStorage)  # its calls wait on the network
-        self.strategy = FixedWindowRateLimiter(self.counters)
         self.breaker = CircuitBreaker(settings.redis_cooldown_s)
         self._keys: dict[str, dict] = {}
         self.refresh_keys()
@@ -159,42 +184,72 @@ class AccessControl:
         return caller, await self.hit(caller)
 
     async def hit(self, caller: Caller) -> RateLimitState | None:
-        """Count one request against the caller's tier limits (RateLimited when over one), without
+        """Count one request, refused as the error table's RateLimited when over a limit: for the surfaces
+        that are not HTTP routes (the WebSocket, Wyoming, the UI, a batch's items)."""
+        try:
+            return await self.counted(caller)
+        except LimitExceeded as exceeded:
+            raise exceeded.refusal() from None
+
+    async def counted(self, caller: Caller) -> RateLimitState | None:
+        """Count one request against the caller's tier limits (LimitExceeded when over one), without
         blocking the event loop: a remote store is asked from a worker thread."""
         if self.remote and caller.tier.rate_limit is not None:
             return await asyncio.to_thread(self.count, caller)
         return self.count(caller)
 
     def count(self, caller: Caller) -> RateLimitState | None:
-        """The one rate-limit check (blocking). A store that fails, or is skipped while the breaker is
-        open, limits nothing."""
+        """The one rate-limit check (blocking): slowapi's, then the window of the limit it reports (the
+        one exceeded, else the shortest). A store that fails, or is skipped while the breaker is open,
+        limits nothing."""
         if caller.tier.rate_limit is None or not self.breaker.allow():
             return None
-        tightest = None
-        for item in limits.parse_many(caller.tier.rate_limit):
-            try:
-                allowed = self.strategy.hit(item, NAMESPACE, caller.identity)
-                reset_at, remaining = self.strategy.get_window_stats(item, NAMESPACE, caller.identity)
-            except Exception as error:  # the store is down, slow or refusing: serve, and say so (once)
-                self.breaker.failed(f"{type(error).__name__}: {error}")
-                return None
-            state = RateLimitState(item.amount, remaining, reset_at)
-            if not allowed:
-                self.breaker.succeeded()
-                retry = max(1, math.ceil(reset_at - time.time()))
-                raise RateLimited(f"rate limit of {item} exceeded; retry after {retry} s", retry, state.headers())
-            if tightest is None or state.remaining < tightest.remaining:
-                tightest = state
+        # slowapi checks a request and leaves its verdict on the request's state: one of its own for each
+        # check (a WebSocket message, a Wyoming event or a UI click is no HTTP request to hand it)
+        checked = Request({"type": "http", "path": "/", "headers": [], "state": {}})
+        counting = _COUNTED.set(caller)
+        try:
+            exceeded = self._exceeded(checked)
+            item, keys = checked.state.view_rate_limit
+            reset_at, remaining = self.strategy.get_window_stats(item, *keys)
+        except Exception as error:  # the store is down, slow or refusing: serve, and say so (once)
+            self.breaker.failed(f"{type(error).__name__}: {error}")
+            return None
+        finally:
+            _COUNTED.reset(counting)
         self.breaker.succeeded()
-        return tightest
+        state = RateLimitState(item.amount, remaining, reset_at)
+        if exceeded is not None:
+            raise LimitExceeded(exceeded.limit, state)
+        return state
+
+    def _exceeded(self, checked: Request) -> RateLimitExceeded | None:
+        """slowapi counts the request against its application limits (as its own middleware asks it to);
+        a store's failure is raised, not swallowed."""
+        try:
+            self.limiter._check_request_limit(checked, None, True)
+        except RateLimitExceeded as exceeded:
+            return exceeded
+        return None
 
 
-def _counter_store(uri: str, timeout_s: float):
-    """The counters' storage; every Redis call is bounded by timeout_s (connecting included)."""
+def _counted_identity() -> str:
+    return _COUNTED.get().identity
+
+
+def _counted_tier_limit() -> str:
+    return _COUNTED.get().tier.rate_limit
+
+
+def _tier_limiter(uri: str, timeout_s: float) -> Limiter:
+    """slowapi's Limiter over the counter store at uri: one budget per caller shared by every surface (an
+    application limit, scope "global"), of its tier's limit. Every Redis call is bounded by timeout_s
+    (connecting included); failures reach count(), which fails open (no in-memory fallback, no swallowing)."""
     remote = uri.split(":", 1)[0].startswith(("redis", "valkey"))
     options = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s} if remote else {}
     try:
-        return storage_from_string(uri, **options)
+        return Limiter(key_func=_counted_identity, application_limits=[_counted_tier_limit], storage_uri=uri,
+                       storage_options=options, strategy="fixed-window", key_prefix=NAMESPACE)
     except (ConfigurationError, ValueError) as error:
         raise ValueError(f"TTS_RATELIMIT_STORAGE {redacted(uri)!r} cannot be used: {error}") from None
 

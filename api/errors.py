@@ -15,6 +15,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from storage import StorageError
 from tts_core.errors import ChorusError, InvalidRequest, InvalidSetting, StorageUnavailable, error_body
 
+from .access import LimitExceeded
+
 log = logging.getLogger(__name__)
 
 
@@ -61,6 +63,12 @@ def invalid_input(errors: list[dict], kind: type[ChorusError] = InvalidRequest) 
     elif param:
         message = f"{param}: {message}"
     return kind(message, param, first.get("type"))
+
+
+def rate_limit_exceeded(_: Request, exc: LimitExceeded) -> JSONResponse:
+    """slowapi's refusal of an HTTP request, in the error table's shape: 429 rate_limit_exceeded with
+    Retry-After and the X-RateLimit headers."""
+    return chorus_response(exc.refusal())
 
 
 def _invalid_kind(request: Request) -> type[ChorusError]:

@@ -56,9 +56,9 @@ async def admitted(request: Request) -> tuple[Caller, RateLimitState | None]:
     """Identify the caller and count the request against its tier's rate limit (before the body
     is validated, so unauthenticated or limited callers are refused first)."""
     access = request.app.state.access
-    caller, limit = await access.admit(request.headers.get("authorization"),
-                                       request.client.host if request.client else None,
-                                       request.headers.get("x-forwarded-for"))
+    caller = access.identify(request.headers.get("authorization"), request.client.host if request.client else None,
+                             request.headers.get("x-forwarded-for"))
+    limit = await access.counted(caller)  # slowapi's LimitExceeded when over: build_api's handler answers it
     request.state.speech = {"client": caller.identity}  # read by the request log
     return caller, limit
 

@@ -1,4 +1,5 @@
-"""Audio encoding (one PyAV path for every format) and joining of chunk audio."""
+"""Audio encoding and joining of chunk audio. Whole WAV and FLAC files are written by soundfile
+(libsndfile); PyAV encodes the compressed formats (mp3, opus, aac), raw pcm and every stream, and resamples."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 import av
 import numpy as np
+import soundfile
 
 MIN_RATE, MAX_RATE = 8000, 48000  # what a request may ask for
 _MPEG_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
@@ -24,6 +26,9 @@ class AudioFormat:
         """The rate to encode at: the one asked for (resampled to), else the format's own, else the engine's."""
         return asked or self.sample_rate or engine_rate
 
+
+# Written by soundfile (libsndfile's container names): a plain RIFF header, no encoder tags.
+SOUNDFILE_FORMATS = {"wav": "WAV", "flac": "FLAC"}
 
 FORMATS: dict[str, AudioFormat] = {
     "mp3": AudioFormat("mp3", "libmp3lame", "audio/mpeg", rates=_MPEG_RATES),
@@ -50,10 +55,15 @@ def unsupported_rate(format_name: str, rate: int | None) -> str | None:
 
 
 def encode(audio: np.ndarray, sample_rate: int, format_name: str, out_rate: int | None = None) -> bytes:
-    """Encode float32 mono audio in [-1, 1] at out_rate (or the format's rate, or sample_rate); PyAV's
-    resampler converts."""
+    """Encode float32 mono audio in [-1, 1] at out_rate (or the format's rate, or sample_rate): WAV and
+    FLAC with soundfile, the others with PyAV; PyAV's resampler converts the rate."""
     spec = FORMATS[format_name]
     buffer = io.BytesIO()
+    if format_name in SOUNDFILE_FORMATS and audio.size:  # of no samples libsndfile writes no FLAC header at all
+        rate = spec.rate(sample_rate, out_rate)
+        soundfile.write(buffer, int16(resample(audio, sample_rate, rate)), rate,
+                        format=SOUNDFILE_FORMATS[format_name], subtype="PCM_16")
+        return buffer.getvalue()
     frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(audio, dtype=np.float32)[None, :],
                                        format="flt", layout="mono")
     frame.sample_rate = sample_rate
@@ -75,9 +85,15 @@ def join(chunks: list[np.ndarray], sample_rate: int, pauses_s: list[float] | Non
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
 
 
+def int16(audio: np.ndarray) -> np.ndarray:
+    """float32 audio in [-1, 1] as 16-bit samples, converted as FFmpeg converts (scaled by 2^15, rounded,
+    clipped): a WAV file, its stream and raw pcm carry the same samples."""
+    return np.clip(np.rint(np.asarray(audio, dtype=np.float32) * 32768.0), -32768, 32767).astype("<i2")
+
+
 def pcm16(audio: np.ndarray) -> bytes:
     """float32 audio in [-1, 1] as raw 16-bit signed little-endian samples, at its own rate."""
-    return np.rint(np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    return int16(audio).tobytes()
 
 
 QUIET = 0.01  # peak below which audio counts as quiet (1% of full scale)

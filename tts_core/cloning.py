@@ -3,8 +3,9 @@
 A model can clone when its engine has `voice_prompt_from_audio(audio, sample_rate) -> latents`,
 `add_voice(name, latents)` and `remove_voice(name)` (Pocket TTS; VibeVoice has the same hooks).
 
-- `read_clip` decodes an upload with PyAV (what the bytes are, never what a file name says) and checks
-  it: audio at all, in an accepted container, 3 to 30 s long, not silent.
+- `read_clip` decodes an upload (what the bytes are, never what a file name says): WAV, FLAC and Ogg with
+  soundfile (libsndfile), anything else with PyAV (mp3; other containers are refused); and checks it:
+  audio at all, in an accepted container, 3 to 30 s long, not silent.
 - A cloned voice's prompt is a file, the latents in safetensors under the key the model's own voice
   files use (Pocket TTS `audio_prompt_latents`, VibeVoice `acoustic_latents`: so a file can also serve
   as a registry `prompt`), at <data dir>/voices/cloned/<model>/<name>.safetensors; the database keeps
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import av
 import numpy as np
+import soundfile
 from safetensors.numpy import load_file, save
 
 from .engines.base import capabilities_of
@@ -52,6 +54,8 @@ log = logging.getLogger(__name__)
 
 MIN_CLIP_S, MAX_CLIP_S = 3.0, 30.0
 CONTAINERS = {"wav", "mp3", "flac", "ogg"}  # PyAV's names for what the bytes turned out to be
+SOUNDFILE_CONTAINERS = {"WAV", "WAVEX", "FLAC", "OGG"}  # the ones soundfile reads (libsndfile's names)
+BLOCK_FRAMES = 65536  # soundfile reads this many frames at a time: a header can claim any length
 # Speech is loud in at least a tenth of its 50 ms windows (-30 to -10 dBFS); a clip whose loudest tenth
 # stays under -50 dBFS is silence, hiss or hum.
 SILENCE_DBFS, WINDOW_S = -50.0, 0.05
@@ -85,16 +89,9 @@ def _bad_clip(message: str, code: str) -> InvalidRequest:
 
 def read_clip(data: bytes) -> Clip:
     """The upload as float32 mono at its own rate; InvalidRequest (param audio) saying what is wrong."""
-    not_audio = _bad_clip("the clip is not audio in one of wav, mp3, flac or ogg", "audio_unreadable")
-    try:
-        with av.open(io.BytesIO(data)) as container:
-            if not CONTAINERS & set(container.format.name.split(",")) or not container.streams.audio:
-                raise not_audio
-            clip = _decoded(container)
-    except (av.error.FFmpegError, ValueError, EOFError):  # what PyAV raises on bytes that are not media
-        raise not_audio from None
+    clip = soundfile_clip(data) or _pyav_clip(data)
     if not clip.audio.size:
-        raise not_audio
+        raise _not_audio()
     if clip.duration_s < MIN_CLIP_S:
         raise _bad_clip(f"the clip is {clip.duration_s:.1f} s long; a voice needs {MIN_CLIP_S:.0f} to "
                         f"{MAX_CLIP_S:.0f} s", "audio_too_short")
@@ -103,9 +100,49 @@ def read_clip(data: bytes) -> Clip:
     return clip
 
 
+def _not_audio() -> InvalidRequest:
+    return _bad_clip("the clip is not audio in one of wav, mp3, flac or ogg", "audio_unreadable")
+
+
+def soundfile_clip(data: bytes) -> Clip | None:
+    """The clip read by soundfile when it is WAV, FLAC or Ogg; None when it is another container or one
+    libsndfile cannot open (PyAV reads it, or says why not)."""
+    try:
+        with soundfile.SoundFile(io.BytesIO(data)) as sound:
+            if sound.format not in SOUNDFILE_CONTAINERS:
+                return None
+            blocks = sound.blocks(BLOCK_FRAMES, dtype="float32", always_2d=True)
+            return Clip(_bounded((block.mean(axis=1) for block in blocks), sound.samplerate), sound.samplerate)
+    except RuntimeError:  # libsndfile's errors (LibsndfileError): not a file it reads
+        return None
+
+
+def _pyav_clip(data: bytes) -> Clip:
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            if not CONTAINERS & set(container.format.name.split(",")) or not container.streams.audio:
+                raise _not_audio()
+            return _decoded(container)
+    except (av.error.FFmpegError, ValueError, EOFError):  # what PyAV raises on bytes that are not media
+        raise _not_audio() from None
+
+
+def _bounded(pieces: Iterable[np.ndarray], rate: int) -> np.ndarray:
+    """Mono pieces joined, stopping as soon as they are too long: a few compressed bytes can hold hours
+    of silence, which must not be decoded into memory."""
+    kept: list[np.ndarray] = []
+    samples, limit = 0, int(MAX_CLIP_S * rate)
+    for piece in pieces:
+        kept.append(piece)
+        samples += piece.size
+        if samples > limit:
+            raise _bad_clip(f"the clip is longer than {MAX_CLIP_S:.0f} s; a voice needs {MIN_CLIP_S:.0f} to "
+                            f"{MAX_CLIP_S:.0f} s", "audio_too_long")
+    return np.concatenate(kept).astype(np.float32) if kept else np.zeros(0, np.float32)
+
+
 def _decoded(container) -> Clip:
-    """Decoded and mixed down, stopping as soon as it is too long: a few compressed bytes can hold
-    hours of silence, which must not be decoded into memory."""
+    """Decoded by PyAV and mixed down."""
     stream = container.streams.audio[0]
     if stream.codec_context is None:  # a header naming no encoding FFmpeg can decode (0 bits per sample, ...)
         raise _bad_clip("the clip's header describes audio that cannot be decoded (its encoding, bits per "
@@ -114,17 +151,9 @@ def _decoded(container) -> Clip:
     if not rate:
         raise ValueError("no sample rate")
     resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
-    pieces: list[np.ndarray] = []
-    samples, limit = 0, int(MAX_CLIP_S * rate)
-    for frame in itertools.chain(container.decode(audio=0), [None]):  # None flushes the resampler
-        for out in resampler.resample(frame):
-            pieces.append(out.to_ndarray().reshape(-1))
-            samples += pieces[-1].size
-        if samples > limit:
-            raise _bad_clip(f"the clip is longer than {MAX_CLIP_S:.0f} s; a voice needs {MIN_CLIP_S:.0f} to "
-                            f"{MAX_CLIP_S:.0f} s", "audio_too_long")
-    audio = np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
-    return Clip(audio, rate)
+    frames = itertools.chain(container.decode(audio=0), [None])  # None flushes the resampler
+    return Clip(_bounded((out.to_ndarray().reshape(-1) for frame in frames for out in resampler.resample(frame)),
+                         rate), rate)
 
 
 def _loudness_dbfs(clip: Clip) -> float:

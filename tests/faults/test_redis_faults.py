@@ -188,7 +188,7 @@ def test_the_check_runs_off_the_event_loop(tmp_path):
     access = AccessControl(storage, Settings(), OperatorSettings)
     access.remote = True  # as a Redis store is
 
-    def slow_hit(*args):
+    def slow_hit(*args, **options):  # slowapi passes cost=
         time.sleep(0.5)
         return True
 
