@@ -88,26 +88,56 @@ def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpe
     monitor = Monitor(service)
     job_runner = JobRunner(storage, service, settings, lambda: service.degrade.settings)
     gate = AdminGate(settings.admin_token.get_secret_value() if settings.admin_token else None)
-    wyoming = None
-    if settings.wyoming_port is not None:  # a taken port is a mistake to say now, not a traceback in the lifespan
-        _check_can_listen(settings.host, settings.wyoming_port, "TTS_WYOMING_PORT")
-        wyoming = WyomingServer(service, access, request_log, settings.host, settings.wyoming_port,
-                                settings.wyoming_tier)
+    wyoming = _wyoming_server(settings, service, access, request_log)
+    control.on_reload.append(access.refresh_keys)  # keys revoked through another replica stop working here too
+    replicas = ReplicaReporter(storage, service, settings.replica)
+    control.on_reload.append(replicas.report)  # every second, beside the refresh: the cluster view reads them
+    lifespan = _lifespan(service, request_log, control, monitor, job_runner, wyoming)
+    api = build_api(service, access, request_log, lifespan)
+    api.state.control, api.state.monitor, api.state.admin_gate = control, monitor, gate
+    api.state.jobs, api.state.lexicon, api.state.replicas = job_runner, lexicon, replicas
+    api.include_router(admin_router)
+    control.on_reload.append(api.state.clones.refresh)  # voices cloned or deleted through another replica
+    admit_ui, identify_ui = _ui_callers(access)
+    page = build_ui(service, admit_ui, identify_ui, api.state.clones, request_log,
+                    [lambda: build_admin_tab(service, monitor, control, access, gate, api.state.clones, lexicon,
+                                             replicas)])
+    # Gradio's own run history would keep every typed text in the browser's plain localStorage: off
+    app = gr.mount_gradio_app(api, page, path="/", run_history=False)
+    calm_gradio_queue(page)
+    return app
 
-    async def announce_ready() -> None:
-        """One line once the server serves, with where (the wait is in short spells: a stop is never held)."""
-        while not await asyncio.to_thread(service.wait_ready, 1.0):
-            pass
-        host = "localhost" if settings.host in ("0.0.0.0", "::", "") else settings.host
-        url = f"http://{host}:{settings.port}"
-        logging.getLogger("chorus").info("Chorus is ready: the UI at %s/ , the API at %s/v1 (docs at %s/docs)",
-                                         url, url, url)
+
+def _wyoming_server(settings: Settings, service: SpeechService, access: AccessControl,
+                    request_log: RequestLogWriter) -> WyomingServer | None:
+    """The Wyoming listener where TTS_WYOMING_PORT is set; a taken port is a mistake to say now, not a
+    traceback in the lifespan."""
+    if settings.wyoming_port is None:
+        return None
+    _check_can_listen(settings.host, settings.wyoming_port, "TTS_WYOMING_PORT")
+    return WyomingServer(service, access, request_log, settings.host, settings.wyoming_port, settings.wyoming_tier)
+
+
+async def _announce_ready(service: SpeechService) -> None:
+    """One line once the server serves, with where (the wait is in short spells: a stop is never held)."""
+    settings = service.settings
+    while not await asyncio.to_thread(service.wait_ready, 1.0):
+        pass
+    host = "localhost" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    url = f"http://{host}:{settings.port}"
+    logging.getLogger("chorus").info("Chorus is ready: the UI at %s/ , the API at %s/v1 (docs at %s/docs)",
+                                     url, url, url)
+
+
+def _lifespan(service: SpeechService, request_log: RequestLogWriter, control: OperatorControl, monitor: Monitor,
+              job_runner: JobRunner, wyoming: WyomingServer | None):
+    """The app's lifespan: the parts start in order, and stop in the reverse order."""
 
     @asynccontextmanager
     async def lifespan(_app):
         for part in (service, request_log, control, monitor):
             part.start()
-        announcing = asyncio.create_task(announce_ready())
+        announcing = asyncio.create_task(_announce_ready(service))
         await job_runner.start()
         try:
             if wyoming is not None:
@@ -120,10 +150,11 @@ def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpe
             await job_runner.stop()
             for part in (monitor, control, request_log, service):
                 part.stop()
+    return lifespan
 
-    control.on_reload.append(access.refresh_keys)  # keys revoked through another replica stop working here too
-    replicas = ReplicaReporter(storage, service, settings.replica)
-    control.on_reload.append(replicas.report)  # every second, beside the refresh: the cluster view reads them
+
+def _ui_callers(access: AccessControl):
+    """How the UI admits (counting against the caller's limits) and identifies a browser's caller."""
 
     async def admit_ui(request: gr.Request):
         return await access.admit(None, request.client.host if request.client else None,
@@ -132,19 +163,7 @@ def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpe
     def identify_ui(request: gr.Request):
         return access.identify(None, request.client.host if request.client else None,
                                request.headers.get("x-forwarded-for"))
-
-    api = build_api(service, access, request_log, lifespan)
-    api.state.control, api.state.monitor, api.state.admin_gate = control, monitor, gate
-    api.state.jobs, api.state.lexicon, api.state.replicas = job_runner, lexicon, replicas
-    api.include_router(admin_router)
-    control.on_reload.append(api.state.clones.refresh)  # voices cloned or deleted through another replica
-    page = build_ui(service, admit_ui, identify_ui, api.state.clones, request_log,
-                    [lambda: build_admin_tab(service, monitor, control, access, gate, api.state.clones, lexicon,
-                                                    replicas)])
-    # Gradio's own run history would keep every typed text in the browser's plain localStorage: off
-    app = gr.mount_gradio_app(api, page, path="/", run_history=False)
-    calm_gradio_queue(page)
-    return app
+    return admit_ui, identify_ui
 
 
 def prepare(settings: Settings, engines: list[Engine | ModelSpec] | None) -> tuple[Storage, list[Engine | ModelSpec]]:

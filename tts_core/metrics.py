@@ -39,7 +39,12 @@ class Metrics:
         self._first_audio: deque[tuple[float, float]] = deque()  # (at, seconds to first audio) per stream
         self.series: deque[dict] = deque(maxlen=series_points)  # one point a second, for the dashboard
 
-        r = self.registry
+        self._add_request_metrics(self.registry)
+        self._add_batch_metrics(self.registry)
+        self._add_job_and_model_metrics(self.registry)
+        self._add_overload_and_stream_metrics(self.registry)
+
+    def _add_request_metrics(self, r: CollectorRegistry) -> None:
         self.requests = Counter("tts_requests", "Speech requests answered", ["source", "status"], registry=r)
         self.request_seconds = Histogram("tts_request_seconds", "Time to answer a speech request",
                                          ["source"], buckets=LATENCY_BUCKETS, registry=r)
@@ -47,6 +52,9 @@ class Metrics:
         self.audio_seconds = Counter("tts_audio_seconds", "Seconds of audio produced", registry=r)
         self.queue_wait_seconds = Histogram("tts_queue_wait_seconds", "Time items wait in the queue",
                                             buckets=LATENCY_BUCKETS, registry=r)
+
+    def _add_batch_metrics(self, r: CollectorRegistry) -> None:
+        """The engines' batches, and the GPU they run on."""
         self.batch_size = Histogram("tts_batch_size", "Items per executed batch", ["engine"],
                                     buckets=BATCH_BUCKETS, registry=r)
         self.batch_seconds = Histogram("tts_batch_seconds", "Engine time per batch", ["engine"],
@@ -65,6 +73,9 @@ class Metrics:
         self.gpu_used_fraction = Gauge("tts_gpu_memory_used_fraction", "Used share of GPU memory (NVML)", registry=None)
         self.gpu_utilization = Gauge("tts_gpu_utilization_percent", "GPU utilisation (NVML)", registry=None)
         self._gpu_gauges_registered = False
+
+    def _add_job_and_model_metrics(self, r: CollectorRegistry) -> None:
+        """Background jobs, model loads, and the engines' queues and running requests."""
         self.jobs_queued = Gauge("tts_jobs_queued", "Jobs waiting", registry=r)
         self.jobs_running = Gauge("tts_jobs_running", "Jobs running", registry=r)
         self.jobs_oldest_queued = Gauge("tts_jobs_oldest_queued_seconds", "Age of the oldest waiting job",
@@ -82,6 +93,9 @@ class Metrics:
         self.steps = Counter("tts_steps", "Steps of a stepped engine", ["engine"], registry=r)
         self.frames = Counter("tts_frames", "Frames made by a stepped engine (one per running request per step)",
                               ["engine"], registry=r)
+
+    def _add_overload_and_stream_metrics(self, r: CollectorRegistry) -> None:
+        """The audio cache, degrade mode and the load score; streamed requests."""
         self.cache_lookups = Counter("tts_cache_lookups", "Audio cache lookups", ["result"], registry=r)
         self.degrade_actions = Counter("tts_degrade_actions", "Requests a degrade action applied to",
                                        ["action"], registry=r)

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from admin.lexicon import LexiconControl
-from admin.ui import _render_lexicon
+from admin.panels.lexicon import LexiconPanel
 from storage import AlreadyExists, Storage, sqlite_url
 from tests.fakes import FakeEngine
 from tts_core.config import Settings
@@ -170,7 +170,7 @@ def test_the_admin_tab_section_adds_changes_imports_and_deletes(tmp_path):
     storage.migrate()
     lexicon = LexiconControl(storage, SpeechService(Settings(), [FakeEngine()], Metrics()).admission)
     with gr.Blocks() as page:
-        _render_lexicon(gr.State(True), lexicon)
+        LexiconPanel(lexicon).render(gr.State(True))
     handlers = {function.name: function.fn for function in page.fns.values()}
     assert handlers["save_entry"](True, None, "en", "Worcester", "ˈwʊstər", "", False)[0] == "Entry 1 added."
     assert "give ipa, respelling or both" in handlers["save_entry"](True, None, "en", "Worcester", "", "", False)[0]

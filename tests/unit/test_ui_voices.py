@@ -9,7 +9,8 @@ from tts_core.catalogue import Catalogue
 from tts_core.cloning import ClonedVoice
 from tts_core.config import Settings
 from tts_core.engines import ModelSpec, Voice
-from ui import takes, words_html
+from ui import takes
+from ui.speak import words_html
 from ui.voices import language_choices, language_name, voice_choices, voice_label, voice_list_html
 
 JOE = Voice("en_US-joe-medium", "piper", "en-us", 22050)
