@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from storage import Storage, StorageError
@@ -25,16 +26,19 @@ class ReplicaReporter:
         self.failing = False  # the last report failed (logged once per outage)
         # every replica's load score and queue, as this one read them each second: the Admin tab's lines
         self.series: deque[dict] = deque(maxlen=SERIES_POINTS)
+        self.on_rows: list[Callable[[list[dict]], None]] = []  # given every replica's report, each time they are read
 
     def report(self) -> None:
         """This replica's figures now (blocking). A write that fails is logged once per outage and does not
         stop the refresh it rides on: settings are still read while writes fail."""
         status, state = self.service.status(), self.service.degrade.state
+        wait_s, wait_limit_s = self.service.queue_pressure()  # an engine replica's, for the Ray ingress's degrade mode
         try:
             self.storage.report_replica(self.replica, self.started_at, {
                 "queue_length": status["queue_length"], "running": status["running_items"],
                 "batch_size": status["avg_batch_size"], "load_score": round(state.score, 3),
                 "degraded": state.active, "actions": list(state.actions),
+                "queue_wait_s": round(wait_s, 3), "queue_wait_limit_s": wait_limit_s,
                 "gpu_free_mem_mb": status["gpu_free_mem_mb"], "models_loaded": status["models_loaded"]})
             rows = self.storage.replicas()
         except StorageError as error:
@@ -43,6 +47,8 @@ class ReplicaReporter:
             self.failing = True
             return
         self.failing = False
+        for take in self.on_rows:
+            take(rows)
         point: dict = {"t": time.time()}
         for row in rows:
             if row["seen_s_ago"] <= GONE_AFTER_S:

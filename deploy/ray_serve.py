@@ -6,13 +6,16 @@ through deployment handles.
 
 - `EngineReplica` serves one model, loaded when the replica starts, with Chorus's own queue and batcher
   (a SpeechService of that model alone): a passage's pieces are queued there exactly as in one process,
-  and their audio streams back to the ingress as events. Each replica reports its figures to the shared
+  and their audio streams back to the ingress as events. Each replica runs degrade mode's monitor on its own
+  queue (under the stored operator settings, followed each second) and reports its figures to the shared
   database every second like any Chorus replica, so the Admin tab's cluster view shows every one.
 - `ChorusIngress` is the whole app (app.create_app) with `RemoteScheduler` placing each passage on its
   model's engine deployment instead of a local batcher. Admission, degrade mode, the cache, rate limits,
-  jobs, the UI and the admin tab are unchanged. Cloning a voice needs the engine in the same process and
-  is refused here (400 model_cannot_clone); voices cloned through a replica on the same database are
-  listed by the ingress and spoken by the engine replicas, which follow the stored voices each second.
+  jobs, the UI and the admin tab are unchanged: the engines' load they read (queue length, predicted wait)
+  is what the engine replicas last reported (deploy/replica_load.py). Cloning a voice needs the engine in
+  the same process and is refused here (400 model_cannot_clone); voices cloned through a replica on the
+  same database are listed by the ingress and spoken by the engine replicas, which follow the stored
+  voices each second.
 - `scale_on_queue` is the engines' autoscaling policy: replicas enough that each has about
   `target_ongoing_requests` pieces queued or running in Chorus's own queue.
 """
@@ -38,12 +41,15 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from admin.cluster import ReplicaReporter
 from app import create_app
 from clones import VoiceClones, stored_clones
+from deploy.replica_load import DeploymentLoad, RemoteLoads
 from storage import Storage, StorageError
 from tts_core.access import Caller
 from tts_core.config import Settings
+from tts_core.degrade import OperatorSettings
 from tts_core.engines import EngineUnavailable, model_specs
 from tts_core.errors import ChorusError, Overloaded, SynthesisError
 from tts_core.metrics import Metrics
+from tts_core.monitor import Monitor
 from tts_core.pool import ModelPool
 from tts_core.queue import WaitTarget
 from tts_core.request import AudioPieces, EngineOutput, QueuedItem
@@ -97,6 +103,7 @@ class EngineReplica:
         self.service.wait_ready()
         replica = f"{model}/{serve.get_replica_context().replica_id.unique_id}"
         self.reporter = ReplicaReporter(self.storage, self.service, replica)
+        self._start_monitor()
         self._stop = threading.Event()
         threading.Thread(target=self._report, name="replica-report", daemon=True).start()
         log.info("engine replica %s serves %s", replica, model)
@@ -105,12 +112,28 @@ class EngineReplica:
         """Each second: this replica's figures, and the cloned voices made or deleted through any replica."""
         while not self._stop.wait(REPORT_EVERY_S):
             try:
+                self._follow_settings()
                 self.reporter.report()
                 self.clones.refresh()
             except StorageError:  # the report says it once per outage
                 pass
             except Exception:  # a bug must not end the reports
                 log.exception("replica report failed")
+
+    def _start_monitor(self) -> None:
+        """Degrade mode here as in one process: the load score from this replica's queue, under the operator
+        settings stored through any replica (followed each second), an engine with a lower precision lowered
+        while it is degraded. Its state is in this replica's reports, which the ingress reads."""
+        self._follow_settings()
+        self.monitor = Monitor(self.service)
+        self.monitor.start()
+
+    def _follow_settings(self) -> None:
+        """The stored operator settings (degrade mode's thresholds, the wait targets), the ingress's too."""
+        stored, defaults = self.storage.read_settings(), self.service.settings.operator_defaults
+        settings, _ = OperatorSettings.from_stored(stored, defaults)
+        if settings != self.service.degrade.settings:  # (the ingress logs the values it ignores)
+            self.service.degrade.configure(settings)
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Ray Serve's autoscaler reads these (scale_on_queue): the pieces queued or running here."""
@@ -144,6 +167,8 @@ class EngineReplica:
     def __del__(self):  # (also after an __init__ that failed part way)
         if stop := getattr(self, "_stop", None):
             stop.set()
+        if monitor := getattr(self, "monitor", None):
+            monitor.stop()
         if service := getattr(self, "service", None):
             service.stop()
         if storage := getattr(self, "storage", None):
@@ -161,6 +186,7 @@ class RemoteScheduler(Scheduler):
     def __init__(self, settings: Settings, pool: ModelPool, metrics: Metrics, engines: dict[str, DeploymentHandle]):
         super().__init__(settings, pool, metrics)
         self.engines = engines
+        self.remote_loads = RemoteLoads(engines)  # refreshed by the ingress's reads of the replicas' reports
         self._deliveries: set[asyncio.Task] = set()  # held until done (the loop keeps only weak references)
 
     async def submit_passage(self, passage: Passage, index: int, first: bool, caller: Caller | None,
@@ -196,6 +222,10 @@ class RemoteScheduler(Scheduler):
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
         return items, played_s
+
+    def loads(self) -> dict[str, DeploymentLoad]:
+        """Each model's load as its engine replicas report it (deploy.replica_load.DeploymentLoad)."""
+        return self.remote_loads.loads()
 
 
 def _standing_in(description: dict) -> QueuedItem:
@@ -264,6 +294,8 @@ class ChorusIngress:
         # app.py) on the same database are listed here and spoken by the engine replicas.
         app.state.service.cloner.refusal = ("the Ray Serve ingress cannot clone voices (its engines run in their "
                                             "own deployments); clone through python app.py on the same database")
+        # the engines' load (status, degrade mode) from every replica's report, as the cluster view reads them
+        app.state.replicas.on_rows.append(app.state.service.scheduler.remote_loads.refresh)
         return app
 
 

@@ -61,6 +61,11 @@ class Scheduler:
     def close(self) -> None:
         self._reader.shutdown(wait=False, cancel_futures=True)
 
+    def loads(self) -> dict[str, EngineLoop]:
+        """Where each serving model's load is read (predicted_wait, pressure, queue_length, status): its engine loop
+        here; deploy/ray_serve.py reads its engine replicas' reports instead."""
+        return self.pool.loaded()
+
     async def submit(self, script: Script, caller: Caller | None, streaming: bool = False,
                      target: WaitTarget = WaitTarget(), words: bool = False) -> list[QueuedItem]:
         """Queue a script's passages (loading their models first if need be); the items' futures resolve

@@ -200,24 +200,24 @@ class SpeechService:
     # --- status --------------------------------------------------------------------------------
 
     def queue_length(self) -> int:
-        return sum(loop.queue_length for loop in self.loops.values())
+        return sum(loop.queue_length for loop in self.scheduler.loads().values())
 
     def queue_pressure(self) -> tuple[float, float]:
         """The predicted wait of a typical sentence from a new caller, and the wait target in force, on the
         model where the one is the largest share of the other."""
         target = self.admission.wait_target()
-        pressures = [loop.pressure(target) for loop in self.loops.values()]
+        pressures = [loop.pressure(target) for loop in self.scheduler.loads().values()]
         return max(pressures, key=lambda pressure: pressure[0] / pressure[1], default=(0.0, target.usual_s))
 
     def queue_wait_s(self) -> float:
         """The predicted wait of a typical sentence from a new default-priority caller, on the busiest
         model (0 when idle)."""
-        return max((loop.predicted_wait() for loop in self.loops.values()), default=0.0)
+        return max((loop.predicted_wait() for loop in self.scheduler.loads().values()), default=0.0)
 
     def status(self) -> dict:
         """What /api/v1/batch/status answers: the loops now and over the recent window."""
         window = self.metrics.window()
-        queued = self.queue_length()
+        queued, loads = self.queue_length(), self.scheduler.loads()
         return {
             **window,
             "queue_length": queued,
@@ -228,7 +228,7 @@ class SpeechService:
             "max_batch_size": self.settings.max_batch_size,
             "ready": self.ready,
             "calibrated": self.calibrated,
-            "engines": {name: self._engine_status(slot.loop, slot.spec.pinned)
+            "engines": {name: self._engine_status(loads.get(name), slot.spec.pinned)
                         for name, slot in self.pool.slots().items() if not slot.retired},
             "models_loaded": len(self.loops),
             "model_memory_mb": round(self.pool.memory_bytes() / 2**20, 1),

@@ -3,13 +3,15 @@ bundled voice and one of a tiny Pocket TTS), inside a network namespace of its o
 the right length through the ingress, refusals in OpenAI's shape, a voice cloned earlier on the same
 database spoken by its engine replica (cloning through the ingress refused), both replicas of the bundled
 voice in the admin's cluster view, and one of them killed mid-service replaced by Ray, the cluster view
-saying so, speech going on."""
+saying so, speech going on. Under load, the ingress sees its engine replicas' queues: its status, its refusals
+and its degrade mode, and each engine replica's own degrade mode."""
 
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -159,3 +161,72 @@ def speaks_streams_shows_its_replicas_and_survives_losing_one():
     assert len(set(engine_replicas()) - before) == 1
     for _ in range(4):  # the router has dropped the dead replica: every request is served
         assert speak().status_code == 200
+
+
+# degrade mode and the wait target scaled down to what a flood of a few callers does on two CPU replicas
+LOADED = {"queue_wait_target_s": 1.0, "overload_wait_target_s": 1.0, "enter_threshold": 0.3, "exit_threshold": 0.1,
+          "exit_hold_s": 0.0, "cache_enabled": False, "cache_first_enabled": False}
+SHORT = "Sentence {n} says where the fox went. It ran to the river. Then it ran back home. It slept well."
+LONG = "The fox is here. " * 24  # over degrade mode's cap on text length (300 characters)
+
+
+@pytest.mark.loopback_namespace
+@pytest.mark.timeout(900)
+def test_under_load_on_ray_serve_the_ingress_sees_its_engine_replicas_queues_and_both_degrade(tmp_path):
+    with chorus_on_ray(tmp_path):
+        sees_its_engine_replicas_queues_and_both_degrade()
+
+
+def sees_its_engine_replicas_queues_and_both_degrade():
+    changed = httpx.put(f"{BASE}/admin/api/settings", headers=ADMIN, json=LOADED, timeout=30)  # the replicas follow
+    assert changed.status_code == 200, changed.text
+    stop, answers = threading.Event(), []
+    callers = [threading.Thread(target=flood, args=(stop, answers, n)) for n in range(8)]
+    for caller in callers:
+        caller.start()
+    try:
+        seen_queue = wait_until(lambda: status()["queue_length"] > 0, 60, 0.2)
+        engines_degraded = wait_until(lambda: any(row["id"].startswith(f"{ENGINE}/") and row["figures"]["degraded"]
+                                                  for row in stats().get("replicas", [])), 60, 0.2)
+        ingress_degraded = wait_until(lambda: stats().get("degrade", {}).get("active"), 60, 0.2)
+        capped = httpx.post(f"{BASE}/v1/audio/speech", timeout=120, json={"model": "tts-1", "voice": "alloy",
+                                                                           "input": LONG, "response_format": "pcm"})
+        refused = wait_until(lambda: any(answer.status_code == 503 and "retry-after" in answer.headers
+                                         and answer.json()["error"]["code"] == "queue_wait" for answer in answers),
+                             60, 0.2)
+    finally:
+        stop.set()
+        for caller in callers:
+            caller.join(150)
+    assert seen_queue, status()
+    assert engines_degraded, stats().get("replicas")
+    assert ingress_degraded, stats().get("degrade")
+    assert capped.status_code == 503 and capped.json()["error"]["code"] == "degraded_text_limit", capped.text
+    assert refused, sorted({(answer.status_code, answer.text[:80]) for answer in answers})
+    assert any(answer.status_code == 200 for answer in answers)
+    # drained: the ingress's view follows (the reports are read each second), and degrade mode ends
+    assert wait_until(lambda: status()["queue_length"] == 0 and not stats()["degrade"]["active"], 60, 0.5), status()
+
+
+def flood(stop: threading.Event, answers: list, caller: int) -> None:
+    """One caller sending texts one after another (each different: no cache) until stopped."""
+    n = 0
+    while not stop.is_set():
+        n += 1
+        try:
+            text = SHORT.format(n=f"{caller} {n}")
+            answers.append(httpx.post(f"{BASE}/v1/audio/speech", timeout=120, json={
+                "model": "tts-1", "voice": "alloy", "input": text, "response_format": "pcm"}))
+        except httpx.HTTPError:
+            pass
+
+
+def status() -> dict:
+    return httpx.get(f"{BASE}/api/v1/batch/status", timeout=30).json()
+
+
+def stats() -> dict:
+    try:
+        return httpx.get(f"{BASE}/admin/api/stats", headers=ADMIN, timeout=30).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
