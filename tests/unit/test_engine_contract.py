@@ -1,8 +1,12 @@
 """The engine contract, for every engine kind the registry loads (Piper, tiny VITS, tiny Pocket TTS, tiny VibeVoice):
 its spec is read without loading any weights, the engine that loads is the one described (voices and capabilities),
-and what its capabilities declare holds (word timings, cloning, frames, the most it runs at once)."""
+what its capabilities declare holds (word timings, cloning, frames, the most it runs at once), and a stream served
+through its engine loop joins into the same audio as the whole file."""
 
 from __future__ import annotations
+
+import asyncio
+import math
 
 import numpy as np
 import pytest
@@ -13,6 +17,11 @@ from tests.vibevoice_models import build_tiny_vibevoice
 from tts_core.engines import ModelSpec
 from tts_core.engines.base import CLONE_HOOKS, SteppedEngine, capabilities_of
 from tts_core.engines.piper import bundled_voice_path
+from tts_core.metrics import Metrics
+from tts_core.queue import RequestQueue
+from tts_core.request import AudioPieces, EngineInput, QueuedItem
+from tts_core.scheduling import pieces_of
+from tts_core.strategies import make_engine_loop
 from tts_core.text import words
 
 KINDS = {  # engine kind -> (how to make a model in a folder, its registry voices)
@@ -23,11 +32,25 @@ KINDS = {  # engine kind -> (how to make a model in a folder, its registry voice
 }
 
 
-@pytest.fixture(scope="module", params=list(KINDS))
-def described(request, tmp_path_factory) -> ModelSpec:
-    folder = tmp_path_factory.mktemp(request.param)
-    make, voices = KINDS[request.param]
-    return registry_spec(make(folder), voices, folder, engine=request.param)
+NOISE = {  # what each kind samples with, set to 0 so that the same input makes the same audio
+    "piper": lambda engine: [(engine, "noise_scale"), (engine, "noise_w")],
+    "vits": lambda engine: [(engine.model, "noise_scale"), (engine.model, "noise_scale_duration")],
+    "pocket_tts": lambda engine: [(engine, "temperature")],
+    "vibevoice": lambda engine: [(engine, "temperature")],
+}
+
+
+@pytest.fixture(scope="module", params=[pytest.param(kind, marks=pytest.mark.slow) if kind == "vibevoice" else kind
+                                        for kind in KINDS])  # (tiny VibeVoice's loop takes a while to warm up)
+def kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def described(kind, tmp_path_factory) -> ModelSpec:
+    folder = tmp_path_factory.mktemp(kind)
+    make, voices = KINDS[kind]
+    return registry_spec(make(folder), voices, folder, engine=kind)
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +84,33 @@ def test_cloning_frames_and_running_are_as_declared(described, loaded):
     if capabilities.clones:
         clip = np.sin(np.linspace(0, 2000, 3 * loaded.sample_rate)).astype(np.float32) * 0.3
         assert np.asarray(loaded.voice_prompt_from_audio(clip, loaded.sample_rate)).size
+
+
+def test_a_streams_pieces_join_into_the_whole_file(kind, described, loaded, monkeypatch):
+    """The same input through the engine's loop twice: as a stream (its pieces as they are made, where the engine makes
+    frames) and as a whole file. Joined, the pieces are the file."""
+    for owner, name in NOISE[kind](loaded):
+        monkeypatch.setattr(owner, name, 0.0)
+    loop = make_engine_loop(loaded, RequestQueue(8), Metrics(), calibration_sizes=(1,))
+    loop.start()
+    try:
+        assert loop.calibrated.wait(120)
+        voice = described.voices[0].name
+        tokens = loaded.tokenize("A sentence long enough to be spoken in several pieces of audio.", voice)[0]
+
+        def queued(streamed: bool) -> QueuedItem:
+            item = QueuedItem(EngineInput(tokens, voice), key=loaded.batch_key(voice, 1.0), deadline=math.inf)
+            item.pieces = AudioPieces() if streamed and loop.hands_out_pieces else None  # as the scheduler sets it
+            loop.submit([item])
+            return item
+
+        async def audio(item: QueuedItem) -> list[np.ndarray]:
+            return [output.audio async for output in pieces_of(item, run_allowance_s=120)]
+
+        pieces = asyncio.run(audio(queued(streamed=True)))
+        [whole] = asyncio.run(audio(queued(streamed=False)))
+    finally:
+        loop.stop()
+    assert len(pieces) > 1 if described.capabilities.makes_frames else len(pieces) == 1
+    joined = np.concatenate(pieces)
+    assert joined.shape == whole.shape and np.abs(joined - whole).max() <= 1e-4 * max(1e-3, np.abs(whole).max())
