@@ -15,7 +15,15 @@ from storage import AlreadyExists, StorageError
 from tts_core.access import Tier, client_address
 from tts_core.degrade import OperatorSettings
 from tts_core.engines import EngineUnavailable, registry_specs
-from tts_core.errors import Conflict, InvalidRequest, InvalidSetting, NotFound, RateLimited, StorageUnavailable
+from tts_core.errors import (
+    Conflict,
+    ErrorCode,
+    InvalidRequest,
+    InvalidSetting,
+    NotFound,
+    RateLimited,
+    StorageUnavailable,
+)
 from tts_core.lexicon import LexiconEntry, LexiconFileError
 
 from .control import OperatorControl
@@ -88,7 +96,7 @@ async def get_settings(request: Request, _: str = Depends(require_admin)) -> dic
 async def put_settings(request: Request, actor: str = Depends(require_admin)):
     changes = json_body(await request.body(), InvalidSetting)
     if not isinstance(changes, dict) or not changes:
-        raise InvalidSetting("send a JSON object of the settings to change", None, "invalid_body")
+        raise InvalidSetting("send a JSON object of the settings to change", None, ErrorCode.INVALID_BODY)
     settings, entries = await asyncio.to_thread(_control(request).update, changes, actor)
     return {**describe_settings(settings), "changes": entries}
 
@@ -126,7 +134,7 @@ async def create_key(body: NewKey, request: Request, actor: str = Depends(requir
     tiers = _control(request).settings.tiers
     if body.tier not in tiers:
         raise InvalidSetting(f"tier {body.tier!r} does not exist; tiers: {', '.join(tiers)}", "tier",
-                             "unknown_tier")
+                             ErrorCode.UNKNOWN_TIER)
     key, record = await asyncio.to_thread(request.app.state.access.create_key, body.name, body.tier, actor)
     return {**_public(record), "key": key, "note": "store this key now: it is not shown again"}
 
@@ -149,7 +157,7 @@ async def reload_voices(request: Request, actor: str = Depends(require_admin)):
         specs = await asyncio.to_thread(registry_specs, service.settings, taken)
         summary = await asyncio.to_thread(service.reload_registry, specs)
     except EngineUnavailable as error:
-        raise InvalidSetting(str(error), "voices_file", "invalid_registry") from None
+        raise InvalidSetting(str(error), "voices_file", ErrorCode.INVALID_REGISTRY) from None
     try:
         await asyncio.to_thread(request.app.state.access.storage.add_audit, actor, "voices.reload", "voices_file",
                                 summary)
@@ -208,7 +216,7 @@ async def add_lexicon_entry(entry: LexiconEntry, request: Request, actor: str = 
     try:
         return await asyncio.to_thread(_lexicon(request).add, entry, actor)
     except AlreadyExists as error:
-        raise Conflict(str(error), "phrase", "lexicon_entry_exists") from None
+        raise Conflict(str(error), "phrase", ErrorCode.LEXICON_ENTRY_EXISTS) from None
 
 
 @router.put("/lexicon/{entry_id}", responses=error_responses(404, 409, 503))
@@ -218,7 +226,7 @@ async def change_lexicon_entry(entry: LexiconEntry, request: Request, entry_id: 
     try:
         record = await asyncio.to_thread(_lexicon(request).change, entry_id, entry, actor)
     except AlreadyExists as error:
-        raise Conflict(str(error), "phrase", "lexicon_entry_exists") from None
+        raise Conflict(str(error), "phrase", ErrorCode.LEXICON_ENTRY_EXISTS) from None
     if record is None:
         raise NotFound(f"no lexicon entry with id {entry_id}", "entry_id")
     return record
@@ -251,8 +259,8 @@ async def import_lexicon(request: Request, actor: str = Depends(require_admin)) 
     try:
         text = (await request.body()).decode("utf-8-sig")  # its size is bounded as every body's is (api/limits.py)
     except UnicodeDecodeError:
-        raise InvalidRequest("the file is not UTF-8 text", "body", "invalid_lexicon_file") from None
+        raise InvalidRequest("the file is not UTF-8 text", "body", ErrorCode.INVALID_LEXICON_FILE) from None
     try:
         return await asyncio.to_thread(_lexicon(request).import_tsv, text, actor)
     except LexiconFileError as error:
-        raise InvalidRequest(str(error), "body", "invalid_lexicon_file") from None
+        raise InvalidRequest(str(error), "body", ErrorCode.INVALID_LEXICON_FILE) from None

@@ -18,7 +18,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS
 
-from tts_core.errors import ChorusError, Overloaded, RateLimited
+from tts_core.errors import ChorusError, ErrorCode, Overloaded, RateLimited
 
 # The WebSocket handshake's own limits (websockets reads the upgrade with them), so that every route has the
 # same: a request line or a header line over 8 KiB, or over 128 headers, is refused before any route sees it.
@@ -203,7 +203,7 @@ class AnsweredHandshakeProtocol(WebSocketsSansIOProtocol):
 
 def too_many_sockets(limit: int, what: str) -> RateLimited:
     error = RateLimited(f"at most {limit} {what} may be open per caller; close one first", 1, {})
-    error.code = "too_many_sockets"  # RateLimited's kind and status (429); the code says which limit
+    error.code = ErrorCode.TOO_MANY_SOCKETS  # RateLimited's kind and status (429); the code says which limit
     return error
 
 
@@ -223,7 +223,7 @@ class OpenSockets:
             raise too_many_sockets(self.max_per_caller, self.what)
         if self._open.total() >= self.max_total:
             raise Overloaded(f"the server holds the most {self.what} it may ({self.max_total}); retry shortly", 1,
-                             "too_many_connections")
+                             ErrorCode.TOO_MANY_CONNECTIONS)
         self._open[caller] += 1
 
     def close(self, caller: str | None) -> None:

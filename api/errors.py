@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from storage import StorageError
-from tts_core.errors import ChorusError, InvalidRequest, InvalidSetting, StorageUnavailable, error_body
+from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, InvalidSetting, StorageUnavailable, error_body
 
 from .access import LimitExceeded
 
@@ -47,18 +47,18 @@ def json_body(data: bytes, kind: type[ChorusError] = InvalidRequest) -> Any:
 
 
 def _not_json(kind: type[ChorusError], reason: str) -> ChorusError:
-    return kind(f"the request body is not valid JSON: {reason}", None, "invalid_json")
+    return kind(f"the request body is not valid JSON: {reason}", None, ErrorCode.INVALID_JSON)
 
 
 def invalid_input(errors: list[dict], kind: type[ChorusError] = InvalidRequest) -> ChorusError:
     """The first of pydantic's validation errors, in OpenAI's shape (routes, batch items, socket messages)."""
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
-        return kind("the request body is not valid JSON", None, "invalid_json")
+        return kind("the request body is not valid JSON", None, ErrorCode.INVALID_JSON)
     location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
     param = location[0] if location else None  # the top-level field or query parameter, as OpenAI names it
     message = first.get("msg", "invalid request")
-    if first.get("type") == "missing":
+    if first.get("type") == ErrorCode.MISSING:
         message = f"{param} is required"
     elif param:
         message = f"{param}: {message}"
@@ -105,4 +105,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
-        return error_response(500, "internal server error", None, "internal_error")
+        return error_response(500, "internal server error", None, ErrorCode.INTERNAL_ERROR)

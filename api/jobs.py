@@ -17,7 +17,7 @@ from jobs import JobRunner
 from storage import JobStatus, StorageError
 from tts_core.access import Caller, RateLimitState
 from tts_core.audio import FORMATS
-from tts_core.errors import ChorusError, Conflict, Gone, InvalidRequest, NotFound, SynthesisError
+from tts_core.errors import ChorusError, Conflict, ErrorCode, Gone, InvalidRequest, NotFound, SynthesisError
 from tts_core.service import check_format
 
 from .errors import invalid_input, unavailable
@@ -59,7 +59,7 @@ def public_job(job: dict) -> dict:
 def _own_job(request: Request, job_id: str, caller: Caller) -> dict:
     job = _runner(request).storage.job(job_id)
     if job is None or job["owner"] != caller.identity:  # others' jobs do not exist
-        raise NotFound(f"no job {job_id!r}", "job_id", "job_not_found")
+        raise NotFound(f"no job {job_id!r}", "job_id", ErrorCode.JOB_NOT_FOUND)
     return job
 
 
@@ -68,7 +68,8 @@ def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int 
     """Validate now (a bad request fails at once, not in the background), then queue."""
     service = request.app.state.service
     if body.stream or body.stream_format is not None:
-        raise InvalidRequest("jobs are not streamed; leave out stream and stream_format", "stream", "unsupported_value")
+        raise InvalidRequest("jobs are not streamed; leave out stream and stream_format", "stream",
+                             ErrorCode.UNSUPPORTED_VALUE)
     normalization = body.normalization()
     check_format(body.response_format, body.sample_rate)
     script = service.validate(body.input, body.voice_name, body.model, body.speed, caller, body.reading())
@@ -111,20 +112,20 @@ async def get_job_audio(request: Request, job_id: str = JobId,
     job = await asyncio.to_thread(_own_job, request, job_id, admission[0])
     if job["status"] != JobStatus.SUCCEEDED:
         raise Conflict(f"job {job_id} is {job['status']}; its audio exists once it has succeeded", "job_id",
-                       "job_not_ready", 2 if job["status"] in (JobStatus.QUEUED, JobStatus.RUNNING) else None)
+                       ErrorCode.JOB_NOT_READY, 2 if job["status"] in (JobStatus.QUEUED, JobStatus.RUNNING) else None)
     if job["result_path"] is None:
         raise Gone(f"the audio of job {job_id} has expired (results are kept for {int(_runner(request).ttl_s)} s "
-                   "after they are ready)", "job_id", "job_expired")
+                   "after they are ready)", "job_id", ErrorCode.JOB_EXPIRED)
     runner = _runner(request)
     try:  # read whole: the sweep may delete the file at any moment, and a half-sent answer is worse than none
         data = await asyncio.to_thread(runner.result_file(job).read_bytes)
     except FileNotFoundError:
         if (await asyncio.to_thread(runner.storage.job, job_id) or {}).get("result_path") is None:  # swept just now
-            raise Gone(f"the audio of job {job_id} has expired", "job_id", "job_expired") from None
+            raise Gone(f"the audio of job {job_id} has expired", "job_id", ErrorCode.JOB_EXPIRED) from None
         log.error("job %s: its result %s is not in this replica's results folder (TTS_RESULTS_DIR must be one "
                   "folder that every replica mounts)", job_id, job["result_path"])
         raise NotFound(f"the audio of job {job_id} is not readable on this server; retry", "job_id",
-                       "job_result_missing") from None
+                       ErrorCode.JOB_RESULT_MISSING) from None
     return Response(data, media_type=job["content_type"], headers={"X-Chorus-Audio-Duration": f"{job['audio_s']:.3f}"})
 
 
@@ -135,7 +136,7 @@ async def cancel_job(request: Request, job_id: str = JobId,
     cancelled = await _runner(request).cancel(job_id)
     if cancelled is None:
         job = await asyncio.to_thread(_own_job, request, job_id, admission[0])  # as it ended, not as it was
-        raise Conflict(f"job {job_id} has already ended ({job['status']})", "job_id", "job_finished")
+        raise Conflict(f"job {job_id} has already ended ({job['status']})", "job_id", ErrorCode.JOB_FINISHED)
     return public_job(cancelled)
 
 
@@ -155,7 +156,7 @@ async def speech_batch(body: BatchRequest, request: Request,
     limit = service.settings.max_batch_items
     if len(body.items) > limit:
         raise InvalidRequest(f"{len(body.items)} items; at most {limit} per call (TTS_MAX_BATCH_ITEMS)", "items",
-                             "too_many_items")
+                             ErrorCode.TOO_MANY_ITEMS)
     items: list[tuple[int, SpeechRequest | ChorusError]] = []
     for index, raw in enumerate(body.items):
         try:
@@ -201,7 +202,7 @@ async def _zip(request: Request, items: list[tuple[int, SpeechRequest | ChorusEr
         for index, item in items:
             result = item if isinstance(item, ChorusError) else outcomes[index]
             if isinstance(result, BaseException) and not isinstance(result, ChorusError):
-                result = SynthesisError("synthesis failed", code="internal_error")
+                result = SynthesisError("synthesis failed", code=ErrorCode.INTERNAL_ERROR)
             if isinstance(result, ChorusError):
                 manifest.append(_item_error(index, result))
                 continue

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from fastapi import HTTPException
 
+from tts_core.errors import ErrorCode
+
 from .errors import error_response
 
 
@@ -47,4 +49,4 @@ class BodySizeLimit:
         return f"request body is larger than {self.max_bytes} bytes"
 
     def _too_large(self):
-        return error_response(413, self._message(), None, "body_too_large")
+        return error_response(413, self._message(), None, ErrorCode.BODY_TOO_LARGE)

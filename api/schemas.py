@@ -8,6 +8,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstrain
 from pydantic_core import PydanticCustomError
 
 from tts_core.audio import FORMATS, MAX_RATE, MIN_RATE
+from tts_core.errors import ErrorCode
 from tts_core.frontend import NormalizationOptions, requested
 from tts_core.script import Reading
 
@@ -63,7 +64,7 @@ class SpeechRequest(BaseModel):
     def _voice_or_language(cls, voice, info: ValidationInfo):
         """A voice, as OpenAI requires, unless a language (checked before it) asks for one to be picked."""
         if voice is None and not info.data.get("language"):
-            raise PydanticCustomError("missing", "Field required")
+            raise PydanticCustomError(ErrorCode.MISSING, "Field required")
         return voice
 
     @property

@@ -17,7 +17,7 @@ from fastapi.responses import StreamingResponse
 from tts_core.access import Caller, RateLimitState
 from tts_core.audio import FORMATS
 from tts_core.captions import CaptionWord, caption_words, subtitles
-from tts_core.errors import ClientGone, InvalidRequest
+from tts_core.errors import ClientGone, ErrorCode, InvalidRequest
 from tts_core.service import SpeechService, SpokenAudio
 
 from .schemas import CaptionedSpeechRequest, SpeechRequest, error_responses
@@ -154,7 +154,7 @@ async def _captioned(body: CaptionedSpeechRequest, request: Request, caller: Cal
     if body.stream:
         if body.timestamps_format != "json":
             raise InvalidRequest("subtitles are made of the whole audio: send stream false for srt or vtt",
-                                 "timestamps_format", "unsupported_value")
+                                 "timestamps_format", ErrorCode.UNSUPPORTED_VALUE)
         stream = await service.speak_stream(body.input, body.voice_name, body.model, body.speed, body.response_format,
                                             caller, body.reading(), words=True, sample_rate=body.sample_rate)
         request.state.speech["voice"] = stream.voice.name

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from tts_core.access import Caller
 from tts_core.audio import FORMATS
-from tts_core.errors import ChorusError, InvalidRequest, SynthesisError, Unauthorized
+from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, SynthesisError, Unauthorized
 from tts_core.frontend import NormalizationOptions, requested
 from tts_core.script import Reading
 from tts_core.service import SentenceStream, SpeechService, check_format
@@ -144,7 +144,7 @@ def _invalid_message(invalid: ValidationError) -> ChorusError:
     first = invalid.errors()[0]
     if first["type"] == "json_invalid":  # malformed, or nested past the parser's depth limit
         reason = first.get("ctx", {}).get("error", "malformed")
-        return InvalidRequest(f"the message is not valid JSON: {reason}", None, "invalid_json")
+        return InvalidRequest(f"the message is not valid JSON: {reason}", None, ErrorCode.INVALID_JSON)
     return invalid_input(invalid.errors())
 
 
@@ -230,10 +230,10 @@ class SpeechConnection:
         text, limit = received.get("text"), self.settings.max_body_bytes
         if text is None:
             return await self._refuse(InvalidRequest(
-                "send JSON text messages; binary messages are not understood", None, "binary_message"))
+                "send JSON text messages; binary messages are not understood", None, ErrorCode.BINARY_MESSAGE))
         if len(text) > limit or len(text.encode()) > limit:  # the first test spares encoding a huge message
             return await self._refuse(InvalidRequest(f"the message is larger than {limit} bytes", None,
-                                                     "body_too_large"))
+                                                     ErrorCode.BODY_TOO_LARGE))
         try:  # pydantic's parser bounds nesting; json.loads would raise RecursionError
             return SocketMessage.model_validate_json(text)
         except ValidationError as invalid:
@@ -250,7 +250,8 @@ class SpeechConnection:
         session, max_chars = self.session, self.settings.max_chars
         if session.buffered_chars + len(message.text or "") > max_chars:
             return await self._refuse(InvalidRequest(
-                f"buffered text would exceed {max_chars} characters; flush first", "text", "string_above_max_length"))
+                f"buffered text would exceed {max_chars} characters; flush first", "text",
+                ErrorCode.STRING_ABOVE_MAX_LENGTH))
         try:  # a format, voice or model that cannot serve is refused before it becomes the session's
             if message.response_format is not None or message.sample_rate is not None:
                 check_format(message.response_format or session.response_format,
@@ -312,7 +313,8 @@ class SpeechConnection:
         except Exception as error:
             status = 500
             log.exception("websocket utterance %s failed", utterance.id)
-            await self._refuse(SynthesisError(f"synthesis failed: {error}", code="internal_error"), utterance.id)
+            await self._refuse(SynthesisError(f"synthesis failed: {error}", code=ErrorCode.INTERNAL_ERROR),
+                               utterance.id)
         finally:
             stream.close()
             self._account(status, utterance.accepted_at, utterance.characters, stream.voice.name, audio_s)

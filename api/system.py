@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tts_core.errors import Unauthorized
+from tts_core.errors import ErrorCode, Unauthorized
 from tts_core.service import SpeechService
 
 from .errors import error_response
@@ -46,7 +46,7 @@ async def list_audio_models(request: Request) -> dict:
 async def get_model(model_id: str, request: Request):
     catalogue = _service(request).catalogue
     if model_id not in catalogue.models and model_id not in catalogue.model_aliases:
-        return error_response(404, f"model {model_id!r} does not exist", "model", "model_not_found")
+        return error_response(404, f"model {model_id!r} does not exist", "model", ErrorCode.MODEL_NOT_FOUND)
     return _model_card(model_id)
 
 
@@ -111,4 +111,4 @@ async def api_not_found(request: Request):
     if allowed:
         return error_response(405, f"{request.method} is not allowed on {path}; use {', '.join(allowed)}",
                               headers={"Allow": ", ".join(allowed)})
-    return error_response(404, f"no such route: {path}", None, "not_found")
+    return error_response(404, f"no such route: {path}", None, ErrorCode.NOT_FOUND)

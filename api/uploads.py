@@ -14,7 +14,7 @@ from starlette.datastructures import Headers
 
 from tts_core.access import RateLimitState
 from tts_core.config import Settings
-from tts_core.errors import ChorusError, Overloaded, RateLimited
+from tts_core.errors import ChorusError, ErrorCode, Overloaded, RateLimited
 
 from .access import AccessControl
 from .errors import chorus_response, error_response
@@ -64,7 +64,7 @@ class UploadLedger:
                               f"{self.caller_bytes // MB} MB an hour per caller", max(1, retry_s), state.headers())
         if self.kept_bytes + size > self.total_bytes:
             raise Overloaded("the server holds as many uploaded files as it may; retry later",
-                             self._seconds_until_free(now, size), "uploads_full")
+                             self._seconds_until_free(now, size), ErrorCode.UPLOADS_FULL)
         upload = Upload(now, caller, size)
         self._uploads.append(upload)
         mine.append(upload)
@@ -118,7 +118,7 @@ class UploadLimit:
                                           headers.get("x-forwarded-for"))
             if declared.isdigit() and int(declared) > self.ledger.largest:  # it could never be admitted
                 return await error_response(413, f"an upload may be at most {self.ledger.largest} bytes", None,
-                                            "upload_too_large")(scope, receive, send)
+                                            ErrorCode.UPLOAD_TOO_LARGE)(scope, receive, send)
             upload = self.ledger.admit(caller.identity, size)
         except ChorusError as refusal:
             return await chorus_response(refusal)(scope, receive, send)

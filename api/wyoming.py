@@ -41,7 +41,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from storage.request_log import RequestLogWriter
 from tts_core.access import Caller
 from tts_core.audio import pcm16
-from tts_core.errors import ChorusError, InvalidRequest, SynthesisError
+from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, SynthesisError
 from tts_core.script import Reading
 from tts_core.service import SpeechService
 from tts_core.text import complete_sentences
@@ -63,7 +63,7 @@ def error_event(error: ChorusError) -> Event:
 
 
 # Refusals after which where the next event starts is unknown: answered, then the connection is closed
-UNREADABLE = ("event_too_large", "invalid_event_length")
+UNREADABLE = (ErrorCode.EVENT_TOO_LARGE, ErrorCode.INVALID_EVENT_LENGTH)
 
 
 async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Event | None:
@@ -74,7 +74,7 @@ async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Event | No
     try:
         line = await reader.readline()
     except ValueError:  # over the reader's 64 KiB limit: asyncio has dropped part of it
-        raise InvalidRequest("an event's header line is longer than 64 KiB", None, "event_too_large") from None
+        raise InvalidRequest("an event's header line is longer than 64 KiB", None, ErrorCode.EVENT_TOO_LARGE) from None
     if not line:
         return None
     try:
@@ -83,13 +83,14 @@ async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Event | No
         if not isinstance(kind, str) or not isinstance(data, dict):
             raise ValueError
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # RecursionError: nested too deep
-        raise InvalidRequest("not a Wyoming event: send a JSON line with a type", None, "invalid_event") from None
+        raise InvalidRequest("not a Wyoming event: send a JSON line with a type", None,
+                             ErrorCode.INVALID_EVENT) from None
     lengths = header.get("data_length") or 0, header.get("payload_length") or 0
     if not all(type(length) is int and length >= 0 for length in lengths):
         raise InvalidRequest("an event's data_length and payload_length must be whole numbers of bytes", None,
-                             "invalid_event_length")
+                             ErrorCode.INVALID_EVENT_LENGTH)
     if sum(lengths) > max_bytes:
-        raise InvalidRequest(f"the event is larger than {max_bytes} bytes", None, "event_too_large")
+        raise InvalidRequest(f"the event is larger than {max_bytes} bytes", None, ErrorCode.EVENT_TOO_LARGE)
     more = await reader.readexactly(lengths[0]) if lengths[0] else None
     payload = await reader.readexactly(lengths[1]) if lengths[1] else None  # read before any refusal: in step
     if more is not None:
@@ -98,7 +99,7 @@ async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Event | No
         except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
             more = None
         if not isinstance(more, dict):
-            raise InvalidRequest("an event's data must be a JSON object", None, "invalid_event")
+            raise InvalidRequest("an event's data must be a JSON object", None, ErrorCode.INVALID_EVENT)
         data.update(more)
     return Event(type=kind, data=data, payload=payload)
 
@@ -265,7 +266,7 @@ class WyomingConnection(AsyncEventHandler):
             raise
         except Exception:
             log.exception("Wyoming event %r failed", event.type)
-            await self.write_event(error_event(SynthesisError("internal error", code="internal_error")))
+            await self.write_event(error_event(SynthesisError("internal error", code=ErrorCode.INTERNAL_ERROR)))
         return True
 
     async def _handle(self, event: Event) -> None:
@@ -315,7 +316,7 @@ class WyomingConnection(AsyncEventHandler):
         stream = self.stream
         if stream is None:
             raise InvalidRequest("synthesize-chunk outside a stream: send synthesize-start first", None,
-                                 "no_stream")
+                                 ErrorCode.NO_STREAM)
         text = _text(event)
         if stream.refused:
             return
@@ -328,7 +329,8 @@ class WyomingConnection(AsyncEventHandler):
     async def _stop(self) -> None:
         stream = self.stream
         if stream is None:
-            raise InvalidRequest("synthesize-stop outside a stream: send synthesize-start first", None, "no_stream")
+            raise InvalidRequest("synthesize-stop outside a stream: send synthesize-start first", None,
+                                 ErrorCode.NO_STREAM)
         if not stream.refused:
             await self._speak_in_stream(stream.text)
         self.stream = None
@@ -377,7 +379,7 @@ class WyomingConnection(AsyncEventHandler):
         voice = event.data.get("voice") or {}
         if not isinstance(voice, dict) or not all(isinstance(value, str) for value in voice.values()):
             raise InvalidRequest(f"a {event.type} event's voice must be an object of strings", "voice",
-                                 "invalid_event")
+                                 ErrorCode.INVALID_EVENT)
         if voice.get("name") or not voice.get("language"):
             return voice.get("name") or None
         caller = self.server.caller(self.address).identity
@@ -392,5 +394,5 @@ class WyomingConnection(AsyncEventHandler):
 def _text(event: Event) -> str:
     text = event.data.get("text")
     if not isinstance(text, str):
-        raise InvalidRequest(f"a {event.type} event needs a text (a string)", "text", "invalid_event")
+        raise InvalidRequest(f"a {event.type} event needs a text (a string)", "text", ErrorCode.INVALID_EVENT)
     return text

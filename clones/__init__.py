@@ -23,7 +23,7 @@ from pathlib import Path
 from storage import Storage, StorageError
 from tts_core.access import Caller
 from tts_core.cloning import MAX_TRANSCRIPT_CHARS, ClonedVoice, prompt_path, read_clip, save_prompt, write_prompt
-from tts_core.errors import Conflict, InvalidRequest, NotFound
+from tts_core.errors import Conflict, ErrorCode, InvalidRequest, NotFound
 from tts_core.service import SpeechService
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,10 @@ class VoiceClones:
         (consent, text, model, name, audio) or 409 (the name is taken; the caller has as many as allowed)."""
         if consent is not True:
             raise InvalidRequest("cloning a voice needs the speaker's consent: send consent=true", "consent",
-                                 "consent_required")
+                                 ErrorCode.CONSENT_REQUIRED)
         if transcript is not None and len(transcript) > MAX_TRANSCRIPT_CHARS:
             raise InvalidRequest(f"the transcript is over {MAX_TRANSCRIPT_CHARS} characters", "text",
-                                 "string_above_max_length")
+                                 ErrorCode.STRING_ABOVE_MAX_LENGTH)
         consent_at, service = datetime.now(UTC), self.service
         target = service.cloner.target(model, service.catalogue)
         with service.clones.reserving(name, caller.identity, service.catalogue,
@@ -106,7 +106,7 @@ class VoiceClones:
             raise
         if record is None:
             path.unlink(missing_ok=True)
-            raise Conflict(f"voice name {name!r} is taken; choose another", "name", "voice_exists")
+            raise Conflict(f"voice name {name!r} is taken; choose another", "name", ErrorCode.VOICE_EXISTS)
         return record
 
     def _forget(self, name: str, path: Path, actor: str) -> None:
@@ -118,10 +118,10 @@ class VoiceClones:
         owner: only that caller's (another's answers 404, as if there were none); None: any (an admin)."""
         voice = self.service.clones.all().get(name)
         if owner is not None and (voice is None or voice.owner != owner):
-            raise NotFound(f"you have no cloned voice named {name!r}", "name", "voice_not_found")
+            raise NotFound(f"you have no cloned voice named {name!r}", "name", ErrorCode.VOICE_NOT_FOUND)
         record = await asyncio.to_thread(self.storage.delete_cloned_voice, name, actor)
         if record is None and voice is None:
-            raise NotFound(f"no cloned voice named {name!r}", "name", "voice_not_found")
+            raise NotFound(f"no cloned voice named {name!r}", "name", ErrorCode.VOICE_NOT_FOUND)
         await self.service.cloner.remove(name)
         path = Path(voice.path) if voice is not None else self.data_dir / record["path"]
         await asyncio.to_thread(path.unlink, missing_ok=True)
@@ -131,7 +131,7 @@ class VoiceClones:
         """Usable by everyone (public) or by its owner only (an admin's decision, audited)."""
         record = await asyncio.to_thread(self.storage.set_cloned_voice_public, name, public, actor)
         if record is None:
-            raise NotFound(f"no cloned voice named {name!r}", "name", "voice_not_found")
+            raise NotFound(f"no cloned voice named {name!r}", "name", ErrorCode.VOICE_NOT_FOUND)
         await self.service.cloner.set_public(name, public)
         return record
 

@@ -47,7 +47,7 @@ from tts_core.access import Caller
 from tts_core.config import Settings
 from tts_core.degrade import OperatorSettings
 from tts_core.engines import EngineUnavailable, model_specs
-from tts_core.errors import ChorusError, Overloaded, SynthesisError
+from tts_core.errors import ChorusError, ErrorCode, Overloaded, SynthesisError
 from tts_core.metrics import Metrics
 from tts_core.monitor import Monitor
 from tts_core.pool import ModelPool
@@ -200,7 +200,7 @@ class RemoteScheduler(Scheduler):
         except TimeoutError:
             events.cancel()
             raise Overloaded(f"no replica of model {passage.model} answered within {patience_s:.0f} s; retry",
-                             patience_s, "engine_unavailable") from None
+                             patience_s, ErrorCode.ENGINE_UNAVAILABLE) from None
         except BaseException as error:  # the replica died before it answered, or the caller went
             events.cancel()
             if isinstance(error, Exception):

@@ -39,7 +39,7 @@ from storage import JobStatus, Storage, StorageError
 from tts_core.access import Caller, Tier
 from tts_core.config import Settings
 from tts_core.degrade import OperatorSettings
-from tts_core.errors import ChorusError, InvalidRequest, Overloaded
+from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Overloaded
 from tts_core.frontend import NormalizationOptions
 from tts_core.script import Reading
 from tts_core.service import SpeechService, SpokenAudio
@@ -111,12 +111,12 @@ class JobRunner:
         asked = request.get("deadline_s")
         if asked is not None and asked > self.deadline_s:
             raise InvalidRequest(f"deadline_s is {asked:g}; jobs on this server may wait at most {self.deadline_s:g} s "
-                                 "(TTS_JOB_DEADLINE_S)", "deadline_s", "deadline_too_long")
+                                 "(TTS_JOB_DEADLINE_S)", "deadline_s", ErrorCode.DEADLINE_TOO_LONG)
         request = {**request, "deadline_s": self.deadline_s if asked is None else asked}
         queued, _, _ = self.storage.backlog()
         if queued >= self.max_backlog:
             raise Overloaded(f"{queued} jobs are waiting (the most this server keeps); retry after 30 s", 30,
-                             "job_backlog_full")
+                             ErrorCode.JOB_BACKLOG_FULL)
         job = self.storage.add_job(f"job_{secrets.token_hex(12)}", caller.identity, caller.tier_name,
                                    caller.tier.priority * 100 + priority, request)
         loop = self._loop

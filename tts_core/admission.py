@@ -13,7 +13,7 @@ from .catalogue import Catalogue, speaks
 from .config import Settings
 from .degrade import DegradeAction, DegradeController
 from .engines import Capabilities, Voice
-from .errors import Degraded, InvalidRequest
+from .errors import Degraded, ErrorCode, InvalidRequest
 from .frontend import (
     NormalizationOptions,
     UnspeakableScript,
@@ -50,7 +50,7 @@ class Admission:
         limit = self.settings.max_chars
         if len(text) > limit:  # checked before the front end, whose work grows with the length
             raise InvalidRequest(f"input is {len(text)} characters long; the limit is {limit}", "input",
-                                 "string_above_max_length")
+                                 ErrorCode.STRING_ABOVE_MAX_LENGTH)
         try:
             if reading.input_type == "ssml" or (reading.input_type == "auto" and ssml.is_ssml(text)):
                 script = self._ssml_script(catalogue, text, voice_info, model_name, speed, caller,
@@ -66,14 +66,14 @@ class Admission:
         tier = caller.tier if caller else Tier()
         if len(text) > tier.max_chars:
             raise InvalidRequest(f"input is {len(text)} characters long; the {caller.tier_name} tier allows "
-                                 f"{tier.max_chars}", "input", "tier_text_limit")
+                                 f"{tier.max_chars}", "input", ErrorCode.TIER_TEXT_LIMIT)
         # The work is the spoken text's, which number words make longer than what was written ("9" * 4,900 says
         # 24,500 characters): bounded here, before any of it is queued.
         spoken = sum(len(passage.spoken.text) for passage in script.passages)
         if spoken > self.settings.max_spoken_chars:
             raise InvalidRequest(f"input is {spoken} characters long once its numbers and symbols are said as words; "
                                  f"the limit is {self.settings.max_spoken_chars}", "input",
-                                 "spoken_text_above_max_length")
+                                 ErrorCode.SPOKEN_TEXT_ABOVE_MAX_LENGTH)
         return script
 
     def _ssml_script(self, catalogue: Catalogue, text: str, voice_info: Voice, model_name: str, speed: float,
@@ -112,19 +112,19 @@ class Admission:
             self.metrics.degrade_actions.labels(DegradeAction.SHED).inc()
             retry = self._retry_after_s()
             raise Degraded("the server is under heavy load and is serving higher priorities only; "
-                           f"retry after {retry} s", retry, "shed_low_priority")
+                           f"retry after {retry} s", retry, ErrorCode.SHED_LOW_PRIORITY)
         script = self.validate(catalogue, text, voice, model, speed, caller, reading)
         for passage in script.passages if words else ():
             if not catalogue.capabilities.get(passage.model, Capabilities()).times_words:
                 raise InvalidRequest(f"voice {passage.voice.name!r} ({passage.voice.model}) cannot time its words: "
                                      "word timestamps need a model that reports its durations (Piper, VITS)", "voice",
-                                     "timestamps_unsupported")
+                                     ErrorCode.TIMESTAMPS_UNSUPPORTED)
         if DegradeAction.CAP_TEXT in state.actions and len(text) > settings.cap_text_chars:
             self.metrics.degrade_actions.labels(DegradeAction.CAP_TEXT).inc()
             retry = self._retry_after_s()
             raise Degraded(f"the server is under heavy load: texts of up to {settings.cap_text_chars} characters "
                            f"are accepted now (this one has {len(text)}); longer ones again in about {retry} s",
-                           retry, "degraded_text_limit", "input")
+                           retry, ErrorCode.DEGRADED_TEXT_LIMIT, "input")
         return script
 
     def _retry_after_s(self) -> int:
@@ -148,7 +148,7 @@ def _voice(catalogue: Catalogue, voice: str | None, model: str | None, caller: C
     voice_info, model_name = catalogue.resolve(voice, model, identity)
     if language and not speaks(voice_info, language):
         raise InvalidRequest(f"voice {voice_info.name!r} speaks {voice_info.language}, not {language}; leave out "
-                             "the voice to get one that does", "language", "language_mismatch")
+                             "the voice to get one that does", "language", ErrorCode.LANGUAGE_MISMATCH)
     return voice_info, model_name
 
 
@@ -167,4 +167,4 @@ def _check_speed(voice: Voice, speed: float, param: str, where: str = "") -> Non
         raise InvalidRequest(f"{where}speed must be between {MIN_SPEED} and {MAX_SPEED} (it is {speed:g})", param)
     if speed != 1.0 and not voice.speed_control:
         raise InvalidRequest(f"{where}voice {voice.name!r} ({voice.model}) has no speaking-rate control; "
-                             "send speed 1.0", param, "unsupported_value")
+                             "send speed 1.0", param, ErrorCode.UNSUPPORTED_VALUE)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from .cloning import ClonedVoice
 from .config import Settings
 from .engines import Capabilities, ModelSpec, Voice
-from .errors import InvalidRequest
+from .errors import ErrorCode, InvalidRequest
 from .lexicon import language_code
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,8 @@ class Catalogue:
         model = self.model_aliases.get(name, name)
         if model not in self.models:
             known = ", ".join(self.models + sorted(self.model_aliases))
-            raise InvalidRequest(f"model {name!r} does not exist; available: {known}", "model", "model_not_found")
+            raise InvalidRequest(f"model {name!r} does not exist; available: {known}", "model",
+                                 ErrorCode.MODEL_NOT_FOUND)
         return model
 
     def resolve_voice(self, name: str, model: str | None = None, caller: str | None = None) -> tuple[Voice, str]:
@@ -81,10 +82,11 @@ class Catalogue:
         found = self.voices.get(target) if self.visible(target, caller) else None
         if found is None:
             known = ", ".join(sorted(voice.name for voice in self.voice_list(caller)) + sorted(self.voice_aliases))
-            raise InvalidRequest(f"voice {name!r} does not exist; available: {known}", "voice", "voice_not_found")
+            raise InvalidRequest(f"voice {name!r} does not exist; available: {known}", "voice",
+                                 ErrorCode.VOICE_NOT_FOUND)
         if model is not None and found[0].model != model:
             raise InvalidRequest(f"voice {name!r} belongs to model {found[0].model!r}, not {model!r}", "voice",
-                                 "voice_model_mismatch")
+                                 ErrorCode.VOICE_MODEL_MISMATCH)
         return found
 
     def resolve(self, voice: str | None, model: str | None = None, caller: str | None = None) -> tuple[Voice, str]:
@@ -110,7 +112,7 @@ class Catalogue:
                 return entry
         offered = sorted({voice.language for voice in self.voice_list(caller)})
         raise InvalidRequest(f"no voice speaks {language!r}; the languages offered are {', '.join(offered)}",
-                             "language", "unsupported_language")
+                             "language", ErrorCode.UNSUPPORTED_LANGUAGE)
 
 
 def speaks(voice: Voice, language: str) -> bool:

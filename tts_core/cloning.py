@@ -41,7 +41,7 @@ import soundfile
 from safetensors.numpy import load_file, save
 
 from .engines.base import capabilities_of
-from .errors import ChorusError, Conflict, InvalidRequest, SynthesisError
+from .errors import ChorusError, Conflict, ErrorCode, InvalidRequest, SynthesisError
 from .queue import QueueClosed
 
 if TYPE_CHECKING:
@@ -94,14 +94,14 @@ def read_clip(data: bytes) -> Clip:
         raise _not_audio()
     if clip.duration_s < MIN_CLIP_S:
         raise _bad_clip(f"the clip is {clip.duration_s:.1f} s long; a voice needs {MIN_CLIP_S:.0f} to "
-                        f"{MAX_CLIP_S:.0f} s", "audio_too_short")
+                        f"{MAX_CLIP_S:.0f} s", ErrorCode.AUDIO_TOO_SHORT)
     if _loudness_dbfs(clip) < SILENCE_DBFS:
-        raise _bad_clip("the clip is silent (or nearly): record someone speaking", "audio_silent")
+        raise _bad_clip("the clip is silent (or nearly): record someone speaking", ErrorCode.AUDIO_SILENT)
     return clip
 
 
 def _not_audio() -> InvalidRequest:
-    return _bad_clip("the clip is not audio in one of wav, mp3, flac or ogg", "audio_unreadable")
+    return _bad_clip("the clip is not audio in one of wav, mp3, flac or ogg", ErrorCode.AUDIO_UNREADABLE)
 
 
 def soundfile_clip(data: bytes) -> Clip | None:
@@ -137,7 +137,7 @@ def _bounded(pieces: Iterable[np.ndarray], rate: int) -> np.ndarray:
         samples += piece.size
         if samples > limit:
             raise _bad_clip(f"the clip is longer than {MAX_CLIP_S:.0f} s; a voice needs {MIN_CLIP_S:.0f} to "
-                            f"{MAX_CLIP_S:.0f} s", "audio_too_long")
+                            f"{MAX_CLIP_S:.0f} s", ErrorCode.AUDIO_TOO_LONG)
     return np.concatenate(kept).astype(np.float32) if kept else np.zeros(0, np.float32)
 
 
@@ -146,7 +146,7 @@ def _decoded(container) -> Clip:
     stream = container.streams.audio[0]
     if stream.codec_context is None:  # a header naming no encoding FFmpeg can decode (0 bits per sample, ...)
         raise _bad_clip("the clip's header describes audio that cannot be decoded (its encoding, bits per "
-                        "sample or channels); send 16-bit PCM wav, mp3, flac or ogg", "audio_unreadable")
+                        "sample or channels); send 16-bit PCM wav, mp3, flac or ogg", ErrorCode.AUDIO_UNREADABLE)
     rate = stream.sample_rate
     if not rate:
         raise ValueError("no sample rate")
@@ -253,15 +253,16 @@ class ClonedVoices:
         taken (any voice or alias, or one being made) or when the owner has as many as allowed."""
         if not NAME_PATTERN.fullmatch(name):
             raise InvalidRequest("a voice name is 1 to 48 letters, digits, '.', '_' or '-', starting with a "
-                                 "letter or digit", "name", "invalid_name")
+                                 "letter or digit", "name", ErrorCode.INVALID_NAME)
         with self._lock:
             if name in catalogue.voices or name in catalogue.voice_aliases or name in self._making:
-                raise Conflict(f"voice name {name!r} is taken; choose another", "name", "voice_exists")
+                raise Conflict(f"voice name {name!r} is taken; choose another", "name", ErrorCode.VOICE_EXISTS)
             held = sum(voice.owner == owner for voice in self._voices.values())
             held += sum(maker == owner for made, maker in self._making.items() if made not in self._voices)
             if per_caller and held >= per_caller:
                 raise Conflict(f"you have {held} cloned voices, the most one caller may have "
-                               "(TTS_MAX_CLONED_VOICES_PER_CALLER); delete one first", "name", "cloned_voice_limit")
+                               "(TTS_MAX_CLONED_VOICES_PER_CALLER); delete one first", "name",
+                               ErrorCode.CLONED_VOICE_LIMIT)
             self._making[name] = owner
         try:
             yield
@@ -301,7 +302,7 @@ class Cloner:
         """The loaded model a clone for `model` (a model's own name, a model family or an alias) goes to;
         400 (param model) when none can clone."""
         if self.refusal:
-            raise InvalidRequest(self.refusal, "model", "model_cannot_clone")
+            raise InvalidRequest(self.refusal, "model", ErrorCode.MODEL_CANNOT_CLONE)
         slots = {name: slot for name, slot in self.pool.slots().items() if not slot.retired}
         if model in slots:
             candidates = [model]
@@ -446,4 +447,4 @@ def _errand(batcher, call: Callable[[Any], Any]) -> Future | None:
 
 def _cannot_clone(model: str, able: list[str]) -> InvalidRequest:
     return InvalidRequest(f"model {model!r} cannot clone voices; models that can: {', '.join(able) or 'none'}",
-                          "model", "model_cannot_clone")
+                          "model", ErrorCode.MODEL_CANNOT_CLONE)

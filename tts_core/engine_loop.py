@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 from .engines.base import Engine
-from .errors import Overloaded
+from .errors import ErrorCode, Overloaded
 from .memory import MemoryBudget, release_heap
 from .metrics import Metrics
 from .policy import ItemCost
@@ -131,7 +131,7 @@ class EngineLoop:
         for item in left:
             if item.future.set_running_or_notify_cancel():
                 item.future.set_exception(Overloaded(f"model {self.engine.name} was stopped before this "
-                                                     "was synthesized; retry", 1, "model_stopped"))
+                                                     "was synthesized; retry", 1, ErrorCode.MODEL_STOPPED))
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         if not self._thread.is_alive():  # its loop has ended (its errands ran), or it never started
@@ -270,7 +270,7 @@ class EngineLoop:
         for _, future in errands:
             if future.set_running_or_notify_cancel():
                 future.set_exception(Overloaded(f"model {self.engine.name} was stopped first; retry", 1,
-                                                "model_stopped"))
+                                                ErrorCode.MODEL_STOPPED))
 
     def _run_errands(self) -> None:
         """The calls handed over so far (not those they hand over: a turn comes between)."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .engine_loop import EngineLoop
 from .engines import Engine, EngineUnavailable, ModelSpec
-from .errors import InvalidRequest, Overloaded
+from .errors import ErrorCode, InvalidRequest, Overloaded
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ LOAD_RETRY_MAX_S = 600.0
 def _broken(slot: Slot, now: float) -> Overloaded:
     wait = max(1, round(slot.retry_at - now))
     return Overloaded(f"model {slot.spec.name!r} is broken: {slot.failure}; the next try to load it is in "
-                      f"{wait} s", wait, "model_unavailable")
+                      f"{wait} s", wait, ErrorCode.MODEL_UNAVAILABLE)
 
 
 class PoolFull(Overloaded):
@@ -45,7 +45,7 @@ class PoolFull(Overloaded):
 
     def __init__(self, loaded: int):
         super().__init__(f"{loaded} models are loaded (TTS_MAX_LOADED_MODELS) and none is idle; retry after 5 s",
-                         5, "models_busy")
+                         5, ErrorCode.MODELS_BUSY)
 
 
 @dataclass(eq=False)
@@ -125,7 +125,7 @@ class ModelPool:
         with self._lock:
             slot = self._slots.get(name)
             if slot is None or slot.retired:
-                raise InvalidRequest(f"model {name!r} has just been removed", "model", "model_not_found")
+                raise InvalidRequest(f"model {name!r} has just been removed", "model", ErrorCode.MODEL_NOT_FOUND)
             now = slot.last_used = time.monotonic()
             if slot.loop is not None:
                 return slot.loop

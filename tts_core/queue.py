@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DeadlineExceeded, InvalidRequest, Overloaded
+from .errors import DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
 from .request import EngineInput, QueuedItem
 
 QUEUE_ORDERS = ("fair", "fifo")
@@ -80,7 +80,7 @@ class WaitTarget:
 
 
 class QueueFull(Overloaded):
-    def __init__(self, retry_after_s: float, reason: str = "the queue is full", code: str = "queue_full"):
+    def __init__(self, retry_after_s: float, reason: str = "the queue is full", code: str = ErrorCode.QUEUE_FULL):
         retry = max(1, math.ceil(retry_after_s))
         super().__init__(f"{reason}; retry after {retry} s", retry, code)
 
@@ -96,10 +96,10 @@ def _refuse_if_late(wait_s: float, target: WaitTarget, overloaded: bool, deadlin
         why = "; the server is overloaded, and queues less for now" if limit < target.usual_s else ""
         whole = " for the whole text" if counted > wait_s else ""
         raise QueueFull(counted - limit, f"the predicted wait{whole} is {counted:.0f} s, over this server's target "
-                        f"of {limit:.0f} s{why}", "queue_wait")
+                        f"of {limit:.0f} s{why}", ErrorCode.QUEUE_WAIT)
     if wait_s > deadline_in_s:
         raise QueueFull(wait_s, f"the predicted wait of {wait_s:.0f} s is past the request's deadline",
-                        "deadline_unreachable")
+                        ErrorCode.DEADLINE_UNREACHABLE)
 
 
 class QueueClosed(Exception):
@@ -280,7 +280,7 @@ class RequestQueue:
         if count > most:  # no wait would help: a 400, not a 503 to retry
             raise InvalidRequest(f"this text makes {count} pieces to synthesize, and at most {most} of one caller's "
                                  "can ever wait in this server's queue at once; send it in shorter parts", "input",
-                                 "text_above_queue_capacity")
+                                 ErrorCode.TEXT_ABOVE_QUEUE_CAPACITY)
         if len(self._items) + count > self.max_size:
             raise QueueFull(self.backlog_s())
         if tier_limit is not None and sum(1 for item in self._items if item.tier == tier) + count > tier_limit:
@@ -290,7 +290,7 @@ class RequestQueue:
             if held + count > self.max_per_caller:
                 mine = sum(item.cost_s for item in self._items if item.caller == caller)
                 raise QueueFull(mine, f"you have {held} pieces of text waiting; at most {self.max_per_caller} "
-                                f"may wait at once", "caller_queue_full")
+                                f"may wait at once", ErrorCode.CALLER_QUEUE_FULL)
 
     # --- the engine thread's side -------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from .captions import Timed, timed_words
 from .config import Settings
 from .engine_loop import EngineLoop
 from .engines.base import Engine
-from .errors import DeadlineExceeded, InvalidRequest, Overloaded
+from .errors import DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
 from .metrics import Metrics
 from .pool import ModelPool
 from .queue import QueueClosed, WaitTarget
@@ -147,7 +147,7 @@ class Scheduler:
                 return
             except QueueClosed:  # unloaded just now: load it again
                 loop = await self.pool.loop(model_name)
-        raise Overloaded(f"model {model_name} is being reloaded; retry", 1, "model_reloading")
+        raise Overloaded(f"model {model_name} is being reloaded; retry", 1, ErrorCode.MODEL_RELOADING)
 
     async def collect(self, items: list[QueuedItem], sample_rate: int) -> list[EngineOutput]:
         """Every item's output, its audio at sample_rate, in order. If one fails or the caller goes, nothing else

@@ -32,7 +32,7 @@ from .config import Settings
 from .degrade import DegradeAction, DegradeController
 from .engine_loop import EngineLoop
 from .engines import Engine, ModelSpec
-from .errors import Conflict, InvalidRequest
+from .errors import Conflict, ErrorCode, InvalidRequest
 from .metrics import Metrics
 from .pool import ModelPool
 from .queue import RequestQueue
@@ -48,9 +48,9 @@ def check_format(response_format: str, sample_rate: int | None = None, streamed:
     """A format (and rate) the answer can be encoded in, streamed if asked."""
     if streamed and response_format not in STREAMABLE:
         raise InvalidRequest(f"{response_format} cannot be streamed; use one of {', '.join(STREAMABLE)}",
-                             "response_format", "unsupported_value")
+                             "response_format", ErrorCode.UNSUPPORTED_VALUE)
     if (why := unsupported_rate(response_format, sample_rate)) is not None:
-        raise InvalidRequest(why, "sample_rate", "unsupported_value")
+        raise InvalidRequest(why, "sample_rate", ErrorCode.UNSUPPORTED_VALUE)
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,8 @@ class SpeechService:
         for spec in added:
             slot = slots.get(spec.name)
             if slot is not None and (spec.name not in removed or (slot.loop is not None and slot.loop.busy)):
-                raise Conflict(f"model {spec.name!r} is busy or still being unloaded; retry", "voices", "model_busy")
+                raise Conflict(f"model {spec.name!r} is busy or still being unloaded; retry", "voices",
+                               ErrorCode.MODEL_BUSY)
         for name in removed:
             self.pool.retire(name)
         self.pool.add(added)

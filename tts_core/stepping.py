@@ -42,7 +42,7 @@ import numpy as np
 
 from .engine_loop import CALIBRATION_TEXT, Serving
 from .engines.base import FILE_PIECE_S, STREAM_PIECE_S, SteppedEngine
-from .errors import ChorusError, ClientGone, Overloaded, SynthesisError
+from .errors import ChorusError, ClientGone, ErrorCode, Overloaded, SynthesisError
 from .metrics import Metrics
 from .queue import RequestQueue
 from .request import EngineInput, EngineOutput, QueuedItem
@@ -342,7 +342,7 @@ class SteppedStrategy:
     def stopped(self) -> None:
         for item_id, item in self._running_items():
             self._end(item_id, item, Overloaded(f"model {self.engine.name} was stopped before this was synthesized; "
-                                                "retry", 1, "model_stopped"))
+                                                "retry", 1, ErrorCode.MODEL_STOPPED))
 
     def _stop_abandoned(self) -> None:
         for item_id, item in [(item_id, item) for item_id, item in self._running_items() if _gone(item)]:

@@ -24,9 +24,6 @@ class TextError(ValueError):
             self.code = code
 
 
-EMPTY_INPUT = "empty_input"  # the one code for an input that says nothing: empty, blank, or nothing left to say
-
-
 def _split_after(text: str, ends: frozenset[str]) -> list[str]:
     """Split after each end character that is followed by white space (or the end)."""
     pieces, start, inside = [], 0, False

@@ -9,7 +9,7 @@ from pathlib import Path
 import gradio as gr
 
 from storage import StorageError
-from tts_core.errors import ChorusError, InvalidRequest, StorageUnavailable
+from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, StorageUnavailable
 
 from .context import UiContext, refused
 from .voices import voice_choices
@@ -18,7 +18,8 @@ from .voices import voice_choices
 def _read_upload(path: str, limit: int) -> bytes:
     """The clip Gradio kept; its upload was bounded already, this keeps a recording to the API's limit."""
     if Path(path).stat().st_size > limit:
-        raise InvalidRequest(f"the clip is larger than {limit} bytes (TTS_MAX_BODY_BYTES)", "audio", "body_too_large")
+        raise InvalidRequest(f"the clip is larger than {limit} bytes (TTS_MAX_BODY_BYTES)", "audio",
+                             ErrorCode.BODY_TOO_LARGE)
     return Path(path).read_bytes()
 
 

@@ -9,7 +9,7 @@ import time
 
 import gradio as gr
 
-from tts_core.errors import ChorusError, InvalidRequest
+from tts_core.errors import ChorusError, ErrorCode, InvalidRequest
 
 from . import browser
 from .context import UiContext, refused
@@ -64,7 +64,7 @@ class VoicePicker:
         try:
             found = catalogue.voices.get(name) if catalogue.visible(name, self.context.identity_of(request)) else None
             if found is None:
-                raise InvalidRequest(f"voice {name!r} does not exist", "voice", "voice_not_found")
+                raise InvalidRequest(f"voice {name!r} does not exist", "voice", ErrorCode.VOICE_NOT_FOUND)
             key = (name, catalogue.clones.get(name))  # a clone made again under its name is a new voice
             if key not in previews:
                 caller, _ = await self.context.admit(request)

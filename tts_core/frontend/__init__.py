@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import ErrorCode
 from ..lexicon import Lexicon, language_code
 from ..pronunciation import Pronounced
-from ..text import EMPTY_INPUT, SENTENCE_ENDS, TextError
+from ..text import SENTENCE_ENDS, TextError
 from . import english
 from .mapped import Mapped, source_text
 from .markup import CELL, LINE, SENTENCE, Break, Override, drop_emoji, markdown_parts
@@ -82,16 +83,18 @@ class UnspeakableScript(TextError):
     def __init__(self, language: str, scripts: set[str]):
         self.scripts = scripts
         self.written_in = f"input is written in {', '.join(sorted(script_name(script) for script in scripts))}"
-        super().__init__(f"{self.written_in}, which a voice of language {language} cannot speak", "unsupported_script")
+        super().__init__(f"{self.written_in}, which a voice of language {language} cannot speak",
+                         ErrorCode.UNSUPPORTED_SCRIPT)
 
 
 def nothing_to_say(text: str, language: str) -> TextError:
     """Why a text (plain, or an SSML document's) gives a voice of `language` nothing to say."""
     if not text.strip():
-        return TextError("input is empty", EMPTY_INPUT)
+        return TextError("input is empty", ErrorCode.EMPTY_INPUT)
     if scripts := foreign_scripts(text, language):
         return UnspeakableScript(language, scripts)
-    return TextError("input has nothing to speak once normalised (markup, code and emoji are not read)", EMPTY_INPUT)
+    return TextError("input has nothing to speak once normalised (markup, code and emoji are not read)",
+                     ErrorCode.EMPTY_INPUT)
 
 
 def spoken_parts(parts: list[Part], language: str, options: NormalizationOptions = NormalizationOptions(),

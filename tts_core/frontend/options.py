@@ -14,6 +14,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..errors import ErrorCode
+
 
 class NormalizationOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -41,7 +43,7 @@ class NormalizationOptions(BaseModel):
     def _known_names(cls, values: Any) -> Any:
         """A misspelt option is refused with the names there are (extra="forbid" alone does not name them)."""
         if isinstance(values, dict) and (unknown := sorted(set(values) - set(cls.model_fields))):
-            raise PydanticCustomError("unknown_option", "unknown option {unknown}; the options are {known}",
+            raise PydanticCustomError(ErrorCode.UNKNOWN_OPTION, "unknown option {unknown}; the options are {known}",
                                       {"unknown": ", ".join(map(repr, unknown)), "known": ", ".join(cls.model_fields)})
         return values
 

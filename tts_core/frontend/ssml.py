@@ -17,6 +17,7 @@ import re
 import xml.parsers.expat as expat
 from dataclasses import dataclass, field
 
+from ..errors import ErrorCode
 from ..text import TextError
 from .mapped import Mapped, source_text
 from .markup import SENTENCE, Break, Override
@@ -32,7 +33,7 @@ _RATE = re.compile(r"\s*([+-]?\d+(?:\.\d+)?)\s*(%?)\s*")
 
 
 class SsmlError(TextError):
-    code = "invalid_ssml"
+    code = ErrorCode.INVALID_SSML
 
 
 @dataclass(frozen=True)
