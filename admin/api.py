@@ -125,7 +125,7 @@ def _public(record: dict) -> dict:
 
 @router.get("/keys", responses=error_responses(503))
 async def list_keys(request: Request, _: str = Depends(require_admin)) -> dict:
-    rows = await asyncio.to_thread(request.app.state.access.storage.api_keys)
+    rows = await asyncio.to_thread(request.app.state.access.storage.keys.all)
     return {"object": "list", "data": [_public(row) for row in rows]}
 
 
@@ -159,7 +159,7 @@ async def reload_voices(request: Request, actor: str = Depends(require_admin)):
     except EngineUnavailable as error:
         raise InvalidSetting(str(error), "voices_file", ErrorCode.INVALID_REGISTRY) from None
     try:
-        await asyncio.to_thread(request.app.state.access.storage.add_audit, actor, "voices.reload", "voices_file",
+        await asyncio.to_thread(request.app.state.access.storage.audit.add, actor, "voices.reload", "voices_file",
                                 summary)
     except StorageError:  # the reload happened; a failing audit write must not hide that
         summary = {**summary, "audit_error": StorageUnavailable().message}

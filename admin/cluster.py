@@ -34,13 +34,13 @@ class ReplicaReporter:
         status, state = self.service.status(), self.service.degrade.state
         wait_s, wait_limit_s = self.service.queue_pressure()  # an engine replica's, for the Ray ingress's degrade mode
         try:
-            self.storage.report_replica(self.replica, self.started_at, {
+            self.storage.replicas.report(self.replica, self.started_at, {
                 "queue_length": status["queue_length"], "running": status["running_items"],
                 "batch_size": status["avg_batch_size"], "load_score": round(state.score, 3),
                 "degraded": state.active, "actions": list(state.actions),
                 "queue_wait_s": round(wait_s, 3), "queue_wait_limit_s": wait_limit_s,
                 "gpu_free_mem_mb": status["gpu_free_mem_mb"], "models_loaded": status["models_loaded"]})
-            rows = self.storage.replicas()
+            rows = self.storage.replicas.all()
         except StorageError as error:
             if not self.failing:
                 log.warning("cannot report this replica's figures (%s); the cluster view misses it meanwhile", error)
@@ -59,4 +59,4 @@ class ReplicaReporter:
     def cluster(self) -> list[dict]:
         """Every replica as it last reported: this one marked `self`, the silent ones `gone`."""
         return [{**row, "self": row["id"] == self.replica, "gone": row["seen_s_ago"] > GONE_AFTER_S}
-                for row in self.storage.replicas()]
+                for row in self.storage.replicas.all()]

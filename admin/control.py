@@ -69,7 +69,7 @@ class OperatorControl:
     def reload(self) -> None:
         """Read the stored settings (and whatever on_reload reads) and apply them. Blocking."""
         try:
-            stored = self.storage.read_settings()
+            stored = self.storage.settings.read()
             for reload_more in self.on_reload:
                 reload_more()
         except StorageError as error:
@@ -92,7 +92,7 @@ class OperatorControl:
             updated = self.settings.merged(changes)
             values = updated.model_dump()
             try:
-                entries = self.storage.write_settings({key: values[key] for key in changes}, actor,
+                entries = self.storage.settings.write({key: values[key] for key in changes}, actor,
                                                       self.settings.model_dump())
             except StorageError as error:
                 self.write_error = self._failed("write", error, self.write_error)
@@ -102,7 +102,7 @@ class OperatorControl:
             return updated, entries
 
     def audit(self, limit: int = 50) -> list[dict]:
-        return self.storage.audit(limit)
+        return self.storage.audit.recent(limit)
 
     def health(self) -> dict:
         return {"database": self.storage.engine.url.render_as_string(hide_password=True),

@@ -34,10 +34,10 @@ class LexiconControl:
     def refresh(self) -> None:
         """Re-read the entries if the stored version changed (StorageError when the database fails)."""
         with self._lock:
-            version = self.storage.lexicon_version()  # first: a change made meanwhile is read at the next refresh
+            version = self.storage.lexicon.version()  # first: a change made meanwhile is read at the next refresh
             if version == self.version:
                 return
-            entries = self._valid(self.storage.lexicon_entries())
+            entries = self._valid(self.storage.lexicon.entries())
             self.admission.lexicon = Lexicon(entries)
             self.version = version
         log.info("pronunciation lexicon version %s applied: %s entries", version, len(entries))
@@ -54,28 +54,28 @@ class LexiconControl:
         return entries
 
     def entries(self, language: str | None = None) -> list[dict]:
-        return self.storage.lexicon_entries(None if language is None else language_code(language))
+        return self.storage.lexicon.entries(None if language is None else language_code(language))
 
     def add(self, entry: LexiconEntry, actor: str) -> dict:
         """Raises storage.AlreadyExists when the language has the phrase already."""
-        record = self.storage.add_lexicon_entry(entry.model_dump(), actor)
+        record = self.storage.lexicon.add(entry.model_dump(), actor)
         self.refresh()
         return record
 
     def change(self, entry_id: int, entry: LexiconEntry, actor: str) -> dict | None:
-        record = self.storage.change_lexicon_entry(entry_id, entry.model_dump(), actor)
+        record = self.storage.lexicon.change(entry_id, entry.model_dump(), actor)
         self.refresh()
         return record
 
     def delete(self, entry_id: int, actor: str) -> dict | None:
-        record = self.storage.delete_lexicon_entry(entry_id, actor)
+        record = self.storage.lexicon.delete(entry_id, actor)
         self.refresh()
         return record
 
     def import_tsv(self, text: str, actor: str) -> dict:
         """Merge a TSV file's entries into the lexicon (LexiconFileError names its bad lines; nothing
         is stored then)."""
-        counts = self.storage.merge_lexicon([entry.model_dump() for entry in from_tsv(text)], actor)
+        counts = self.storage.lexicon.merge([entry.model_dump() for entry in from_tsv(text)], actor)
         self.refresh()
         return counts
 

@@ -147,17 +147,17 @@ class AccessControl:
     # --- keys (blocking: the admin routes call these from worker threads) -----------------------
 
     def refresh_keys(self) -> None:
-        self._keys = {row["key_hash"]: row for row in self.storage.api_keys() if row["revoked_at"] is None}
+        self._keys = {row["key_hash"]: row for row in self.storage.keys.all() if row["revoked_at"] is None}
 
     def create_key(self, name: str, tier: str, actor: str) -> tuple[str, dict]:
         """A new key: the only time its plain text exists is in this return value."""
         key = KEY_PREFIX + secrets.token_urlsafe(32)
-        record = self.storage.add_api_key(key[:10], hash_key(key), name, tier, actor)
+        record = self.storage.keys.add(key[:10], hash_key(key), name, tier, actor)
         self.refresh_keys()
         return key, record
 
     def revoke_key(self, key_id: int, actor: str) -> dict | None:
-        record = self.storage.revoke_api_key(key_id, actor)
+        record = self.storage.keys.revoke(key_id, actor)
         self.refresh_keys()
         return record
 

@@ -57,7 +57,7 @@ def public_job(job: dict) -> dict:
 
 
 def _own_job(request: Request, job_id: str, caller: Caller) -> dict:
-    job = _runner(request).storage.job(job_id)
+    job = _runner(request).storage.jobs.get(job_id)
     if job is None or job["owner"] != caller.identity:  # others' jobs do not exist
         raise NotFound(f"no job {job_id!r}", "job_id", ErrorCode.JOB_NOT_FOUND)
     return job
@@ -94,7 +94,7 @@ async def create_job(body: JobRequest, request: Request, response: Response,
 async def list_jobs(request: Request, limit: int = Query(100, ge=1, le=1000),
                     status: str | None = Query(None, pattern="^(queued|running|succeeded|failed|cancelled)$"),
                     admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
-    rows = await asyncio.to_thread(_runner(request).storage.jobs, admission[0].identity, limit, status)
+    rows = await asyncio.to_thread(_runner(request).storage.jobs.owned_by, admission[0].identity, limit, status)
     return {"object": "list", "data": [public_job(job) for job in rows]}
 
 
@@ -120,7 +120,7 @@ async def get_job_audio(request: Request, job_id: str = JobId,
     try:  # read whole: the sweep may delete the file at any moment, and a half-sent answer is worse than none
         data = await asyncio.to_thread(runner.result_file(job).read_bytes)
     except FileNotFoundError:
-        if (await asyncio.to_thread(runner.storage.job, job_id) or {}).get("result_path") is None:  # swept just now
+        if (await asyncio.to_thread(runner.storage.jobs.get, job_id) or {}).get("result_path") is None:  # just swept
             raise Gone(f"the audio of job {job_id} has expired", "job_id", ErrorCode.JOB_EXPIRED) from None
         log.error("job %s: its result %s is not in this replica's results folder (TTS_RESULTS_DIR must be one "
                   "folder that every replica mounts)", job_id, job["result_path"])

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 def stored_clones(storage: Storage, data_dir: Path, models: Iterable[str]) -> list[ClonedVoice]:
     """At start-up: the stored cloned voices this replica can offer (the first refresh logs the others)."""
     models, voices = set(models), []
-    for row in storage.cloned_voices():
+    for row in storage.cloned_voices.all():
         try:
             voice = offered(storage, Path(data_dir), row, models)
         except OSError:  # its file cannot be written here (a full disk): the refresh tries again, and says so
@@ -49,7 +49,7 @@ def offered(storage: Storage, data_dir: Path, row: dict, models: set[str]) -> Cl
     if row["model"] not in models:
         return None
     path = data_dir / row["path"]
-    prompt = storage.cloned_voice_prompt(row["name"])
+    prompt = storage.cloned_voices.prompt(row["name"])
     if prompt is not None:
         write_prompt(path, prompt)
     elif not path.is_file():
@@ -99,7 +99,7 @@ class VoiceClones:
                prompt: bytes, consent_at: datetime) -> dict:
         """The voice's row (its creation audited); the file goes again if the row cannot be written."""
         try:
-            record = self.storage.add_cloned_voice(name, model, owner, round(duration_s, 3), transcript,
+            record = self.storage.cloned_voices.add(name, model, owner, round(duration_s, 3), transcript,
                                                    str(path.relative_to(self.data_dir)), consent_at, owner, prompt)
         except BaseException:
             path.unlink(missing_ok=True)
@@ -110,7 +110,7 @@ class VoiceClones:
         return record
 
     def _forget(self, name: str, path: Path, actor: str) -> None:
-        self.storage.delete_cloned_voice(name, actor)
+        self.storage.cloned_voices.delete(name, actor)
         path.unlink(missing_ok=True)
 
     async def delete(self, name: str, actor: str, owner: str | None = None) -> dict:
@@ -119,7 +119,7 @@ class VoiceClones:
         voice = self.service.clones.all().get(name)
         if owner is not None and (voice is None or voice.owner != owner):
             raise NotFound(f"you have no cloned voice named {name!r}", "name", ErrorCode.VOICE_NOT_FOUND)
-        record = await asyncio.to_thread(self.storage.delete_cloned_voice, name, actor)
+        record = await asyncio.to_thread(self.storage.cloned_voices.delete, name, actor)
         if record is None and voice is None:
             raise NotFound(f"no cloned voice named {name!r}", "name", ErrorCode.VOICE_NOT_FOUND)
         await self.service.cloner.remove(name)
@@ -129,7 +129,7 @@ class VoiceClones:
 
     async def set_public(self, name: str, public: bool, actor: str) -> dict:
         """Usable by everyone (public) or by its owner only (an admin's decision, audited)."""
-        record = await asyncio.to_thread(self.storage.set_cloned_voice_public, name, public, actor)
+        record = await asyncio.to_thread(self.storage.cloned_voices.set_public, name, public, actor)
         if record is None:
             raise NotFound(f"no cloned voice named {name!r}", "name", ErrorCode.VOICE_NOT_FOUND)
         await self.service.cloner.set_public(name, public)
@@ -137,7 +137,7 @@ class VoiceClones:
 
     async def listing(self) -> list[dict]:
         """Every stored cloned voice, oldest first (the admin's view)."""
-        return await asyncio.to_thread(self.storage.cloned_voices)
+        return await asyncio.to_thread(self.storage.cloned_voices.all)
 
     def refresh(self) -> None:
         """Make this replica's cloned voices the stored ones: made, deleted, made again, made public or private
@@ -158,7 +158,7 @@ class VoiceClones:
     def _follow(self) -> None:
         """The rows are read without their prompts; a prompt only for a voice new here."""
         known, making = self.service.clones.snapshot()  # before the rows: what changes here meanwhile is kept
-        rows = {row["name"]: row for row in self.storage.cloned_voices()}
+        rows = {row["name"]: row for row in self.storage.cloned_voices.all()}
         gone, changed = [], []
         for name, voice in known.items():
             row = rows.get(name)

@@ -130,7 +130,7 @@ class EngineReplica:
 
     def _follow_settings(self) -> None:
         """The stored operator settings (degrade mode's thresholds, the wait targets), the ingress's too."""
-        stored, defaults = self.storage.read_settings(), self.service.settings.operator_defaults
+        stored, defaults = self.storage.settings.read(), self.service.settings.operator_defaults
         settings, _ = OperatorSettings.from_stored(stored, defaults)
         if settings != self.service.degrade.settings:  # (the ingress logs the values it ignores)
             self.service.degrade.configure(settings)

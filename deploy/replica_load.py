@@ -59,7 +59,7 @@ class RemoteLoads:
         self._view: tuple[float, dict[str, DeploymentLoad]] = (-math.inf, {})  # (when read, the loads)
 
     def refresh(self, rows: list[dict]) -> None:
-        """The rows of storage.replicas(): an engine replica's id is "<model>/<replica>"."""
+        """The rows of storage.replicas.all(): an engine replica's id is "<model>/<replica>"."""
         live: dict[str, list[dict]] = {}
         for row in rows:
             model = row["id"].rpartition("/")[0]

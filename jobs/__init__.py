@@ -84,7 +84,7 @@ class JobRunner:
 
     async def start(self) -> None:
         self.results_dir.mkdir(parents=True, exist_ok=True)
-        requeued = await asyncio.to_thread(self.storage.requeue_expired, self.replica)
+        requeued = await asyncio.to_thread(self.storage.jobs.requeue_expired, self.replica)
         if requeued:
             log.info("requeued %d jobs left running by this replica's previous process or a dead replica", requeued)
         self._wake, self._loop = asyncio.Event(), asyncio.get_running_loop()
@@ -113,11 +113,11 @@ class JobRunner:
             raise InvalidRequest(f"deadline_s is {asked:g}; jobs on this server may wait at most {self.deadline_s:g} s "
                                  "(TTS_JOB_DEADLINE_S)", "deadline_s", ErrorCode.DEADLINE_TOO_LONG)
         request = {**request, "deadline_s": self.deadline_s if asked is None else asked}
-        queued, _, _ = self.storage.backlog()
+        queued, _, _ = self.storage.jobs.backlog()
         if queued >= self.max_backlog:
             raise Overloaded(f"{queued} jobs are waiting (the most this server keeps); retry after 30 s", 30,
                              ErrorCode.JOB_BACKLOG_FULL)
-        job = self.storage.add_job(f"job_{secrets.token_hex(12)}", caller.identity, caller.tier_name,
+        job = self.storage.jobs.add(f"job_{secrets.token_hex(12)}", caller.identity, caller.tier_name,
                                    caller.tier.priority * 100 + priority, request)
         loop = self._loop
         if loop is not None:  # asyncio.Event is not thread-safe: set it on its loop
@@ -128,7 +128,7 @@ class JobRunner:
     async def cancel(self, job_id: str) -> dict | None:
         """Cancel a queued or running job; None when it had already ended. The row's cancel is the
         truth; a running attempt's synthesis is stopped, a write in progress is not (it loses)."""
-        job = await asyncio.to_thread(self.storage.cancel_job, job_id)
+        job = await asyncio.to_thread(self.storage.jobs.cancel, job_id)
         if job is not None:
             self.service.metrics.jobs_finished.labels(JobStatus.CANCELLED).inc()
             if (speaking := self._speaking.get(job_id)) is not None:
@@ -155,9 +155,9 @@ class JobRunner:
                     await self._finish(job_id, attempt, status, **fields)
                 free = self.concurrency - len(self._running)
                 if free > 0 and asyncio.get_running_loop().time() >= self._held_until:
-                    for job in await asyncio.to_thread(self.storage.claim_jobs, free, self.replica, self.lease_s):
+                    for job in await asyncio.to_thread(self.storage.jobs.claim, free, self.replica, self.lease_s):
                         self._launch(job)
-                self.service.metrics.jobs_state(*await asyncio.to_thread(self.storage.backlog))
+                self.service.metrics.jobs_state(*await asyncio.to_thread(self.storage.jobs.backlog))
                 if not self._unsettled:  # a whole round worked, and every outcome is recorded: over (if one was on)
                     self.outage.ended()
             except StorageError as error:  # the database may be unavailable for a while: keep going
@@ -175,8 +175,8 @@ class JobRunner:
 
     def _keep_leases(self) -> None:
         """Renew the leases of the attempts this replica runs; queue again the jobs of replicas that died."""
-        self.storage.renew_leases(self.replica, dict(self._attempts), self.lease_s)
-        if requeued := self.storage.requeue_expired():
+        self.storage.jobs.renew_leases(self.replica, dict(self._attempts), self.lease_s)
+        if requeued := self.storage.jobs.requeue_expired():
             log.warning("requeued %d jobs whose replica stopped renewing their leases", requeued)
 
     def result_file(self, job: dict) -> Path | None:
@@ -318,12 +318,12 @@ class JobRunner:
     def _settle(self, job_id: str, attempt: int, status: str, fields: dict) -> bool:
         """Move the row from running (in a worker thread); False when a cancel came first or the lease has
         passed to another attempt."""
-        if self.storage.finish_job(job_id, self.replica, attempt, status, **fields) is not None:
+        if self.storage.jobs.finish(job_id, self.replica, attempt, status, **fields) is not None:
             return True
         name = fields.get("result_path")
         # Delete the file only if no row points to it: when this is a retry, the earlier try may have
         # been written after all (its error came after the commit).
-        if name and (self.storage.job(job_id) or {}).get("result_path") != name:
+        if name and (self.storage.jobs.get(job_id) or {}).get("result_path") != name:
             (self.results_dir / name).unlink(missing_ok=True)
         return False
 
@@ -332,9 +332,9 @@ class JobRunner:
     def sweep(self) -> int:
         """Forget results and input texts past their retention (their jobs then answer 410 for the
         audio), and remove stray files. Blocking; returns how many jobs were expired."""
-        expired = self.storage.expired_jobs(self.ttl_s)
+        expired = self.storage.jobs.expired(self.ttl_s)
         for job in expired:
-            self.storage.expire_job(job["id"])  # the row first: a crash here leaves a stray file, not a dangling row
+            self.storage.jobs.expire(job["id"])  # the row first: a crash here leaves a stray file, not a dangling row
             if (path := self.result_file(job)) is not None:
                 path.unlink(missing_ok=True)
         self._remove_stray_files()
@@ -347,7 +347,7 @@ class JobRunner:
         old = [path for path in self.results_dir.iterdir() if _modified_before(path, cutoff)]
         if not old:
             return
-        kept = {Path(path).name for path in self.storage.result_paths()}
+        kept = {Path(path).name for path in self.storage.jobs.result_paths()}
         for path in old:
             if path.suffix == ".partial" or path.name not in kept:
                 path.unlink(missing_ok=True)

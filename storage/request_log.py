@@ -1,5 +1,6 @@
-"""Request log written by a background thread: the request path only appends to a bounded buffer,
-so a slow, locked or failing database never delays or fails synthesis."""
+"""The request log: one row per answered request, written by a background thread (the request path only
+appends to a bounded buffer, so a slow, locked or failing database never delays or fails synthesis) and kept
+to the newest rows."""
 
 from __future__ import annotations
 
@@ -7,10 +8,45 @@ import logging
 import threading
 from collections import deque
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from . import Storage, StorageError
+from sqlalchemy import delete, func, select
+
+from .database import Database, StorageError, iso
+from .models import RequestLogEntry
+
+if TYPE_CHECKING:
+    from . import Storage
 
 log = logging.getLogger(__name__)
+
+
+class RequestLog:
+    def __init__(self, database: Database):
+        self._database = database
+
+    def add(self, rows: list[dict]) -> None:
+        with self._database.transaction(write=True) as session:
+            session.add_all(RequestLogEntry(**row) for row in rows)
+
+    def prune(self, keep_rows: int) -> int:
+        """Delete all but the newest keep_rows entries; returns how many were deleted."""
+        with self._database.transaction(write=True) as session:
+            newest = session.scalar(select(func.max(RequestLogEntry.id))) or 0
+            result = session.execute(delete(RequestLogEntry).where(RequestLogEntry.id <= newest - keep_rows))
+            return result.rowcount or 0
+
+    def recent(self, limit: int = 50) -> list[dict]:
+        """The newest entries first."""
+        with self._database.transaction() as session:
+            rows = session.scalars(select(RequestLogEntry).order_by(RequestLogEntry.id.desc()).limit(limit))
+            return [{"at": iso(row.at), "client": row.client, "source": row.source, "voice": row.voice,
+                     "characters": row.characters, "queue_ms": row.queue_ms, "synthesis_ms": row.synthesis_ms,
+                     "batch_size": row.batch_size, "status": row.status} for row in rows]
+
+    def count(self) -> int:
+        with self._database.transaction() as session:
+            return session.scalar(select(func.count(RequestLogEntry.id))) or 0
 
 
 class RequestLogWriter:
@@ -54,8 +90,8 @@ class RequestLogWriter:
         if not rows:
             return
         try:
-            self.storage.add_request_logs(rows)
-            self.storage.prune_request_log(self.max_rows)
+            self.storage.request_log.add(rows)
+            self.storage.request_log.prune(self.max_rows)
         except Exception as error:  # StorageError, or a bug: either way the rows wait and the thread lives on
             if self.last_error is None:  # once per outage, not at every flush
                 log.error("request log writes fail (rows are kept for retry, up to %d): %s", self._buffer_limit, error)

@@ -36,7 +36,7 @@ class KeysPanel:
     def listing(self) -> tuple[list[list], gr.Dropdown]:
         """The keys table, and the keys still in force to choose one to revoke from."""
         try:
-            keys = self.access.storage.api_keys()
+            keys = self.access.storage.keys.all()
         except StorageError:
             keys = []
         rows = [[k["id"], k["prefix"] + "…", k["name"], k["tier"], time_cell(k["created_at"]),

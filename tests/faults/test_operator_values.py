@@ -81,7 +81,7 @@ def test_a_database_holding_values_out_of_bounds_starts_says_which_and_uses_the_
     storage = Storage(sqlite_url(tmp_path / "chorus.db"))
     storage.migrate()
     # What an older version stored (and audited) without bounds, beside a good value.
-    storage.write_settings({"request_log_max_rows": int(HUGE), "queue_wait_target_s": float("inf"),
+    storage.settings.write({"request_log_max_rows": int(HUGE), "queue_wait_target_s": float("inf"),
                             "cache_max_mb": 1e300, "cap_text_chars": 222}, "old-version")
     storage.engine.dispose()
     process = start_server(tmp_path, admin_token=TOKEN, calibration_sizes="1")
@@ -99,7 +99,7 @@ def test_a_database_holding_values_out_of_bounds_starts_says_which_and_uses_the_
         # the request log, which such a row count broke every second, writes
         assert httpx.post(f"{base}/v1/audio/speech", timeout=60,
                           json={"model": "tts-1", "voice": "alloy", "input": "Logged."}).status_code == 200
-        assert wait_until(lambda: storage.count_request_log() >= 1)
+        assert wait_until(lambda: storage.request_log.count() >= 1)
     finally:
         process.stop()
     lines = [line for line in process.log_path.read_text().splitlines() if "ignoring stored operator settings" in line]

@@ -104,10 +104,10 @@ def test_the_repository_raises_its_own_error_for_every_kind_of_call(tmp_path):
     broken = tmp_path / "a-folder.db"
     broken.mkdir()  # SQLite cannot open a folder
     storage = Storage(sqlite_url(broken))
-    calls = [storage.migrate, storage.read_settings, lambda: storage.write_settings({"a": 1}, "x"),
-             storage.audit, storage.api_keys, lambda: storage.add_api_key("p", "h", "n", "pro", "x"),
-             lambda: storage.add_job("job_1", "ip:x", "pro", 0, {"input": "x"}), storage.backlog,
-             lambda: storage.claim_jobs(1), storage.probe_write, storage.count_request_log]
+    calls = [storage.migrate, storage.settings.read, lambda: storage.settings.write({"a": 1}, "x"),
+             storage.audit.recent, storage.keys.all, lambda: storage.keys.add("p", "h", "n", "pro", "x"),
+             lambda: storage.jobs.add("job_1", "ip:x", "pro", 0, {"input": "x"}), storage.jobs.backlog,
+             lambda: storage.jobs.claim(1), storage.probe_write, storage.request_log.count]
     for call in calls:
         with pytest.raises(StorageError, match="unable to open database file"):
             call()
@@ -118,6 +118,6 @@ def test_the_repository_raises_its_own_error_for_every_kind_of_call(tmp_path):
 def test_values_stored_as_infinity_come_back_as_json_safe_text(tmp_path):
     storage = Storage(sqlite_url(tmp_path / "c.db"))
     storage.migrate()
-    storage.write_settings({"queue_wait_target_s": float("inf")}, "old-version")
-    assert storage.read_settings() == {"queue_wait_target_s": "Infinity"}  # fails validation, not the JSON answer
-    assert storage.audit()[0]["new_value"] == "Infinity"
+    storage.settings.write({"queue_wait_target_s": float("inf")}, "old-version")
+    assert storage.settings.read() == {"queue_wait_target_s": "Infinity"}  # fails validation, not the JSON answer
+    assert storage.audit.recent()[0]["new_value"] == "Infinity"

@@ -84,8 +84,9 @@ def test_requests_are_logged(admin_server, data_dir):
     bad_voice = {"model": "tts-1", "voice": "x", "input": "Hi"}
     assert httpx.post(f"{admin_server}/v1/audio/speech", json=bad_voice).status_code == 400
     storage = Storage(sqlite_url(data_dir / "chorus.db"))
-    assert wait_until(lambda: {200, 400} <= {row["status"] for row in storage.request_log(10)}, 10)  # flushed each s
-    rows = storage.request_log(10)
+    assert wait_until(lambda: {200, 400} <= {row["status"] for row in storage.request_log.recent(10)},
+                      10)  # flushed each second
+    rows = storage.request_log.recent(10)
     ok = next(row for row in rows if row["status"] == 200)
     assert ok["voice"] == "en_US-joe-medium" and ok["characters"] == 7 and ok["batch_size"] == 1
     assert ok["queue_ms"] is not None and ok["synthesis_ms"] > 0 and ok["client"] == "ip:127.0.0.1"

@@ -80,9 +80,9 @@ def store_clone(data: Path) -> None:
     data.mkdir(parents=True, exist_ok=True)
     storage.migrate()
     prompt = save({"audio_prompt_latents": random_voice(12, seed=3)})
-    storage.add_cloned_voice(CLONE, POCKET, "key:1", 4.0, None, f"voices/cloned/{POCKET}/{CLONE}.safetensors",
+    storage.cloned_voices.add(CLONE, POCKET, "key:1", 4.0, None, f"voices/cloned/{POCKET}/{CLONE}.safetensors",
                              datetime.now(UTC), "key:1", prompt)
-    storage.set_cloned_voice_public(CLONE, True, "ops")
+    storage.cloned_voices.set_public(CLONE, True, "ops")
 
 
 def _answers(url: str) -> bool:

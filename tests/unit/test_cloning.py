@@ -234,7 +234,7 @@ def test_a_voice_changed_here_meanwhile_is_not_undone_by_a_refresh():
 def test_a_stored_voice_this_replica_cannot_offer_is_logged_once(replicas, caplog):
     (here, _), _ = replicas
     for name, model in (("no-model", "elsewhere-only"), ("no-prompt", "fake-ar")):
-        here.storage.add_cloned_voice(name, model, "key:1", 4.0, None, f"voices/cloned/{model}/{name}.safetensors",
+        here.storage.cloned_voices.add(name, model, "key:1", 4.0, None, f"voices/cloned/{model}/{name}.safetensors",
                                       datetime.now(UTC), "key:1")
     for _ in range(3):
         here.refresh()

@@ -22,6 +22,7 @@ from sqlalchemy import update
 import jobs
 from api.jobs import public_job
 from storage import Storage, StorageError
+from storage.jobs import Jobs
 from storage.models import Job
 from tests.fakes import FakeEngine
 from tests.serve import wait_until
@@ -49,6 +50,26 @@ class FlakyEngine(FakeEngine):
         return super().synthesize(batch)
 
 
+class WatchedJobs(Jobs):
+    """The jobs repository of a WatchedStorage: tells it of every claim, cancel and finish."""
+
+    def __init__(self, database, watcher: "WatchedStorage"):
+        super().__init__(database)
+        self.watcher = watcher
+
+    def claim(self, limit, *lease):
+        return self.watcher.tell(super().claim(limit, *lease))
+
+    def cancel(self, job_id):
+        return self.watcher.tell(super().cancel(job_id))
+
+    def finish(self, job_id, holder, attempt, status, **fields):
+        self.watcher.before_finish(job_id, status)
+        moved = super().finish(job_id, holder, attempt, status, **fields)
+        self.watcher.finishes.append((job_id, status, moved is not None))
+        return self.watcher.tell(moved)
+
+
 class WatchedStorage(Storage):
     """Storage that wakes waiting tests whenever a job row may have changed, records each attempt's
     finish (job id, status, whether it won), and runs `before_finish(job_id, status)` first: a hook
@@ -59,23 +80,12 @@ class WatchedStorage(Storage):
         self.changed = threading.Condition()
         self.finishes: list[tuple[str, str, bool]] = []
         self.before_finish: Callable[[str, str], None] = lambda job_id, status: None
+        self.jobs = WatchedJobs(self._database, self)
 
-    def _tell(self, result=None):
+    def tell(self, result=None):
         with self.changed:
             self.changed.notify_all()
         return result
-
-    def claim_jobs(self, limit, *lease):
-        return self._tell(super().claim_jobs(limit, *lease))
-
-    def cancel_job(self, job_id):
-        return self._tell(super().cancel_job(job_id))
-
-    def finish_job(self, job_id, holder, attempt, status, **fields):
-        self.before_finish(job_id, status)
-        moved = super().finish_job(job_id, holder, attempt, status, **fields)
-        self.finishes.append((job_id, status, moved is not None))
-        return self._tell(moved)
 
     def wait_for(self, condition: Callable[[], bool]) -> bool:
         with self.changed:
@@ -133,12 +143,12 @@ async def until_event(event: threading.Event) -> None:
 
 
 def status_is(storage: Storage, job: dict, status: str) -> Callable[[], bool]:
-    return lambda: storage.job(job["id"])["status"] == status
+    return lambda: storage.jobs.get(job["id"])["status"] == status
 
 
 def run_until(runner: jobs.JobRunner, storage: WatchedStorage, job: dict, status: str) -> dict:
     run(runner, lambda: until(storage, status_is(storage, job, status)))
-    return storage.job(job["id"])
+    return storage.jobs.get(job["id"])
 
 
 def backdate(storage: Storage, job_id: str, **moments: timedelta) -> None:
@@ -259,7 +269,7 @@ def test_after_a_refusal_for_load_the_runner_claims_nothing_new_until_its_retry_
 
     service.speak = refused_once
     first, second = runner.submit(CALLER, request("first")), runner.submit(CALLER, request("second"))
-    run(runner, lambda: until(storage, lambda: all(storage.job(job["id"])["status"] == "succeeded"
+    run(runner, lambda: until(storage, lambda: all(storage.jobs.get(job["id"])["status"] == "succeeded"
                                                    for job in (first, second))))
     assert calls[0][0] == "first" and calls[1][1] - calls[0][1] >= 0.9
 
@@ -361,16 +371,16 @@ def test_an_attempt_whose_lease_passed_to_another_cannot_change_the_job(world, t
         try:
             assert await asyncio.to_thread(engine.calls_started.acquire, True, WAIT_S), "never reached the engine"
             backdate_lease(storage, job["id"])
-            assert storage.requeue_expired() == 1
+            assert storage.jobs.requeue_expired() == 1
             # the same replica's id, a later attempt: only the attempt number tells them apart
-            [taken] = storage.claim_jobs(1, runner.replica, 3600)
+            [taken] = storage.jobs.claim(1, runner.replica, 3600)
             assert taken["attempts"] == 2
         finally:
             engine.gate.set()
         await until(storage, lambda: (job["id"], "succeeded", False) in storage.finishes)
 
     run(runner, take_over_while_speaking)
-    row = storage.job(job["id"])
+    row = storage.jobs.get(job["id"])
     assert (row["status"], row["attempts"], row["result_path"]) == ("running", 2, None)
     assert files(tmp_path / "results") == []
 
@@ -394,7 +404,7 @@ def test_cancelling_a_running_job_stops_its_synthesis(world, tmp_path):
         try:
             assert await asyncio.to_thread(engine.calls_started.acquire, True, WAIT_S), "never reached the engine"
             cancelled = await runner.cancel(job["id"])
-            assert cancelled["status"] == "cancelled" == storage.job(job["id"])["status"]  # the answer is the row
+            assert cancelled["status"] == "cancelled" == storage.jobs.get(job["id"])["status"]  # the answer is the row
             # the attempt gives up (its put-back loses to the cancel) while the engine is still busy
             await until(storage, lambda: (job["id"], "queued", False) in storage.finishes)
         finally:
@@ -402,7 +412,7 @@ def test_cancelling_a_running_job_stops_its_synthesis(world, tmp_path):
         assert await runner.cancel(job["id"]) is None  # it has ended: nothing to cancel
 
     run(runner, cancel_while_speaking)
-    assert storage.job(job["id"])["status"] == "cancelled" and files(tmp_path / "results") == []
+    assert storage.jobs.get(job["id"])["status"] == "cancelled" and files(tmp_path / "results") == []
 
 
 def test_a_cancel_during_the_result_write_wins_and_the_file_goes(world, tmp_path, monkeypatch):
@@ -426,7 +436,7 @@ def test_a_cancel_during_the_result_write_wins_and_the_file_goes(world, tmp_path
         await until(storage, lambda: (job["id"], "succeeded", False) in storage.finishes)
 
     run(runner, cancel_while_writing)
-    assert storage.job(job["id"])["status"] == "cancelled" and storage.job(job["id"])["result_path"] is None
+    assert storage.jobs.get(job["id"])["status"] == "cancelled" and storage.jobs.get(job["id"])["result_path"] is None
     assert files(tmp_path / "results") == []
 
 
@@ -450,7 +460,7 @@ def test_a_cancel_during_the_finish_wins_and_the_file_goes(world, tmp_path):
 
     run(runner, cancel_while_finishing)
     assert storage.finishes == [(job["id"], "succeeded", False)]
-    assert storage.job(job["id"])["status"] == "cancelled" and files(tmp_path / "results") == []
+    assert storage.jobs.get(job["id"])["status"] == "cancelled" and files(tmp_path / "results") == []
 
 
 def test_a_cancelled_queued_job_never_runs(world):
@@ -460,7 +470,8 @@ def test_a_cancelled_queued_job_never_runs(world):
     assert asyncio.run(runner.cancel(cancelled["id"]))["status"] == "cancelled"
     later = runner.submit(CALLER, request())
     run_until(runner, storage, later, "succeeded")  # the runner has claimed what there was to claim
-    assert storage.job(cancelled["id"])["status"] == "cancelled" and storage.job(cancelled["id"])["attempts"] == 0
+    row = storage.jobs.get(cancelled["id"])
+    assert row["status"] == "cancelled" and row["attempts"] == 0
     assert [job_id for job_id, _, _ in storage.finishes] == [later["id"]]
 
 
@@ -494,8 +505,8 @@ def test_jobs_left_running_by_a_dead_process_run_again(world):
     storage, make = world
     _, runner = make()
     job = runner.submit(CALLER, request())
-    storage.claim_jobs(10, runner.replica, 3600)  # as if this replica's previous process had started it and died
-    assert storage.job(job["id"])["status"] == "running"
+    storage.jobs.claim(10, runner.replica, 3600)  # as if this replica's previous process had started it and died
+    assert storage.jobs.get(job["id"])["status"] == "running"
     assert run_until(runner, storage, job, "succeeded")["attempts"] == 2
 
 
@@ -505,10 +516,10 @@ def test_a_dead_replicas_job_runs_again_once_its_lease_runs_out(world):
     storage, make = world
     _, runner = make(job_lease_s=3)
     dead, alive = runner.submit(CALLER, request()), runner.submit(CALLER, request("Still running."))
-    storage.claim_jobs(1, "other-replica:1", -1)  # claimed, its lease already past: that replica is gone
-    storage.claim_jobs(1, "busy-replica:2", 3600)
+    storage.jobs.claim(1, "other-replica:1", -1)  # claimed, its lease already past: that replica is gone
+    storage.jobs.claim(1, "busy-replica:2", 3600)
     assert run_until(runner, storage, dead, "succeeded")["attempts"] == 2
-    assert storage.job(alive["id"])["status"] == "running"
+    assert storage.jobs.get(alive["id"])["status"] == "running"
 
 
 def test_a_full_backlog_refuses_new_jobs(world):
@@ -545,7 +556,7 @@ def test_results_past_their_retention_are_swept_with_their_input_text(world):
     assert runner.sweep() == 0  # within its retention
     backdate(storage, done["id"], expires_at=timedelta(seconds=1))
     assert runner.sweep() == 1
-    swept = storage.job(done["id"])
+    swept = storage.jobs.get(done["id"])
     assert swept["result_path"] is None and not runner.result_file(done).exists()
     assert "input" not in swept["request"] and swept["request"]["voice"] == "fake-voice"
     public = public_job(swept)
@@ -557,16 +568,16 @@ def test_failed_and_cancelled_jobs_forget_their_input_text_after_the_retention(w
     storage, make = world
     _, runner = make(result_ttl_s=600)
     failed = run_until(runner, storage, runner.submit(CALLER, request("twelve chars", "nobody")), "failed")
-    cancelled = storage.cancel_job(runner.submit(CALLER, request("a cancelled text"))["id"])
-    recent = storage.cancel_job(runner.submit(CALLER, request("a recent one"))["id"])
+    cancelled = storage.jobs.cancel(runner.submit(CALLER, request("a cancelled text"))["id"])
+    recent = storage.jobs.cancel(runner.submit(CALLER, request("a recent one"))["id"])
     for job in (failed, cancelled):
         backdate(storage, job["id"], finished_at=timedelta(seconds=601))
     assert runner.sweep() == 2
     for job, characters in ((failed, 12), (cancelled, 16)):
-        forgotten = storage.job(job["id"])
+        forgotten = storage.jobs.get(job["id"])
         assert "input" not in forgotten["request"] and forgotten["status"] == job["status"]
         assert public_job(forgotten)["request"]["characters"] == characters
-    assert storage.job(recent["id"])["request"]["input"] == "a recent one"
+    assert storage.jobs.get(recent["id"])["request"]["input"] == "a recent one"
 
 
 def test_stray_result_and_partial_files_are_removed_once_old(world, tmp_path):

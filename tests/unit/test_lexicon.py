@@ -159,7 +159,7 @@ def test_storage_audits_each_change_and_replicas_follow(tmp_path):
     assert here.delete(added["id"], "ops")["phrase"] == "Worcester" and here.delete(added["id"], "ops") is None
     there.refresh()
     assert [item.phrase for item in there.admission.lexicon.entries] == ["Nguyen"]
-    actions = [row["action"] for row in storage.audit()]
+    actions = [row["action"] for row in storage.audit.recent()]
     assert actions == ["lexicon.delete", "lexicon.import", "lexicon.change", "lexicon.add"]
     assert here.export_tsv("en") == "language\tphrase\tipa\trespelling\tcase_sensitive\nen\tNguyen\t\twin\tfalse\n"
     assert here.entries("de") == []

@@ -44,13 +44,13 @@ def test_old_database_upgrades_and_keeps_its_data(tmp_path):
     path = tmp_path / "old.db"
     old = Storage(sqlite_url(path))
     old.migrate("0001")  # a database from before the request log existed
-    old.write_settings({"cap_text_chars": 111}, "operator")
+    old.settings.write({"cap_text_chars": 111}, "operator")
     assert "request_log" not in tables(path)
     upgraded = Storage(sqlite_url(path))
     upgraded.migrate()
     assert upgraded.revision() == "0009"
-    assert upgraded.read_settings() == {"cap_text_chars": 111}
-    assert upgraded.audit()[0]["new_value"] == 111
+    assert upgraded.settings.read() == {"cap_text_chars": 111}
+    assert upgraded.audit.recent()[0]["new_value"] == 111
     upgraded.migrate()  # idempotent
     assert upgraded.revision() == "0009"
 
@@ -59,16 +59,16 @@ def test_a_cloned_voice_is_stored_once_and_each_change_is_audited(tmp_path):
     storage = Storage(sqlite_url(tmp_path / "voices.db"))
     storage.migrate()
     consent = datetime.now(UTC)
-    made = storage.add_cloned_voice("alice", "tiny-pocket", "key:3", 4.5, "hello", "voices/cloned/a.safetensors",
+    made = storage.cloned_voices.add("alice", "tiny-pocket", "key:3", 4.5, "hello", "voices/cloned/a.safetensors",
                                     consent, "key:3")
     assert (made["owner"], made["public"], made["consent_at"]) == ("key:3", False, consent)
-    assert storage.add_cloned_voice("alice", "other", "ip:1.2.3.4", 3.0, None, "x", consent, "ip:1.2.3.4") is None
-    assert storage.set_cloned_voice_public("alice", True, "ops")["public"] is True
-    assert storage.set_cloned_voice_public("alice", True, "ops")["public"] is True  # no change: no audit row
-    assert [row["name"] for row in Storage(sqlite_url(tmp_path / "voices.db")).cloned_voices()] == ["alice"]
-    assert storage.delete_cloned_voice("alice", "ops")["path"] == "voices/cloned/a.safetensors"
-    assert storage.delete_cloned_voice("alice", "ops") is None and storage.cloned_voices() == []
-    assert [(entry["action"], entry["actor"]) for entry in storage.audit()] == [
+    assert storage.cloned_voices.add("alice", "other", "ip:1.2.3.4", 3.0, None, "x", consent, "ip:1.2.3.4") is None
+    assert storage.cloned_voices.set_public("alice", True, "ops")["public"] is True
+    assert storage.cloned_voices.set_public("alice", True, "ops")["public"] is True  # no change: no audit row
+    assert [row["name"] for row in Storage(sqlite_url(tmp_path / "voices.db")).cloned_voices.all()] == ["alice"]
+    assert storage.cloned_voices.delete("alice", "ops")["path"] == "voices/cloned/a.safetensors"
+    assert storage.cloned_voices.delete("alice", "ops") is None and storage.cloned_voices.all() == []
+    assert [(entry["action"], entry["actor"]) for entry in storage.audit.recent()] == [
         ("cloned_voice.delete", "ops"), ("cloned_voice.public", "ops"), ("cloned_voice.create", "key:3")]
 
 
@@ -76,13 +76,13 @@ def test_a_cloned_voices_prompt_is_kept_in_its_row_and_the_list_leaves_it_out(tm
     storage = Storage(sqlite_url(tmp_path / "voices.db"))
     storage.migrate()
     prompt = bytes(range(256)) * 64
-    storage.add_cloned_voice("alice", "tiny-pocket", "key:3", 4.5, None, "voices/cloned/tiny-pocket/alice.safetensors",
+    storage.cloned_voices.add("alice", "tiny-pocket", "key:3", 4.5, None, "voices/cloned/tiny-pocket/alice.safetensors",
                              datetime.now(UTC), "key:3", prompt)
     statements = []
     event.listen(storage.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
-    assert [row["name"] for row in storage.cloned_voices()] == ["alice"]
+    assert [row["name"] for row in storage.cloned_voices.all()] == ["alice"]
     assert statements and not any("prompt" in statement for statement in statements)  # read every second
-    assert storage.cloned_voice_prompt("alice") == prompt and storage.cloned_voice_prompt("nobody") is None
+    assert storage.cloned_voices.prompt("alice") == prompt and storage.cloned_voices.prompt("nobody") is None
 
 
 def test_a_cloned_voice_from_before_prompts_were_kept_has_none(tmp_path):
@@ -95,26 +95,26 @@ def test_a_cloned_voice_from_before_prompts_were_kept_has_none(tmp_path):
                            "'voices/cloned/tiny-pocket/bob.safetensors', '2025-01-02 03:04:05')")
     upgraded = Storage(sqlite_url(path))
     upgraded.migrate()
-    [row] = upgraded.cloned_voices()
+    [row] = upgraded.cloned_voices.all()
     assert (row["name"], row["public"], row["path"]) == ("bob", True, "voices/cloned/tiny-pocket/bob.safetensors")
-    assert upgraded.cloned_voice_prompt("bob") is None  # it keeps using its file
+    assert upgraded.cloned_voices.prompt("bob") is None  # it keeps using its file
 
 
 def test_settings_and_audit_survive_reopening(tmp_path):
     url = sqlite_url(tmp_path / "c.db")
     first = Storage(url)
     first.migrate()
-    first.write_settings({"enter_threshold": 0.9}, "alice")
-    assert first.write_settings({"enter_threshold": 0.9}, "alice") == []  # unchanged: no audit row
-    first.write_settings({"enter_threshold": 0.7}, "bob")
+    first.settings.write({"enter_threshold": 0.9}, "alice")
+    assert first.settings.write({"enter_threshold": 0.9}, "alice") == []  # unchanged: no audit row
+    first.settings.write({"enter_threshold": 0.7}, "bob")
     again = Storage(url)
-    assert again.read_settings() == {"enter_threshold": 0.7}
-    audit = again.audit()
+    assert again.settings.read() == {"enter_threshold": 0.7}
+    audit = again.audit.recent()
     assert [(e["actor"], e["old_value"], e["new_value"]) for e in audit] == [("bob", 0.9, 0.7), ("alice", None, 0.9)]
     # a setting never stored: the audit's old value is the one that was in force (its default)
-    again.write_settings({"exit_threshold": 0.3}, "carol", {"exit_threshold": 0.5, "enter_threshold": 0.7})
-    assert again.audit()[0]["old_value"] == 0.5
-    assert again.write_settings({"cap_text_chars": 500}, "carol", {"cap_text_chars": 500}) == []  # already in force
+    again.settings.write({"exit_threshold": 0.3}, "carol", {"exit_threshold": 0.5, "enter_threshold": 0.7})
+    assert again.audit.recent()[0]["old_value"] == 0.5
+    assert again.settings.write({"cap_text_chars": 500}, "carol", {"cap_text_chars": 500}) == []  # already in force
 
 
 def test_request_log_is_written_in_the_background_and_bounded(tmp_path):
@@ -124,8 +124,8 @@ def test_request_log_is_written_in_the_background_and_bounded(tmp_path):
     for n in range(8):
         writer.record(client="127.0.0.1", source="api", status=200, voice="v", characters=n)
     writer.flush()
-    rows = storage.request_log(10)
-    assert storage.count_request_log() == 5 and rows[0]["characters"] == 7
+    rows = storage.request_log.recent(10)
+    assert storage.request_log.count() == 5 and rows[0]["characters"] == 7
 
 
 @pytest.fixture
@@ -160,7 +160,7 @@ def test_request_log_keeps_rows_while_the_database_fails(tmp_path):
     storage.migrate()
     writer.storage = storage
     writer.flush()
-    assert writer.last_error is None and storage.count_request_log() == 1
+    assert writer.last_error is None and storage.request_log.count() == 1
 
 
 def test_processes_starting_at_once_on_one_sqlite_file_migrate_it_once(tmp_path):
@@ -188,7 +188,7 @@ storage = Storage(sqlite_url(path))
 
 def write(n):
     try:
-        storage.add_job(f"job_{n}", "ip:x", "pro", 0, {"input": "x"})
+        storage.jobs.add(f"job_{n}", "ip:x", "pro", 0, {"input": "x"})
         return "ok"
     except StorageError as error:
         return str(error)
@@ -196,7 +196,7 @@ def write(n):
 outcomes = [write(1)]
 os.chmod(path, 0o444)
 storage.engine.dispose()  # the next connection opens while the file is read-only, as a busy server's new ones do
-outcomes += [write(2), storage.job("job_1")["id"]]  # reads go on
+outcomes += [write(2), storage.jobs.get("job_1")["id"]]  # reads go on
 os.chmod(path, 0o644)
 outcomes += [write(n) for n in range(3, 6)]
 print(json.dumps(outcomes))
@@ -228,8 +228,8 @@ def test_a_connection_left_read_only_is_dropped_at_its_first_failed_write(tmp_pa
     with storage.engine.connect() as connection:  # the pool's one connection, from now on read-only
         connection.exec_driver_sql("PRAGMA query_only = ON")
     with pytest.raises(StorageError, match="readonly database"):
-        storage.add_api_key("p1", "h1", "first", "pro", "ops")
-    assert storage.add_api_key("p2", "h2", "second", "pro", "ops")["name"] == "second"
+        storage.keys.add("p1", "h1", "first", "pro", "ops")
+    assert storage.keys.add("p2", "h2", "second", "pro", "ops")["name"] == "second"
 
 
 def test_a_stale_lease_holder_cannot_finish_renew_or_put_back_a_job_another_took_over(tmp_path):
@@ -238,25 +238,25 @@ def test_a_stale_lease_holder_cannot_finish_renew_or_put_back_a_job_another_took
     url = sqlite_url(tmp_path / "shared.db")
     a, b = Storage(url), Storage(url)
     a.migrate()
-    job = a.add_job("job_1", "ip:x", "pro", 0, {"input": "x"})
-    [stale] = a.claim_jobs(1, "replica-a", -1)  # its lease already past
-    assert b.requeue_expired() == 1
-    [taken] = b.claim_jobs(1, "replica-b", 3600)
+    job = a.jobs.add("job_1", "ip:x", "pro", 0, {"input": "x"})
+    [stale] = a.jobs.claim(1, "replica-a", -1)  # its lease already past
+    assert b.jobs.requeue_expired() == 1
+    [taken] = b.jobs.claim(1, "replica-b", 3600)
     assert (stale["attempts"], taken["attempts"]) == (1, 2)
     lease = lease_until(b, job["id"])
-    a.renew_leases("replica-a", {job["id"]: 1}, 7200)
-    assert a.finish_job(job["id"], "replica-a", 1, "succeeded", result_path="stale.wav") is None
-    assert a.finish_job(job["id"], "replica-a", 1, "queued", attempts=0) is None  # a put-back
-    assert a.finish_job(job["id"], "replica-b", 1, "failed") is None  # the owner alone is not enough
-    row = b.job(job["id"])
+    a.jobs.renew_leases("replica-a", {job["id"]: 1}, 7200)
+    assert a.jobs.finish(job["id"], "replica-a", 1, "succeeded", result_path="stale.wav") is None
+    assert a.jobs.finish(job["id"], "replica-a", 1, "queued", attempts=0) is None  # a put-back
+    assert a.jobs.finish(job["id"], "replica-b", 1, "failed") is None  # the owner alone is not enough
+    row = b.jobs.get(job["id"])
     assert (row["status"], row["attempts"], row["result_path"]) == ("running", 2, None)
     assert lease_until(b, job["id"]) == lease  # the renewal did not touch B's lease either
-    a.renew_leases("replica-b", {job["id"]: 1}, 7200)  # B's id with A's attempt: no more
+    a.jobs.renew_leases("replica-b", {job["id"]: 1}, 7200)  # B's id with A's attempt: no more
     assert lease_until(b, job["id"]) == lease
-    b.renew_leases("replica-b", {job["id"]: 2}, 7200)
+    b.jobs.renew_leases("replica-b", {job["id"]: 2}, 7200)
     assert lease_until(b, job["id"]) > lease
-    assert b.finish_job(job["id"], "replica-b", 2, "succeeded", result_path="job_1.2.wav")["status"] == "succeeded"
-    assert b.claim_jobs(1, "replica-b", 3600) == []  # it ran once
+    assert b.jobs.finish(job["id"], "replica-b", 2, "succeeded", result_path="job_1.2.wav")["status"] == "succeeded"
+    assert b.jobs.claim(1, "replica-b", 3600) == []  # it ran once
 
 
 def lease_until(storage: Storage, job_id: str) -> datetime:
