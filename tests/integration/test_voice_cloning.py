@@ -36,8 +36,8 @@ def caller(n: int) -> dict:
 @pytest.fixture(scope="module")
 def speech() -> tuple[np.ndarray, int]:
     engine = PiperEngine(bundled_voice_path())
-    [audio] = engine.synthesize([request(engine, TEXT, engine.voices()[0].name)])
-    return audio, engine.sample_rate
+    [output] = engine.synthesize([request(engine, TEXT, engine.voices()[0].name)])
+    return output.audio, engine.sample_rate
 
 
 def clip(speech, seconds: float, format_name: str = "wav", level: float = 1.0) -> bytes:
