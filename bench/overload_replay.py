@@ -31,6 +31,7 @@ import numpy as np
 from bench.load import percentile
 from bench.soak import EDGE_S, OVERLOAD, OVERLOAD_S, STEADY, USERS
 from bench.workload import MIXES, sentence
+from tts_core.clock import FakeClock
 from tts_core.degrade import OperatorSettings
 from tts_core.queue import LONG_TOKENS, OFFERED_WINDOWS_S, QueueFull, RequestQueue, WaitTarget
 from tts_core.request import EngineInput, QueuedItem
@@ -49,17 +50,9 @@ class Run:
     overload_wait_p95_s: float
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def replay(seed: int, windows: dict[float, float], load: float = STEADY, phase_s: float = PHASE_S) -> Run:
     rng = random.Random(seed)
-    clock = Clock()
+    clock = FakeClock(start=0.0)
     settings = OperatorSettings()
     target = WaitTarget(settings.queue_wait_target_s, settings.overload_wait_target_s)
     queue = RequestQueue(512, clock=clock, offered_windows=windows)
@@ -77,10 +70,10 @@ def replay(seed: int, windows: dict[float, float], load: float = STEADY, phase_s
     running, free_at, refused, overload_waits = 0, math.inf, [], []
     for arrival in arrivals:
         while running and free_at <= arrival:  # the engine's pieces end before this one arrives
-            clock.now = free_at
+            clock.advance_to(free_at)
             queue.done(running)
             running, free_at = _run_next(queue, clock)
-        clock.now = arrival
+        clock.advance_to(arrival)
         text = sentence(rng, low, high)
         tokens = np.zeros(round(len(text) * TOKENS_PER_CHAR), dtype=np.int64)
         piece = QueuedItem(EngineInput(tokens, ""), key=None, deadline=math.inf, caller=f"ip:{rng.randrange(USERS)}",
@@ -101,12 +94,12 @@ def replay(seed: int, windows: dict[float, float], load: float = STEADY, phase_s
                overload_wait_p95_s=percentile(overload_waits, 0.95) or 0.0)
 
 
-def _run_next(queue: RequestQueue, clock: Clock) -> tuple[int, float]:
+def _run_next(queue: RequestQueue, clock: FakeClock) -> tuple[int, float]:
     piece = queue.next_candidates(1)
     if not piece:
         return 0, math.inf
     queue.take(piece, piece[0].cost_s)
-    return 1, clock.now + piece[0].cost_s
+    return 1, clock.now() + piece[0].cost_s
 
 
 def summary(windows: dict[float, float], runs: int, load: float) -> dict:

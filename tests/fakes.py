@@ -1,13 +1,14 @@
-"""A fake engine with a controlled cost curve, for policy and batcher tests."""
+"""Fake engines with a controlled cost curve, for policy and loop tests: each spends its cost on its clock (a
+FakeClock in unit tests, which that cost advances; the system's, sleeping, in integration tests and benchmarks)."""
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from tts_core.clock import SYSTEM_CLOCK, Clock
 from tts_core.engines.base import Engine, SteppedEngine, Voice
 from tts_core.request import EngineInput, EngineOutput
 
@@ -16,13 +17,14 @@ SAMPLES_PER_TOKEN = 100
 
 
 class FakeEngine(Engine):
-    """Costs `cost(batch_size, padded_tokens)` seconds per call, spent sleeping (so both the
-    batcher and the test see real time pass). Each item's audio is SAMPLES_PER_TOKEN samples per
+    """Costs `cost(batch_size, padded_tokens)` seconds per call, spent sleeping on `clock` (so the loop, which
+    times it on the same clock, and the test see that time pass). Each item's audio is SAMPLES_PER_TOKEN samples per
     token, filled with the item's first token so a test can tell whose audio it got."""
 
     def __init__(self, cost: Callable[[int, int], float] = lambda size, padded: 0.0,
-                 sample_rate: int = 16000, name: str = "fake", voice: str = "fake-voice", language: str = "en"):
-        self.name = name
+                 sample_rate: int = 16000, name: str = "fake", voice: str = "fake-voice", language: str = "en",
+                 clock: Clock = SYSTEM_CLOCK):
+        self.name, self.clock = name, clock
         self.voice, self.language = voice, language
         self.sample_rate = sample_rate
         self.cost = cost
@@ -41,7 +43,7 @@ class FakeEngine(Engine):
         self.seen.append([int(item.tokens[0]) for item in batch])
         self.calls_started.release()
         self.gate.wait()
-        time.sleep(self.cost(len(batch), len(batch) * max(item.length for item in batch)))
+        self.clock.sleep(self.cost(len(batch), len(batch) * max(item.length for item in batch)))
         if any(POISON in item.tokens for item in batch):
             raise RuntimeError("poisoned item")
         return [EngineOutput(np.full(item.length * SAMPLES_PER_TOKEN, item.tokens[0] / 1000, dtype=np.float32))
@@ -59,9 +61,9 @@ def linear_cost(size: int, padded: int) -> float:
 
 
 class FakeSteppedEngine(SteppedEngine):
-    """An autoregressive engine with a controlled step cost: an item makes one frame per step, as many
-    frames as it has tokens (FRAME samples each, filled with its first token / 1000, so a test can
-    tell whose audio it got). `gate` cleared: steps block until it is set. `events` records, in order,
+    """An autoregressive engine with a controlled step cost (spent on `clock`, as FakeEngine's): an item makes
+    one frame per step, as many frames as it has tokens (FRAME samples each, filled with its first token / 1000,
+    so a test can tell whose audio it got). `gate` cleared: steps block until it is set. `events` records, in order,
     ("admit", tag) and ("take", tag) for each item joining and each piece of audio taken (tag: its
     first token); `on_take(item)` runs at each piece taken (with the item's engine input), before it is, and
     `on_step()` at each step, before it runs."""
@@ -70,8 +72,9 @@ class FakeSteppedEngine(SteppedEngine):
     kv_bytes_per_token = 1000.0
 
     def __init__(self, step_cost: Callable[[int], float] = lambda running: 0.0, max_running: int = 8,
-                 name: str = "fake-ar", fail_admitting: Callable[[int], bool] = lambda running: False):
-        self.name, self.sample_rate, self.max_running = name, 1000, max_running
+                 name: str = "fake-ar", fail_admitting: Callable[[int], bool] = lambda running: False,
+                 clock: Clock = SYSTEM_CLOCK):
+        self.name, self.sample_rate, self.max_running, self.clock = name, 1000, max_running, clock
         self.step_cost, self.fail_admitting = step_cost, fail_admitting
         self.gate = threading.Event()
         self.gate.set()
@@ -114,7 +117,7 @@ class FakeSteppedEngine(SteppedEngine):
         self.gate.wait()
         self.on_step()
         self.steps_run.append(len(self._running))
-        time.sleep(self.step_cost(len(self._running)))
+        self.clock.sleep(self.step_cost(len(self._running)))
         finished = []
         for item_id, item in self._running.items():
             self._made[item_id] += 1

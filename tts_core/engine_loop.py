@@ -56,6 +56,7 @@ class Serving:
 
     def __init__(self, engine: Engine, queue: RequestQueue, metrics: Metrics, min_free_memory_mb: int = 2048):
         self.engine, self.queue, self.metrics = engine, queue, metrics
+        self.clock = queue.clock  # plans, batch and step times, on the clock the queue's items were timed by
         self.memory = MemoryBudget(engine, min_free_memory_mb * 2**20)
         self.item_cost = ItemCost()  # engine time per item as the work runs now, for the queue's predictions
         self.audio_s_per_token = 0.0  # moving estimate of audio produced per input token (at speed 1)

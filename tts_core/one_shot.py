@@ -33,6 +33,7 @@ class OneShotStrategy:
                  empty_cache_every: int = 100, calibration_lengths: Sequence[int] = CALIBRATION_LENGTHS):
         self.serving, self.policy = serving, policy
         self.engine, self.queue, self.metrics = serving.engine, serving.queue, serving.metrics
+        self.clock = serving.clock
         self.calibration_sizes = [s for s in calibration_sizes if 1 <= s <= policy.max_batch_size]
         self.calibration_lengths = calibration_lengths
         self.empty_cache_every = empty_cache_every  # batches between handing cached device memory back
@@ -65,9 +66,9 @@ class OneShotStrategy:
 
         def timed(size: int, length: int) -> float:
             inputs = [EngineInput(tokens[:length], voice) for _ in range(size)]
-            started = time.perf_counter()
+            started = self.clock.timer()
             outputs = self.engine.synthesize(inputs)
-            seconds = time.perf_counter() - started
+            seconds = self.clock.timer() - started
             self.serving.learn_audio_rate(inputs, outputs)
             return seconds
 
@@ -95,9 +96,10 @@ class OneShotStrategy:
             self.serving.release_memory_once_idle()
             self.queue.wait_for_items()
             return
-        plan = self.policy.plan(candidates, time.monotonic(), self.serving.memory.tokens())
+        now = self.clock.now()
+        plan = self.policy.plan(candidates, now, self.serving.memory.tokens())
         if not plan.take:
-            self.queue.wait(plan.wait_s)
+            self.queue.wait_until(now + plan.wait_s)
             return
         batch = [candidates[index] for index in plan.take]
         self.queue.take(batch, sum(item.cost_s for item in batch))
@@ -157,19 +159,20 @@ class OneShotStrategy:
 
     def _run_batch(self, batch: list[QueuedItem]) -> list[EngineOutput]:
         name = self.engine.name
-        dispatched = time.monotonic()
+        dispatched = self.clock.now()
         waits = [dispatched - item.enqueued_at for item in batch]
         self.metrics.batch_started(name, len(batch))
         record = None
         try:
-            started = time.perf_counter()
+            started = self.clock.timer()
             outputs = self.engine.synthesize([item.input for item in batch])
-            seconds = time.perf_counter() - started
+            seconds = self.clock.timer() - started
             if len(outputs) != len(batch):
                 raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(batch)} items")
             padded = padded_tokens(batch)
             self.policy.observe(len(batch), padded, seconds, real_tokens=sum(item.length for item in batch))
             self.serving.item_cost.add(len(batch), sum(item.length for item in batch), seconds)
+            # stamped on the system's clock, as the metrics' windows are
             record = BatchRecord(time.monotonic(), name, len(batch), padded,
                                  sum(item.length for item in batch), seconds, self.policy.max_batch_size)
             for item, wait in zip(batch, waits):

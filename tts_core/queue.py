@@ -48,13 +48,13 @@ from __future__ import annotations
 import heapq
 import math
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
 from .request import EngineInput, QueuedItem
 
@@ -109,7 +109,7 @@ class QueueClosed(Exception):
 class RequestQueue:
     def __init__(self, max_size: int, aging_horizon_s: float = 2.0, long_tokens: int = LONG_TOKENS,
                  on_drop: Callable[[str, int], None] = lambda reason, count: None, order: str = "fair",
-                 max_per_caller: int = 0, clock: Callable[[], float] = time.monotonic,
+                 max_per_caller: int = 0, clock: Clock = SYSTEM_CLOCK,
                  offered_windows: dict[float, float] = OFFERED_WINDOWS_S):
         if order not in QUEUE_ORDERS:
             raise ValueError(f"unknown queue order {order!r}; one of {', '.join(QUEUE_ORDERS)}")
@@ -127,7 +127,7 @@ class RequestQueue:
         self._changed = threading.Condition(threading.RLock())
         self._closed = False
         self._woken = False  # the engine thread has other work (EngineLoop.run_on_engine): stop waiting
-        self._clock = clock  # time.monotonic (tests move their own)
+        self.clock = clock  # the loop that serves this queue plans on it too (tests move a FakeClock)
         self._offered: deque[tuple[float, float]] = deque()  # (when, predicted cost) of texts offered, decided
         self._offered_windows = offered_windows  # {seconds: factor} (bench/overload_replay.py tries others)
         self._piece_cost_s = 0.0  # moving average of the queued pieces' predicted cost
@@ -184,7 +184,7 @@ class RequestQueue:
         probe = QueuedItem(EngineInput(np.zeros(max(1, length), dtype=np.int64), ""), key=None, deadline=math.inf,
                            priority=priority, caller=caller)
         with self._changed:
-            now = self._clock()
+            now = self.clock.now()
             starts, _ = self._starts([probe], now)
             return self._wait_before(starts[0], now, running)
 
@@ -193,7 +193,7 @@ class RequestQueue:
         that time (a second of predicted cost per second) times the window's factor, and a queue stands in
         front of new callers (the batch running now is no queue): see the module's docstring."""
         with self._changed:
-            now = self._clock()
+            now = self.clock.now()
             self._forget_offers(now)
             offered = all(sum(seconds for when, seconds in self._offered if when >= now - window) > window * factor
                           for window, factor in self._offered_windows.items())
@@ -202,7 +202,7 @@ class RequestQueue:
     def _offer(self, seconds: float) -> None:
         """A text's predicted cost, once it is decided (queued or refused): a text is never an overload of
         its own making."""
-        now = self._clock()
+        now = self.clock.now()
         self._forget_offers(now)
         self._offered.append((now, seconds))
 
@@ -213,7 +213,7 @@ class RequestQueue:
     def backlog_s(self) -> float:
         """Predicted seconds until everything queued and running now is done."""
         with self._changed:
-            return max(0.0, self._running_until - self._clock()) + sum(item.cost_s for item in self._items)
+            return max(0.0, self._running_until - self.clock.now()) + sum(item.cost_s for item in self._items)
 
     # --- the callers' side --------------------------------------------------------------------------
 
@@ -229,7 +229,7 @@ class RequestQueue:
             overloaded = self.overloaded(target)
             try:
                 self._check_room(len(items), items[0].tier, items[0].caller, tier_limit)
-                now = self._clock()
+                now = self.clock.now()
                 starts, chains = self._starts(items, now)
                 wait = self._wait_before(starts[0], now)
                 _refuse_if_late(wait, target, overloaded, items[0].deadline - now,
@@ -294,11 +294,11 @@ class RequestQueue:
 
     # --- the engine thread's side -------------------------------------------------------------------
 
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until something is put (or closed, or woken), or the timeout passes."""
+    def wait_until(self, moment: float) -> None:
+        """Block until something is put (or closed, or woken), or the clock reaches `moment`."""
         with self._changed:
             if not self._closed and not self._woken:
-                self._changed.wait(timeout)
+                self.clock.wait_until(self._changed, moment)
             self._woken = False
 
     def wait_for_items(self) -> None:
@@ -320,7 +320,7 @@ class RequestQueue:
         Items whose caller has gone (future cancelled) are dropped here unsynthesized, and items
         past their deadline are failed with DeadlineExceeded.
         """
-        now = self._clock()
+        now = self.clock.now()
         with self._changed:
             live: list[QueuedItem] = []
             cancelled = expired = 0
@@ -352,13 +352,13 @@ class RequestQueue:
         with self._changed:
             self._items = [item for item in self._items if id(item) not in taken]
             self._running += len(taken)
-            self._running_until = self._clock() + predicted_s
+            self._running_until = self.clock.now() + predicted_s
 
     def expect_free_in(self, seconds: float, joining_now: int = 0) -> None:
         """A stepped engine's loop says when its next place frees up (its items stay running across steps),
         and how many queued items would join at its next step."""
         with self._changed:
-            self._running_until = self._clock() + seconds
+            self._running_until = self.clock.now() + seconds
             self._joining_now = joining_now
 
     def put_back(self, item: QueuedItem) -> None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -93,6 +92,7 @@ class SteppedStrategy:
                  cpu_cache_mb: int | None = 1024):
         self.serving, self.policy = serving, policy
         self.engine, self.queue, self.metrics = serving.engine, serving.queue, serving.metrics
+        self.clock = serving.clock
         self.calibration_sizes = [s for s in calibration_sizes if 1 <= s <= policy.max_running]
         # the cache's budget where no device memory says otherwise (None: none, as for one whole batch)
         self.cpu_cache_bytes = None if cpu_cache_mb is None else cpu_cache_mb * 2**20
@@ -128,9 +128,9 @@ class SteppedStrategy:
             return [EngineInput(tokens[:length], voice) for _ in range(count)]
 
         self.engine.synthesize(inputs(1, 4))  # cold: first runs set up kernels and caches
-        started = time.perf_counter()
+        started = self.clock.timer()
         outputs = self.engine.synthesize(sample := inputs(1, 12))
-        self.serving.item_cost.add(1, 12, time.perf_counter() - started)
+        self.serving.item_cost.add(1, 12, self.clock.timer() - started)
         self.serving.learn_audio_rate(sample, outputs)
         self.engine.measure_memory(tokens[:12])
         return [lambda size=size, length=length: self._calibrate(inputs(size, length))
@@ -138,21 +138,21 @@ class SteppedStrategy:
 
     def _calibrate(self, inputs: list[EngineInput]) -> None:
         engine, cost = self.engine, self.policy.cost
-        started = time.perf_counter()
+        started = self.clock.timer()
         engine.admit(inputs)
-        cost.observe_prefill(sum(engine.context_length(item.id) for item in inputs), time.perf_counter() - started)
+        cost.observe_prefill(sum(engine.context_length(item.id) for item in inputs), self.clock.timer() - started)
         best, longest = math.inf, 0
         for _ in range(CALIBRATION_STEPS):
             longest = max(map(engine.context_length, engine.running()))
-            started = time.perf_counter()
+            started = self.clock.timer()
             engine.step()
-            best = min(best, time.perf_counter() - started)  # others' work on the cores only ever adds time
+            best = min(best, self.clock.timer() - started)  # others' work on the cores only ever adds time
         cost.observe_step(len(inputs), longest, best, calibration=True)
-        started = time.perf_counter()
+        started = self.clock.timer()
         for item in inputs:
             engine.take_audio(item.id, final=True)
             engine.release(item.id)
-        cost.observe_decode(len(inputs) * (CALIBRATION_STEPS + 1), time.perf_counter() - started)
+        cost.observe_decode(len(inputs) * (CALIBRATION_STEPS + 1), self.clock.timer() - started)
 
     # --- one turn of the loop -------------------------------------------------------------------
 
@@ -170,13 +170,13 @@ class SteppedStrategy:
             return
         self._declined = False
         if candidates:
-            plan = self.policy.plan(self._running_views(), self._queued_views(candidates), time.monotonic(),
-                                    self._memory_tokens())
+            now = self.clock.now()
+            plan = self.policy.plan(self._running_views(), self._queued_views(candidates), now, self._memory_tokens())
             self._declined = len(plan.take) < len(candidates)
             if plan.take:
                 self._admit([candidates[index] for index in plan.take])
             elif not running:
-                self.queue.wait(plan.wait_s)
+                self.queue.wait_until(now + plan.wait_s)
                 return
         if self.engine.running():
             self._step()
@@ -227,8 +227,8 @@ class SteppedStrategy:
         self.metrics.dropped.labels("cancelled").inc(len(joining) - len(live))
         if not live:
             return
-        now, running_with = time.monotonic(), len(self.engine.running()) + len(live)
-        started = time.perf_counter()
+        now, running_with = self.clock.now(), len(self.engine.running()) + len(live)
+        started = self.clock.timer()
         try:
             finished = self.engine.admit([item.input for item in live])
         except self.engine.out_of_memory_errors:
@@ -238,7 +238,7 @@ class SteppedStrategy:
             for item in live:
                 self._end(item.input.id, item, SynthesisError(f"synthesis failed: {error}"), running=False)
             return
-        seconds = time.perf_counter() - started
+        seconds = self.clock.timer() - started
         self.serving.worked = True
         self.policy.cost.observe_prefill(sum(self.engine.context_length(item.input.id) for item in live), seconds)
         for item in live:
@@ -254,7 +254,7 @@ class SteppedStrategy:
     def _step(self) -> None:
         running = self.engine.running()
         longest = max(map(self.engine.context_length, running))
-        started = time.perf_counter()
+        started = self.clock.timer()
         try:
             finished = self.engine.step()
         except self.engine.out_of_memory_errors:
@@ -264,7 +264,7 @@ class SteppedStrategy:
             log.warning("%s: a step failed (%s); stopping the newest request", self.engine.name, error)
             self._end(running[-1], self._progress[running[-1]].item, SynthesisError(f"synthesis failed: {error}"))
             return
-        seconds = time.perf_counter() - started
+        seconds = self.clock.timer() - started
         self.policy.cost.observe_step(len(running), longest, seconds)
         self.metrics.step_finished(self.engine.name, len(running), longest, seconds, self.policy.max_running)
         for item_id in running:
@@ -293,9 +293,9 @@ class SteppedStrategy:
 
     def _decode(self, item_ids: list[int], final: bool) -> None:
         for item_id in item_ids:
-            started = time.perf_counter()
+            started = self.clock.timer()
             audio = self.engine.take_audio(item_id, final)
-            seconds = time.perf_counter() - started
+            seconds = self.clock.timer() - started
             progress = self._progress[item_id]
             progress.engine_s += seconds
             progress.decoded = progress.frames

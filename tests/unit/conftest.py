@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from tests.fakes import FakeEngine
+from tts_core.clock import FakeClock
 from tts_core.metrics import Metrics
 from tts_core.queue import RequestQueue
 from tts_core.request import EngineInput, QueuedItem
@@ -19,12 +20,19 @@ def make_item(length: int, tag: int = 7, key="k", deadline: float = math.inf, pr
 
 
 @pytest.fixture
-def start_loop():
+def clock() -> FakeClock:
+    """The simulated time a test's loops run on: only a fake engine's cost (or the test) moves it."""
+    return FakeClock()
+
+
+@pytest.fixture
+def start_loop(clock):
     started = []
 
     def start(engine: FakeEngine, policy: str = "adaptive", max_queue: int = 64,
               aging_horizon_s: float = 2.0, max_batch_size: int = 16, calibration_sizes=(1, 2, 8)):
-        queue = RequestQueue(max_queue, aging_horizon_s, long_tokens=400)
+        assert engine.clock is clock, "the engine spends its cost on the loop's clock: FakeEngine(clock=clock)"
+        queue = RequestQueue(max_queue, aging_horizon_s, long_tokens=400, clock=clock)
         loop = make_engine_loop(engine, queue, Metrics(), policy, max_batch_size, 100_000, calibration_sizes)
         loop.start()
         assert loop.calibrated.wait(30)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.fakes import FakeEngine, FakeSteppedEngine
+from tts_core.clock import FakeClock
 from tts_core.metrics import Metrics
 from tts_core.queue import QueueClosed, RequestQueue
 from tts_core.request import EngineInput, QueuedItem
@@ -19,8 +20,8 @@ from tts_core.strategies import make_engine_loop
 class RecordingEngine(FakeSteppedEngine):
     """Notes which thread runs its steps and whether anything else ran while one did."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, clock: FakeClock):
+        super().__init__(clock=clock)
         self.stepping = False
         self.overlapped = False
         self.stepped = threading.Event()  # a step has begun
@@ -39,9 +40,9 @@ class RecordingEngine(FakeSteppedEngine):
 
 
 @pytest.fixture
-def stepped():
-    engine = RecordingEngine()
-    loop = make_engine_loop(engine, RequestQueue(64), Metrics(), calibration_sizes=(1,))
+def stepped(clock):
+    engine = RecordingEngine(clock)
+    loop = make_engine_loop(engine, RequestQueue(64, clock=clock), Metrics(), calibration_sizes=(1,))
     loop.start()
     assert loop.calibrated.wait(30)
     yield engine, loop
@@ -55,8 +56,8 @@ def test_an_idle_loop_wakes_for_a_call_and_runs_it_on_the_engines_thread(stepped
     assert time.monotonic() - started < 1.0
 
 
-def test_a_one_shot_engines_loop_runs_calls_the_same_way(start_loop):
-    loop = start_loop(FakeEngine())
+def test_a_one_shot_engines_loop_runs_calls_the_same_way(start_loop, clock):
+    loop = start_loop(FakeEngine(clock=clock))
     started = time.monotonic()
     assert loop.run_on_engine(lambda: threading.current_thread().name).result(timeout=5).startswith("engine-")
     assert time.monotonic() - started < 1.0
@@ -70,8 +71,7 @@ def test_a_call_waits_for_the_running_step_and_never_runs_beside_one(stepped):
     loop.submit([long])
     assert engine.stepped.wait(10)
     calls = [loop.run_on_engine(engine.errand) for _ in range(5)]
-    time.sleep(0.2)
-    assert not any(call.done() for call in calls)  # held behind the step
+    assert not any(call.done() for call in calls)  # held behind the step (each notes whether one ran beside it)
     engine.gate.set()
     assert all(call.result(timeout=5) == "engine-fake-ar" for call in calls)
     long.future.result(timeout=10)

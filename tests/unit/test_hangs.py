@@ -54,8 +54,8 @@ def test_an_idle_check_and_a_submission_cannot_interleave():
         queue.put_many([make_item(5)])
 
 
-def test_stopping_a_loop_fails_what_is_still_queued(start_loop):
-    engine = FakeEngine()
+def test_stopping_a_loop_fails_what_is_still_queued(start_loop, clock):
+    engine = FakeEngine(clock=clock)
     loop = start_loop(engine, policy="sequential")
     engine.gate.clear()
     running, queued = make_item(5, tag=1), make_item(5, tag=2)

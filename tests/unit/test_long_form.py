@@ -74,7 +74,6 @@ def test_a_stream_yields_its_sentences_in_order_whatever_order_they_complete_in(
         def complete() -> None:
             for index in completion:
                 item = stream.items[index]
-                time.sleep(0.02)
                 tag = item.input.tokens[0] / 1000
                 item.future.set_result(EngineOutput(np.full(item.length * SAMPLES_PER_TOKEN, tag, np.float32)))
 

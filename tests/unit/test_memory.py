@@ -35,24 +35,26 @@ class SmallDeviceEngine(FakeEngine):
         self.released += 1
 
 
-def test_out_of_memory_splits_the_batch_lowers_the_budget_and_loses_nothing(start_loop):
-    engine = SmallDeviceEngine()
+def test_out_of_memory_splits_the_batch_lowers_the_budget_and_loses_nothing(start_loop, clock):
+    engine = SmallDeviceEngine(clock=clock)
     batcher = start_loop(engine, policy="static", max_batch_size=8)  # always tries 8 at once
     items = [make_item(100, tag=index + 1) for index in range(16)]
     batcher.submit(items)
+    clock.sleep(0.6)  # a batch smaller than 8 runs once static's 0.5 s wait is over
     audio = [item.future.result(timeout=10).audio for item in items]
     assert [round(float(chunk[0]) * 1000) for chunk in audio] == list(range(1, 17))  # every one, its own
     assert batcher.memory.out_of_memory_count >= 1 and engine.released >= 1
     assert batcher.memory.tokens() <= LIMIT  # the budget shrank below what failed
     later = [make_item(100, tag=50 + index) for index in range(8)]
     batcher.submit(later)
+    clock.sleep(0.6)
     for item in later:
         item.future.result(timeout=10)
     assert all(len(batch) * 100 <= LIMIT for batch in engine.seen[-2:])  # planned within the budget now
 
 
-def test_an_item_too_large_even_alone_fails_alone_with_a_clear_error(start_loop):
-    engine = SmallDeviceEngine()
+def test_an_item_too_large_even_alone_fails_alone_with_a_clear_error(start_loop, clock):
+    engine = SmallDeviceEngine(clock=clock)
     batcher = start_loop(engine, policy="sequential")
     huge, small = make_item(LIMIT + 1, tag=1), make_item(10, tag=2)
     batcher.submit([huge, small])

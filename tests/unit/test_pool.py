@@ -2,7 +2,6 @@
 
 import asyncio
 import threading
-import time
 
 import pytest
 
@@ -27,11 +26,13 @@ class SizedEngine(FakeEngine):
 
 
 def spec(name: str, pinned: bool = False, megabytes: int = 100, loads: list | None = None,
-         load_seconds: float = 0.0, fails: bool = False, threads: list | None = None) -> ModelSpec:
+         held: threading.Event | None = None, fails: bool = False, threads: list | None = None) -> ModelSpec:
+    """A fake model; `held`: its load waits until that is set."""
     def load():
         if threads is not None:
             threads.append(threading.current_thread())
-        time.sleep(load_seconds)
+        if held is not None:
+            assert held.wait(10)
         if fails:
             raise EngineUnavailable(f"model {name!r} could not be loaded: gone")
         if loads is not None:
@@ -134,20 +135,20 @@ def test_the_memory_budget_unloads_idle_models_beyond_it():
 
 
 def test_one_load_serves_every_caller_waiting_for_it_and_others_are_not_held_up():
-    loads = []
-    service = make_service([spec("fast", pinned=True), spec("slow", loads=loads, load_seconds=2.0)])
+    loads, held = [], threading.Event()
+    service = make_service([spec("fast", pinned=True), spec("slow", loads=loads, held=held)])
     try:
         async def scenario():
             waiting = [asyncio.ensure_future(service.synthesize("hi", "slow-voice")) for _ in range(3)]
-            await asyncio.sleep(0.1)
-            started = time.perf_counter()
-            await service.synthesize("hi", "fast-voice")  # while slow loads
-            assert time.perf_counter() - started < 1.0  # not the 2 s load's wait
+            await asyncio.wait_for(service.synthesize("hi", "fast-voice"), 5)  # served while slow still loads
+            assert not any(request.done() for request in waiting)
+            held.set()
             await asyncio.gather(*waiting)
 
         asyncio.run(asyncio.wait_for(scenario(), 10))
         assert loads == ["slow"]
     finally:
+        held.set()
         service.stop()
 
 
@@ -178,28 +179,35 @@ def test_reloading_the_registry_keeps_unchanged_models_adds_new_and_removes_gone
 
 
 class SlowVoices(list):
-    """A model's voice list that takes a while to go through (a big registry, a slow machine)."""
+    """A model's voice list that runs `meanwhile` at each voice it gives (a reader's turn while a reload reads it)."""
+
+    def __init__(self, voices, meanwhile):
+        super().__init__(voices)
+        self.meanwhile = meanwhile
 
     def __iter__(self):
         for voice in super().__iter__():
-            time.sleep(0.05)
+            self.meanwhile()
             yield voice
 
 
 def test_a_reload_never_hides_a_valid_voice_from_requests_meanwhile():
     service = make_service([spec("pin", pinned=True), spec("a")])
     try:
-        slow = spec("b")
-        slow.voices = SlowVoices(slow.voices * 4)
         failures, done = [], threading.Event()
 
-        def reader():
-            while not done.is_set():
-                try:
-                    service.catalogue.resolve_voice("a-voice")
-                except Exception as error:  # the old index was cleared and refilled in place
-                    failures.append(error)
+        def read() -> None:
+            try:
+                service.catalogue.resolve_voice("a-voice")
+            except Exception as error:  # the old index was cleared and refilled in place
+                failures.append(error)
 
+        def reader():  # requests on other threads, all through the reload
+            while not done.is_set():
+                read()
+
+        slow = spec("b")
+        slow.voices = SlowVoices(slow.voices * 4, meanwhile=read)  # and one at each voice the reload reads
         thread = threading.Thread(target=reader)
         thread.start()
         try:

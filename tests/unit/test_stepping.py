@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.fakes import FRAME, FakeSteppedEngine
+from tests.serve import wait_until
 from tts_core.config import Settings
 from tts_core.engine_loop import EngineLoop
 from tts_core.errors import InvalidRequest, Overloaded, SynthesisError
@@ -31,12 +32,13 @@ def item(frames: int, tag: int = 7, stream: bool = False) -> QueuedItem:
 
 
 @pytest.fixture
-def start():
+def start(clock):
     started = []
 
     def start(engine: FakeSteppedEngine, policy: str = "adaptive", cpu_cache_mb: int = 1024) -> EngineLoop:
-        loop = make_engine_loop(engine, RequestQueue(64), Metrics(), policy, calibration_sizes=(1, 2),
-                                   cpu_cache_mb=cpu_cache_mb)
+        assert engine.clock is clock, "the engine spends its cost on the loop's clock: FakeSteppedEngine(clock=clock)"
+        loop = make_engine_loop(engine, RequestQueue(64, clock=clock), Metrics(), policy, calibration_sizes=(1, 2),
+                                cpu_cache_mb=cpu_cache_mb)
         loop.start()
         assert loop.calibrated.wait(30)
         engine.steps_run.clear()
@@ -52,34 +54,28 @@ def hold(engine: FakeSteppedEngine, loop: EngineLoop, first: QueuedItem) -> None
     """Start `first` and hold the engine in its next step (so what is submitted now queues)."""
     engine.gate.clear()
     loop.submit([first])
-    wait_for(lambda: engine.running())  # first (or, for a peer's whole batch, the engine's copy of it)
+    # first (or, for a peer's whole batch, the engine's copy of it)
+    assert wait_until(lambda: engine.running(), every_s=0.01)
 
 
-def wait_for(condition, timeout: float = 10.0) -> None:
-    event = threading.Event()
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return
-        event.wait(0.01)
-    raise AssertionError("condition not met in time")
-
-
-def test_a_short_request_joins_a_running_long_one_and_leaves_first(start):
-    engine = FakeSteppedEngine()
+def test_a_short_request_joins_a_running_long_one_and_leaves_first(start, clock):
+    engine = FakeSteppedEngine(clock=clock)
     loop = start(engine)
     long, short = item(60, tag=1), item(5, tag=2)
+    long_done_when_short_came = []
+    short.future.add_done_callback(lambda _: long_done_when_short_came.append(long.future.done()))
     hold(engine, loop, long)
     loop.submit([short])
     engine.gate.set()
     audio = short.future.result(timeout=10).audio
-    assert not long.future.done()  # nobody waits for the longest member
+    assert long_done_when_short_came == [False]  # nobody waits for the longest member
     assert long.future.result(timeout=10).audio.size == 60 * FRAME
     assert audio.size == 5 * FRAME and np.allclose(audio, 0.002)  # its own audio, every frame of it
     assert max(engine.steps_run) == 2  # the two ran in the same steps
 
 
-def test_a_stream_gets_its_audio_while_it_is_still_being_made(start):
-    engine = FakeSteppedEngine()
+def test_a_stream_gets_its_audio_while_it_is_still_being_made(start, clock):
+    engine = FakeSteppedEngine(clock=clock)
     loop = start(engine)
     streamed = item(40, tag=3, stream=True)
     order = []
@@ -98,22 +94,22 @@ def test_a_stream_gets_its_audio_while_it_is_still_being_made(start):
     assert order == ["first piece", "whole audio"]
 
 
-def test_a_caller_that_leaves_frees_its_place_at_the_next_step(start):
-    engine = FakeSteppedEngine()
+def test_a_caller_that_leaves_frees_its_place_at_the_next_step(start, clock):
+    engine = FakeSteppedEngine(clock=clock)
     loop = start(engine)
     gone = item(100, tag=4)
     hold(engine, loop, gone)
     gone.abandon()
     engine.gate.set()
-    wait_for(lambda: not engine.running())
+    assert wait_until(lambda: not engine.running(), every_s=0.01)
     assert loop.metrics.dropped.labels("cancelled")._value.get() == 1
     kept = item(3, tag=5)
     loop.submit([kept])
     assert kept.future.result(timeout=10).audio.size == 3 * FRAME
 
 
-def test_running_requests_never_exceed_the_engine_or_the_memory(start):
-    engine = FakeSteppedEngine(max_running=3)
+def test_running_requests_never_exceed_the_engine_or_the_memory(start, clock):
+    engine = FakeSteppedEngine(clock=clock, max_running=3)
     loop = start(engine)
     items = [item(20, tag=n) for n in range(8)]
     loop.submit(items)
@@ -121,7 +117,7 @@ def test_running_requests_never_exceed_the_engine_or_the_memory(start):
         each.future.result(timeout=20)
     assert max(engine.steps_run) == 3
     # 1 MB of cache at 1000 bytes a position: 1048 positions; each request holds 2 x 200
-    small = FakeSteppedEngine(max_running=8, name="small")
+    small = FakeSteppedEngine(clock=clock, max_running=8, name="small")
     loop = start(small, cpu_cache_mb=1)
     items = [item(200, tag=n) for n in range(6)]
     loop.submit(items)
@@ -130,8 +126,8 @@ def test_running_requests_never_exceed_the_engine_or_the_memory(start):
     assert max(small.steps_run) == 2
 
 
-def test_a_request_the_engine_has_no_memory_for_goes_back_to_the_queue(start):
-    engine = FakeSteppedEngine(fail_admitting=lambda running: running > 2)
+def test_a_request_the_engine_has_no_memory_for_goes_back_to_the_queue(start, clock):
+    engine = FakeSteppedEngine(clock=clock, fail_admitting=lambda running: running > 2)
     loop = start(engine)
     first, second, third = item(30, tag=1), item(30, tag=2), item(5, tag=3)
     hold(engine, loop, first)
@@ -142,14 +138,14 @@ def test_a_request_the_engine_has_no_memory_for_goes_back_to_the_queue(start):
     assert loop.metrics.out_of_memory.labels("fake-ar")._value.get() >= 1
 
 
-def test_a_failing_step_fails_only_the_newest_request(start):
+def test_a_failing_step_fails_only_the_newest_request(start, clock):
     class Flaky(FakeSteppedEngine):
         def step(self):
             if any(each.tokens[0] == 99 for each in self._running.values()):
                 raise RuntimeError("bad input")
             return super().step()
 
-    engine = Flaky()
+    engine = Flaky(clock=clock)
     loop = start(engine)
     good, bad = item(30, tag=1), item(10, tag=99)
     hold(engine, loop, good)
@@ -160,8 +156,8 @@ def test_a_failing_step_fails_only_the_newest_request(start):
     assert good.future.result(timeout=10).audio.size == 30 * FRAME
 
 
-def test_stopping_ends_what_is_running_and_queued_with_a_clear_error(start):
-    engine = FakeSteppedEngine(max_running=1)
+def test_stopping_ends_what_is_running_and_queued_with_a_clear_error(start, clock):
+    engine = FakeSteppedEngine(clock=clock, max_running=1)
     loop = start(engine)
     running, queued = item(50, tag=1), item(5, tag=2)
     hold(engine, loop, running)
@@ -175,22 +171,27 @@ def test_stopping_ends_what_is_running_and_queued_with_a_clear_error(start):
             each.future.result(timeout=5)
 
 
-def test_the_request_level_peer_holds_results_until_its_batch_is_done(start):
+def test_the_request_level_peer_holds_results_until_its_batch_is_done(start, clock):
     """Under a peer's policy a stepped engine runs one whole batch at a time (the one-shot strategy, through
     the engine's own synthesize, which the stepped strategy's code drives)."""
-    engine = FakeSteppedEngine()
+    engine = FakeSteppedEngine(clock=clock)
     loop = start(engine, policy="static")
     short, long = item(3, tag=1), item(30, tag=2)
     steps_when_short_came = []
     short.future.add_done_callback(lambda _: steps_when_short_came.append(len(engine.steps_run)))
-    loop.submit([short, long])  # static waits up to 0.5 s for 8; then both run as one batch
+    loop.submit([short, long])
+    clock.sleep(0.6)  # static waits 0.5 s for 8; then both run as one batch
     audio = short.future.result(timeout=10).audio
     assert audio.size == 3 * FRAME and long.future.result(timeout=10).audio.size == 30 * FRAME
     assert steps_when_short_came == [29]  # handed out with the long one, once its 29 steps were done
     later = item(3, tag=3)
     engine.steps_run.clear()
-    hold(engine, loop, item(20, tag=4))
+    engine.gate.clear()
+    loop.submit([item(20, tag=4)])
+    clock.sleep(0.6)
+    assert wait_until(lambda: engine.running(), every_s=0.01)  # the batch of one runs, held in a step
     loop.submit([later])
+    clock.sleep(0.6)  # waited for here, once the running batch is done
     engine.gate.set()
     later.future.result(timeout=10)
     assert max(engine.steps_run) == 1  # it waited for the running batch to finish before starting
@@ -203,9 +204,10 @@ def always_joins(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("joining_due_s", [0.0, 5.0])  # a stream's first sentence; a later one, 5 s into it
-def test_a_joining_streams_first_piece_comes_before_the_running_ones_next_pieces(start, monkeypatch, joining_due_s):
+def test_a_joining_streams_first_piece_comes_before_the_running_ones_next_pieces(start, clock, monkeypatch,
+                                                                                 joining_due_s):
     always_joins(monkeypatch)
-    engine = FakeSteppedEngine()
+    engine = FakeSteppedEngine(clock=clock)
     loop = start(engine)
     running, joining = item(60, tag=1, stream=True), item(20, tag=2, stream=True)
     joining.due_s = joining_due_s
@@ -224,9 +226,9 @@ def test_a_joining_streams_first_piece_comes_before_the_running_ones_next_pieces
     assert (("take", 1) in events[joined:first]) == (joining_due_s > 0), events[:first + 1]
 
 
-def test_a_request_queued_to_join_stops_the_decoding_of_later_pieces(start, monkeypatch):
+def test_a_request_queued_to_join_stops_the_decoding_of_later_pieces(start, clock, monkeypatch):
     always_joins(monkeypatch)
-    engine = FakeSteppedEngine()
+    engine = FakeSteppedEngine(clock=clock)
     loop = start(engine)
     one, other, joining = item(60, tag=1, stream=True), item(60, tag=3, stream=True), item(20, tag=2, stream=True)
     taken = []
@@ -245,8 +247,8 @@ def test_a_request_queued_to_join_stops_the_decoding_of_later_pieces(start, monk
     assert events.index(("admit", 2)) < second_of_other, events
 
 
-def test_a_queued_request_that_cannot_join_does_not_stop_a_streams_pieces(start):
-    engine = FakeSteppedEngine()
+def test_a_queued_request_that_cannot_join_does_not_stop_a_streams_pieces(start, clock):
+    engine = FakeSteppedEngine(clock=clock)
     loop = start(engine, cpu_cache_mb=2)  # 2,097 cache positions: one of these fits, two do not
     running, waiting = item(600, tag=1, stream=True), item(600, tag=2, stream=True)
     engine.on_step = lambda: loop.submit([waiting]) if len(engine.steps_run) == 2 else None
