@@ -35,16 +35,16 @@ from clones import stored_clones
 from jobs import JobRunner
 from storage import Storage, StorageError
 from storage.request_log import RequestLogWriter
-from tts_core.access import trusted_proxy
 from tts_core.config import Settings
-from tts_core.degrade import OperatorSettings
 from tts_core.engines import Engine, EngineUnavailable, ModelSpec, model_specs
 from tts_core.errors import InvalidSetting
-from tts_core.memory import limit_heap_arenas
-from tts_core.metrics import Metrics
-from tts_core.monitor import Monitor
-from tts_core.pool import ModelPool
-from tts_core.scheduling import Scheduler
+from tts_core.ops.degrade import OperatorSettings
+from tts_core.ops.metrics import Metrics
+from tts_core.ops.monitor import Monitor
+from tts_core.request.access import trusted_proxy
+from tts_core.scheduler.dispatch import Scheduler
+from tts_core.scheduler.memory import limit_heap_arenas
+from tts_core.scheduler.pool import ModelPool
 from tts_core.service import SpeechService
 from ui import build_ui
 

@@ -12,8 +12,6 @@ from pydantic import BaseModel, Field
 from api.errors import json_body
 from api.schemas import VoiceName, error_responses
 from storage import AlreadyExists, StorageError
-from tts_core.access import Tier, client_address
-from tts_core.degrade import OperatorSettings
 from tts_core.engines import EngineUnavailable, registry_specs
 from tts_core.errors import (
     Conflict,
@@ -24,7 +22,9 @@ from tts_core.errors import (
     RateLimited,
     StorageUnavailable,
 )
-from tts_core.lexicon import LexiconEntry, LexiconFileError
+from tts_core.ops.degrade import OperatorSettings
+from tts_core.request.access import Tier, client_address
+from tts_core.text.lexicon import LexiconEntry, LexiconFileError
 
 from .control import OperatorControl
 from .gate import AdminRefused

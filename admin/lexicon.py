@@ -15,8 +15,8 @@ import threading
 from pydantic import ValidationError
 
 from storage import Storage
-from tts_core.admission import Admission
-from tts_core.lexicon import Lexicon, LexiconEntry, from_tsv, language_code, to_tsv
+from tts_core.request.admission import Admission
+from tts_core.text.lexicon import Lexicon, LexiconEntry, from_tsv, language_code, to_tsv
 
 log = logging.getLogger(__name__)
 

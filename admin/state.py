@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from tts_core.degrade import OperatorSettings
+from tts_core.ops.degrade import OperatorSettings
 
 
 def _queue_wait(value: float, settings: OperatorSettings, gpu: dict | None, limit_s: float) -> str:

@@ -13,7 +13,7 @@ from fastapi.staticfiles import StaticFiles
 
 from clones import VoiceClones
 from storage.request_log import RequestLogWriter
-from tts_core.metrics import Metrics
+from tts_core.ops.metrics import Metrics
 from tts_core.service import SpeechService
 
 from . import jobs, speech, speech_socket, system, voices

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from storage.request_log import RequestLogWriter
-from tts_core.metrics import Metrics
+from tts_core.ops.metrics import Metrics
 
 
 def account(metrics: Metrics, request_log: RequestLogWriter | None, *, source: str, client: str, status: int,

@@ -7,10 +7,10 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from tts_core.audio import FORMATS, MAX_RATE, MIN_RATE
+from tts_core.audio.encoding import FORMATS, MAX_RATE, MIN_RATE
 from tts_core.errors import ErrorCode
-from tts_core.frontend import NormalizationOptions, requested
-from tts_core.script import Reading
+from tts_core.request.script import Reading
+from tts_core.text.frontend import NormalizationOptions, requested
 
 ResponseFormat = Literal[tuple(FORMATS)]  # type: ignore[valid-type]
 

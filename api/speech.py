@@ -14,11 +14,11 @@ from typing import TypeVar
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
-from tts_core.access import Caller, RateLimitState
-from tts_core.audio import FORMATS
-from tts_core.captions import CaptionWord, caption_words, subtitles
+from tts_core.audio.encoding import FORMATS
 from tts_core.errors import ClientGone, ErrorCode, InvalidRequest
+from tts_core.request.access import Caller, RateLimitState
 from tts_core.service import SpeechService, SpokenAudio
+from tts_core.text.captions import CaptionWord, caption_words, subtitles
 
 from .schemas import CaptionedSpeechRequest, SpeechRequest, error_responses
 

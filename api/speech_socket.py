@@ -30,12 +30,12 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
-from tts_core.access import Caller
-from tts_core.audio import FORMATS
+from tts_core.audio.encoding import FORMATS
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, SynthesisError, Unauthorized
-from tts_core.frontend import NormalizationOptions, requested
-from tts_core.script import Reading
+from tts_core.request.access import Caller
+from tts_core.request.script import Reading
 from tts_core.service import SentenceStream, SpeechService, check_format
+from tts_core.text.frontend import NormalizationOptions, requested
 
 from .accounting import account
 from .errors import invalid_input

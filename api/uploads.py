@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 
-from tts_core.access import RateLimitState
 from tts_core.config import Settings
 from tts_core.errors import ChorusError, ErrorCode, Overloaded, RateLimited
+from tts_core.request.access import RateLimitState
 
 from .access import AccessControl
 from .errors import chorus_response, error_response

@@ -6,10 +6,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, Response, UploadFile
 
 from clones import VoiceClones
-from tts_core.access import Caller, RateLimitState
-from tts_core.catalogue import Catalogue, speaks
 from tts_core.engines import Capabilities, Voice
 from tts_core.errors import Unauthorized
+from tts_core.request.access import Caller, RateLimitState
+from tts_core.voices.catalogue import Catalogue, speaks
 
 from .schemas import VoiceName, error_responses
 from .speech import admitted

@@ -39,12 +39,12 @@ from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from storage.request_log import RequestLogWriter
-from tts_core.access import Caller
-from tts_core.audio import pcm16
+from tts_core.audio.encoding import pcm16
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, SynthesisError
-from tts_core.script import Reading
+from tts_core.request.access import Caller
+from tts_core.request.script import Reading
 from tts_core.service import SpeechService
-from tts_core.text import complete_sentences
+from tts_core.text.chunks import complete_sentences
 
 from .access import AccessControl
 from .accounting import account

@@ -39,10 +39,10 @@ from bench.random_vits import TINY, save_random_vits
 from bench.workload import texts
 from tts_core.engines.base import VoiceSpec
 from tts_core.engines.vits import VitsEngine
-from tts_core.metrics import Metrics
-from tts_core.queue import RequestQueue
-from tts_core.request import EngineInput, QueuedItem
-from tts_core.strategies import make_engine_loop
+from tts_core.ops.metrics import Metrics
+from tts_core.request.records import EngineInput, QueuedItem
+from tts_core.scheduler.queue import RequestQueue
+from tts_core.scheduler.strategies import make_engine_loop
 
 FULL = {"sizes": [1, 2, 4, 8, 16, 32, 64], "sweep_s": 5.0, "served_s": 25.0, "clients": 64, "sentences": 512}
 QUICK = {"sizes": [1, 2, 4, 8], "sweep_s": 1.0, "served_s": 4.0, "clients": 8, "sentences": 64}

@@ -29,10 +29,10 @@ import torch
 
 from bench.workload import texts
 from tts_core.engines.base import SteppedEngine
-from tts_core.metrics import Metrics
-from tts_core.queue import RequestQueue
-from tts_core.request import EngineInput, QueuedItem
-from tts_core.strategies import make_engine_loop
+from tts_core.ops.metrics import Metrics
+from tts_core.request.records import EngineInput, QueuedItem
+from tts_core.scheduler.queue import RequestQueue
+from tts_core.scheduler.strategies import make_engine_loop
 
 FULL = {"clients": 16, "served_s": 15.0, "texts": 64, "workload": "mixed", "calibration_sizes": [1, 2, 4, 8, 16]}
 QUICK = {"clients": 8, "served_s": 2.0, "texts": 16, "workload": "short", "calibration_sizes": [1, 2]}

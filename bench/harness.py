@@ -41,7 +41,7 @@ from bench.ttfa import drained
 from bench.workload import texts
 from tts_core.config import Settings
 from tts_core.engines import load_voice_engine
-from tts_core.request import EngineInput
+from tts_core.request.records import EngineInput
 
 PEERS = {
     "sequential": {"batch_policy": "sequential", "queue_order": "fifo"},
@@ -404,7 +404,7 @@ def verdicts(measured: dict, targets: dict) -> dict:
 def machine() -> dict:
     info = {"python": platform.python_version(), "platform": platform.platform(), "cpus": _cpu_count()}
     try:
-        from tts_core import gpu
+        from tts_core.ops import gpu
 
         info["gpu"] = gpu.readings()
     except Exception:  # NVML missing is normal

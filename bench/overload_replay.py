@@ -31,14 +31,14 @@ import numpy as np
 from bench.load import percentile
 from bench.soak import EDGE_S, OVERLOAD, OVERLOAD_S, STEADY, USERS
 from bench.workload import MIXES, sentence
-from tts_core.clock import FakeClock
-from tts_core.degrade import OperatorSettings
-from tts_core.queue import LONG_TOKENS, OFFERED_WINDOWS_S, QueueFull, RequestQueue, WaitTarget
-from tts_core.request import EngineInput, QueuedItem
+from tts_core.ops.degrade import OperatorSettings
+from tts_core.request.records import EngineInput, QueuedItem
+from tts_core.scheduler.clock import FakeClock
+from tts_core.scheduler.queue import LONG_TOKENS, OFFERED_WINDOWS_S, QueueFull, RequestQueue, WaitTarget
 
 PHASE_S = 60.0
 CHARS_PER_ENGINE_S = 180.0  # Piper on the soak's slower 2-core machine, ~15 characters a second of speech
-TOKENS_PER_CHAR = LONG_TOKENS / 180  # Piper's phoneme ids (see tts_core.queue.LONG_TOKENS)
+TOKENS_PER_CHAR = LONG_TOKENS / 180  # Piper's phoneme ids (see tts_core.scheduler.queue.LONG_TOKENS)
 TAIL_S = 3.0  # "just after the overload": its long window still reads it
 
 

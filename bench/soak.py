@@ -59,9 +59,9 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 from bench.load import PCM_BYTES_PER_S, percentile, user_address
 from bench.server import ROOT, ServerProcess, start_server
 from bench.workload import MIXES, sentence
-from tts_core.degrade import OperatorSettings
 from tts_core.errors import ERROR_TYPES
-from tts_core.queue import OFFERED_WINDOWS_S
+from tts_core.ops.degrade import OperatorSettings
+from tts_core.scheduler.queue import OFFERED_WINDOWS_S
 
 KINDS = ("plain", "stream", "sse", "ws")
 PHASES = ("capacity", "warm-up", "before", "overload", "after")

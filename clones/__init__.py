@@ -2,7 +2,7 @@
 and the Admin tab make, share and delete them.
 
 The engine's side (the clip's checks, its encoding on the engine's thread, the catalogue) is
-tts_core.cloning; the rows, and the audit of every change, are storage's. Every storage call runs in
+tts_core.voices.cloning; the rows, and the audit of every change, are storage's. Every storage call runs in
 a worker thread, never on the event loop. The database row is the truth a restart starts from: a
 voice is offered once its row is written, and its row goes before anything else when it is deleted.
 
@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from storage import Storage, StorageError
-from tts_core.access import Caller
-from tts_core.cloning import MAX_TRANSCRIPT_CHARS, ClonedVoice, prompt_path, read_clip, save_prompt, write_prompt
 from tts_core.errors import Conflict, ErrorCode, InvalidRequest, NotFound
+from tts_core.request.access import Caller
 from tts_core.service import SpeechService
+from tts_core.voices.cloning import MAX_TRANSCRIPT_CHARS, ClonedVoice, prompt_path, read_clip, save_prompt, write_prompt
 
 log = logging.getLogger(__name__)
 

@@ -43,18 +43,18 @@ from app import create_app
 from clones import VoiceClones, stored_clones
 from deploy.replica_load import DeploymentLoad, RemoteLoads
 from storage import Storage, StorageError
-from tts_core.access import Caller
 from tts_core.config import Settings
-from tts_core.degrade import OperatorSettings
 from tts_core.engines import EngineUnavailable, model_specs
 from tts_core.errors import ChorusError, ErrorCode, Overloaded, SynthesisError
-from tts_core.metrics import Metrics
-from tts_core.monitor import Monitor
-from tts_core.pool import ModelPool
-from tts_core.queue import WaitTarget
-from tts_core.request import AudioPieces, EngineOutput, QueuedItem
-from tts_core.scheduling import Scheduler, pieces_of
-from tts_core.script import Passage
+from tts_core.ops.degrade import OperatorSettings
+from tts_core.ops.metrics import Metrics
+from tts_core.ops.monitor import Monitor
+from tts_core.request.access import Caller
+from tts_core.request.records import AudioPieces, EngineOutput, QueuedItem
+from tts_core.request.script import Passage
+from tts_core.scheduler.dispatch import Scheduler, pieces_of
+from tts_core.scheduler.pool import ModelPool
+from tts_core.scheduler.queue import WaitTarget
 from tts_core.service import SpeechService
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from admin.cluster import GONE_AFTER_S
-from tts_core.queue import WaitTarget
+from tts_core.scheduler.queue import WaitTarget
 
 
 @dataclass(frozen=True)

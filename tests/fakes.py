@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tts_core.clock import SYSTEM_CLOCK, Clock
 from tts_core.engines.base import Engine, SteppedEngine, Voice
-from tts_core.request import EngineInput, EngineOutput
+from tts_core.request.records import EngineInput, EngineOutput
+from tts_core.scheduler.clock import SYSTEM_CLOCK, Clock
 
 POISON = 999  # a token that makes the fake engine raise
 SAMPLES_PER_TOKEN = 100

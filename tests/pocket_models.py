@@ -10,7 +10,7 @@ import yaml
 from bench.random_model import save_random_pocket
 from tts_core.config import Settings
 from tts_core.engines import ModelSpec, registry_specs
-from tts_core.request import EngineInput
+from tts_core.request.records import EngineInput
 
 
 def registry_spec(model: Path, voices: dict[str, dict], folder: Path, engine: str = "pocket_tts") -> ModelSpec:

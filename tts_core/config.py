@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .policy import POLICIES
-from .queue import QUEUE_ORDERS
+from .scheduler.policy import POLICIES
+from .scheduler.queue import QUEUE_ORDERS
 
 DEFAULT_VOICE = "en_US-joe-medium"
 

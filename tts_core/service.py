@@ -2,11 +2,12 @@
 calls an engine).
 
 The request's way, one room each:
-  catalogue.py   which voices and models exist and what a request's names mean
-  admission.py   validation, tier limits and degrade-mode refusals
-  scheduling.py  pieces queued on the model's engine loop (the queue refuses waits past the target), audio back
-  this module    the assembly of the answer: the cache, joining, encoding; lifecycle and status
-and beside it, cloning.py: voices made from callers' clips, given to their engines as they load.
+  voices/catalogue.py     which voices and models exist and what a request's names mean
+  request/admission.py    validation, tier limits and degrade-mode refusals
+  scheduler/dispatch.py   pieces queued on the model's engine loop (the queue refuses waits past the target), audio
+                          back
+  this module             the assembly of the answer: the cache, joining, encoding; lifecycle and status
+and beside it, voices/cloning.py: voices made from callers' clips, given to their engines as they load.
 """
 
 from __future__ import annotations
@@ -20,26 +21,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import gpu
-from .access import Caller
-from .admission import Admission
-from .audio import FORMATS, STREAMABLE, encode, join, silence, unsupported_rate
-from .cache import AudioCache, CachedAudio, CacheUse
-from .captions import CaptionWord, Timed, caption_words, timed_words
-from .catalogue import Catalogue
-from .cloning import ClonedVoice, ClonedVoices, Cloner
+from .audio.cache import AudioCache, CachedAudio, CacheUse
+from .audio.encoding import FORMATS, STREAMABLE, encode, unsupported_rate
+from .audio.playable import join, silence
 from .config import Settings
-from .degrade import DegradeAction, DegradeController
-from .engine_loop import EngineLoop
 from .engines import Engine, ModelSpec
 from .errors import Conflict, ErrorCode, InvalidRequest
-from .metrics import Metrics
-from .pool import ModelPool
-from .queue import RequestQueue
-from .request import EngineOutput, QueuedItem
-from .scheduling import Scheduler, SentenceStream
-from .script import Reading, Script
-from .strategies import make_engine_loop
+from .ops import gpu
+from .ops.degrade import DegradeAction, DegradeController
+from .ops.metrics import Metrics
+from .request.access import Caller
+from .request.admission import Admission
+from .request.records import EngineOutput, QueuedItem
+from .request.script import Reading, Script
+from .scheduler.dispatch import Scheduler, SentenceStream
+from .scheduler.engine_loop import EngineLoop
+from .scheduler.pool import ModelPool
+from .scheduler.queue import RequestQueue
+from .scheduler.strategies import make_engine_loop
+from .text.captions import CaptionWord, Timed, caption_words, timed_words
+from .voices.catalogue import Catalogue
+from .voices.cloning import ClonedVoice, ClonedVoices, Cloner
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ import gradio as gr
 
 from clones import VoiceClones
 from storage.request_log import RequestLogWriter
-from tts_core.access import Caller
 from tts_core.errors import ChorusError
+from tts_core.request.access import Caller
 from tts_core.service import SpeechService
 
 log = logging.getLogger("ui")

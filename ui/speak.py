@@ -13,13 +13,13 @@ import gradio as gr
 import numpy as np
 
 from api.accounting import account
-from tts_core.access import Caller
-from tts_core.admission import MAX_SPEED, MIN_SPEED
-from tts_core.audio import encode
-from tts_core.captions import SUBTITLE_FORMATS, CaptionWord, caption_words, subtitles
+from tts_core.audio.encoding import encode
 from tts_core.engines import Capabilities
 from tts_core.errors import ChorusError
-from tts_core.scheduling import SentenceStream
+from tts_core.request.access import Caller
+from tts_core.request.admission import MAX_SPEED, MIN_SPEED
+from tts_core.scheduler.dispatch import SentenceStream
+from tts_core.text.captions import SUBTITLE_FORMATS, CaptionWord, caption_words, subtitles
 
 from . import browser, takes
 from .context import UiContext, log, refused

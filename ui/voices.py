@@ -8,9 +8,9 @@ import re
 from collections import Counter
 from itertools import groupby
 
-from tts_core.catalogue import Catalogue, speaks
 from tts_core.engines import Voice
-from tts_core.lexicon import language_code
+from tts_core.text.lexicon import language_code
+from tts_core.voices.catalogue import Catalogue, speaks
 
 # A table, not a package: the codes voices carry are few (Piper's espeak voices, a registry's "en" or
 # "en_US"), and a name for every one of the world's languages is not worth a dependency. An unknown code

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from storage import AlreadyExists, StorageError
 from tts_core.errors import StorageUnavailable
-from tts_core.lexicon import LexiconEntry, LexiconFileError
+from tts_core.text.lexicon import LexiconEntry, LexiconFileError
 
 from ..lexicon import LexiconControl
 from .tables import datatypes, time_cell

@@ -9,8 +9,8 @@ import gradio as gr
 import pydantic_core
 
 from storage import StorageError
-from tts_core.degrade import OperatorSettings
 from tts_core.errors import InvalidSetting, StorageUnavailable
+from tts_core.ops.degrade import OperatorSettings
 
 from ..control import OperatorControl
 

@@ -27,7 +27,7 @@ from storage import Storage, sqlite_url
 from tests.integration.conftest import RAY_ONE_MACHINE
 from tests.pocket_models import build_tiny_pocket, random_voice
 from tests.serve import wait_until
-from tts_core.audio import encode
+from tts_core.audio.encoding import encode
 
 pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
 

@@ -16,7 +16,7 @@ from bench.server import start_server
 from tests.audio_check import decode
 from tests.pocket_models import build_tiny_pocket, request
 from tests.vibevoice_models import build_tiny_vibevoice
-from tts_core.audio import encode
+from tts_core.audio.encoding import encode
 from tts_core.engines.piper import PiperEngine, bundled_voice_path
 
 pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)

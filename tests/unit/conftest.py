@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from tests.fakes import FakeEngine
-from tts_core.clock import FakeClock
-from tts_core.metrics import Metrics
-from tts_core.queue import RequestQueue
-from tts_core.request import EngineInput, QueuedItem
-from tts_core.strategies import make_engine_loop
+from tts_core.ops.metrics import Metrics
+from tts_core.request.records import EngineInput, QueuedItem
+from tts_core.scheduler.clock import FakeClock
+from tts_core.scheduler.queue import RequestQueue
+from tts_core.scheduler.strategies import make_engine_loop
 
 
 def make_item(length: int, tag: int = 7, key="k", deadline: float = math.inf, priority: int = 0):

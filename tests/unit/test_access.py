@@ -4,8 +4,8 @@ import pytest
 from pydantic import ValidationError
 
 from tests.unit.conftest import make_item
-from tts_core.access import Tier, client_address
-from tts_core.queue import QueueFull, RequestQueue
+from tts_core.request.access import Tier, client_address
+from tts_core.scheduler.queue import QueueFull, RequestQueue
 
 
 @pytest.mark.parametrize("peer, forwarded, trusted, expected", [
@@ -52,9 +52,9 @@ def test_a_dead_rate_limit_store_fails_open_and_says_so(tmp_path):
     from storage.request_log import RequestLogWriter
     from tests.fakes import FakeEngine
     from tts_core.config import Settings
-    from tts_core.degrade import OperatorSettings
-    from tts_core.metrics import Metrics
-    from tts_core.monitor import Monitor
+    from tts_core.ops.degrade import OperatorSettings
+    from tts_core.ops.metrics import Metrics
+    from tts_core.ops.monitor import Monitor
     from tts_core.service import SpeechService
 
     storage = Storage(sqlite_url(tmp_path / "c.db"))

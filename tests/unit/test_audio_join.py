@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from tts_core.audio import JOIN_PAUSE_S, faded, join
+from tts_core.audio.playable import JOIN_PAUSE_S, faded, join
 
 RATE = 22050
 

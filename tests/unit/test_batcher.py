@@ -6,10 +6,10 @@ import pytest
 from tests.fakes import POISON, SAMPLES_PER_TOKEN, FakeEngine, flat_cost, linear_cost
 from tests.unit.conftest import make_item
 from tts_core.errors import SynthesisError
-from tts_core.metrics import Metrics
-from tts_core.one_shot import CALIBRATION_LENGTHS
-from tts_core.queue import RequestQueue
-from tts_core.strategies import make_engine_loop
+from tts_core.ops.metrics import Metrics
+from tts_core.scheduler.one_shot import CALIBRATION_LENGTHS
+from tts_core.scheduler.queue import RequestQueue
+from tts_core.scheduler.strategies import make_engine_loop
 
 
 def submit_while_busy(loop, engine, items):

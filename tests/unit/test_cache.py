@@ -1,4 +1,4 @@
-from tts_core.cache import AudioCache, CachedAudio
+from tts_core.audio.cache import AudioCache, CachedAudio
 
 
 def entry(size: int) -> CachedAudio:

@@ -6,15 +6,15 @@ import asyncio
 import pytest
 
 from tests.fakes import FakeEngine
-from tts_core.captions import CaptionWord, caption_words, subtitles
 from tts_core.config import Settings
 from tts_core.engines.base import Voice
 from tts_core.errors import InvalidRequest
-from tts_core.frontend import normalize_text, spoken_parts, ssml
-from tts_core.metrics import Metrics
-from tts_core.script import Passage, Script
+from tts_core.ops.metrics import Metrics
+from tts_core.request.script import Passage, Script
 from tts_core.service import SpeechService
-from tts_core.text import words
+from tts_core.text.captions import CaptionWord, caption_words, subtitles
+from tts_core.text.chunks import words
+from tts_core.text.frontend import normalize_text, spoken_parts, ssml
 
 VOICE = Voice("v", "fake", "en", 16000)
 

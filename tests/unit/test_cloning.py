@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from tests.fakes import FakeSteppedEngine
-from tts_core.access import Caller, Tier
-from tts_core.audio import encode
-from tts_core.catalogue import Catalogue
-from tts_core.cloning import ClonedVoice, ClonedVoices, read_clip
+from tts_core.audio.encoding import encode
 from tts_core.config import Settings
 from tts_core.engines import ModelSpec
 from tts_core.errors import Conflict, InvalidRequest
+from tts_core.request.access import Caller, Tier
+from tts_core.voices.catalogue import Catalogue
+from tts_core.voices.cloning import ClonedVoice, ClonedVoices, read_clip
 
 # --- clips ----------------------------------------------------------------------------------------
 
@@ -110,8 +110,8 @@ def test_a_saved_prompt_given_at_load_speaks_as_the_clip_does(tmp_path, one_torc
     makes the same audio as the latents the clip was encoded to, and not the default voice's."""
     from bench.random_model import piper_speech
     from tests.pocket_models import build_tiny_pocket, request
-    from tts_core.cloning import prompt_path, save_prompt
     from tts_core.engines.pocket_tts import PocketTTSEngine
+    from tts_core.voices.cloning import prompt_path, save_prompt
 
     model = build_tiny_pocket(tmp_path / "tiny-pocket")
     encoder = PocketTTSEngine(str(model), [], device="cpu", temperature=0.0, fixed_length=True)
@@ -154,7 +154,7 @@ def replicas(tmp_path):
     """Two replicas' cloned voices (each its engine, its data dir) on one SQLite database."""
     from clones import VoiceClones
     from storage import Storage, sqlite_url
-    from tts_core.metrics import Metrics
+    from tts_core.ops.metrics import Metrics
     from tts_core.service import SpeechService
 
     url = sqlite_url(tmp_path / "shared.db")

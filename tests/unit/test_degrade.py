@@ -1,7 +1,7 @@
 import pytest
 
-from tts_core.degrade import DegradeController, LoadInputs, OperatorSettings, load_score
 from tts_core.errors import InvalidSetting
+from tts_core.ops.degrade import DegradeController, LoadInputs, OperatorSettings, load_score
 
 
 def test_load_score_is_the_worst_pressure():

@@ -17,12 +17,12 @@ from tests.vibevoice_models import build_tiny_vibevoice
 from tts_core.engines import ModelSpec
 from tts_core.engines.base import CLONE_HOOKS, SteppedEngine, capabilities_of
 from tts_core.engines.piper import bundled_voice_path
-from tts_core.metrics import Metrics
-from tts_core.queue import RequestQueue
-from tts_core.request import AudioPieces, EngineInput, QueuedItem
-from tts_core.scheduling import pieces_of
-from tts_core.strategies import make_engine_loop
-from tts_core.text import words
+from tts_core.ops.metrics import Metrics
+from tts_core.request.records import AudioPieces, EngineInput, QueuedItem
+from tts_core.scheduler.dispatch import pieces_of
+from tts_core.scheduler.queue import RequestQueue
+from tts_core.scheduler.strategies import make_engine_loop
+from tts_core.text.chunks import words
 
 KINDS = {  # engine kind -> (how to make a model in a folder, its registry voices)
     "piper": (lambda folder: bundled_voice_path(), {"joe": {}}),

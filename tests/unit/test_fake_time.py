@@ -5,7 +5,7 @@ import re
 import threading
 from pathlib import Path
 
-from tts_core.queue import RequestQueue
+from tts_core.scheduler.queue import RequestQueue
 
 TESTS = Path(__file__).resolve().parents[1]
 SLEEP = re.compile(r"\btime\.sleep\(|from time import [^\n]*\bsleep\b")

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from tts_core.frontend import LANGUAGES, NormalizationOptions, UnspeakableScript, normalize_text
-from tts_core.frontend.english import say_as
-from tts_core.frontend.pieces import BREAK, PRONUNCIATION, SAID, TEXT
-from tts_core.pronunciation import Pronounced, as_text
-from tts_core.text import TextError
+from tts_core.text.chunks import TextError
+from tts_core.text.frontend import LANGUAGES, NormalizationOptions, UnspeakableScript, normalize_text
+from tts_core.text.frontend.english import say_as
+from tts_core.text.frontend.pieces import BREAK, PRONUNCIATION, SAID, TEXT
+from tts_core.text.pronunciation import Pronounced, as_text
 
 
 def said(text: str, language: str = "en_US", **options) -> str:

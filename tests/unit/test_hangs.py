@@ -11,9 +11,9 @@ from tests.unit.conftest import make_item
 from tests.unit.test_pool import make_service, spec
 from tts_core.engines import ModelSpec
 from tts_core.errors import DeadlineExceeded, Overloaded
-from tts_core.monitor import Monitor
-from tts_core.queue import QueueClosed, RequestQueue
-from tts_core.scheduling import output_of
+from tts_core.ops.monitor import Monitor
+from tts_core.scheduler.dispatch import output_of
+from tts_core.scheduler.queue import QueueClosed, RequestQueue
 
 
 def test_an_item_queued_on_a_model_unloaded_meanwhile_runs_on_the_reloaded_model():

@@ -14,13 +14,13 @@ from storage import AlreadyExists, Storage, sqlite_url
 from tests.fakes import FakeEngine
 from tts_core.config import Settings
 from tts_core.engines.piper import PiperEngine, bundled_voice_path
-from tts_core.frontend import NormalizationOptions, normalize_text
-from tts_core.frontend.pieces import PRONUNCIATION
-from tts_core.lexicon import MAX_IMPORT_LINES, Lexicon, LexiconEntry, LexiconFileError, from_tsv, to_tsv
-from tts_core.metrics import Metrics
-from tts_core.pronunciation import Pronounced, as_text, split_marked
+from tts_core.ops.metrics import Metrics
 from tts_core.service import SpeechService
-from tts_core.text import split_chunks
+from tts_core.text.chunks import split_chunks
+from tts_core.text.frontend import NormalizationOptions, normalize_text
+from tts_core.text.frontend.pieces import PRONUNCIATION
+from tts_core.text.lexicon import MAX_IMPORT_LINES, Lexicon, LexiconEntry, LexiconFileError, from_tsv, to_tsv
+from tts_core.text.pronunciation import Pronounced, as_text, split_marked
 
 
 def entry(phrase: str, ipa: str | None = "ə", respelling: str | None = None, language: str = "en",

@@ -8,13 +8,13 @@ import pytest
 
 from tests.fakes import FakeEngine
 from tests.unit.conftest import make_item
-from tts_core.access import Caller, Tier
 from tts_core.config import Settings
-from tts_core.degrade import OperatorSettings
 from tts_core.errors import Overloaded
-from tts_core.metrics import Metrics
-from tts_core.monitor import Monitor
-from tts_core.queue import QueueFull, RequestQueue, WaitTarget
+from tts_core.ops.degrade import OperatorSettings
+from tts_core.ops.metrics import Metrics
+from tts_core.ops.monitor import Monitor
+from tts_core.request.access import Caller, Tier
+from tts_core.scheduler.queue import QueueFull, RequestQueue, WaitTarget
 from tts_core.service import SpeechService
 
 

@@ -11,9 +11,9 @@ import torch
 from tests.fakes import FakeEngine
 from tests.unit.conftest import make_item
 from tts_core.config import Settings
-from tts_core.memory import MemoryBudget
-from tts_core.metrics import Metrics
-from tts_core.policy import make_policy
+from tts_core.ops.metrics import Metrics
+from tts_core.scheduler.memory import MemoryBudget
+from tts_core.scheduler.policy import make_policy
 from tts_core.service import SpeechService
 
 LIMIT = 400  # padded tokens the fake device holds
@@ -90,7 +90,7 @@ def test_status_reports_the_budget_and_out_of_memory_count():
 def test_nvml_readings_become_gauges_and_no_gpu_leaves_them_out():
     from prometheus_client import generate_latest
 
-    from tts_core.metrics import Metrics
+    from tts_core.ops.metrics import Metrics
 
     metrics = Metrics()
     metrics.device_reading(None)
@@ -102,7 +102,7 @@ def test_nvml_readings_become_gauges_and_no_gpu_leaves_them_out():
 
 ARENAS_AFTER_THREADS = """
 import ctypes, ctypes.util, sys, tempfile, threading
-from tts_core.memory import limit_heap_arenas
+from tts_core.scheduler.memory import limit_heap_arenas
 if sys.argv[1] == "limited":
     assert limit_heap_arenas()
 libc = ctypes.CDLL(ctypes.util.find_library("c"))

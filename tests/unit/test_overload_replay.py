@@ -5,7 +5,7 @@ import argparse
 import pytest
 
 from bench.overload_replay import main, parse_windows, replay
-from tts_core.queue import OFFERED_WINDOWS_S
+from tts_core.scheduler.queue import OFFERED_WINDOWS_S
 
 
 def test_an_overload_is_refused_and_a_light_load_around_it_is_not():

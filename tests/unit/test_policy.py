@@ -4,7 +4,14 @@ from dataclasses import dataclass
 import pytest
 
 from tests.fakes import flat_cost, linear_cost
-from tts_core.policy import SOLO_AFTER_MISS, AdaptivePolicy, BatchPolicy, CostModel, TimeoutPolicy, make_policy
+from tts_core.scheduler.policy import (
+    SOLO_AFTER_MISS,
+    AdaptivePolicy,
+    BatchPolicy,
+    CostModel,
+    TimeoutPolicy,
+    make_policy,
+)
 
 
 @dataclass

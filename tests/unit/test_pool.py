@@ -9,7 +9,7 @@ from tests.fakes import FakeEngine
 from tts_core.config import Settings
 from tts_core.engines import EngineUnavailable, ModelSpec, Voice
 from tts_core.errors import Overloaded
-from tts_core.metrics import Metrics
+from tts_core.ops.metrics import Metrics
 from tts_core.service import SpeechService
 
 

@@ -2,9 +2,9 @@ import pytest
 
 from tests.fakes import FakeEngine
 from tests.unit.conftest import make_item
-from tts_core.clock import FakeClock
 from tts_core.errors import DeadlineExceeded, InvalidRequest
-from tts_core.queue import QueueFull, RequestQueue
+from tts_core.scheduler.clock import FakeClock
+from tts_core.scheduler.queue import QueueFull, RequestQueue
 
 
 def test_shorter_items_go_first(clock):

@@ -13,13 +13,13 @@ from deploy.replica_load import DeploymentLoad, RemoteLoads
 from storage import Storage, sqlite_url
 from tests.fakes import FakeEngine
 from tts_core.config import Settings
-from tts_core.degrade import OperatorSettings
 from tts_core.engines import ModelSpec
 from tts_core.errors import Degraded
-from tts_core.metrics import Metrics
-from tts_core.monitor import Monitor
-from tts_core.queue import WaitTarget
-from tts_core.script import Reading
+from tts_core.ops.degrade import OperatorSettings
+from tts_core.ops.metrics import Metrics
+from tts_core.ops.monitor import Monitor
+from tts_core.request.script import Reading
+from tts_core.scheduler.queue import WaitTarget
 from tts_core.service import SpeechService
 
 

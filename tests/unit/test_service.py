@@ -7,10 +7,10 @@ from tests.fakes import SAMPLES_PER_TOKEN, FakeEngine
 from tests.serve import wait_until
 from tts_core.config import Settings
 from tts_core.errors import InvalidRequest, Overloaded
-from tts_core.frontend import NormalizationOptions
-from tts_core.metrics import Metrics
-from tts_core.script import Reading
+from tts_core.ops.metrics import Metrics
+from tts_core.request.script import Reading
 from tts_core.service import SpeechService
+from tts_core.text.frontend import NormalizationOptions
 
 
 class CountingEngine(FakeEngine):
@@ -146,7 +146,7 @@ class ThreadRecordingEngine(FakeEngine):
 
 def test_texts_are_read_off_the_event_loop_one_at_a_time(monkeypatch):
     """Normalizing, cutting and tokenizing run on the scheduler's text reader, never on the event loop's thread."""
-    import tts_core.admission as admission
+    import tts_core.request.admission as admission
 
     normalized_on: set[str] = set()
     normalize = admission.normalize_text

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from tts_core.audio import StreamEncoder, encode, int16
-from tts_core.cloning import read_clip, soundfile_clip
+from tts_core.audio.encoding import StreamEncoder, encode, int16
+from tts_core.voices.cloning import read_clip, soundfile_clip
 
 RATE = 22050
 

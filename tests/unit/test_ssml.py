@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from tests.fakes import SAMPLES_PER_TOKEN, FakeEngine
-from tts_core.audio import JOIN_PAUSE_S
+from tts_core.audio.playable import JOIN_PAUSE_S
 from tts_core.config import Settings
 from tts_core.engines.base import Voice
 from tts_core.errors import InvalidRequest
-from tts_core.frontend import spoken_parts, ssml
-from tts_core.metrics import Metrics
-from tts_core.script import Reading
+from tts_core.ops.metrics import Metrics
+from tts_core.request.script import Reading
 from tts_core.service import SpeechService
+from tts_core.text.frontend import spoken_parts, ssml
 
 
 def said(text: str) -> list[tuple[str | None, float, float | None, str]]:

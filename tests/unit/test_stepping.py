@@ -12,15 +12,15 @@ import pytest
 from tests.fakes import FRAME, FakeSteppedEngine
 from tests.serve import wait_until
 from tts_core.config import Settings
-from tts_core.engine_loop import EngineLoop
 from tts_core.errors import InvalidRequest, Overloaded, SynthesisError
-from tts_core.metrics import Metrics
-from tts_core.policy import make_policy
-from tts_core.queue import RequestQueue
-from tts_core.request import AudioPieces, EngineInput, QueuedItem
+from tts_core.ops.metrics import Metrics
+from tts_core.request.records import AudioPieces, EngineInput, QueuedItem
+from tts_core.scheduler.engine_loop import EngineLoop
+from tts_core.scheduler.policy import make_policy
+from tts_core.scheduler.queue import RequestQueue
+from tts_core.scheduler.step_policy import ContinuousPolicy, StepView
+from tts_core.scheduler.strategies import make_engine_loop
 from tts_core.service import SpeechService
-from tts_core.step_policy import ContinuousPolicy, StepView
-from tts_core.strategies import make_engine_loop
 
 
 def item(frames: int, tag: int = 7, stream: bool = False) -> QueuedItem:

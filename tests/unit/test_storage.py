@@ -18,7 +18,7 @@ from storage.request_log import RequestLogWriter
 from tests.fakes import FakeEngine
 from tests.serve import require_tools
 from tts_core.config import Settings
-from tts_core.metrics import Metrics
+from tts_core.ops.metrics import Metrics
 from tts_core.service import SpeechService
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,8 +2,8 @@ import time
 
 import pytest
 
-from tts_core.frontend import NormalizationOptions, normalize_text
-from tts_core.text import TextError, complete_sentences, ramp_up, split_chunks
+from tts_core.text.chunks import TextError, complete_sentences, ramp_up, split_chunks
+from tts_core.text.frontend import NormalizationOptions, normalize_text
 
 
 def normalize(text: str) -> str:

@@ -4,11 +4,11 @@ history."""
 import json
 import time
 
-from tts_core.captions import CaptionWord
-from tts_core.catalogue import Catalogue
-from tts_core.cloning import ClonedVoice
 from tts_core.config import Settings
 from tts_core.engines import ModelSpec, Voice
+from tts_core.text.captions import CaptionWord
+from tts_core.voices.catalogue import Catalogue
+from tts_core.voices.cloning import ClonedVoice
 from ui import takes
 from ui.speak import words_html
 from ui.voices import language_choices, language_name, voice_choices, voice_label, voice_list_html

@@ -18,7 +18,7 @@ from tts_core.engines.base import EngineUnavailable, VoiceSpec
 from tts_core.engines.pocket_codec import read_clip
 from tts_core.engines.vibevoice import VibeVoiceEngine, describe_vibevoice
 from tts_core.engines.vibevoice_parts import DPMSolver, encode_voice
-from tts_core.metrics import Metrics
+from tts_core.ops.metrics import Metrics
 from tts_core.service import SpeechService
 
 pytestmark = pytest.mark.slow  # a tiny model generating, step by step: the full run only (see pytest.ini)

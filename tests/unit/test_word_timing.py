@@ -10,8 +10,8 @@ import torch
 from tests.unit import test_vits_engine as vits_tests
 from tts_core.engines.alignment import share_out, unit_words
 from tts_core.engines.base import word_spans
-from tts_core.pronunciation import Pronounced
-from tts_core.text import words
+from tts_core.text.chunks import words
+from tts_core.text.pronunciation import Pronounced
 
 engine, model_dir = vits_tests.engine, vits_tests.model_dir  # the tiny model's fixtures
 

@@ -64,7 +64,7 @@ def _piper_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settin
 
 
 def _vits_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings) -> Described:
-    from .vits import VitsEngine, describe_vits  # torch and transformers load only when a VITS voice is configured
+    from .vits import VitsEngine, describe_vits
 
     return describe_vits(model, voices), capabilities_of(VitsEngine), _torch_loader(
         settings, lambda: VitsEngine(model, voices, settings.device, settings.dtype, name=name))
@@ -123,7 +123,7 @@ ENGINE_KINDS: dict[str, Callable[[str, list[VoiceSpec], str, Settings], Describe
 
 
 def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
-    from ..registry import read_registry
+    from ..voices.registry import read_registry
 
     specs, names = [], set(taken)
     for (kind, model), entries in read_registry(settings.voices_file).by_model().items():

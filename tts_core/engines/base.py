@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..request import EngineInput, EngineOutput
+from ..request.records import EngineInput, EngineOutput
 
 
 class EngineUnavailable(RuntimeError):
@@ -90,7 +90,7 @@ class Engine(ABC):
 
     def tokenize_words(self, text: str, voice: str) -> list[tuple[np.ndarray, np.ndarray]]:
         """tokenize's arrays, each with the word each of its tokens speaks: an int64 array as long as
-        the ids, holding the index of a word in tts_core.text.words(text) (white-space separated; a
+        the ids, holding the index of a word in tts_core.text.chunks.words(text) (white-space separated; a
         pronunciation's marked span is one word), or -1 for tokens that speak no word (padding,
         sentence start/end, pauses). Indices run on across the arrays of one text. Only engines with
         times_words implement it."""
@@ -205,6 +205,6 @@ class SteppedEngine(Engine):
 
     def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]:
         """Decodes in FILE_PIECE_S pieces, as a served whole file is: the same driving loop."""
-        from ..stepping import synthesize_whole  # the scheduler's module imports this one: imported when run
+        from ..scheduler.stepped import synthesize_whole
 
         return synthesize_whole(self, batch)

@@ -22,9 +22,9 @@ from piper.config import PhonemeType, PiperConfig
 from piper.const import BOS, EOS, PAD
 from piper.voice import PiperVoice
 
-from ..pronunciation import OPEN, Pronounced, as_text, split_marked
-from ..request import EngineInput, EngineOutput
-from ..text import words
+from ..request.records import EngineInput, EngineOutput
+from ..text.chunks import words
+from ..text.pronunciation import OPEN, Pronounced, as_text, split_marked
 from .alignment import unit_words
 from .base import Capabilities, Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
 
@@ -102,7 +102,7 @@ class PiperEngine(Engine):
     def _phonemes(self, text: str) -> list[list[str]]:
         """The text's phonemes as one model input (none if it has none), those the voice has no id for left
         out (as phonemes_to_ids does). The sentences espeak finds are joined with a word break: the scheduler
-        has cut the text into the pieces it queues, short sentences packed together (tts_core.text)."""
+        has cut the text into the pieces it queues, short sentences packed together (tts_core.text.chunks)."""
         id_map = self.config.phoneme_id_map
         sentences = self._front_end.phonemize(self._with_phonemes(text))
         joined: list[str] = []

@@ -120,7 +120,7 @@ def _resampled(frames, sample_rate: int) -> np.ndarray:
 
 def resample(audio: np.ndarray, sample_rate: int, target_rate: int) -> np.ndarray:
     """float32 mono at another rate (PyAV, imported here: see _resampled)."""
-    from ..audio import resample as resampled
+    from ..audio.playable import resample as resampled
 
     return resampled(audio, sample_rate, target_rate)
 

@@ -39,8 +39,8 @@ from transformers import (
     PocketTTSProcessor,
 )
 
-from ..pronunciation import as_text
-from ..request import EngineInput
+from ..request.records import EngineInput
+from ..text.pronunciation import as_text
 from .base import DEFAULT_MAX_RUNNING, Voice, VoiceSpec
 from .pocket_codec import DecoderState, StreamingDecoder, encode_voice
 from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import GenerationConfig
 
-from ..request import EngineInput
+from ..request.records import EngineInput
 from .base import EngineUnavailable, SteppedEngine, Voice, VoiceSpec
 from .pocket_codec import read_clip
 from .vits import DTYPES, _offline, resolve_device

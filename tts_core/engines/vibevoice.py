@@ -45,8 +45,8 @@ from transformers import (
     VibeVoiceProcessor,
 )
 
-from ..pronunciation import as_text
-from ..request import EngineInput
+from ..request.records import EngineInput
+from ..text.pronunciation import as_text
 from .base import DEFAULT_MAX_RUNNING, Voice, VoiceSpec
 from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
 from .vibevoice_parts import DPMSolver, StreamCaches, encode_voice

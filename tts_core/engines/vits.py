@@ -24,9 +24,9 @@ import torch
 from torch import nn
 from transformers import VitsConfig, VitsModel, VitsTokenizer
 
-from ..pronunciation import as_text
-from ..request import EngineInput, EngineOutput
-from ..text import words
+from ..request.records import EngineInput, EngineOutput
+from ..text.chunks import words
+from ..text.pronunciation import as_text
 from .alignment import unit_words
 from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
 

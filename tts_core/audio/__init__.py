@@ -1,0 +1,1 @@
+"""Audio after the engine: made playable (joined, faded, resampled), encoded, and cached."""

@@ -1,0 +1,1 @@
+"""What operators watch and steer: metrics, the monitor, degrade mode, GPU readings."""

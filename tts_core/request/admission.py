@@ -1,0 +1,170 @@
+"""Admission: what a request is checked for before any work is queued for it.
+
+`validate` is what holds whatever the load (names, speed, text, the caller's tier); `admit` adds
+the degrade actions that refuse work up front (shedding low tiers, capping text length). The wait
+a request would have in the queue is checked where it is queued (tts_core.scheduler.dispatch), against
+`wait_target` from here.
+"""
+
+from __future__ import annotations
+
+from ..config import Settings
+from ..engines import Capabilities, Voice
+from ..errors import Degraded, ErrorCode, InvalidRequest
+from ..ops.degrade import DegradeAction, DegradeController
+from ..ops.metrics import Metrics
+from ..scheduler.queue import WaitTarget
+from ..text.chunks import TextError
+from ..text.frontend import (
+    NormalizationOptions,
+    UnspeakableScript,
+    normalize_text,
+    nothing_to_say,
+    says_something,
+    spoken_parts,
+    ssml,
+)
+from ..text.frontend.scripts import writes
+from ..text.lexicon import Lexicon
+from ..voices.catalogue import Catalogue, speaks
+from .access import Caller, Tier
+from .script import Passage, Reading, Script
+
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
+
+
+class Admission:
+    def __init__(self, settings: Settings, degrade: DegradeController, metrics: Metrics):
+        self.settings = settings
+        self.degrade = degrade
+        self.metrics = metrics
+        # the operator's pronunciations: a snapshot, replaced whole (one assignment) when the stored ones change
+        self.lexicon = Lexicon()
+
+    def validate(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
+                 caller: Caller | None, reading: Reading = Reading()) -> Script:
+        """What to say (the front end's text for each voice's language, with its map back to the input),
+        in which voices, at what speeds."""
+        voice_info, model_name = _voice(catalogue, voice, model, caller, reading.language)
+        _check_speed(voice_info, speed, "speed")
+        limit = self.settings.max_chars
+        if len(text) > limit:  # checked before the front end, whose work grows with the length
+            raise InvalidRequest(f"input is {len(text)} characters long; the limit is {limit}", "input",
+                                 ErrorCode.STRING_ABOVE_MAX_LENGTH)
+        try:
+            if reading.input_type == "ssml" or (reading.input_type == "auto" and ssml.is_ssml(text)):
+                script = self._ssml_script(catalogue, text, voice_info, model_name, speed, caller,
+                                           reading.normalization)
+            else:
+                spoken = normalize_text(text, voice_info.language, reading.normalization, self.lexicon)
+                script = Script.plain(spoken, voice_info, model_name, speed)
+        except UnspeakableScript as error:
+            raise _unspeakable(error, voice_info, catalogue, caller) from None
+        except TextError as error:
+            raise InvalidRequest(str(error), "input", error.code) from None
+        # Every other length limit (TTS_MAX_CHARS, the tier's, degrade mode's cap) is on what the caller sent.
+        tier = caller.tier if caller else Tier()
+        if len(text) > tier.max_chars:
+            raise InvalidRequest(f"input is {len(text)} characters long; the {caller.tier_name} tier allows "
+                                 f"{tier.max_chars}", "input", ErrorCode.TIER_TEXT_LIMIT)
+        # The work is the spoken text's, which number words make longer than what was written ("9" * 4,900 says
+        # 24,500 characters): bounded here, before any of it is queued.
+        spoken = sum(len(passage.spoken.text) for passage in script.passages)
+        if spoken > self.settings.max_spoken_chars:
+            raise InvalidRequest(f"input is {spoken} characters long once its numbers and symbols are said as words; "
+                                 f"the limit is {self.settings.max_spoken_chars}", "input",
+                                 ErrorCode.SPOKEN_TEXT_ABOVE_MAX_LENGTH)
+        return script
+
+    def _ssml_script(self, catalogue: Catalogue, text: str, voice_info: Voice, model_name: str, speed: float,
+                     caller: Caller | None, normalization: NormalizationOptions) -> Script:
+        """An SSML document's passages, each in its voice's language; a passage with nothing to say leaves
+        its pause to the next."""
+        parsed = ssml.parse(text)
+        passages, carried = [], None
+        for raw in parsed.passages:
+            voice, model = voice_info, model_name
+            if raw.voice is not None:
+                try:
+                    voice, model = catalogue.resolve_voice(raw.voice, None, caller.identity if caller else None)
+                except InvalidRequest as error:
+                    raise InvalidRequest(f"<voice> at {raw.at}: {error.message}", "input", error.code) from None
+            _check_speed(voice, speed * raw.rate, "input", f"<prosody rate> at {raw.at}: ")
+            spoken = spoken_parts(raw.parts, voice.language, normalization, self.lexicon)
+            pauses = [pause for pause in (carried, raw.pause_before_s) if pause is not None]
+            pause = sum(pauses) if pauses else None
+            if not says_something(spoken.text):
+                carried = pause
+                continue
+            passages.append(Passage(spoken, voice, model, speed * raw.rate, pause))
+            carried = None
+        if not passages:
+            raise nothing_to_say(text, voice_info.language)
+        return Script(tuple(passages), voice_info, model_name, parsed.pause_after_s + (carried or 0))
+
+    def admit(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
+              caller: Caller | None, reading: Reading = Reading(), words: bool = False) -> Script:
+        """validate(), the degrade actions that refuse work up front, and with `words` (word timestamps asked
+        for), whether every voice's model can time its words (as declared: none is loaded to find out)."""
+        state, settings = self.degrade.state, self.degrade.settings
+        tier = caller.tier if caller else Tier()
+        if DegradeAction.SHED in state.actions and tier.sheddable:
+            self.metrics.degrade_actions.labels(DegradeAction.SHED).inc()
+            retry = self._retry_after_s()
+            raise Degraded("the server is under heavy load and is serving higher priorities only; "
+                           f"retry after {retry} s", retry, ErrorCode.SHED_LOW_PRIORITY)
+        script = self.validate(catalogue, text, voice, model, speed, caller, reading)
+        for passage in script.passages if words else ():
+            if not catalogue.capabilities.get(passage.model, Capabilities()).times_words:
+                raise InvalidRequest(f"voice {passage.voice.name!r} ({passage.voice.model}) cannot time its words: "
+                                     "word timestamps need a model that reports its durations (Piper, VITS)", "voice",
+                                     ErrorCode.TIMESTAMPS_UNSUPPORTED)
+        if DegradeAction.CAP_TEXT in state.actions and len(text) > settings.cap_text_chars:
+            self.metrics.degrade_actions.labels(DegradeAction.CAP_TEXT).inc()
+            retry = self._retry_after_s()
+            raise Degraded(f"the server is under heavy load: texts of up to {settings.cap_text_chars} characters "
+                           f"are accepted now (this one has {len(text)}); longer ones again in about {retry} s",
+                           retry, ErrorCode.DEGRADED_TEXT_LIMIT, "input")
+        return script
+
+    def _retry_after_s(self) -> int:
+        """When a degrade-mode refusal may pass: the mode's expected end, at least a second."""
+        return max(1, round(self.degrade.expected_end_s()))
+
+    def wait_target(self) -> WaitTarget:
+        """The longest predicted queue wait a request is accepted with, usually and in an overload
+        (operator settings)."""
+        settings = self.degrade.settings
+        return WaitTarget(settings.queue_wait_target_s, settings.overload_wait_target_s)
+
+
+def _voice(catalogue: Catalogue, voice: str | None, model: str | None, caller: Caller | None,
+           language: str | None) -> tuple[Voice, str]:
+    """The request's voice and its model's name: the one it names (which must speak its language, if it
+    names one too), else the one for its language, else the default."""
+    identity = caller.identity if caller else None
+    if voice is None and language:
+        return catalogue.voice_for_language(language, model, identity)
+    voice_info, model_name = catalogue.resolve(voice, model, identity)
+    if language and not speaks(voice_info, language):
+        raise InvalidRequest(f"voice {voice_info.name!r} speaks {voice_info.language}, not {language}; leave out "
+                             "the voice to get one that does", "language", ErrorCode.LANGUAGE_MISMATCH)
+    return voice_info, model_name
+
+
+def _unspeakable(error: UnspeakableScript, voice: Voice, catalogue: Catalogue, caller: Caller | None
+                 ) -> InvalidRequest:
+    """The refusal of a text in scripts the voice cannot speak, naming its language and the voices that could."""
+    able = sorted(other.name for other in catalogue.voice_list(caller.identity if caller else None)
+                  if writes(other.language, error.scripts))
+    could = f"voices that can: {', '.join(able[:10])}" if able else "no voice here can"
+    return InvalidRequest(f"{error.written_in}, which voice {voice.name!r} (language {voice.language}) cannot speak; "
+                          f"{could}", "input", error.code)
+
+
+def _check_speed(voice: Voice, speed: float, param: str, where: str = "") -> None:
+    if not MIN_SPEED <= speed <= MAX_SPEED:
+        raise InvalidRequest(f"{where}speed must be between {MIN_SPEED} and {MAX_SPEED} (it is {speed:g})", param)
+    if speed != 1.0 and not voice.speed_control:
+        raise InvalidRequest(f"{where}voice {voice.name!r} ({voice.model}) has no speaking-rate control; "
+                             "send speed 1.0", param, ErrorCode.UNSUPPORTED_VALUE)

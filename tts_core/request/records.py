@@ -1,0 +1,120 @@
+"""The records of scheduled work, one per layer.
+
+`EngineInput` is what an engine reads of one piece of text (its input ids, voice and speed) and
+`EngineOutput` what it returns (the audio, and the samples each token spans where it times words).
+`QueuedItem` is what the queue orders and the answer is assembled from: the caller, tier, priority,
+deadline and due time, where its audio goes in the answer, the timings, and how its audio comes back.
+Engines read only the first and return the second; they never see a queued item.
+
+A one-shot engine answers an item once, on its `future` (an EngineOutput). A stepped (autoregressive)
+engine also hands its audio out piece by piece as frames are made, on its `pieces` (a chain of futures,
+safe to fill from the engine's thread and to read from the event loop); the future still resolves with
+the whole audio at the end.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_sequence = itertools.count()
+_input_ids = itertools.count()
+
+
+@dataclass(frozen=True, eq=False)
+class EngineInput:
+    """What an engine reads of one piece: its model input ids, voice and speaking rate. A stepped engine keeps
+    a running input's state under its `id`."""
+
+    tokens: np.ndarray  # int64 model input ids
+    voice: str
+    speed: float = 1.0
+    id: int = field(default_factory=lambda: next(_input_ids))
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class EngineOutput:
+    """What an engine returns for one input: float32 mono audio in [-1, 1], and (an engine that times words)
+    the audio samples each token spans, summing to the audio's length."""
+
+    audio: np.ndarray
+    token_samples: np.ndarray | None = None
+
+
+class AudioPieces:
+    """Audio pieces of one item in order, as the engine makes them: `head` resolves to (piece, next
+    future), and (None, None) after the last. Written by the engine's thread only."""
+
+    def __init__(self) -> None:
+        self.head: Future = Future()
+        self._tail = self.head
+
+    def push(self, audio: np.ndarray) -> None:
+        following: Future = Future()
+        try:
+            self._tail.set_result((audio, following))
+        except InvalidStateError:  # the reader gave up waiting (cancelled): no one reads on
+            return
+        self._tail = following
+
+    def end(self, error: BaseException | None = None) -> None:
+        if self._tail.done():  # already ended
+            return
+        if error is None:
+            self._tail.set_result((None, None))
+        else:
+            self._tail.set_exception(error)
+
+
+@dataclass(eq=False)
+class QueuedItem:
+    input: EngineInput
+    key: Hashable  # items batch together only when their keys are equal
+    deadline: float  # time.monotonic() after which the caller no longer waits
+    priority: int = 0  # higher runs earlier; 0 is the default tier
+    tier: str = ""  # the caller's tier, for its share of the queue
+    caller: str = ""  # who asked ("key:<id>", "ip:<address>"): one caller's items keep their order
+    due_s: float = 0.0  # a stream's later chunk: how long after the stream's first audio it is needed
+    cost_s: float = 0.0  # predicted engine time, for the queue's wait predictions
+    sample_rate: int = 0  # the engine's: its audio's rate
+    pause_s: float = 0.0  # silence before its audio where the answer joins it to the item before
+    cut: bool = False  # a stream's piece cut from the chunk before it: joined with no pause and no quiet edges
+    passage: int = 0  # which passage of its script it speaks (tts_core.request.script)
+    word_ids: np.ndarray | None = None  # asked for word timestamps: each input token's word of the passage, or -1
+    enqueued_at: float = 0.0
+    start: float = 0.0  # the queue's rank: virtual start time, set when queued
+    future: Future = field(default_factory=Future)
+    pieces: AudioPieces | None = None  # set by a caller that plays the audio as it is made
+    abandoned: bool = False  # the caller has gone: a running item is stopped at the next step
+    seq: int = field(default_factory=lambda: next(_sequence))
+    # Stamped by its engine loop when it runs:
+    queue_s: float = 0.0
+    batch_s: float = 0.0
+    batch_size: int = 0
+
+    @property
+    def length(self) -> int:
+        return self.input.length
+
+    def resolve(self, outcome: EngineOutput | BaseException) -> None:
+        """Its audio (or why there is none), unless its caller cancelled it meanwhile (then no one waits)."""
+        try:
+            if isinstance(outcome, BaseException):
+                self.future.set_exception(outcome)
+            else:
+                self.future.set_result(outcome)
+        except InvalidStateError:
+            pass
+
+    def abandon(self) -> None:
+        """The caller no longer wants it: dropped from the queue, or stopped if it is running."""
+        self.abandoned = True
+        self.future.cancel()

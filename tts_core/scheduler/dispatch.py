@@ -1,0 +1,291 @@
+"""Scheduling: a text becomes queued pieces on its model's engine loop, and their audio comes back.
+
+A text is cut into sentences, short ones packed together where there are many (a stream's first
+pieces shorter, so its first audio comes sooner), tokenized, and queued as `QueuedItem`s with
+the caller's identity, priority and deadline; a stream's later pieces are due when their audio will
+be needed. The queue refuses the whole text at once if its predicted wait is past the operator's target
+(or its deadline), or as invalid if it has more pieces than could ever wait at once. Every piece ends:
+synthesized, failed, dropped when its caller goes, or timed out here if nothing answers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import TypeVar
+
+import numpy as np
+
+from ..audio.encoding import StreamEncoder
+from ..audio.playable import JOIN_PAUSE_S, faded, quiet_edges_trimmed, resample, silence
+from ..config import Settings
+from ..engines.base import Engine
+from ..errors import DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
+from ..ops.metrics import Metrics
+from ..request.access import Caller, Tier
+from ..request.records import AudioPieces, EngineInput, EngineOutput, QueuedItem
+from ..request.script import Passage, Script
+from ..text.captions import Timed, timed_words
+from ..text.chunks import ramp_up, split_chunks
+from ..text.chunks import words as text_words
+from .engine_loop import EngineLoop
+from .pool import ModelPool
+from .queue import QueueClosed, WaitTarget
+
+STREAM_DUE_MARGIN = 0.8  # a stream's piece is scheduled as if due at 80% of its estimated play time
+SUBMIT_TRIES = 3  # a model unloaded between lookup and queueing is loaded again, this often at most
+# A passage's sentences are packed into at most this many pieces (where the queue holds fewer for its caller, that
+# many): any text within TTS_MAX_CHARS fits in what one caller may queue (TTS_MAX_QUEUE_PER_CALLER, 128), with
+# room for a stream's shorter first pieces; texts of fewer sentences keep a piece each (interleaved with other
+# callers' work, batched side by side).
+PIECES_PER_PASSAGE = 64
+T = TypeVar("T")
+
+
+class Scheduler:
+    def __init__(self, settings: Settings, pool: ModelPool, metrics: Metrics):
+        self.settings = settings
+        self.pool = pool
+        self.metrics = metrics
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="text-reader")
+
+    async def read(self, function: Callable[..., T], *args) -> T:
+        """function(*args) on the text reader, the one thread where texts are read (normalized, parsed, cut,
+        tokenized) off the event loop. One thread, not a pool: reading is pure Python, which holds the GIL, and
+        each more thread holding it makes the event loop wait longer for its turn."""
+        return await asyncio.get_running_loop().run_in_executor(self._reader, functools.partial(function, *args))
+
+    def close(self) -> None:
+        self._reader.shutdown(wait=False, cancel_futures=True)
+
+    def loads(self) -> dict[str, EngineLoop]:
+        """Where each serving model's load is read (predicted_wait, pressure, queue_length, status): its engine loop
+        here; deploy/ray_serve.py reads its engine replicas' reports instead."""
+        return self.pool.loaded()
+
+    async def submit(self, script: Script, caller: Caller | None, streaming: bool = False,
+                     target: WaitTarget = WaitTarget(), words: bool = False) -> list[QueuedItem]:
+        """Queue a script's passages (loading their models first if need be); the items' futures resolve
+        to their audio, in order. Each item knows the pause before it and its audio's sample rate, and
+        with `words`, which word of its passage each token says (voices that time words only)."""
+        items: list[QueuedItem] = []
+        played_s = 0.0  # a stream's audio before a passage (estimated low), for its pieces' due times
+        try:
+            for index, passage in enumerate(script.passages):
+                queued, played_s = await self.submit_passage(passage, index, not items, caller, streaming,
+                                                              target, played_s, words)
+                items += queued
+        except BaseException:  # one passage refused: none of the request runs
+            for item in items:
+                item.abandon()
+            raise
+        if not items:
+            raise InvalidRequest("input has nothing that can be spoken", "input")
+        self.metrics.characters.inc(sum(len(passage.spoken.text) for passage in script.passages))
+        return items
+
+    def timeout_s(self, caller: Caller | None) -> float:
+        """How long a caller's request may take: the server's limit, or its tier's where that is lower."""
+        return min(self.settings.request_timeout_s, (caller.tier if caller else Tier()).request_timeout_s)
+
+    async def submit_passage(self, passage: Passage, index: int, first: bool, caller: Caller | None,
+                             streaming: bool, target: WaitTarget, played_s: float, words: bool
+                             ) -> tuple[list[QueuedItem], float]:
+        """The passage's items, queued on its model's engine loop here (none if the voice finds nothing to say in
+        it: "." alone), and the stream's audio once they have played. The one place a passage meets its
+        engine: deploy/ray_serve.py places it on an engine replica elsewhere instead."""
+        tier = caller.tier if caller else Tier()
+        identity = caller.identity if caller else ""
+        timeout_s = self.timeout_s(caller)
+        voice, model_name = passage.voice, passage.model
+        loop = await self.pool.loop(model_name)
+        speed = passage.speed * voice.speed  # the voice's default speed, times the request's
+        share = loop.tier_limit(tier.max_queue_share)
+        most = loop.most_per_text(identity, share)
+        ramped = streaming and first and not loop.engine.makes_frames
+        chunks, cuts = await self.read(self._pieces, passage.spoken.text, most, ramped)
+        tier_name = caller.tier_name if caller else ""
+        loop.check(len(chunks), tier_name, identity, tier.priority, share, target, timeout_s)
+        engine = loop.engine
+        tokenized = await self.read(_tokenized, engine, chunks, cuts, voice.name, words)
+        tokenized = [(tokens, word_ids, cut) for tokens, word_ids, cut in tokenized if tokens.size]
+        if not tokenized:
+            return [], played_s
+        deadline = time.monotonic() + timeout_s
+        key = engine.batch_key(voice.name, speed)
+        items = [QueuedItem(EngineInput(tokens, voice.name, speed), key=key, deadline=deadline,
+                            priority=tier.priority, tier=tier_name, caller=identity, sample_rate=engine.sample_rate,
+                            pause_s=0.0 if cut else JOIN_PAUSE_S, cut=cut, passage=index, word_ids=word_ids)
+                 for tokens, word_ids, cut in tokenized]
+        first_pause = passage.pause_before_s
+        items[0].pause_s = (0.0 if first else JOIN_PAUSE_S) if first_pause is None else first_pause
+        if streaming:
+            played_s = _set_due_times(items, loop, speed, played_s)
+            for item in items if loop.hands_out_pieces else ():  # its audio streams out as it is made
+                item.pieces = AudioPieces()
+        await self._queue(items, loop, model_name, share, target)
+        return items, played_s
+
+    def _pieces(self, text: str, most: int, ramped: bool) -> tuple[list[str], list[bool]]:
+        """The text's chunks, at most `most`, and whether each continues a chunk cut before it (where `ramped`,
+        a stream's first, the first sentence is cut into short pieces where they fit)."""
+        chunks = split_chunks(text, self.settings.max_chunk_chars, min(PIECES_PER_PASSAGE, most))
+        if ramped and self.settings.stream_first_chunk_chars:
+            pieces = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)
+            if len(pieces) <= most:  # a short first piece only where it fits
+                return [chunk for chunk, _ in pieces], [cut for _, cut in pieces]
+        return chunks, [False] * len(chunks)
+
+    async def _queue(self, items: list[QueuedItem], loop: EngineLoop, model_name: str, share: int | None,
+                     target: WaitTarget) -> None:
+        for _ in range(SUBMIT_TRIES):
+            try:
+                loop.submit(items, share, target)
+                return
+            except QueueClosed:  # unloaded just now: load it again
+                loop = await self.pool.loop(model_name)
+        raise Overloaded(f"model {model_name} is being reloaded; retry", 1, ErrorCode.MODEL_RELOADING)
+
+    async def collect(self, items: list[QueuedItem], sample_rate: int) -> list[EngineOutput]:
+        """Every item's output, its audio at sample_rate, in order. If one fails or the caller goes, nothing else
+        runs for it."""
+        try:
+            outputs = await asyncio.gather(*(output_of(item, self.settings.request_timeout_s) for item in items))
+            return await asyncio.to_thread(lambda: [replace(output, audio=resample(output.audio, item.sample_rate,
+                                                                                   sample_rate))
+                                                    for item, output in zip(items, outputs, strict=True)])
+        except BaseException:  # caller gone, deadline or engine error
+            for item in items:
+                item.abandon()
+            raise
+
+
+def _tokenized(engine: Engine, chunks: list[str], cuts: list[bool], voice: str, words: bool
+               ) -> list[tuple[np.ndarray, np.ndarray | None, bool]]:
+    """Each sentence's model input (an engine may read a chunk as several), with `words` the word of the passage
+    each token says (the chunks' words, in order, are the passage's), and whether it continues a chunk cut
+    before it (its chunk's first input only)."""
+    tokenized, first = [], 0
+    for chunk, cut in zip(chunks, cuts, strict=True):
+        inputs = engine.tokenize_words(chunk, voice) if words else [(tokens, None)
+                                                                     for tokens in engine.tokenize(chunk, voice)]
+        tokenized += [(tokens, None if word_ids is None else np.where(word_ids >= 0, word_ids + first, -1),
+                       cut and index == 0) for index, (tokens, word_ids) in enumerate(inputs)]
+        first += len(text_words(chunk)) if words else 0
+    return tokenized
+
+
+async def output_of(item: QueuedItem, run_allowance_s: float) -> EngineOutput:
+    """The item's output. The engine loop ends every item it is given; this bound (its deadline, plus the
+    longest it may take to run) is what keeps a caller from waiting for ever if something is wrong."""
+    return await _bounded(item, item.future, run_allowance_s)
+
+
+async def pieces_of(item: QueuedItem, run_allowance_s: float) -> AsyncIterator[EngineOutput]:
+    """The item's output as the engine hands it out: audio piece by piece from a stepped engine, else whole."""
+    if item.pieces is None:
+        yield await output_of(item, run_allowance_s)
+        return
+    link = item.pieces.head
+    while True:
+        audio, link = await _bounded(item, link, run_allowance_s)
+        if audio is None:
+            return
+        yield EngineOutput(audio)
+
+
+async def _bounded(item: QueuedItem, future, run_allowance_s: float):
+    patience = max(0.0, item.deadline - time.monotonic()) + run_allowance_s
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(future), patience)
+    except TimeoutError:
+        item.abandon()
+        raise DeadlineExceeded(f"request timed out: no audio within {patience:.0f} s") from None
+
+
+def _set_due_times(items: list[QueuedItem], loop: EngineLoop, speed: float, played_s: float) -> float:
+    """Each piece of a stream is needed once the ones before it have played (estimated low): returns the
+    audio the stream has once these have played."""
+    for item in items:
+        played_s += item.pause_s
+        item.due_s = STREAM_DUE_MARGIN * played_s
+        item.deadline += item.due_s
+        played_s += item.length * loop.audio_s_per_token / speed
+    return played_s
+
+
+class SentenceStream:
+    """The audio of one queued text, sentence by sentence, strictly in order, each piece ready to
+    concatenate (edges faded, the pause in front). Closing it, or leaving a loop over it early,
+    takes the sentences not yet synthesized out of the queue."""
+
+    def __init__(self, script: Script, items: list[QueuedItem], started: float, metrics: Metrics,
+                 run_allowance_s: float):
+        self.script, self.voice, self.sample_rate, self.items = script, script.voice, script.voice.sample_rate, items
+        self._started, self._metrics, self._run_allowance_s = started, metrics, run_allowance_s
+
+    async def __aiter__(self) -> AsyncIterator[np.ndarray]:
+        async for piece, _ in self.timed():
+            yield piece
+
+    async def timed(self) -> AsyncIterator[tuple[np.ndarray, list[Timed]]]:
+        """The pieces, each with the words it speaks timed from the stream's start (when the items were
+        queued with their words; else none)."""
+        played = 0  # samples yielded
+        try:
+            for index, item in enumerate(self.items):
+                async for piece_index, output in _numbered(pieces_of(item, self._run_allowance_s)):
+                    if index == 0 and piece_index == 0:
+                        self._metrics.first_audio(time.monotonic() - self._started)
+                    piece, speech = await asyncio.to_thread(self._playable, output.audio, index, piece_index)
+                    self._metrics.audio_seconds.inc(speech / self.sample_rate)
+                    speech_at = (played + piece.size - speech) / self.sample_rate
+                    played += piece.size
+                    yield piece, timed_words(item, output, speech_at) if piece_index == 0 else []
+            if self.script.pause_after_s:
+                yield silence(self.script.pause_after_s, self.sample_rate), []
+            self._metrics.chunks_per_request.observe(len(self.items))
+        finally:
+            self.close()
+
+    def _playable(self, audio: np.ndarray, index: int, piece_index: int) -> tuple[np.ndarray, int]:
+        """Item `index`'s piece ready to concatenate, and how many of its samples are speech (the rest is the
+        pause in front)."""
+        item = self.items[index]
+        whole = item.pieces is None
+        if whole:  # a stream's ramp cut a chunk here: joined as the chunk's own audio would be
+            audio = quiet_edges_trimmed(audio, item.sample_rate, head=item.cut,
+                                        tail=index + 1 < len(self.items) and self.items[index + 1].cut)
+        audio = resample(audio, item.sample_rate, self.sample_rate)
+        # a sentence's first piece fades in after the pause; only a whole one knows its end
+        piece = faded(audio, self.sample_rate, fade_in=piece_index == 0, fade_out=whole,
+                      pause_s=item.pause_s if piece_index == 0 else 0.0)
+        return piece, audio.size
+
+    def close(self) -> None:
+        for item in self.items:
+            item.abandon()
+
+    async def encoded(self, response_format: str, sample_rate: int | None = None
+                      ) -> AsyncIterator[tuple[bytes, float, list[Timed]]]:
+        """The stream encoded as one file in a streamable format (at sample_rate, if asked): (bytes, seconds of
+        audio they add, the words they speak); the last one flushes the encoder."""
+        encoder = StreamEncoder(response_format, self.sample_rate, sample_rate)
+        try:
+            async for audio, words in self.timed():
+                data = await asyncio.to_thread(encoder.encode, audio)
+                yield data, audio.size / self.sample_rate, words
+            yield await asyncio.to_thread(encoder.finish), 0.0, []
+        finally:
+            self.close()
+
+
+async def _numbered(pieces: AsyncIterator[EngineOutput]) -> AsyncIterator[tuple[int, EngineOutput]]:
+    index = 0
+    async for piece in pieces:
+        yield index, piece
+        index += 1

@@ -1,0 +1,300 @@
+"""The engine loop: one thread owns each loaded model's engine and runs, turn by turn, what its strategy says.
+
+An `EngineLoop` owns the engine's thread; its errands (`run_on_engine`: voice prompts, clones, precision
+changes), which run at the top of a turn, never beside a batch or a step; the warm-up and the calibration
+sweep, whose points run one at a time while the engine is idle, so that the server serves at once; start
+and stop; and what callers ask of a model (submit, busy, running work, status, the memory budget).
+
+What a turn does belongs to the strategy it holds, one per engine shape: `tts_core.scheduler.one_shot` (plan a batch,
+synthesize it, deliver) and `tts_core.scheduler.stepped` (admit, step, release). The loop never changes by
+inheritance: another shape of engine (a server that batches on its own) is another strategy.
+
+No timer runs while the engine is idle: a strategy with nothing to do waits on the queue, which wakes it
+for an arrival or an errand.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from enum import StrEnum
+from typing import Any, Protocol, TypeVar
+
+from ..engines.base import Engine
+from ..errors import ErrorCode, Overloaded
+from ..ops.metrics import Metrics
+from ..request.records import EngineInput, EngineOutput, QueuedItem
+from .memory import MemoryBudget, release_heap
+from .policy import ItemCost
+from .queue import QueueClosed, RequestQueue, WaitTarget
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+class Precision(StrEnum):
+    """An engine's precision, as degrade mode's lower_precision action leaves it."""
+
+    FULL = "full"
+    LOW = "low"
+    LOW_UNSUPPORTED = "low (unsupported: no-op)"  # asked for, but the engine has no lower precision
+
+CALIBRATION_TEXT = (
+    "The calibration sweep measures how long this engine takes for batches of several sizes, "
+    "at a short and at a long length, so that the batch policy starts from real timings. "
+    "Every executed batch after it refines the same cost model while the server runs."
+)
+
+
+class Serving:
+    """What a loop and its strategy share: the engine, its queue and metrics, the device-memory budget, and
+    what the queue's wait predictions learn from the work done. Only the engine's thread writes to it."""
+
+    def __init__(self, engine: Engine, queue: RequestQueue, metrics: Metrics, min_free_memory_mb: int = 2048):
+        self.engine, self.queue, self.metrics = engine, queue, metrics
+        self.clock = queue.clock  # plans, batch and step times, on the clock the queue's items were timed by
+        self.memory = MemoryBudget(engine, min_free_memory_mb * 2**20)
+        self.item_cost = ItemCost()  # engine time per item as the work runs now, for the queue's predictions
+        self.audio_s_per_token = 0.0  # moving estimate of audio produced per input token (at speed 1)
+        self.worked = False  # work ran since memory was last released
+
+    def learn_audio_rate(self, batch: Sequence[EngineInput], outputs: Sequence[EngineOutput]) -> None:
+        audio_s = sum(output.audio.size * item.speed for item, output in zip(batch, outputs)) / self.engine.sample_rate
+        rate = audio_s / max(1, sum(item.length for item in batch))
+        self.audio_s_per_token = rate if not self.audio_s_per_token else 0.8 * self.audio_s_per_token + 0.2 * rate
+
+    def release_memory_once_idle(self) -> None:
+        """Work stopped: hand back what it used (the engine's caches and arenas, the heap's free pages),
+        or a burst of long texts keeps its memory for good. Once per busy spell, on the engine's thread."""
+        if self.worked:
+            self.worked = False
+            try:
+                self.engine.release_memory()
+            except Exception:
+                log.exception("%s: releasing memory failed", self.engine.name)
+            release_heap()
+
+
+class Strategy(Protocol):
+    """How one shape of engine is driven. Every method runs on the engine's thread, except `status`,
+    `running_count` and `cost_model`, which read what it keeps."""
+
+    hands_out_pieces: bool  # a stream's audio is handed out as it is made (its items carry AudioPieces)
+
+    def warm_up(self) -> list[Callable[[], None]]:
+        """One untimed run and the wait predictions' seed; returns the calibration sweep's points."""
+
+    def idle(self) -> bool:
+        """Nothing queued or running: a calibration point may use the engine."""
+
+    def step(self) -> None:
+        """One turn: plan from the queue, run on the engine, deliver (or wait on the queue)."""
+
+    def stopped(self) -> None:
+        """The queue has closed: whatever still runs ends, its callers told."""
+
+    def running_count(self) -> int | None:
+        """Requests running now; None where the engine runs whole batches."""
+
+    def status(self) -> dict:
+        """The policy's state and the strategy's own figures, for the status page."""
+
+    def cost_model(self) -> dict:
+        """The cost model the policy sizes its work by, for the dashboard's chart."""
+
+
+class EngineLoop:
+    def __init__(self, serving: Serving, strategy: Strategy):
+        self.serving, self.strategy = serving, strategy
+        self.engine, self.queue, self.metrics = serving.engine, serving.queue, serving.metrics
+        self.memory = serving.memory  # the device-memory budget
+        self.ready = threading.Event()  # serving: warmed up, the wait predictions seeded
+        self.calibrated = threading.Event()  # the calibration sweep has run (between requests, once ready)
+        self.precision = Precision.FULL  # degrade mode's lower_precision action lowers it (a new loop starts full)
+        self._precision_asked = Precision.FULL
+        self._errands: deque[tuple[Callable[[], Any], Future]] = deque()  # run_on_engine's calls, in order
+        self._errands_lock = threading.Lock()
+        self._errands_closed = False  # the loop has ended: nothing would run a new errand
+        self._thread = threading.Thread(target=self._run, name=f"engine-{self.engine.name}", daemon=True)
+
+    # --- the caller's side -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving; whatever is still queued fails with a clear error (nothing is left waiting)."""
+        left = self.queue.close()
+        for item in left:
+            if item.future.set_running_or_notify_cancel():
+                item.future.set_exception(Overloaded(f"model {self.engine.name} was stopped before this "
+                                                     "was synthesized; retry", 1, ErrorCode.MODEL_STOPPED))
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        if not self._thread.is_alive():  # its loop has ended (its errands ran), or it never started
+            self._fail_errands()
+
+    def submit(self, items: Sequence[QueuedItem], tier_limit: int | None = None,
+               target: WaitTarget = WaitTarget()) -> float:
+        """Queue items (all or none) with their predicted cost; returns the first one's predicted
+        wait. Raises QueueFull (with a Retry-After from the prediction), or QueueClosed once the
+        model has been unloaded."""
+        for item in items:
+            item.cost_s = self.item_cost_s(item.length)
+        return self.queue.put_many(items, tier_limit, target)
+
+    def tier_limit(self, queue_share: float) -> int | None:
+        """The most pieces a tier with this share of the queue (a fraction) may hold here; None: no limit of its own."""
+        return None if queue_share >= 1 else max(1, int(queue_share * self.queue.max_size))
+
+    def most_per_text(self, caller: str, tier_limit: int | None) -> int:
+        """The most pieces one text of this caller's may be cut into now."""
+        return self.queue.most_per_text(caller, tier_limit)
+
+    def check(self, count: int, tier: str, caller: str, priority: int, tier_limit: int | None, target: WaitTarget,
+              deadline_in_s: float) -> None:
+        """Refuse (QueueFull) `count` pieces of one text that the queue would not take now: no room, or a wait past
+        the target or the deadline. Made before the text is tokenized; `submit` checks again, exactly."""
+        self.queue.check(count, tier, caller, priority, tier_limit, target, deadline_in_s)
+
+    def predicted_wait(self) -> float:
+        """A typical new sentence's predicted wait here, from a new default-priority caller (0 when idle)."""
+        return self.queue.predicted_wait()
+
+    def pressure(self, target: WaitTarget) -> tuple[float, float]:
+        """predicted_wait(), and the wait target in force for it (the usual one, or the overload one)."""
+        return self.queue.predicted_wait(), target.limit_s(self.queue.overloaded(target))
+
+    @property
+    def queue_length(self) -> int:
+        return len(self.queue)
+
+    def close_if_idle(self) -> bool:
+        """Take no more work, if none is queued or running (the pool is unloading the model); False if busy."""
+        return self.queue.close_if_idle()
+
+    def item_cost_s(self, tokens: int) -> float:
+        """Predicted engine time of an item of this length, as the work runs now."""
+        return self.serving.item_cost.predict(tokens)
+
+    @property
+    def audio_s_per_token(self) -> float:
+        """Audio an input token makes (at speed 1), as measured: a stream's pieces are due by it."""
+        return self.serving.audio_s_per_token
+
+    @property
+    def hands_out_pieces(self) -> bool:
+        """A stream's audio comes out as it is made, not whole (its items carry AudioPieces)."""
+        return self.strategy.hands_out_pieces
+
+    @property
+    def busy(self) -> bool:
+        """Work is queued or running."""
+        return self.queue.busy
+
+    def running_count(self) -> int | None:
+        """Requests running now (None where the engine runs whole batches)."""
+        return self.strategy.running_count()
+
+    def status(self) -> dict:
+        """The model's queue, readiness, policy, memory, and its strategy's figures."""
+        return {"queue_length": len(self.queue), "queue_wait_s": round(self.queue.predicted_wait(), 3),
+                "ready": self.ready.is_set(), "calibrated": self.calibrated.is_set(),
+                **self.strategy.status(),
+                "memory_token_budget": self.memory.tokens(), "out_of_memory": self.memory.out_of_memory_count}
+
+    def cost_model(self) -> dict:
+        return self.strategy.cost_model()
+
+    def set_low_precision(self, low: bool) -> Future[bool] | None:
+        """Degrade mode's lower_precision action (or its end), run as an errand: only the engine's thread
+        calls the engine. The Future says whether the engine had a lower precision to offer; None when this
+        was already asked for. Raises QueueClosed once the loop has ended."""
+        wanted = Precision.LOW if low else Precision.FULL
+        if self._precision_asked == wanted:
+            return None
+        self._precision_asked = wanted
+
+        def switch() -> bool:
+            supported = self.engine.set_low_precision(low)
+            self.precision = wanted if supported or not low else Precision.LOW_UNSUPPORTED
+            return supported
+        return self.run_on_engine(switch)
+
+    def run_on_engine(self, call: Callable[[], T]) -> Future[T]:
+        """Run call on the engine's thread between two turns (never beside a batch or a step),
+        waking the loop if it is idle; its result or exception comes back on the Future. Raises
+        QueueClosed once the loop has ended (the model was unloaded: ask the pool again)."""
+        future: Future[T] = Future()
+        with self._errands_lock:
+            if self._errands_closed:
+                raise QueueClosed()
+            self._errands.append((call, future))
+        self.queue.wake()
+        return future
+
+    # --- the engine thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        sweep: deque[Callable[[], None]] = deque()
+        try:
+            sweep.extend(self.strategy.warm_up())
+        except Exception:
+            log.exception("warm-up of %s failed; serving without calibration", self.engine.name)
+        finally:
+            self.serving.worked = True  # the calibration sweep's memory goes back at the first idle moment
+            self.ready.set()
+        while not self.queue.closed:
+            try:
+                self._run_errands()
+                if sweep and self.strategy.idle():  # one point of the sweep, then the queue is looked at again
+                    self._calibrate_next(sweep)
+                    continue
+                if not sweep:
+                    self._calibrated()
+                self.strategy.step()
+            except Exception:  # the loop must outlive any bug in one turn
+                log.exception("engine loop of %s: a turn failed", self.engine.name)
+        with self._errands_lock:
+            self._errands_closed = True
+        self._run_errands()  # those handed over before the end still run: the engine is still here
+        self.strategy.stopped()
+
+    def _fail_errands(self) -> None:
+        with self._errands_lock:
+            self._errands_closed = True
+            errands, self._errands = self._errands, deque()
+        for _, future in errands:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(Overloaded(f"model {self.engine.name} was stopped first; retry", 1,
+                                                ErrorCode.MODEL_STOPPED))
+
+    def _run_errands(self) -> None:
+        """The calls handed over so far (not those they hand over: a turn comes between)."""
+        with self._errands_lock:
+            errands, self._errands = self._errands, deque()
+        for call, future in errands:
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(call())
+            except Exception as error:  # the caller's to handle, on its Future
+                future.set_exception(error)
+
+    def _calibrate_next(self, sweep: deque[Callable[[], None]]) -> None:
+        try:
+            sweep.popleft()()
+        except Exception:
+            sweep.clear()
+            log.exception("calibration of %s failed; serving with what it measured", self.engine.name)
+        if not sweep:
+            self._calibrated()
+
+    def _calibrated(self) -> None:
+        if not self.calibrated.is_set():
+            self.calibrated.set()
+            log.info("%s is calibrated: %s", self.engine.name, json.dumps(self.strategy.status(), default=float))

@@ -1,0 +1,182 @@
+"""The one-shot strategy: a whole batch per engine call (Piper, VITS; and the request-level peers of a
+stepped engine, whose `synthesize` runs a batch through to its last member, as one `generate` call does).
+
+Each turn plans a batch from the queue with the batch policy (same batch key, similar length, the size that
+pays), synthesizes it and resolves each item's future with its own audio. A failing batch is retried item by
+item, so one bad item fails alone; one that runs out of device memory lowers the memory budget and is run
+again in halves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..errors import SynthesisError
+from ..ops.metrics import BatchRecord
+from ..request.records import EngineInput, EngineOutput, QueuedItem
+from .engine_loop import CALIBRATION_TEXT, Serving
+from .policy import BatchPolicy, padded_tokens
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_LENGTHS = (24, 96)  # tokens
+
+
+class OneShotStrategy:
+    hands_out_pieces = False
+
+    def __init__(self, serving: Serving, policy: BatchPolicy, calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16),
+                 empty_cache_every: int = 100, calibration_lengths: Sequence[int] = CALIBRATION_LENGTHS):
+        self.serving, self.policy = serving, policy
+        self.engine, self.queue, self.metrics = serving.engine, serving.queue, serving.metrics
+        self.clock = serving.clock
+        self.calibration_sizes = [s for s in calibration_sizes if 1 <= s <= policy.max_batch_size]
+        self.calibration_lengths = calibration_lengths
+        self.empty_cache_every = empty_cache_every  # batches between handing cached device memory back
+        self._batches_run = 0
+        self._candidate_limit = 2 * policy.max_batch_size
+
+    # --- what the loop asks --------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        return not len(self.queue)
+
+    def stopped(self) -> None:
+        """Nothing runs between turns: what was queued the loop has failed already."""
+
+    def running_count(self) -> int | None:
+        return None
+
+    def status(self) -> dict:
+        return {"policy": self.policy.describe()}
+
+    def cost_model(self) -> dict:
+        model = self.policy.cost_model if self.policy.learns else None
+        return {"policy": self.policy.name, "unit": "batch", "max_size": self.policy.max_batch_size, "model": model}
+
+    def warm_up(self) -> list[Callable[[], None]]:
+        """One untimed run and the wait predictions' seed; returns the calibration sweep (for a learning
+        policy), whose points run one at a time while nothing is queued, so the server serves at once."""
+        voice = self.engine.voices()[0].name
+        tokens = np.concatenate(self.engine.tokenize(CALIBRATION_TEXT, voice))
+
+        def timed(size: int, length: int) -> float:
+            inputs = [EngineInput(tokens[:length], voice) for _ in range(size)]
+            started = self.clock.timer()
+            outputs = self.engine.synthesize(inputs)
+            seconds = self.clock.timer() - started
+            self.serving.learn_audio_rate(inputs, outputs)
+            return seconds
+
+        timed(1, self.calibration_lengths[0])  # cold: first runs set up kernels and caches
+        for length in self.calibration_lengths:  # seed the wait predictions
+            self.serving.item_cost.add(1, length, timed(1, length))
+        self.engine.measure_memory(tokens[: self.calibration_lengths[-1]])
+
+        def point(size: int, length: int) -> Callable[[], None]:
+            def measure() -> None:  # the faster of two runs: others' work on the cores only ever adds time
+                self.policy.observe(size, size * length, min(timed(size, length), timed(size, length)),
+                                    calibration=True)
+            return measure
+
+        return [point(size, length) for length in self.calibration_lengths for size in self.calibration_sizes
+                ] if self.policy.learns else []
+
+    # --- one turn ----------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One dispatch: plan a batch from the queue and run it (or wait, as the policy says)."""
+        candidates = self.queue.next_candidates(self._candidate_limit)
+        self.metrics.queue_length.labels(self.engine.name).set(len(self.queue))
+        if not candidates:
+            self.serving.release_memory_once_idle()
+            self.queue.wait_for_items()
+            return
+        now = self.clock.now()
+        plan = self.policy.plan(candidates, now, self.serving.memory.tokens())
+        if not plan.take:
+            self.queue.wait_until(now + plan.wait_s)
+            return
+        batch = [candidates[index] for index in plan.take]
+        self.queue.take(batch, sum(item.cost_s for item in batch))
+        try:
+            live = [item for item in batch if item.future.set_running_or_notify_cancel()]
+            self.metrics.dropped.labels("cancelled").inc(len(batch) - len(live))
+            if live:
+                self.serving.worked = True
+                self._execute(live)
+        finally:
+            self.queue.done(len(batch))
+
+    def _execute(self, batch: list[QueuedItem], retried_alone: bool = False) -> None:
+        try:
+            outputs = self._run_batch(batch)
+        except self.engine.out_of_memory_errors:
+            self._out_of_memory(batch, retried_alone)
+            return
+        except Exception as error:
+            if len(batch) == 1:
+                self._fail(batch[0], f"synthesis failed: {error}")
+                return
+            # One bad item must fail alone: retry every item by itself.
+            self.metrics.batch_retries.labels(self.engine.name).inc()
+            for item in batch:
+                self._execute([item])
+            return
+        self.serving.memory.succeeded()
+        self._batches_run += 1
+        if self.empty_cache_every and self._batches_run % self.empty_cache_every == 0:
+            self.engine.release_memory()
+        self.serving.learn_audio_rate([item.input for item in batch], outputs)
+        for item, output in zip(batch, outputs):
+            item.future.set_result(output)
+
+    def _out_of_memory(self, batch: list[QueuedItem], retried_alone: bool) -> None:
+        """Lower the memory budget and run the batch again in halves; an item fails only when it
+        does not fit even alone, with the cache released."""
+        log.warning("%s ran out of memory on %d items (%d padded tokens)", self.engine.name, len(batch),
+                    padded_tokens(batch))
+        self.metrics.out_of_memory.labels(self.engine.name).inc()
+        self.serving.memory.out_of_memory(padded_tokens(batch))
+        self.engine.release_memory()
+        if len(batch) > 1:
+            half = len(batch) // 2
+            self._execute(batch[:half])
+            self._execute(batch[half:])
+        elif not retried_alone:
+            self._execute(batch, retried_alone=True)
+        else:
+            self._fail(batch[0], "synthesis failed: the item does not fit in device memory even alone")
+
+    def _fail(self, item: QueuedItem, message: str) -> None:
+        log.warning("%s failed on one item: %s", self.engine.name, message)
+        self.metrics.item_errors.labels(self.engine.name).inc()
+        item.future.set_exception(SynthesisError(message))
+
+    def _run_batch(self, batch: list[QueuedItem]) -> list[EngineOutput]:
+        name = self.engine.name
+        dispatched = self.clock.now()
+        waits = [dispatched - item.enqueued_at for item in batch]
+        self.metrics.batch_started(name, len(batch))
+        record = None
+        try:
+            started = self.clock.timer()
+            outputs = self.engine.synthesize([item.input for item in batch])
+            seconds = self.clock.timer() - started
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(batch)} items")
+            padded = padded_tokens(batch)
+            self.policy.observe(len(batch), padded, seconds, real_tokens=sum(item.length for item in batch))
+            self.serving.item_cost.add(len(batch), sum(item.length for item in batch), seconds)
+            # stamped on the system's clock, as the metrics' windows are
+            record = BatchRecord(time.monotonic(), name, len(batch), padded,
+                                 sum(item.length for item in batch), seconds, self.policy.max_batch_size)
+            for item, wait in zip(batch, waits):
+                item.queue_s, item.batch_s, item.batch_size = wait, seconds, len(batch)
+            return outputs
+        finally:
+            self.metrics.batch_finished(name, record, waits)

@@ -1,0 +1,390 @@
+"""The stepped strategy: continuous batching of an autoregressive engine (Pocket TTS, VibeVoice).
+
+Each turn of its engine loop, on the one thread that owns the engine: running requests whose caller has
+gone are stopped; the policy picks which queued requests join, and their prompts are prefilled
+together; every running request makes one frame; each request's new frames are decoded every
+STREAM_PIECE_S of audio (a stream) or FILE_PIECE_S (a whole file), and when it finishes, and
+handed out (a stream plays them as they come); a finished request leaves at once and its future
+resolves with its whole audio. So a request joins at the next step and nobody waits for the
+longest member of a batch.
+
+First audio first. The codec does not batch on a CPU and costs about as much per frame as a step,
+so decoding is half the work of a turn; while a stream's first sentence waits for its first piece,
+the others' pieces wait, and while a request is queued to join (a place is free, and the policy has
+not declined it) only first pieces are decoded, so that it is prefilled at once; a request
+DEFER_CAP pieces behind is decoded whoever waits, so that nobody starves. The price: a running
+stream's piece comes up to DEFER_CAP pieces later when a new stream starts; a listener that has audio
+buffered hears nothing of it, one whose stream is made slower than real time hears its gap later.
+A deferred piece is decoded at a later turn, longer (which costs less per frame). So a stream that
+starts while the others run gets its first audio sooner, and as much audio is served a second as
+without the deferral (measured in docs/batching.md#first-audio-first).
+
+vLLM v1's split at a smaller scale: the policy plans (pure), the engine steps, this strategy delivers.
+
+The same code runs a whole batch at once (`synthesize_whole`: the engine's own `synthesize`, so its
+warm-up, the benchmark's ceiling and the request-level peers, which run a batch to its last member as one
+`generate(batch)` call does): one driving loop for every use of a stepped engine.
+
+A running item's future stays pending (not "running") until it resolves: a caller that goes
+cancels it, which stops the item at the next step, and an item the engine had no memory for can
+go back to the queue as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..engines.base import FILE_PIECE_S, STREAM_PIECE_S, SteppedEngine
+from ..errors import ChorusError, ClientGone, ErrorCode, Overloaded, SynthesisError
+from ..ops.metrics import Metrics
+from ..request.records import EngineInput, EngineOutput, QueuedItem
+from .engine_loop import CALIBRATION_TEXT, Serving
+from .queue import RequestQueue
+from .step_policy import FillPolicy, StepPolicy, StepView
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_STEPS = 3  # steps timed per calibration point
+DEFER_CAP = 2  # pieces: a request this far behind in decoding is decoded even while a stream starts
+
+
+@dataclass
+class Progress:
+    """What the loop keeps of one running request."""
+
+    item: QueuedItem
+    running_with: int  # requests running once it had joined
+    decode_every: int  # frames
+    frames: int = 1  # frames made (its first comes with the prefill)
+    decoded: int = 0  # frames made when its audio was last taken
+    pieces: list[np.ndarray] = field(default_factory=list)
+    engine_s: float = 0.0  # its share of the engine's time: the queue's wait predictions learn from it
+    streaming: bool = False  # its pieces are handed out as they are made
+    opens: bool = False  # the first sentence of a stream: its listener has nothing to play until its first piece
+    handed_out: bool = False  # a piece is out
+
+    @property
+    def starting(self) -> bool:
+        """A stream's first sentence, waiting for its first piece."""
+        return self.opens and not self.handed_out
+
+    @property
+    def behind(self) -> int:
+        """Frames made and not yet decoded."""
+        return self.frames - self.decoded
+
+    @property
+    def overdue(self) -> bool:
+        """So far behind that it is decoded whoever waits."""
+        return self.behind >= DEFER_CAP * self.decode_every
+
+
+class SteppedStrategy:
+    hands_out_pieces = True
+    engine: SteppedEngine
+
+    def __init__(self, serving: Serving, policy: StepPolicy, calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16),
+                 cpu_cache_mb: int | None = 1024):
+        self.serving, self.policy = serving, policy
+        self.engine, self.queue, self.metrics = serving.engine, serving.queue, serving.metrics
+        self.clock = serving.clock
+        self.calibration_sizes = [s for s in calibration_sizes if 1 <= s <= policy.max_running]
+        # the cache's budget where no device memory says otherwise (None: none, as for one whole batch)
+        self.cpu_cache_bytes = None if cpu_cache_mb is None else cpu_cache_mb * 2**20
+        self._progress: dict[int, Progress] = {}  # by the running input's id
+        self._declined = False  # the policy left queued candidates out at this turn
+
+    # --- what the loop asks --------------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        return not len(self.queue) and not self.engine.running()
+
+    def running_count(self) -> int | None:
+        return len(self.engine.running())
+
+    def status(self) -> dict:
+        return {"policy": self.policy.describe(), "running": len(self.engine.running()),
+                **self.metrics.step_rate(self.engine.name)}
+
+    def cost_model(self) -> dict:
+        """Seconds a step, its size the requests running."""
+        model = self.policy.cost.steps if self.policy.learns else None
+        return {"policy": self.policy.name, "unit": "step", "max_size": self.policy.max_running, "model": model}
+
+    # --- warm-up ----------------------------------------------------------------------------------
+
+    def warm_up(self) -> list[Callable[[], None]]:
+        """One untimed run and the wait predictions' seed; returns the sweep: the step cost at each calibration
+        size, at a short and a long context (run while nothing is queued or running)."""
+        voice = self.engine.voices()[0].name
+        tokens = np.concatenate(self.engine.tokenize(CALIBRATION_TEXT, voice))
+
+        def inputs(count: int, length: int) -> list[EngineInput]:
+            return [EngineInput(tokens[:length], voice) for _ in range(count)]
+
+        self.engine.synthesize(inputs(1, 4))  # cold: first runs set up kernels and caches
+        started = self.clock.timer()
+        outputs = self.engine.synthesize(sample := inputs(1, 12))
+        self.serving.item_cost.add(1, 12, self.clock.timer() - started)
+        self.serving.learn_audio_rate(sample, outputs)
+        self.engine.measure_memory(tokens[:12])
+        return [lambda size=size, length=length: self._calibrate(inputs(size, length))
+                for length in (4, min(len(tokens), 32)) for size in self.calibration_sizes]
+
+    def _calibrate(self, inputs: list[EngineInput]) -> None:
+        engine, cost = self.engine, self.policy.cost
+        started = self.clock.timer()
+        engine.admit(inputs)
+        cost.observe_prefill(sum(engine.context_length(item.id) for item in inputs), self.clock.timer() - started)
+        best, longest = math.inf, 0
+        for _ in range(CALIBRATION_STEPS):
+            longest = max(map(engine.context_length, engine.running()))
+            started = self.clock.timer()
+            engine.step()
+            best = min(best, self.clock.timer() - started)  # others' work on the cores only ever adds time
+        cost.observe_step(len(inputs), longest, best, calibration=True)
+        started = self.clock.timer()
+        for item in inputs:
+            engine.take_audio(item.id, final=True)
+            engine.release(item.id)
+        cost.observe_decode(len(inputs) * (CALIBRATION_STEPS + 1), self.clock.timer() - started)
+
+    # --- one turn of the loop -------------------------------------------------------------------
+
+    def step(self) -> None:
+        self._stop_abandoned()
+        running = self.engine.running()
+        room = self.policy.max_running - len(running)
+        candidates = self.queue.next_candidates(room) if room > 0 else []
+        self.metrics.queue_length.labels(self.engine.name).set(len(self.queue))
+        self.metrics.running_requests.labels(self.engine.name).set(len(running))
+        if not running and not candidates:
+            self.serving.release_memory_once_idle()
+            self._tell_queue()
+            self.queue.wait_for_items()
+            return
+        self._declined = False
+        if candidates:
+            now = self.clock.now()
+            plan = self.policy.plan(self._running_views(), self._queued_views(candidates), now, self._memory_tokens())
+            self._declined = len(plan.take) < len(candidates)
+            if plan.take:
+                self._admit([candidates[index] for index in plan.take])
+            elif not running:
+                self.queue.wait_until(now + plan.wait_s)
+                return
+        if self.engine.running():
+            self._step()
+        self._tell_queue()
+
+    def _running_views(self) -> list[StepView]:
+        engine = self.engine
+        return [StepView(engine.context_length(item_id), engine.context_tokens(item.input), item.deadline,
+                         item.enqueued_at) for item_id, item in self._running_items()]
+
+    def _queued_views(self, candidates: Sequence[QueuedItem]) -> list[StepView]:
+        return [StepView(item.length, self.engine.context_tokens(item.input), item.deadline, item.enqueued_at)
+                for item in candidates]
+
+    def _running_items(self) -> list[tuple[int, QueuedItem]]:
+        """The running inputs' ids with their queued items, in the order they joined."""
+        return [(item_id, self._progress[item_id].item) for item_id in self.engine.running()]
+
+    def _memory_tokens(self) -> int | None:
+        """Context positions the cache may still grow by: device memory where the engine has some to
+        manage, else the configured CPU budget less what the running requests will hold."""
+        device = self.serving.memory.tokens()
+        if device is not None or not self.engine.kv_bytes_per_token or self.cpu_cache_bytes is None:
+            return device
+        held = sum(self.engine.context_tokens(item.input) for _, item in self._running_items())
+        return max(0, int(self.cpu_cache_bytes / self.engine.kv_bytes_per_token) - held)
+
+    def _tell_queue(self) -> None:
+        """When a place frees up, for the queue's wait predictions: at the next step while there is room
+        (and how many queued requests join then: all the free places, unless the policy declined one),
+        else when the running request nearest its end is done."""
+        running = self.engine.running()
+        room = self.policy.max_running - len(running)
+        if room > 0:
+            self.queue.expect_free_in(0.0, 0 if self._declined else room)
+            return
+        longest = max(map(self.engine.context_length, running))
+        left = min(self.engine.frames_needed(self._progress[item_id].item.input) - self._progress[item_id].frames
+                   for item_id in running)
+        self.queue.expect_free_in(max(0, left) * self.policy.cost.frame_s(len(running), longest))
+
+    # --- joining, stepping, leaving ----------------------------------------------------------------
+
+    def _admit(self, joining: list[QueuedItem]) -> None:
+        self.queue.take(joining, 0.0)
+        live = [item for item in joining if not _gone(item)]
+        self.queue.done(len(joining) - len(live))
+        self.metrics.dropped.labels("cancelled").inc(len(joining) - len(live))
+        if not live:
+            return
+        now, running_with = self.clock.now(), len(self.engine.running()) + len(live)
+        started = self.clock.timer()
+        try:
+            finished = self.engine.admit([item.input for item in live])
+        except self.engine.out_of_memory_errors:
+            self._out_of_memory([(item.input.id, item) for item in live])
+            return
+        except Exception as error:
+            for item in live:
+                self._end(item.input.id, item, SynthesisError(f"synthesis failed: {error}"), running=False)
+            return
+        seconds = self.clock.timer() - started
+        self.serving.worked = True
+        self.policy.cost.observe_prefill(sum(self.engine.context_length(item.input.id) for item in live), seconds)
+        for item in live:
+            item.queue_s = now - item.enqueued_at
+            piece_s = STREAM_PIECE_S if item.pieces is not None else FILE_PIECE_S
+            streaming = item.pieces is not None
+            self._progress[item.input.id] = Progress(item, running_with,
+                                                     max(1, math.ceil(piece_s * self.engine.frame_rate)),
+                                                     engine_s=seconds / len(live), streaming=streaming,
+                                                     opens=streaming and item.due_s == 0)
+        self._finish(finished)
+
+    def _step(self) -> None:
+        running = self.engine.running()
+        longest = max(map(self.engine.context_length, running))
+        started = self.clock.timer()
+        try:
+            finished = self.engine.step()
+        except self.engine.out_of_memory_errors:
+            self._out_of_memory([(running[-1], self._progress[running[-1]].item)])
+            return
+        except Exception as error:  # the newest member is the likeliest cause: it alone fails
+            log.warning("%s: a step failed (%s); stopping the newest request", self.engine.name, error)
+            self._end(running[-1], self._progress[running[-1]].item, SynthesisError(f"synthesis failed: {error}"))
+            return
+        seconds = self.clock.timer() - started
+        self.policy.cost.observe_step(len(running), longest, seconds)
+        self.metrics.step_finished(self.engine.name, len(running), longest, seconds, self.policy.max_running)
+        for item_id in running:
+            progress = self._progress[item_id]
+            progress.frames += 1
+            progress.engine_s += seconds / len(running)
+        due = [item_id for item_id in running if item_id not in finished
+               and self._progress[item_id].behind >= self._progress[item_id].decode_every]
+        for item_id in self._first_audio_first(due):
+            self._decode([item_id], final=False)
+        self._finish(finished)
+
+    def _first_audio_first(self, due: list[int]) -> Iterator[int]:
+        """The due pieces to decode at this turn (see the module's docstring): first pieces first, then
+        the furthest behind, while no stream waits for its first piece and no request waits to join
+        (asked before each piece), and those DEFER_CAP pieces behind."""
+        progress = self._progress
+        starting = any(progress[item_id].starting for item_id in self.engine.running())
+        for item_id in sorted(due, key=lambda item_id: (not progress[item_id].starting, -progress[item_id].behind)):
+            if progress[item_id].starting or progress[item_id].overdue or not (starting or self._joiner_waits()):
+                yield item_id
+
+    def _joiner_waits(self) -> bool:
+        """A request was queued since the policy last declined one, and a place is free."""
+        return not self._declined and len(self.queue) > 0 and len(self.engine.running()) < self.policy.max_running
+
+    def _decode(self, item_ids: list[int], final: bool) -> None:
+        for item_id in item_ids:
+            started = self.clock.timer()
+            audio = self.engine.take_audio(item_id, final)
+            seconds = self.clock.timer() - started
+            progress = self._progress[item_id]
+            progress.engine_s += seconds
+            progress.decoded = progress.frames
+            if not audio.size:
+                continue
+            progress.pieces.append(audio)
+            frames = max(1, round(audio.size / self.engine.sample_rate * self.engine.frame_rate))
+            self.policy.cost.observe_decode(frames, seconds)
+            if progress.streaming:
+                progress.handed_out = True
+                progress.item.pieces.push(audio)
+
+    def _finish(self, finished: list[int]) -> None:
+        self._decode(finished, final=True)
+        for item_id in finished:
+            self.engine.release(item_id)
+        running = set(self.engine.running())
+        for item_id in [item_id for item_id in self._progress if item_id not in running]:
+            self._deliver(self._progress.pop(item_id))
+
+    def _deliver(self, progress: Progress) -> None:
+        item = progress.item
+        output = EngineOutput(np.concatenate(progress.pieces) if progress.pieces else np.zeros(0, dtype=np.float32))
+        item.batch_s, item.batch_size = progress.engine_s, progress.running_with  # before a reader sees the end
+        if item.pieces is not None:
+            item.pieces.end()
+        self.serving.item_cost.add(1, item.length, progress.engine_s)
+        self.serving.learn_audio_rate([item.input], [output])
+        self.queue.done(1)
+        item.resolve(output)
+
+    def _end(self, item_id: int, item: QueuedItem, error: ChorusError, running: bool = True) -> None:
+        """The item stops without its audio: released, counted, its caller told."""
+        if running:
+            self.engine.release(item_id)
+        self._progress.pop(item_id, None)
+        if not isinstance(error, ClientGone):
+            self.metrics.item_errors.labels(self.engine.name).inc()
+        if item.pieces is not None:
+            item.pieces.end(error)
+        self.queue.done(1)
+        item.resolve(error)
+
+    def stopped(self) -> None:
+        for item_id, item in self._running_items():
+            self._end(item_id, item, Overloaded(f"model {self.engine.name} was stopped before this was synthesized; "
+                                                "retry", 1, ErrorCode.MODEL_STOPPED))
+
+    def _stop_abandoned(self) -> None:
+        for item_id, item in [(item_id, item) for item_id, item in self._running_items() if _gone(item)]:
+            self.metrics.dropped.labels("cancelled").inc()
+            self._end(item_id, item, ClientGone("the caller has gone"))
+
+    def _out_of_memory(self, items: list[tuple[int, QueuedItem]]) -> None:
+        """Put the newest requests back in the queue with a lower memory budget, rather than failing
+        everyone; a request that does not fit even alone fails alone."""
+        tokens = sum(self.engine.context_tokens(item.input) for _, item in items)
+        log.warning("%s ran out of memory with %d requests joining or newest", self.engine.name, len(items))
+        self.metrics.out_of_memory.labels(self.engine.name).inc()
+        self.serving.memory.out_of_memory(tokens)
+        running = self.engine.running()
+        for item_id, item in items:
+            if item_id in running:
+                self.engine.release(item_id)
+            progress = self._progress.pop(item_id, None)
+            if (progress and progress.pieces) or (not running and len(items) == 1):
+                self._end(item_id, item, SynthesisError("synthesis failed: the request does not fit in device memory"),
+                          running=False)
+            else:
+                self.queue.put_back(item)
+        self.engine.release_memory()
+
+
+def _gone(item: QueuedItem) -> bool:
+    return item.abandoned or item.future.cancelled()
+
+
+def synthesize_whole(engine: SteppedEngine, batch: Sequence[EngineInput]) -> list[EngineOutput]:
+    """Each input's whole audio, made by the stepped strategy on the calling thread (the engine's own
+    `synthesize`): every input joins as soon as a place is free and its audio is taken every FILE_PIECE_S,
+    as a served whole file's is. Each runs under an id of its own (an input given twice runs twice). Once all have
+    ended, the first that failed raises its error."""
+    runs = [QueuedItem(EngineInput(item.tokens, item.voice, item.speed), key=None, deadline=math.inf) for item in batch]
+    if not runs:
+        return []
+    queue = RequestQueue(max_size=len(runs))
+    strategy = SteppedStrategy(Serving(engine, queue, Metrics()), FillPolicy(engine.max_running), cpu_cache_mb=None)
+    queue.put_many(runs)
+    while not all(run.future.done() for run in runs):
+        strategy.step()
+    return [run.future.result() for run in runs]
+

@@ -1,0 +1,41 @@
+"""The loop each loaded engine gets: the strategy that drives it, by the engine's shape and the batch policy.
+
+A one-shot engine (Piper, VITS) runs batches planned by tts_core.scheduler.policy. A stepped engine runs
+continuously (TTS_BATCH_POLICY=adaptive, tts_core.scheduler.stepped); under the peers' policies (sequential,
+static, window) it runs by request, as the peers Chorus is measured against run it: the one-shot
+strategy, each batch through the engine's own whole-batch `synthesize`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..engines.base import Engine, SteppedEngine
+from ..ops.metrics import Metrics
+from .engine_loop import EngineLoop, Serving
+from .one_shot import OneShotStrategy
+from .policy import make_policy
+from .queue import RequestQueue
+from .step_policy import ContinuousPolicy
+from .stepped import SteppedStrategy
+
+# A stepped engine's warm-up lengths (prompt tokens): every token of a prompt costs frames to speak
+STEPPED_CALIBRATION_LENGTHS = (4, 12)
+
+
+def make_engine_loop(engine: Engine, queue: RequestQueue, metrics: Metrics, policy: str = "adaptive",
+                     max_batch_size: int = 16, max_batch_tokens: int = 8192,
+                     calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16), min_free_memory_mb: int = 2048,
+                     empty_cache_every: int = 100, cpu_cache_mb: int = 1024) -> EngineLoop:
+    """The engine's loop, not started. max_batch_size is a one-shot engine's; a stepped engine's is the
+    most it runs at once (its max_running)."""
+    serving = Serving(engine, queue, metrics, min_free_memory_mb)
+    if not isinstance(engine, SteppedEngine):
+        strategy = OneShotStrategy(serving, make_policy(policy, max_batch_size, max_batch_tokens), calibration_sizes,
+                                   empty_cache_every)
+    elif policy == "adaptive":
+        strategy = SteppedStrategy(serving, ContinuousPolicy(engine.max_running), calibration_sizes, cpu_cache_mb)
+    else:
+        strategy = OneShotStrategy(serving, make_policy(policy, engine.max_running, max_batch_tokens),
+                                   calibration_sizes, empty_cache_every, STEPPED_CALIBRATION_LENGTHS)
+    return EngineLoop(serving, strategy)

@@ -1,0 +1,170 @@
+"""Word timestamps: when each word of the caller's input is spoken, and subtitles made of them.
+
+An engine that times words (Engine.times_words) says which word of a chunk each token speaks and how
+many samples each token spans; the scheduler numbers the words across their passage
+(QueuedItem.word_ids). Here those times are carried back through the front end's pieces to the
+caller's input: spoken words that say one written thing ("five dollars" for "$5", the words of an SSML
+<sub> alias) make one caption word, named as the caller wrote it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+import unicodedata
+from dataclasses import dataclass
+
+from ..engines.base import word_spans
+from ..request.records import EngineOutput, QueuedItem
+from ..request.script import Script
+from .chunks import word_bounds
+from .frontend import SpokenText
+from .frontend.pieces import PRONUNCIATION, TEXT
+from .pronunciation import Pronounced
+
+SUBTITLE_FORMATS = ("srt", "vtt")
+CUE_MAX_CHARS = 42  # a subtitle line, as broadcasters keep it
+CUE_MAX_S = 5.0
+CUE_GAP_S = 0.6  # a pause this long starts a new cue
+
+
+@dataclass(frozen=True)
+class CaptionWord:
+    word: str
+    start: float  # seconds from the start of the audio
+    end: float
+    input_start: int  # input[input_start:input_end] is what it names
+    input_end: int
+
+    def as_json(self) -> dict:
+        return {"word": self.word, "start": round(self.start, 3), "end": round(self.end, 3)}
+
+
+Timed = tuple[int, int, float, float]  # (passage, spoken word of the passage, start s, end s)
+
+
+def timed_words(item: QueuedItem, output: EngineOutput, start_s: float) -> list[Timed]:
+    """The item's words with their times (from its output's token spans), its speech starting at start_s in the
+    answer."""
+    if item.word_ids is None or output.token_samples is None:
+        return []
+    rate = item.sample_rate
+    return [(item.passage, word, start_s + first / rate, start_s + end / rate)
+            for word, (first, end) in word_spans(item.word_ids, output.token_samples).items()]
+
+
+def caption_words(script: Script, text: str, timed: list[Timed]) -> list[CaptionWord]:
+    """The caller's words (of `text`, the input as sent) with when they are spoken, in order."""
+    layouts: dict[int, _Layout] = {}
+    captions: list[CaptionWord] = []
+    for passage, word, start, end in timed:
+        layout = layouts.get(passage) or layouts.setdefault(passage, _Layout(script.passages[passage].spoken, text))
+        span = layout.source_span(word)
+        if span is None:
+            continue
+        last = captions[-1] if captions else None
+        if last is not None and span[0] <= last.input_end and last.input_start < span[1]:
+            # the same written word, or one written with no space after the last ("H2O" says "H two O")
+            span = min(span[0], last.input_start), max(span[1], last.input_end)
+            start, end = last.start, max(end, last.end)
+            captions.pop()
+        captions.append(CaptionWord(layout.written.get(span) or _written(text[span[0]:span[1]]), start, end, *span))
+    return [caption for caption in captions if caption.word]
+
+
+class _Layout:
+    """Where each word of a passage's spoken text came from in the input."""
+
+    def __init__(self, spoken: SpokenText, text: str):
+        self.text = text
+        self.words = word_bounds(spoken.text)
+        self.pieces = spoken.pieces
+        # a pronunciation is named by its word, not by its markup: [Worcester](/ˈwʊstər/) is "Worcester"
+        self.written = {(piece.start, piece.end): Pronounced.read(piece.spoken).word
+                        for piece in spoken.pieces if piece.kind == PRONUNCIATION}
+        self._found: dict[int, list[tuple[tuple[int, int], tuple[int, int] | None]]] = {}
+        self.offsets, at = [], 0
+        for piece in spoken.pieces:
+            self.offsets.append(at)
+            at += len(piece.spoken)
+
+    def source_span(self, word: int) -> tuple[int, int] | None:
+        if not 0 <= word < len(self.words):
+            return None
+        first, stop = self.words[word]
+        spans = []
+        for index in range(max(0, bisect.bisect_right(self.offsets, first) - 1), len(self.pieces)):
+            offset, piece = self.offsets[index], self.pieces[index]
+            if offset >= stop:
+                break
+            end = offset + len(piece.spoken)
+            if piece.end > piece.start and end > first:
+                spans.append(self._in_piece(index, max(first, offset) - offset, min(stop, end) - offset))
+        spans = [span for span in spans if span is not None]
+        return (min(span[0] for span in spans), max(span[1] for span in spans)) if spans else None
+
+    def _in_piece(self, index: int, first: int, stop: int) -> tuple[int, int] | None:
+        """The input a stretch of a piece's spoken text names: in the caller's own text (a TEXT piece),
+        the written words it says; elsewhere the whole of what the piece says."""
+        piece = self.pieces[index]
+        if not piece.spoken[first:stop].strip():
+            return None
+        if piece.kind != TEXT:
+            return piece.start, piece.end
+        spans = [span for (start, end), span in self._written_words(index) if start < stop and first < end]
+        if not spans:
+            return None
+        if None in spans:  # a word not found as written (an entity, a character NFKC changed): the whole piece
+            return piece.start, piece.end
+        return piece.start + spans[0][0], piece.start + spans[-1][1]
+
+    def _written_words(self, index: int) -> list[tuple[tuple[int, int], tuple[int, int] | None]]:
+        """Each word of a TEXT piece's spoken text (its bounds there) with where it is in the input (relative
+        to the piece), found in order; None for one that is not there as written. A markup tag beside a word
+        is not part of it. Worked out once a piece: every word of a long piece asks."""
+        if index not in self._found:
+            piece = self.pieces[index]
+            written, cursor, found = self.text[piece.start:piece.end], 0, []
+            for start, end in word_bounds(piece.spoken):
+                word = _written(piece.spoken[start:end])  # without its punctuation, which markup may come before
+                at = written.find(word, cursor)
+                found.append(((start, end), None if at < 0 else (at, at + len(word))))
+                cursor = cursor if at < 0 else at + len(word)
+            self._found[index] = found
+        return self._found[index]
+
+
+def _written(text: str) -> str:
+    """A caption word as the caller wrote it: entities read, white space single, no punctuation at its edges."""
+    text = " ".join(html.unescape(text).split())
+    edges = [index for index, char in enumerate(text) if not unicodedata.category(char).startswith("P")]
+    return text[edges[0]:edges[-1] + 1] if edges else text
+
+
+# --- subtitles --------------------------------------------------------------------------------------
+
+def subtitles(words: list[CaptionWord], kind: str) -> str:
+    """SubRip ("srt") or WebVTT ("vtt") cues of the words: a cue is at most a line of CUE_MAX_CHARS and
+    CUE_MAX_S long, and a pause of CUE_GAP_S starts a new one."""
+    cues: list[list[CaptionWord]] = []
+    for word in words:
+        cue = cues[-1] if cues else None
+        if (cue is None or word.start - cue[-1].end >= CUE_GAP_S or word.end - cue[0].start > CUE_MAX_S
+                or sum(len(each.word) + 1 for each in cue) + len(word.word) > CUE_MAX_CHARS):
+            cues.append([word])
+        else:
+            cue.append(word)
+    separator = "," if kind == "srt" else "."
+    escape = (lambda text: html.escape(text, quote=False)) if kind == "vtt" else str  # WebVTT cue text is markup
+    blocks = [f"{_stamp(cue[0].start, separator)} --> {_stamp(cue[-1].end, separator)}\n"
+              f"{escape(' '.join(word.word for word in cue))}\n" for cue in cues]
+    if kind == "srt":
+        return "\n".join(f"{number}\n{block}" for number, block in enumerate(blocks, 1))
+    return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def _stamp(seconds: float, separator: str) -> str:
+    millis = round(seconds * 1000)
+    hours, millis = divmod(millis, 3_600_000)
+    minutes, millis = divmod(millis, 60_000)
+    return f"{hours:02d}:{minutes:02d}:{millis // 1000:02d}{separator}{millis % 1000:03d}"
