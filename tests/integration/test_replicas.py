@@ -102,6 +102,12 @@ def test_replicas_share_the_database_the_jobs_their_results_and_the_keys(tmp_pat
 
         assert wait_until(lambda: succeeded() >= 20, timeout_s=120)
         killed = replicas[2]
+
+        def running_on_killed() -> bool:
+            starts, ends = attempts_in(killed.log_path.read_text(errors="replace"))
+            return bool(set(starts) - set(ends))
+
+        assert wait_until(running_on_killed, timeout_s=60)  # (between two jobs, it would leave none behind)
         killed.process.send_signal(signal.SIGKILL)  # mid-run: it holds leases on jobs it will never finish
         killed.process.wait(10)
         assert wait_until(lambda: succeeded() == JOBS, timeout_s=300), f"{succeeded()} of {JOBS} succeeded"
