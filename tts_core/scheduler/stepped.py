@@ -184,16 +184,16 @@ class SteppedStrategy:
 
     def _running_views(self) -> list[StepView]:
         engine = self.engine
-        return [StepView(engine.context_length(item_id), engine.context_tokens(item.input), item.deadline,
-                         item.enqueued_at) for item_id, item in self._running_items()]
+        return [StepView(engine.context_length(item.input.id), engine.context_tokens(item.input), item.deadline,
+                         item.enqueued_at) for item in self._running_items()]
 
     def _queued_views(self, candidates: Sequence[QueuedItem]) -> list[StepView]:
         return [StepView(item.length, self.engine.context_tokens(item.input), item.deadline, item.enqueued_at)
                 for item in candidates]
 
-    def _running_items(self) -> list[tuple[int, QueuedItem]]:
-        """The running inputs' ids with their queued items, in the order they joined."""
-        return [(item_id, self._progress[item_id].item) for item_id in self.engine.running()]
+    def _running_items(self) -> list[QueuedItem]:
+        """The queued items of the running inputs, in the order they joined (an item runs under its input's id)."""
+        return [self._progress[item_id].item for item_id in self.engine.running()]
 
     def _memory_tokens(self) -> int | None:
         """Context positions the cache may still grow by: device memory where the engine has some to
@@ -201,7 +201,7 @@ class SteppedStrategy:
         device = self.serving.memory.tokens()
         if device is not None or not self.engine.kv_bytes_per_token or self.cpu_cache_bytes is None:
             return device
-        held = sum(self.engine.context_tokens(item.input) for _, item in self._running_items())
+        held = sum(self.engine.context_tokens(item.input) for item in self._running_items())
         return max(0, int(self.cpu_cache_bytes / self.engine.kv_bytes_per_token) - held)
 
     def _tell_queue(self) -> None:
@@ -232,11 +232,11 @@ class SteppedStrategy:
         try:
             finished = self.engine.admit([item.input for item in live])
         except self.engine.out_of_memory_errors:
-            self._out_of_memory([(item.input.id, item) for item in live])
+            self._out_of_memory(live)
             return
         except Exception as error:
             for item in live:
-                self._end(item.input.id, item, SynthesisError(f"synthesis failed: {error}"), running=False)
+                self._end(item, SynthesisError(f"synthesis failed: {error}"), running=False)
             return
         seconds = self.clock.timer() - started
         self.serving.worked = True
@@ -258,11 +258,11 @@ class SteppedStrategy:
         try:
             finished = self.engine.step()
         except self.engine.out_of_memory_errors:
-            self._out_of_memory([(running[-1], self._progress[running[-1]].item)])
+            self._out_of_memory([self._progress[running[-1]].item])
             return
         except Exception as error:  # the newest member is the likeliest cause: it alone fails
             log.warning("%s: a step failed (%s); stopping the newest request", self.engine.name, error)
-            self._end(running[-1], self._progress[running[-1]].item, SynthesisError(f"synthesis failed: {error}"))
+            self._end(self._progress[running[-1]].item, SynthesisError(f"synthesis failed: {error}"))
             return
         seconds = self.clock.timer() - started
         self.policy.cost.observe_step(len(running), longest, seconds)
@@ -327,11 +327,11 @@ class SteppedStrategy:
         self.queue.done(1)
         item.resolve(output)
 
-    def _end(self, item_id: int, item: QueuedItem, error: ChorusError, running: bool = True) -> None:
+    def _end(self, item: QueuedItem, error: ChorusError, running: bool = True) -> None:
         """The item stops without its audio: released, counted, its caller told."""
         if running:
-            self.engine.release(item_id)
-        self._progress.pop(item_id, None)
+            self.engine.release(item.input.id)
+        self._progress.pop(item.input.id, None)
         if not isinstance(error, ClientGone):
             self.metrics.item_errors.labels(self.engine.name).inc()
         if item.pieces is not None:
@@ -340,29 +340,30 @@ class SteppedStrategy:
         item.resolve(error)
 
     def stopped(self) -> None:
-        for item_id, item in self._running_items():
-            self._end(item_id, item, Overloaded(f"model {self.engine.name} was stopped before this was synthesized; "
+        for item in self._running_items():
+            self._end(item, Overloaded(f"model {self.engine.name} was stopped before this was synthesized; "
                                                 "retry", 1, ErrorCode.MODEL_STOPPED))
 
     def _stop_abandoned(self) -> None:
-        for item_id, item in [(item_id, item) for item_id, item in self._running_items() if _gone(item)]:
+        for item in [item for item in self._running_items() if _gone(item)]:
             self.metrics.dropped.labels("cancelled").inc()
-            self._end(item_id, item, ClientGone("the caller has gone"))
+            self._end(item, ClientGone("the caller has gone"))
 
-    def _out_of_memory(self, items: list[tuple[int, QueuedItem]]) -> None:
+    def _out_of_memory(self, items: list[QueuedItem]) -> None:
         """Put the newest requests back in the queue with a lower memory budget, rather than failing
         everyone; a request that does not fit even alone fails alone."""
-        tokens = sum(self.engine.context_tokens(item.input) for _, item in items)
+        tokens = sum(self.engine.context_tokens(item.input) for item in items)
         log.warning("%s ran out of memory with %d requests joining or newest", self.engine.name, len(items))
         self.metrics.out_of_memory.labels(self.engine.name).inc()
         self.serving.memory.out_of_memory(tokens)
         running = self.engine.running()
-        for item_id, item in items:
+        for item in items:
+            item_id = item.input.id
             if item_id in running:
                 self.engine.release(item_id)
             progress = self._progress.pop(item_id, None)
             if (progress and progress.pieces) or (not running and len(items) == 1):
-                self._end(item_id, item, SynthesisError("synthesis failed: the request does not fit in device memory"),
+                self._end(item, SynthesisError("synthesis failed: the request does not fit in device memory"),
                           running=False)
             else:
                 self.queue.put_back(item)
