@@ -231,6 +231,7 @@ def main() -> None:
     # uvicorn's loggers propagating to it): it takes keys and texts out of query strings and messages.
     logging.basicConfig(level=settings.log_level.upper(), handlers=[redacting_handler()],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line for every request to an upstream model
     try:
         app = create_app(settings)
     except (EngineUnavailable, StartupError) as error:  # say what to change, no traceback

@@ -45,6 +45,7 @@ class ErrorCode(StrEnum):
     UPLOAD_TOO_LARGE = "upload_too_large"  # an upload larger than the uploads' room could ever hold (413)
     TOO_MANY_ITEMS = "too_many_items"  # a batch over TTS_MAX_BATCH_ITEMS
     DEADLINE_TOO_LONG = "deadline_too_long"  # a job's deadline_s over TTS_JOB_DEADLINE_S
+    UPSTREAM_REJECTED = "upstream_rejected"  # an upstream model's server refused the request (its message)
     # 400 InvalidRequest: the WebSocket and Wyoming
     BINARY_MESSAGE = "binary_message"  # a binary WebSocket message (only JSON text is read)
     INVALID_EVENT = "invalid_event"  # not a Wyoming event, or one whose data is not what its type needs
@@ -100,6 +101,7 @@ class ErrorCode(StrEnum):
     MODEL_STOPPED = "model_stopped"  # the model was stopped before this was synthesized
     MODEL_RELOADING = "model_reloading"  # the model is being reloaded
     ENGINE_UNAVAILABLE = "engine_unavailable"  # no engine replica answered in time (Ray Serve)
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"  # an upstream model's server failed, or its breaker is open
     STORAGE_UNAVAILABLE = "storage_unavailable"  # the database is unavailable
     JOB_BACKLOG_FULL = "job_backlog_full"  # TTS_MAX_JOB_BACKLOG jobs are waiting
     TOO_MANY_CONNECTIONS = "too_many_connections"  # the server holds as many connections of a kind as it may

@@ -1,4 +1,5 @@
-"""The engine contract, for every engine kind the registry loads (Piper, tiny VITS, tiny Pocket TTS, tiny VibeVoice):
+"""The engine contract, for every engine kind the registry loads (Piper, tiny VITS, tiny Pocket TTS, tiny VibeVoice,
+an upstream played by a plain listener on loopback):
 its spec is read without loading any weights, the engine that loads is the one described (voices and capabilities),
 what its capabilities declare holds (word timings, cloning, frames, the most it runs at once), and a stream served
 through its engine loop joins into the same audio as the whole file."""
@@ -12,11 +13,13 @@ import numpy as np
 import pytest
 
 from bench.random_vits import TINY, save_random_vits
+from tests.listener import Listener
 from tests.pocket_models import build_tiny_pocket, registry_spec
 from tests.vibevoice_models import build_tiny_vibevoice
 from tts_core.engines import ModelSpec
 from tts_core.engines.base import CLONE_HOOKS, SteppedEngine, capabilities_of
 from tts_core.engines.piper import bundled_voice_path
+from tts_core.engines.upstream import UpstreamEngine
 from tts_core.ops.metrics import Metrics
 from tts_core.request.records import AudioPieces, EngineInput, QueuedItem
 from tts_core.scheduler.dispatch import pieces_of
@@ -24,11 +27,21 @@ from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.strategies import make_engine_loop
 from tts_core.text.chunks import words
 
-KINDS = {  # engine kind -> (how to make a model in a folder, its registry voices)
+_listeners: list[Listener] = []
+
+
+def upstream_voices() -> dict:
+    """An upstream voice on a listener started for the module (its url is known once it listens)."""
+    _listeners[:] = _listeners or [Listener()]
+    return {"far": {"url": _listeners[0].url, "upstream_voice": "alloy"}}
+
+
+KINDS = {  # engine kind -> (how to make a model in a folder, its registry voices, or what makes them)
     "piper": (lambda folder: bundled_voice_path(), {"joe": {}}),
     "vits": (lambda folder: save_random_vits(folder / "tiny-vits", **TINY), {"tiny": {"language": "en"}}),
     "pocket_tts": (build_tiny_pocket, {"tiny": {"fixed_length": True, "max_running": 3}}),
     "vibevoice": (build_tiny_vibevoice, {"tiny": {"fixed_length": True}}),
+    "upstream": (lambda folder: "far-model", upstream_voices),
 }
 
 
@@ -37,6 +50,7 @@ NOISE = {  # what each kind samples with, set to 0 so that the same input makes 
     "vits": lambda engine: [(engine.model, "noise_scale"), (engine.model, "noise_scale_duration")],
     "pocket_tts": lambda engine: [(engine, "temperature")],
     "vibevoice": lambda engine: [(engine, "temperature")],
+    "upstream": lambda engine: [],  # the listener speaks the same tone every time
 }
 
 
@@ -50,7 +64,7 @@ def kind(request) -> str:
 def described(kind, tmp_path_factory) -> ModelSpec:
     folder = tmp_path_factory.mktemp(kind)
     make, voices = KINDS[kind]
-    return registry_spec(make(folder), voices, folder, engine=kind)
+    return registry_spec(make(folder), voices() if callable(voices) else voices, folder, engine=kind)
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +93,9 @@ def test_word_timings_are_there_where_declared(described, loaded):
 def test_cloning_frames_and_running_are_as_declared(described, loaded):
     capabilities = described.capabilities
     assert capabilities.clones == all(callable(getattr(loaded, hook, None)) for hook in CLONE_HOOKS)
-    assert capabilities.makes_frames == isinstance(loaded, SteppedEngine)
-    assert capabilities.max_running == (loaded.max_running if isinstance(loaded, SteppedEngine) else None)
+    assert capabilities.makes_frames == loaded.makes_frames
+    assert capabilities.makes_frames == isinstance(loaded, SteppedEngine | UpstreamEngine)
+    assert capabilities.max_running == getattr(loaded, "max_running", None)
     if capabilities.clones:
         clip = np.sin(np.linspace(0, 2000, 3 * loaded.sample_rate)).astype(np.float32) * 0.3
         assert np.asarray(loaded.voice_prompt_from_audio(clip, loaded.sample_rate)).size

@@ -9,6 +9,7 @@ from tts_core.config import Settings
 from tts_core.engines import load_voice_engine, model_specs
 from tts_core.engines.base import EngineUnavailable
 from tts_core.engines.piper import bundled_voice_path
+from tts_core.request.records import EngineInput
 from tts_core.voices.catalogue import Catalogue
 from tts_core.voices.registry import RegistryError, read_registry
 
@@ -20,8 +21,31 @@ def test_voices_of_one_model_share_one_engine(tmp_path):
                     "  b: {engine: vits, model: m1, speaker: 2, speed: 1.2}\n"
                     "  c: {engine: piper, model: /v/x.onnx}\n")
     grouped = read_registry(path).by_model()
-    assert set(grouped) == {("vits", "m1"), ("piper", "/v/x.onnx")}
-    assert grouped[("vits", "m1")]["b"].speaker == 2 and grouped[("vits", "m1")]["b"].speed == 1.2
+    assert set(grouped) == {("vits", "m1", None), ("piper", "/v/x.onnx", None)}
+    assert grouped[("vits", "m1", None)]["b"].speaker == 2 and grouped[("vits", "m1", None)]["b"].speed == 1.2
+
+
+def test_an_upstream_model_is_one_per_server_and_its_options_come_from_any_of_its_voices(tmp_path, monkeypatch):
+    path = tmp_path / "voices.yaml"
+    path.write_text("voices:\n"
+                    "  vivian: {engine: upstream, model: qwen3, url: 'http://gpu-a:8091/', language: en}\n"
+                    "  ryan: {engine: upstream, model: qwen3, url: 'http://gpu-a:8091/', max_in_flight: 4,\n"
+                    "         extra_body: {task_type: CustomVoice}, api_key_env: QWEN_KEY, sample_rate: 44100}\n"
+                    "  other: {engine: upstream, model: qwen3, url: 'http://gpu-b:8091', upstream_voice: vivian}\n")
+    monkeypatch.setenv("QWEN_KEY", "secret")
+    specs = model_specs(Settings(voices_file=path, data_dir=tmp_path))
+    first, second = [spec for spec in specs if spec.registry]
+    assert (first.name, second.name) == ("qwen3", "qwen3-2")  # two servers, two models
+    assert [voice.name for voice in first.voices] == ["vivian", "ryan"]
+    assert first.capabilities.makes_frames and first.capabilities.max_running == 4
+    engine = first.load()
+    assert (engine.options.url, engine.options.max_in_flight, engine.sample_rate) == ("http://gpu-a:8091", 4, 44100)
+    assert engine.request_body(engine_input(engine, "ryan"))["task_type"] == "CustomVoice"
+    assert second.load().request_body(engine_input(engine, "other"))["voice"] == "vivian"
+
+
+def engine_input(engine, voice: str) -> EngineInput:
+    return EngineInput(engine.tokenize("Hello.", voice)[0], voice)
 
 
 @pytest.mark.parametrize("text, fault", [
@@ -29,6 +53,10 @@ def test_voices_of_one_model_share_one_engine(tmp_path):
     ("voices:\n  a: {engine: tacotron, model: m}\n", "voices.a.engine"),
     ("voices:\n  a: {engine: vits, model: m, colour: red}\n", "voices.a.colour"),
     ("voices:\n  a: {engine: vits, model: m, speed: 9}\n", "voices.a.speed"),
+    ("voices:\n  a: {engine: upstream, model: m}\n", "needs the url of its server"),
+    ("voices:\n  a: {engine: vits, model: m, url: 'http://x'}\n", "url: only for engine: upstream"),
+    ("voices:\n  a: {engine: upstream, model: m, url: 'ftp://x'}\n", "voices.a.url"),
+    ("voices:\n  a: {engine: upstream, model: m, url: 'http://x', api_key_env: 'sk-123'}\n", "voices.a.api_key_env"),
 ])
 def test_a_bad_registry_names_the_file_and_the_fault(tmp_path, text, fault):
     path = tmp_path / "voices.yaml"

@@ -96,6 +96,14 @@ def _vibevoice_kind(model: str, voices: list[VoiceSpec], name: str, settings: Se
                                                         **options))
 
 
+def _upstream_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings) -> Described:
+    from .upstream import UpstreamEngine, describe_upstream
+
+    options = next(voice.upstream for voice in voices if voice.upstream)  # (the registry requires a url)
+    described, capabilities = describe_upstream(model, voices, name, options)
+    return described, capabilities, lambda: UpstreamEngine(model, voices, name, options)
+
+
 def _torch_loader(settings: Settings, load: Callable[[], Engine]) -> Callable[[], Engine]:
     """load, with torch's CPU threads set first where TTS_TORCH_THREADS says (process-wide, as torch has
     it); else torch's own, one a core (a Pocket TTS server served more with a thread a core than with one
@@ -119,16 +127,18 @@ ENGINE_KINDS: dict[str, Callable[[str, list[VoiceSpec], str, Settings], Describe
     "vits": _vits_kind,
     "pocket_tts": _pocket_kind,
     "vibevoice": _vibevoice_kind,
+    "upstream": _upstream_kind,
 }
 
 
 def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
-    from ..voices.registry import read_registry
+    from ..voices.registry import read_registry, upstream_options
 
     specs, names = [], set(taken)
-    for (kind, model), entries in read_registry(settings.voices_file).by_model().items():
+    for (kind, model, _), entries in read_registry(settings.voices_file).by_model().items():
+        upstream = upstream_options(list(entries.values()))
         voices = [VoiceSpec(name, entry.language, entry.speaker, entry.speed, entry.prompt, entry.fixed_length,
-                            entry.max_running) for name, entry in entries.items()]
+                            entry.max_running, entry.upstream_voice, upstream) for name, entry in entries.items()]
         name = _unique(model.rstrip("/").rsplit("/", 1)[-1].removesuffix(".onnx"), names)
         names.add(name)
         pinned = any(entry.pinned for entry in entries.values())

@@ -29,6 +29,20 @@ class Voice:
 
 
 @dataclass(frozen=True)
+class UpstreamOptions:
+    """How to reach an upstream model (an OpenAI-compatible speech server) and what it declares: model-level,
+    any voice of the model may set them (tts_core.voices.registry)."""
+
+    url: str  # its base URL: requests go to {url}/v1/audio/speech
+    api_key_env: str | None = None  # the variable holding its API key (sent as a Bearer token), never the key
+    sample_rate: int = 24000  # its raw PCM's rate (raw PCM carries none): 24000 for most, 44100 for Fish S2 Pro
+    timeout_s: float = 60.0  # the longest wait for its next bytes
+    extra_body: str = "{}"  # JSON: fields sent with every request (vLLM-Omni's task_type, language, ...)
+    max_in_flight: int = 16  # the most requests in flight at once (the learned number stays within it)
+    language: str = "en"  # its voices' language where a voice names none
+
+
+@dataclass(frozen=True)
 class VoiceSpec:
     """A voice the registry names on a model: language, speaker id, default speed, voice prompt; and
     the model-level options any of its voices sets."""
@@ -40,6 +54,8 @@ class VoiceSpec:
     prompt: str | None = None  # a voice-prompted model's prompt file (relative: to the model folder)
     fixed_length: bool = False  # model-level: every request makes its whole frame budget (random weights)
     max_running: int | None = None  # model-level: the most requests a stepped model runs at once
+    upstream_voice: str | None = None  # an upstream's: the voice's name there (None: the same name)
+    upstream: UpstreamOptions | None = None  # model-level: an upstream model's connection
 
 
 @dataclass(frozen=True)

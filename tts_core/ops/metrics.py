@@ -43,6 +43,7 @@ class Metrics:
         self._add_batch_metrics(self.registry)
         self._add_job_and_model_metrics(self.registry)
         self._add_overload_and_stream_metrics(self.registry)
+        self._add_upstream_metrics(self.registry)
 
     def _add_request_metrics(self, r: CollectorRegistry) -> None:
         self.requests = Counter("tts_requests", "Speech requests answered", ["source", "status"], registry=r)
@@ -93,6 +94,19 @@ class Metrics:
         self.steps = Counter("tts_steps", "Steps of a stepped engine", ["engine"], registry=r)
         self.frames = Counter("tts_frames", "Frames made by a stepped engine (one per running request per step)",
                               ["engine"], registry=r)
+
+    def _add_upstream_metrics(self, r: CollectorRegistry) -> None:
+        """Upstream models (engine: upstream): requests in flight there, the learned limit, the breaker."""
+        self.upstream_in_flight = Gauge("tts_upstream_in_flight", "Requests in flight at an upstream", ["engine"],
+                                        registry=r)
+        self.upstream_limit = Gauge("tts_upstream_in_flight_limit", "Requests kept in flight at an upstream (learned)",
+                                    ["engine"], registry=r)
+        self.upstream_breaker_open = Gauge("tts_upstream_breaker_open", "1 while an upstream's circuit breaker is "
+                                           "open (0.5 half-open)", ["engine"], registry=r)
+        self.upstream_seconds = Histogram("tts_upstream_seconds", "Time an upstream took for a request",
+                                          ["engine"], buckets=LATENCY_BUCKETS, registry=r)
+        self.upstream_errors = Counter("tts_upstream_errors", "Upstream requests that failed, by kind",
+                                       ["engine", "kind"], registry=r)
 
     def _add_overload_and_stream_metrics(self, r: CollectorRegistry) -> None:
         """The audio cache, degrade mode and the load score; streamed requests."""

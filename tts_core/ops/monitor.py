@@ -87,7 +87,8 @@ class Monitor:
         service, metrics = self.service, self.service.metrics
         window = metrics.window()
         state = service.degrade.state
-        # autoregressive engines: requests running, steps a second, frames a step (None without one)
+        # autoregressive engines and upstreams: requests running (in flight); steps a second, frames a step (the
+        # autoregressive ones'); None without one
         stepping = [loop.status() for loop in service.loops.values() if loop.running_count() is not None]
         point = {
             "t": time.time(),
@@ -106,8 +107,9 @@ class Monitor:
             "gpu_used_fraction": device["used_fraction"] if device else None,
             "gpu_utilization_pct": device["utilization_pct"] if device else None,
             "running_requests": sum(status["running"] for status in stepping) if stepping else None,
-            "steps_per_s": sum(status["steps_per_s"] for status in stepping) if stepping else None,
-            "frames_per_step": max((status["frames_per_step"] for status in stepping), default=None),
+            "steps_per_s": sum(status.get("steps_per_s", 0.0) for status in stepping) if stepping else None,
+            "frames_per_step": max((status["frames_per_step"] for status in stepping if "frames_per_step" in status),
+                                   default=None),
         }
         metrics.series.append(point)
         return point

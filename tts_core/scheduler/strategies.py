@@ -3,7 +3,8 @@
 A one-shot engine (Piper, VITS) runs batches planned by tts_core.scheduler.policy. A stepped engine runs
 continuously (TTS_BATCH_POLICY=adaptive, tts_core.scheduler.stepped); under the peers' policies (sequential,
 static, window) it runs by request, as the peers Chorus is measured against run it: the one-shot
-strategy, each batch through the engine's own whole-batch `synthesize`.
+strategy, each batch through the engine's own whole-batch `synthesize`. An upstream engine (a model another
+server runs) keeps a learned number of requests in flight there (tts_core.scheduler.upstream), whatever the policy.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..engines.base import Engine, SteppedEngine
+from ..engines.upstream import UpstreamEngine
 from ..ops.metrics import Metrics
 from .engine_loop import EngineLoop, Serving
 from .one_shot import OneShotStrategy
@@ -18,6 +20,7 @@ from .policy import make_policy
 from .queue import RequestQueue
 from .step_policy import ContinuousPolicy
 from .stepped import SteppedStrategy
+from .upstream import UpstreamStrategy
 
 # A stepped engine's warm-up lengths (prompt tokens): every token of a prompt costs frames to speak
 STEPPED_CALIBRATION_LENGTHS = (4, 12)
@@ -30,7 +33,9 @@ def make_engine_loop(engine: Engine, queue: RequestQueue, metrics: Metrics, poli
     """The engine's loop, not started. max_batch_size is a one-shot engine's; a stepped engine's is the
     most it runs at once (its max_running)."""
     serving = Serving(engine, queue, metrics, min_free_memory_mb)
-    if not isinstance(engine, SteppedEngine):
+    if isinstance(engine, UpstreamEngine):  # another server batches: only how many are in flight is ours
+        strategy = UpstreamStrategy(serving)
+    elif not isinstance(engine, SteppedEngine):
         strategy = OneShotStrategy(serving, make_policy(policy, max_batch_size, max_batch_tokens), calibration_sizes,
                                    empty_cache_every)
     elif policy == "adaptive":

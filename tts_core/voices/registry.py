@@ -22,22 +22,34 @@
                                      # none: the model's shipped voice of this name, or its default
         max_running: 8               # model-level: the most requests running at once (default 16)
         fixed_length: false          # model-level: true for random-weight benchmark models
+      voxtral:
+        engine: upstream             # another server's model, through its OpenAI-compatible speech API
+        model: mistralai/Voxtral-4B-TTS-2603  # the name the upstream serves it by (sent as "model")
+        url: http://vllm:8091        # model-level: the server (requests go to {url}/v1/audio/speech)
+        upstream_voice: neutral_female  # the voice's name there (default: this entry's name)
+        api_key_env: VLLM_API_KEY    # model-level: the variable holding its key (never the key itself)
+        sample_rate: 24000           # model-level: its raw PCM's rate (44100 for Fish S2 Pro)
+        extra_body: {max_new_tokens: 2048}  # model-level: fields sent with every request
+        max_in_flight: 32            # model-level: the most requests in flight (the number used is learned)
 
-Voices that name the same model share one loaded engine (and one batcher). Models that are not
+Voices that name the same model (and url) share one loaded engine (and one batcher). Models that are not
 pinned load when first asked for and are unloaded, least recently used first, to keep within
 TTS_MAX_LOADED_MODELS and TTS_MODEL_MEMORY_MB.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..engines import ENGINE_KINDS
-from ..engines.base import EngineUnavailable
+from ..engines.base import EngineUnavailable, UpstreamOptions
+
+UPSTREAM_FIELDS = ("url", "api_key_env", "upstream_voice", "sample_rate", "timeout_s", "extra_body", "max_in_flight")
 
 
 class RegistryError(EngineUnavailable):
@@ -61,6 +73,27 @@ class VoiceEntry(BaseModel):
                                "budget (random-weight benchmark models)")
     max_running: int | None = Field(None, ge=1, le=1024, description="pocket_tts, vibevoice: the most requests "
                                     "running at once")
+    url: str | None = Field(None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$", description="upstream: the server's "
+                            "base URL (requests go to {url}/v1/audio/speech)")
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="upstream: the "
+                                    "environment variable holding its API key")
+    upstream_voice: str | None = Field(None, min_length=1, description="upstream: the voice's name there")
+    sample_rate: int | None = Field(None, ge=8000, le=192000, description="upstream: its raw PCM's rate "
+                                    "(default 24000)")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="upstream: the longest wait for its next "
+                                    "bytes (default 60)")
+    extra_body: dict[str, Any] | None = Field(None, description="upstream: fields sent with every request")
+    max_in_flight: int | None = Field(None, ge=1, le=1024, description="upstream: the most requests in flight "
+                                      "(default 16; the number used is learned)")
+
+    @model_validator(mode="after")
+    def _upstream_fields(self):
+        given = [name for name in UPSTREAM_FIELDS if getattr(self, name) is not None]
+        if self.engine == "upstream" and self.url is None:
+            raise ValueError("an upstream voice needs the url of its server")
+        if self.engine != "upstream" and given:
+            raise ValueError(f"{', '.join(given)}: only for engine: upstream")
+        return self
 
 
 class Registry(BaseModel):
@@ -68,12 +101,23 @@ class Registry(BaseModel):
 
     voices: dict[str, VoiceEntry] = {}
 
-    def by_model(self) -> dict[tuple[str, str], dict[str, VoiceEntry]]:
-        """(engine, model) -> its voices: one loaded engine each."""
-        grouped: dict[tuple[str, str], dict[str, VoiceEntry]] = {}
+    def by_model(self) -> dict[tuple[str, str, str | None], dict[str, VoiceEntry]]:
+        """(engine, model, upstream url) -> its voices: one loaded engine each."""
+        grouped: dict[tuple[str, str, str | None], dict[str, VoiceEntry]] = {}
         for name, entry in self.voices.items():
-            grouped.setdefault((entry.engine, entry.model), {})[name] = entry
+            grouped.setdefault((entry.engine, entry.model, entry.url), {})[name] = entry
         return grouped
+
+
+def upstream_options(entries: list[VoiceEntry]) -> UpstreamOptions | None:
+    """One upstream model's options: each set on any of its voices (the first voice that sets it wins)."""
+    if not entries or entries[0].url is None:
+        return None
+    given = {name: next(value for entry in entries if (value := getattr(entry, name)) is not None)
+             for name in ("api_key_env", "sample_rate", "timeout_s", "max_in_flight", "extra_body")
+             if any(getattr(entry, name) is not None for entry in entries)}
+    given["extra_body"] = json.dumps(given.get("extra_body", {}), sort_keys=True)
+    return UpstreamOptions(entries[0].url.rstrip("/"), language=entries[0].language or "en", **given)
 
 
 def read_registry(path: Path | None) -> Registry:

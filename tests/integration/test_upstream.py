@@ -1,0 +1,238 @@
+"""Chorus in front of an upstream speech server (engine: upstream), on real HTTP servers on 127.0.0.1.
+
+- Faults (fast): a plain listener plays the upstream (tests/listener.py) and answers each test's way: the
+  upstream's 4xx comes back in Chorus's error shape with its message; failures in a row open the breaker, whose
+  503 upstream_unavailable comes at once with a Retry-After and without a request upstream; a half-open probe
+  closes it; a hung upstream ends at the caller's deadline; a cut stream fails its request.
+- A real upstream (slow): a second Chorus serving the bundled Piper voice; speech, streams, jobs and Wyoming
+  through the upstream engine, and the learned limit stays at one or two for a server that runs one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import itertools
+import time
+import wave
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.client import AsyncTcpClient
+from wyoming.tts import Synthesize, SynthesizeVoice
+
+from app import create_app
+from bench.server import free_port, start_server
+from tests.listener import Answer, Listener
+from tests.pocket_models import build_tiny_pocket
+from tests.serve import metric, serve_in_thread, wait_until
+from tts_core.config import Settings
+
+SPEECH = {"model": "far", "voice": "far-voice", "response_format": "wav"}
+CALLS = itertools.count()
+
+
+def registry(folder, url: str, model: str = "far", voice: str = "alloy", timeout_s: float = 30) -> str:
+    path = folder / "voices.yaml"
+    path.write_text(f"""voices:
+  far-voice:
+    engine: upstream
+    model: {model}
+    url: {url}
+    upstream_voice: {voice}
+    timeout_s: {timeout_s}
+    extra_body: {{task_type: CustomVoice}}
+    pinned: true
+""")
+    return str(path)
+
+
+def upstream_status(base: str, model: str = "far") -> dict:
+    return httpx.get(f"{base}/api/v1/batch/status").json()["engines"][model]["policy"]
+
+
+@pytest.fixture(scope="module")
+def fronted(tmp_path_factory):
+    """(Chorus's base URL, the listener it fronts)."""
+    folder = tmp_path_factory.mktemp("upstream")
+    listener = Listener()
+    settings = Settings(data_dir=folder / "data", calibration_sizes=[1], voices_file=registry(folder, listener.url),
+                        operator_defaults={"anonymous_tier": "enterprise", "degrade_enabled": False,
+                                           "tiers": {"enterprise": {"request_timeout_s": 3}}})
+    try:
+        with serve_in_thread(create_app(settings)) as base:
+            yield base, listener
+    finally:
+        listener.close()
+
+
+def speak(base: str, text: str | None = None, **extra) -> httpx.Response:
+    """A speech request; by default a text of its own (the audio cache answers a text it has heard before)."""
+    text = text or f"Hello there, caller number {next(CALLS)}."
+    return httpx.post(f"{base}/v1/audio/speech", json={**SPEECH, "input": text, **extra}, timeout=30)
+
+
+def test_speech_comes_from_the_upstream_with_the_body_it_documents(fronted):
+    base, listener = fronted
+    listener.answer = Answer()
+    answer = speak(base, "Hello there.")
+    assert answer.status_code == 200, answer.text
+    with wave.open(io.BytesIO(answer.content)) as wav:
+        assert abs(wav.getnframes() / wav.getframerate() - 1.0) < 0.05  # the listener's second of tone
+    sent = listener.requests[-1].body
+    assert sent == {"model": "far", "input": "Hello there.", "voice": "alloy", "response_format": "pcm",
+                    "stream": True, "stream_format": "audio", "task_type": "CustomVoice"}
+    assert upstream_status(base)["breaker"]["state"] == "closed"
+
+
+def test_the_upstreams_refusal_comes_back_in_our_shape_with_its_message(fronted):
+    base, listener = fronted
+    listener.answer = Answer("status", 400, b'{"error": {"message": "Unknown voice \'alloy\'", "code": 400}}')
+    answer = speak(base)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "upstream_rejected"
+    assert "Unknown voice 'alloy'" in answer.json()["error"]["message"]
+    listener.answer = Answer()
+    assert speak(base).status_code == 200  # a refusal is the request's fault: the breaker stays closed
+
+
+def test_a_hung_upstream_ends_at_the_callers_deadline(fronted):
+    base, listener = fronted
+    listener.answer = Answer("hang")
+    started = time.monotonic()
+    answer = speak(base)
+    assert answer.status_code == 504 and answer.json()["error"]["code"] == "deadline_exceeded", answer.text
+    assert time.monotonic() - started < 10  # the tier's 3 s deadline, not the upstream's 30 s timeout
+    assert wait_until(lambda: listener.connections == 0, 10)  # the request upstream was closed
+    listener.answer = Answer()
+    assert speak(base).status_code == 200
+
+
+def test_a_cut_stream_fails_its_request(fronted):
+    base, listener = fronted
+    listener.answer = Answer("cut")
+    with httpx.stream("POST", f"{base}/v1/audio/speech", json={**SPEECH, "input": "Cut short.", "stream": True,
+                                                               "response_format": "pcm"}, timeout=30) as streamed:
+        with pytest.raises(httpx.RemoteProtocolError):  # the answer ends without its last chunk
+            b"".join(streamed.iter_bytes())
+    whole = speak(base)
+    assert whole.status_code == 503 and whole.json()["error"]["code"] == "upstream_unavailable"
+    listener.answer = Answer()
+    assert speak(base).status_code == 200
+
+
+def test_failures_in_a_row_open_the_breaker_which_answers_at_once_then_probes_and_closes(fronted):
+    base, listener = fronted
+    listener.answer = Answer("status", 500, b"boom")
+    for _ in range(3):
+        failed = speak(base)
+        assert failed.status_code == 503 and failed.json()["error"]["code"] == "upstream_unavailable"
+        assert "500: boom" in failed.json()["error"]["message"]
+    assert upstream_status(base)["breaker"]["state"] == "open"
+    assert metric(base, r'tts_upstream_breaker_open\{engine="far"\}') == 1
+    asked = len(listener.requests)
+    started = time.monotonic()
+    refused = speak(base)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "upstream_unavailable"
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert time.monotonic() - started < 1.0 and len(listener.requests) == asked  # at once, nothing sent
+    listener.answer = Answer()
+    assert wait_until(lambda: upstream_status(base)["breaker"]["state"] == "half_open", 30)
+    assert speak(base).status_code == 200  # the probe
+    assert upstream_status(base)["breaker"]["state"] == "closed"
+    assert metric(base, r'tts_upstream_errors_total\{engine="far",kind="failed"\}') >= 3
+
+
+# --- a real upstream: another Chorus -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chained(tmp_path_factory):
+    """(Chorus's base URL, its Wyoming port), in front of a second Chorus serving the bundled Piper voice (as its
+    model "piper", the name the front gives the upstream model too)."""
+    folder = tmp_path_factory.mktemp("chained")
+    upstream = start_server(folder / "upstream", calibration_sizes="1")
+    port = free_port()
+    settings = Settings(data_dir=folder / "front", calibration_sizes=[1], wyoming_port=port, host="127.0.0.1",
+                        voices_file=registry(folder, upstream.base_url, model="piper"),
+                        operator_defaults={"anonymous_tier": "enterprise", "degrade_enabled": False})
+    try:
+        with serve_in_thread(create_app(settings)) as base:
+            yield base, port
+    finally:
+        upstream.stop()
+
+
+def duration_s(wav_bytes: bytes) -> float:
+    with wave.open(io.BytesIO(wav_bytes)) as wav:
+        return wav.getnframes() / wav.getframerate()
+
+
+@pytest.mark.slow
+def test_speech_streams_jobs_and_wyoming_through_a_chorus_upstream(chained):
+    base, port = chained
+    text = "The upstream speaks this sentence. And then a second one, a little longer than the first."
+    whole = speak(base, text, model="piper")
+    assert whole.status_code == 200, whole.text
+    assert 3.0 < duration_s(whole.content) < 12.0  # speech of about that length (Piper: about 15 characters a second)
+    with httpx.stream("POST", f"{base}/v1/audio/speech", timeout=30,
+                      json={**SPEECH, "model": "piper", "input": text, "stream": True, "response_format": "pcm"}
+                      ) as streamed:
+        streamed_s = len(b"".join(streamed.iter_bytes())) / 2 / 24000
+    assert abs(streamed_s - duration_s(whole.content)) < 0.5
+    job = httpx.post(f"{base}/v1/audio/jobs", json={**SPEECH, "model": "piper", "input": text}).json()
+    assert wait_until(lambda: httpx.get(f"{base}/v1/audio/jobs/{job['id']}").json()["status"] == "succeeded", 60)
+    assert abs(duration_s(httpx.get(f"{base}/v1/audio/jobs/{job['id']}/audio").content)
+               - duration_s(whole.content)) < 0.5
+
+    async def wyoming() -> tuple[AudioStart, bytes]:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name="far-voice")).event())
+            start = AudioStart.from_event(await client.read_event())
+            audio = b""
+            while not AudioStop.is_type((event := await client.read_event()).type):
+                audio += AudioChunk.from_event(event).audio
+            return start, audio
+
+    start, audio = asyncio.run(asyncio.wait_for(wyoming(), 60))
+    assert start.rate == 24000 and abs(len(audio) / 2 / 24000 - duration_s(whole.content)) < 0.5
+
+
+@pytest.mark.slow
+def test_a_one_at_a_time_upstream_is_given_one_or_two_requests_at_once(chained):
+    base, _ = chained
+    texts = [f"Caller {number} asks for a sentence of ordinary length, one of many." for number in range(48)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda text: speak(base, text, model="piper"), texts))
+    assert [answer.status_code for answer in answers] == [200] * len(texts)
+    status = upstream_status(base, "piper")
+    assert status["limit"] in (1, 2), status  # Piper on these cores makes no more audio with more at once
+    assert max(int(count) for count in status["audio_s_per_s"]) <= 3, status
+
+
+@pytest.mark.slow
+def test_an_upstream_that_batches_is_given_many_requests_at_once(tmp_path):
+    """A second Chorus serving a tiny random Pocket TTS (continuous batching: more at once, more audio a second)."""
+    model = build_tiny_pocket(tmp_path / "tiny-pocket")
+    (tmp_path / "pocket.yaml").write_text(f"voices:\n  pocket: {{engine: pocket_tts, model: '{model}', "
+                                          "fixed_length: true, pinned: true}\n")
+    upstream = start_server(tmp_path / "upstream", voices_file=str(tmp_path / "pocket.yaml"), device="cpu",
+                            calibration_sizes="1,2", torch_threads="1", max_queue="4096",
+                            operator_defaults='{"anonymous_tier": "enterprise", "degrade_enabled": false}')
+    settings = Settings(data_dir=tmp_path / "front", calibration_sizes=[1], max_queue=4096,
+                        voices_file=registry(tmp_path, upstream.base_url, model="pocket_tts", voice="pocket"),
+                        operator_defaults={"anonymous_tier": "enterprise", "degrade_enabled": False,
+                                           "queue_wait_target_s": 120, "overload_wait_target_s": 120})  # all served
+    try:
+        with serve_in_thread(create_app(settings)) as base:
+            texts = [f"Caller {number} asks for a short one." for number in range(96)]
+            with ThreadPoolExecutor(16) as pool:
+                answers = list(pool.map(lambda text: speak(base, text, model="pocket_tts"), texts))
+            refused = {answer.text for answer in answers if answer.status_code != 200}
+            assert not refused, refused
+            status = upstream_status(base, "pocket_tts")
+            assert status["limit"] >= 4, status
+    finally:
+        upstream.stop()

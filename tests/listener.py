@@ -1,0 +1,113 @@
+"""A plain HTTP/1.1 listener on 127.0.0.1 playing an upstream speech server, for the upstream engine's tests:
+it records every request it reads and answers as its `answer` says (audio, an error, silence, a cut stream).
+Real sockets, real HTTP: the engine under test cannot tell it from a server that behaves that way."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# a second of a 220 Hz tone at 24 kHz, as 16-bit PCM: what the listener speaks
+TONE = (np.sin(2 * np.pi * 220 * np.arange(24000) / 24000) * 12000).astype("<i2").tobytes()
+
+
+@dataclass
+class Answer:
+    """What the listener answers: `kind` is "audio" (chunked PCM in `chunks` pieces of odd sizes, so samples are
+    split between reads), "status" (`status` with `body` and `headers`), "json200" (a 200 that is JSON, not audio),
+    "hang" (reads the request, answers nothing), or "cut" (the audio's first chunk, then the connection closes)."""
+
+    kind: str = "audio"
+    status: int = 200
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    chunks: int = 5
+    audio: bytes = TONE
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: dict
+
+
+class Listener:
+    def __init__(self, answer: Answer | None = None):
+        self.answer = answer or Answer()
+        self.requests: list[Received] = []
+        self.connections = 0  # open now
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._started.wait(10)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._started.set()
+        self._loop.run_forever()
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._server.close)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while await self._one(reader, writer):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.connections -= 1
+            writer.close()
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """One request and its answer; False when the connection is to close."""
+        line = await reader.readline()
+        if not line:
+            return False
+        method, path, _ = line.decode().split(" ", 2)
+        headers = {}
+        while (header := await reader.readline()) not in (b"\r\n", b""):
+            name, value = header.decode().split(":", 1)
+            headers[name.strip().lower()] = value.strip()
+        raw = await reader.readexactly(int(headers.get("content-length", 0)))
+        self.requests.append(Received(method, path, headers, json.loads(raw) if raw else {}))
+        answer = self.answer
+        if answer.kind == "hang":
+            await reader.read()  # until the client goes
+            return False
+        if answer.kind == "status":
+            extra = "".join(f"{name}: {value}\r\n" for name, value in answer.headers.items())
+            writer.write(f"HTTP/1.1 {answer.status} X\r\ncontent-type: application/json\r\ncontent-length: "
+                         f"{len(answer.body)}\r\n{extra}\r\n".encode() + answer.body)
+            await writer.drain()
+            return True
+        if answer.kind == "json200":
+            body = b'{"ok": true}'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+                         + body)
+            await writer.drain()
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: audio/pcm\r\ntransfer-encoding: chunked\r\n\r\n")
+        size = len(answer.audio) // answer.chunks | 1  # odd: a sample split between chunks
+        pieces = [answer.audio[start:start + size] for start in range(0, len(answer.audio), size)]
+        for piece in pieces[:1] if answer.kind == "cut" else pieces:
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+        if answer.kind == "cut":
+            return False  # closed with no last chunk: the stream is cut
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True

@@ -1,0 +1,149 @@
+"""The upstream engine's parts: the learned in-flight limit and the circuit breaker (pure, on given times), and
+the engine against a plain listener on loopback (the body it sends, the audio it reads, what failures mean)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.listener import TONE, Answer, Listener
+from tts_core.engines.base import UpstreamOptions, VoiceSpec
+from tts_core.engines.upstream import UpstreamEngine, UpstreamFailed, UpstreamRejected
+from tts_core.request.records import EngineInput
+from tts_core.scheduler.in_flight import FAILURES, BreakerState, CircuitBreaker, InFlightLimit
+
+
+def drive(limit: InFlightLimit, rate_of, requests: int = 300) -> list[int]:
+    """Requests finishing one after another at the limit in force: each made a second of audio at rate_of(n)
+    (one request's audio seconds a second with n in flight). Returns the limits seen."""
+    seen = []
+    for _ in range(requests):
+        count = limit.limit
+        limit.observe(count, 1.0, 1.0 / rate_of(count))
+        seen.append(limit.limit)
+    return seen
+
+
+def test_an_upstream_that_batches_is_kept_full_and_one_that_serves_one_at_a_time_gets_one_or_two():
+    batching = InFlightLimit(most=32)  # each request as fast until 8 run at once, then they share
+    seen = drive(batching, lambda n: 1.0 if n <= 8 else 8.0 / n)
+    assert set(seen[-50:]) == {8}, seen[-50:]
+    assert seen.index(8) < 4 * 3 + 1, seen[:20]  # 1, 2, 4, 8: three requests at each
+    serial = InFlightLimit(most=32)  # one at a time: two in flight each take twice as long
+    seen = drive(serial, lambda n: 1.0 / n)
+    assert set(seen) <= {1, 2} and seen[-1] == 1, seen
+    capped = InFlightLimit(most=4)
+    assert drive(capped, lambda n: 1.0)[-1] == 4
+
+
+def test_a_busy_upstream_halves_the_limit_and_it_is_learned_back():
+    limit = InFlightLimit(most=32)
+    drive(limit, lambda n: 1.0 if n <= 8 else 8.0 / n)
+    limit.busy()
+    assert limit.limit == 4
+    assert set(drive(limit, lambda n: 1.0 if n <= 8 else 8.0 / n)[-20:]) == {8}
+
+
+def test_the_breaker_opens_after_failures_in_a_row_probes_once_and_doubles_its_cool_down():
+    breaker, now = CircuitBreaker(), 100.0
+    for _ in range(FAILURES - 1):
+        breaker.failed(now)
+    assert breaker.allows(now)
+    breaker.failed(now)
+    assert breaker.state_now(now) is BreakerState.OPEN and not breaker.allows(now + 1.9)
+    assert breaker.retry_after_s(now + 0.5) == pytest.approx(1.5)
+    assert breaker.allows(now + 2.0)  # the probe
+    assert not breaker.allows(now + 2.0)  # one at a time
+    breaker.failed(now + 3.0)  # the probe failed: open again, twice as long
+    assert breaker.retry_after_s(now + 3.0) == pytest.approx(4.0)
+    assert breaker.allows(now + 7.0)
+    breaker.succeeded()
+    assert breaker.state_now(now + 7.0) is BreakerState.CLOSED and breaker.allows(now + 7.0)
+
+
+def test_the_upstreams_retry_after_lengthens_the_cool_down():
+    breaker = CircuitBreaker()
+    for _ in range(FAILURES):
+        breaker.failed(0.0, retry_after_s=30)
+    assert breaker.retry_after_s(0.0) == 30
+
+
+@pytest.fixture
+def listener():
+    listening = Listener()
+    yield listening
+    listening.close()
+
+
+def engine_for(url: str, **options) -> UpstreamEngine:
+    spec = UpstreamOptions(url, **options)
+    return UpstreamEngine("Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice", [VoiceSpec("vivian", upstream=spec)], "qwen3", spec)
+
+
+def speak(engine: UpstreamEngine, text: str = "Hello there.", speed: float = 1.0) -> np.ndarray:
+    return engine.synthesize([EngineInput(engine.tokenize(text, "vivian")[0], "vivian", speed)])[0].audio
+
+
+def test_the_body_is_vllm_omnis_speech_request_and_the_audio_arrives_whole(listener, monkeypatch):
+    monkeypatch.setenv("QWEN_KEY", "sk-upstream")
+    engine = engine_for(listener.url, api_key_env="QWEN_KEY",
+                        extra_body=json.dumps({"task_type": "CustomVoice", "language": "English",
+                                               "max_new_tokens": 2048}))
+    audio = speak(engine, "Grüße, 3 cats.")
+    expected = np.frombuffer(TONE, dtype="<i2").astype(np.float32) / 32768
+    np.testing.assert_array_equal(audio, expected)  # odd-sized chunks split samples: none is lost or shifted
+    sent = listener.requests[-1]
+    assert (sent.method, sent.path) == ("POST", "/v1/audio/speech")
+    assert sent.headers["authorization"] == "Bearer sk-upstream"
+    assert sent.headers["content-type"] == "application/json"
+    assert sent.body == {"model": "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice", "input": "Grüße, 3 cats.", "voice": "vivian",
+                         "response_format": "pcm", "stream": True, "stream_format": "audio",
+                         "task_type": "CustomVoice", "language": "English", "max_new_tokens": 2048}
+    speak(engine, speed=1.5)
+    assert listener.requests[-1].body["speed"] == 1.5
+
+
+def test_a_missing_key_variable_stops_the_load_with_its_name(listener, monkeypatch):
+    monkeypatch.delenv("NO_SUCH_KEY", raising=False)
+    with pytest.raises(Exception, match="NO_SUCH_KEY"):
+        engine_for(listener.url, api_key_env="NO_SUCH_KEY")
+
+
+@pytest.mark.parametrize("answer, kind, says", [
+    (Answer("status", 400, b'{"error": {"message": "Instructions too long", "type": "BadRequestError", '
+                           b'"param": null, "code": 400}}'), UpstreamRejected, "Instructions too long"),
+    (Answer("status", 400, b'{"detail": {"error": "validation_error", "message": "Voice \'x\' not found"}}'),
+     UpstreamRejected, "Voice 'x' not found"),
+    (Answer("status", 422, b'{"detail": [{"loc": ["body", "speed"], "msg": "Input should be less than 4"}]}'),
+     UpstreamRejected, "less than 4"),
+    (Answer("status", 401, b'{"error": "Unauthorized"}'), UpstreamFailed, "401: Unauthorized"),
+    (Answer("status", 404, b'{"detail": "Model not installed"}'), UpstreamFailed, "Model not installed"),
+    (Answer("status", 500, b"Internal Server Error"), UpstreamFailed, "500: Internal Server Error"),
+    (Answer("json200"), UpstreamFailed, "not audio"),
+    (Answer("cut"), UpstreamFailed, "cut the audio halfway"),
+    (Answer("hang"), UpstreamFailed, "did not answer within 0.5 s"),
+])
+def test_each_failure_says_what_it_is(listener, answer, kind, says):
+    listener.answer = answer
+    with pytest.raises(kind, match=says.replace("(", r"\(")) as raised:
+        speak(engine_for(listener.url, timeout_s=0.5))
+    assert not getattr(raised.value, "busy", False)
+
+
+@pytest.mark.parametrize("answer", [Answer("status", 429, b'{"error": {"message": "slow down"}}'),
+                                    Answer("status", 503, b"{}", headers={"Retry-After": "7"})])
+def test_a_full_upstream_is_busy_not_broken(listener, answer):
+    listener.answer = answer
+    with pytest.raises(UpstreamFailed) as raised:
+        speak(engine_for(listener.url))
+    assert raised.value.busy
+    assert raised.value.retry_after_s == (7 if answer.status == 503 else None)
+
+
+def test_an_upstream_that_is_not_there_is_refused_at_once(listener):
+    url = listener.url
+    listener.close()
+    with pytest.raises(UpstreamFailed, match="could not be reached"):
+        speak(engine_for(url))

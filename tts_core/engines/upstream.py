@@ -1,0 +1,191 @@
+"""An upstream engine: another server's model behind Chorus, through its OpenAI-compatible speech API.
+
+vLLM-Omni (Voxtral-4B-TTS, Qwen3-TTS, CosyVoice 3, Fish S2 Pro), Kokoro-FastAPI, Speaches or another Chorus
+speak `POST /v1/audio/speech`. Chorus keeps its queue, tiers, limits, front end, cache and dashboard and sends
+each piece of text there, one request a piece, as raw 16-bit PCM streamed as it is made
+(`{"response_format": "pcm", "stream": true, "stream_format": "audio"}`: raw PCM from every version of
+vLLM-Omni's API, from Kokoro-FastAPI, Speaches and Chorus). Raw PCM carries no rate: the registry's
+`sample_rate` says it (24 kHz for most; 44.1 kHz for Fish S2 Pro).
+
+The engine says how to talk to the upstream (the body, the audio, what an answer's failure means); the upstream
+strategy (tts_core.scheduler.upstream) decides how many requests are in flight and runs them. `audio` reads only
+what loading set, so it runs on the strategy's I/O thread, many at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx
+import numpy as np
+
+from ..request.records import EngineInput, EngineOutput
+from .base import Capabilities, Engine, EngineUnavailable, UpstreamOptions, Voice, VoiceSpec
+
+SPEECH_PATH = "/v1/audio/speech"
+CONNECT_TIMEOUT_S = 5.0
+MESSAGE_CHARS = 300  # of an upstream's error text, as it is passed on
+
+
+class UpstreamFailed(RuntimeError):
+    """The upstream could not answer: refused, hung, a 5xx, an unreadable body, a stream cut halfway, or a
+    configuration it refuses (401, 403, 404). Its circuit breaker counts it, unless `busy`: the upstream
+    said it is full for now (429, or 503 with Retry-After), which lowers the requests kept in flight."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None, busy: bool = False):
+        super().__init__(message)
+        self.retry_after_s, self.busy = retry_after_s, busy
+
+
+class UpstreamRejected(RuntimeError):
+    """The upstream refused this request (a 4xx other than those of UpstreamFailed): the caller's to fix, its
+    message the upstream's."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def describe_upstream(model: str, voices: Sequence[VoiceSpec], name: str, options: UpstreamOptions
+                      ) -> tuple[list[Voice], Capabilities]:
+    """The voices the registry names on the upstream, and what it declares it can do: nothing is asked of it."""
+    described = [Voice(voice.name, name, voice.language or options.language, options.sample_rate,
+                       speed=voice.speed) for voice in voices]
+    return described, Capabilities(makes_frames=True, max_running=options.max_in_flight)
+
+
+class UpstreamEngine(Engine):
+    """A model on another server. Its input ids are the text's code points (the upstream reads text, and the
+    queue's costs and predictions count characters); `synthesize` runs its inputs at once, for the warm-up and
+    the contract's whole-text check."""
+
+    makes_frames = True  # the audio comes as the upstream makes it: a stream's first arrives soon
+
+    def __init__(self, model: str, voices: Sequence[VoiceSpec], name: str, options: UpstreamOptions):
+        self.name, self.model, self.options = name, model, options
+        self.sample_rate = options.sample_rate
+        self._voices, _ = describe_upstream(model, voices, name, options)
+        self._upstream_voice = {voice.name: voice.upstream_voice or voice.name for voice in voices}
+        self._headers = {"Accept": "application/octet-stream"}
+        if options.api_key_env:
+            key = os.environ.get(options.api_key_env)
+            if not key:
+                raise EngineUnavailable(f"upstream {name} ({options.url}): the variable {options.api_key_env} that "
+                                        "should hold its API key is not set")
+            self._headers["Authorization"] = f"Bearer {key}"
+        self._extra_body = json.loads(options.extra_body)
+
+    @property
+    def max_running(self) -> int:
+        """The most requests in flight at once (the strategy learns how many within it)."""
+        return self.options.max_in_flight
+
+    def voices(self) -> list[Voice]:
+        return list(self._voices)
+
+    def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
+        text = text.strip()
+        return [np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)] if text else []
+
+    def batch_key(self, voice: str, speed: float) -> tuple:
+        """Every request is its own at the upstream: any queued item may go next."""
+        return (self.name,)
+
+    def text_of(self, item: EngineInput) -> str:
+        return item.tokens.astype(np.uint32).tobytes().decode("utf-32-le")
+
+    def request_body(self, item: EngineInput) -> dict[str, Any]:
+        """What one piece sends: the fields OpenAI's speech API and vLLM-Omni's document, then extra_body's."""
+        body: dict[str, Any] = {"model": self.model, "input": self.text_of(item),
+                                "voice": self._upstream_voice.get(item.voice, item.voice),
+                                "response_format": "pcm", "stream": True, "stream_format": "audio"}
+        if item.speed != 1.0:  # (vLLM-Omni refuses a speed with a stream: leave it out where it is 1)
+            body["speed"] = item.speed
+        return {**body, **self._extra_body}
+
+    def client(self) -> httpx.AsyncClient:
+        """A connection pool to the upstream, for one event loop. Reads wait up to timeout_s for the next bytes;
+        each request's whole time is bounded by its caller's deadline (the strategy's)."""
+        timeout = httpx.Timeout(self.options.timeout_s, connect=min(CONNECT_TIMEOUT_S, self.options.timeout_s))
+        limits = httpx.Limits(max_connections=self.options.max_in_flight, max_keepalive_connections=8)
+        return httpx.AsyncClient(base_url=self.options.url, headers=self._headers, timeout=timeout, limits=limits)
+
+    async def audio(self, client: httpx.AsyncClient, item: EngineInput) -> AsyncIterator[np.ndarray]:
+        """The input's audio as it arrives (float32 pieces); raises UpstreamFailed or UpstreamRejected."""
+        carry = b""  # an odd byte: a sample split between two reads
+        received = 0
+        try:
+            async with client.stream("POST", SPEECH_PATH, json=self.request_body(item)) as response:
+                if response.status_code != 200:
+                    raise _failure(response.status_code, await response.aread(), response.headers)
+                kind = response.headers.get("content-type", "")
+                if kind.startswith(("application/json", "text/")):
+                    raise UpstreamFailed(f"upstream answered {kind!r}, not audio")
+                async for data in response.aiter_bytes():
+                    data, received = carry + data, received + len(data)
+                    whole = len(data) - len(data) % 2
+                    carry = data[whole:]
+                    if whole:
+                        yield np.frombuffer(data[:whole], dtype="<i2").astype(np.float32) / 32768.0
+        except httpx.TimeoutException as error:
+            raise UpstreamFailed(f"upstream did not answer within {self.options.timeout_s:g} s "
+                                 f"({type(error).__name__})") from None
+        except (httpx.TransportError, httpx.StreamError) as error:
+            where = "cut the audio halfway" if received else "could not be reached"
+            raise UpstreamFailed(f"upstream {where}: {type(error).__name__}: {error}") from None
+        if not received:
+            raise UpstreamFailed("upstream answered with no audio")
+
+    def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]:
+        """Each input's whole audio, all of them in flight at once (on a loop of this call's own)."""
+        async def whole(client: httpx.AsyncClient, item: EngineInput) -> EngineOutput:
+            pieces = [piece async for piece in self.audio(client, item)]
+            return EngineOutput(np.concatenate(pieces))
+
+        async def run() -> list[EngineOutput]:
+            async with self.client() as client:
+                return list(await asyncio.gather(*(whole(client, item) for item in batch)))
+
+        return asyncio.run(run()) if batch else []
+
+
+def _failure(status: int, body: bytes, headers: httpx.Headers) -> Exception:
+    """What an upstream's answer other than 200 means (docs/upstream.md#faults)."""
+    message = f"upstream answered {status}: {_message(body)}"
+    retry_after = _seconds(headers.get("retry-after"))
+    if status == 429 or (status == 503 and retry_after is not None):
+        return UpstreamFailed(message, retry_after, busy=True)
+    if status >= 500 or status in (401, 403, 404, 407):  # its fault, or its configuration (a key, a model name)
+        return UpstreamFailed(message, retry_after)
+    return UpstreamRejected(message, status)
+
+
+def _message(body: bytes) -> str:
+    """The error's text in the shapes upstreams answer with: OpenAI's and vLLM's error.message, vLLM's 401
+    {"error": "..."}, Kokoro-FastAPI's detail.message, FastAPI's detail (a string, or validation errors)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace").strip()[:MESSAGE_CHARS] or "(no body)"
+    for path in (("error", "message"), ("error",), ("detail", "message"), ("detail", 0, "msg"), ("detail",),
+                 ("message",)):
+        value: Any = data
+        for step in path:
+            if isinstance(step, int):
+                value = value[step] if isinstance(value, list) and len(value) > step else None
+            else:
+                value = value.get(step) if isinstance(value, dict) else None
+        if isinstance(value, str) and value:
+            return value[:MESSAGE_CHARS]
+    return json.dumps(data)[:MESSAGE_CHARS]
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:  # an HTTP date: not worth parsing, the breaker's own cool-down applies
+        return None
