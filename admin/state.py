@@ -51,6 +51,21 @@ def _replica(row: dict) -> str:
             + (", **degraded**" if figures["degraded"] else ""))
 
 
+def _upstream(name: str, policy: dict) -> str:
+    breaker = policy["breaker"]
+    state = breaker["state"] if breaker["state"] == "closed" else \
+        f"**{breaker['state']}** (next try in {breaker['retry_after_s']:.0f} s)"
+    errors = ", ".join(f"{count} {kind}" for kind, count in sorted(policy["errors"].items())) or "none"
+    return (f"`{name}` at {policy['url']}: {policy['in_flight']} in flight of a learned {policy['limit']} (at most "
+            f"{policy['most']}), {policy['latency_s']:.2f} s a request, breaker {state}; errors: {errors}")
+
+
+def upstream_policies(status: dict) -> dict[str, dict]:
+    """The loaded upstream models' policies (requests in flight, the learned limit, the breaker), by model."""
+    return {name: model["policy"] for name, model in status["engines"].items()
+            if isinstance(model.get("policy"), dict) and model["policy"].get("name") == "upstream"}
+
+
 def state_markdown(stats: dict, settings: OperatorSettings) -> str:
     degrade, storage = stats["degrade"], stats["storage"]
     mode = "**DEGRADED**" if degrade["active"] else "normal"
@@ -62,6 +77,8 @@ def state_markdown(stats: dict, settings: OperatorSettings) -> str:
     lines = [f"**Mode:** {mode}; actions: {actions}", load_markdown(degrade, settings, gpu),
              f"**Precision:** {precision} · **GPU:** {device}",
              f"**Storage:** {storage['database']}"]
+    if upstreams := upstream_policies(stats["status"]):
+        lines.append("**Upstreams:** " + "; ".join(_upstream(name, policy) for name, policy in upstreams.items()))
     if len(stats["replicas"]) > 1:  # a deployment of several: each as it last reported
         lines.append("**Replicas:** " + "; ".join(_replica(row) for row in stats["replicas"]))
     errors = [error for error in (storage["settings_error"], storage["request_log_error"]) if error]

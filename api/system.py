@@ -51,8 +51,12 @@ async def get_model(model_id: str, request: Request):
 
 
 @router.get("/health", tags=["probes"])
-async def health() -> dict:
-    return {"status": "ok"}
+async def health(request: Request) -> dict:
+    """The process answers. Where upstream models are loaded, each one's circuit breaker state too (an open one is
+    the upstream's outage, not a reason to restart this server: the status stays ok)."""
+    breakers = {name: status["policy"]["breaker"]["state"] for name, loop in _service(request).loops.items()
+                if (status := loop.status())["policy"].get("name") == "upstream"}
+    return {"status": "ok", **({"upstreams": breakers} if breakers else {})}
 
 
 @router.get("/ready", tags=["probes"], responses={503: {"description": "Warming up"}, **error_responses(400)})

@@ -38,6 +38,7 @@ from bench.report import LOWER_IS_BETTER, write_docs, write_html
 from bench.server import ROOT, ServerProcess, start_ray_peer, start_server
 from bench.soak import main as soak
 from bench.ttfa import drained
+from bench.upstream import run as upstream_benchmark
 from bench.workload import texts
 from tts_core.config import Settings
 from tts_core.engines import load_voice_engine
@@ -468,14 +469,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="folder for results.json and report.html "
                                                  "(default bench/results/<time>)")
     parser.add_argument("--docs", action="store_true", help="regenerate docs/benchmarks.md and its chart")
-    parser.add_argument("--voice", default="en_US-joe-medium", help="the voice every request uses")
+    parser.add_argument("--voice", help="the voice every request uses (default en_US-joe-medium; with --upstream, "
+                                         "pocket-random)")
     parser.add_argument("--voices-file", type=Path, help="TTS_VOICES_FILE for the servers and the ceiling")
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of peers to run")
     parser.add_argument("--no-ray", action="store_true", help="leave out the Ray Serve peer even if Ray is installed")
     parser.add_argument("--soak", type=float, metavar="MINUTES",
                         help="instead of the peers, soak one server: MINUTES at 70%% of its capacity around 60 s "
                              "at 3x (bench/soak.py); writes soak.json under --out")
+    parser.add_argument("--upstream", action="store_true",
+                        help="instead of the peers, Chorus in front of a second Chorus (engine: upstream) against "
+                             "the same clients sent straight to it (bench/upstream.py); writes upstream.json")
     args = parser.parse_args()
+    args.voice = args.voice or ("pocket-random" if args.upstream else "en_US-joe-medium")
     if args.soak is not None:
         soak(args.soak, args.out, args.voice)
         return
@@ -488,6 +494,9 @@ def main() -> None:
     if args.voice in BUILT_VOICES and not args.voices_file:
         with ThreadPoolExecutor(max_workers=1) as builder:  # on a thread that ends: see EngineAlone
             args.voices_file = builder.submit(built_voice, args.voice, out).result()
+    if args.upstream:
+        upstream_benchmark(args.quick, out, args.voice, args.voices_file)
+        return
 
     print(f"engine alone ({args.voice}): the ceiling ...", flush=True)
     engine = EngineAlone(args.voice, args.voices_file)

@@ -54,7 +54,8 @@ def offered(storage: Storage, data_dir: Path, row: dict, models: set[str]) -> Cl
         write_prompt(path, prompt)
     elif not path.is_file():
         return None
-    return ClonedVoice(row["name"], row["model"], row["owner"], row["public"], str(path), row["created_at"])
+    return ClonedVoice(row["name"], row["model"], row["owner"], row["public"], str(path), row["created_at"],
+                       row["transcript"])
 
 
 class VoiceClones:
@@ -87,7 +88,7 @@ class VoiceClones:
             prompt = await asyncio.to_thread(save_prompt, path, latents, service.cloner.prompt_key(target))
             record = await asyncio.to_thread(self._store, name, target, caller.identity, clip.duration_s, transcript,
                                              path, prompt, consent_at)
-            voice = ClonedVoice(name, target, caller.identity, False, str(path), record["created_at"])
+            voice = ClonedVoice(name, target, caller.identity, False, str(path), record["created_at"], transcript)
             try:
                 await service.cloner.add(voice, latents)
             except BaseException:

@@ -48,3 +48,19 @@ def test_quick_benchmark_runs_every_peer_and_writes_complete_results(tmp_path):
     write_docs(results, tmp_path / "docs", "python -m bench --quick")  # the docs page renders from the JSON
     page = (tmp_path / "docs" / "benchmarks.md").read_text()
     assert "| engine ceiling (no server) |" in page and "| chorus_vs_ceiling |" in page
+
+
+@pytest.mark.timeout(600)
+def test_the_upstream_benchmark_runs_both_ways_and_writes_its_ratios(tmp_path):
+    """`python -m bench --upstream --quick` on the tiny random Pocket TTS (its figures mean nothing: the run is)."""
+    run = subprocess.run([sys.executable, "-m", "bench", "--upstream", "--quick", "--voice", "pocket-tiny",
+                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=540)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads((tmp_path / "upstream.json").read_text())
+    for name in ("straight", "front"):
+        assert [row["ok"] > 0 and row["audio_s_per_s"] > 0 for row in results["rounds"][name]] == [True], name
+    assert results["overload"]["requests"] > 0 and results["overload"]["upstream_audio_s_per_s"] > 0
+    assert results["front_policy"]["name"] == "upstream" and results["front_policy"]["limit"] >= 1
+    assert set(results["ratios"]) == set(results["verdicts"]) == {
+        "throughput_vs_straight", "short_p95_vs_straight", "overload_upstream_vs_best"}
+    assert results["ratios"]["throughput_vs_straight"] > 0

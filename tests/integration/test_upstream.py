@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import itertools
 import time
@@ -18,23 +19,29 @@ import wave
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import numpy as np
 import pytest
+import soundfile
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.tts import Synthesize, SynthesizeVoice
 
+from admin.state import state_markdown
 from app import create_app
 from bench.server import free_port, start_server
-from tests.listener import Answer, Listener
+from tests.listener import TONE, Answer, Listener
 from tests.pocket_models import build_tiny_pocket
 from tests.serve import metric, serve_in_thread, wait_until
 from tts_core.config import Settings
+from tts_core.ops.degrade import OperatorSettings
 
 SPEECH = {"model": "far", "voice": "far-voice", "response_format": "wav"}
+ADMIN = {"Authorization": "Bearer upstream-admin-token"}
 CALLS = itertools.count()
 
 
-def registry(folder, url: str, model: str = "far", voice: str = "alloy", timeout_s: float = 30) -> str:
+def registry(folder, url: str, model: str = "far", voice: str = "alloy", timeout_s: float = 30,
+             clones: bool = False) -> str:
     path = folder / "voices.yaml"
     path.write_text(f"""voices:
   far-voice:
@@ -44,6 +51,7 @@ def registry(folder, url: str, model: str = "far", voice: str = "alloy", timeout
     upstream_voice: {voice}
     timeout_s: {timeout_s}
     extra_body: {{task_type: CustomVoice}}
+    clones: {str(clones).lower()}
     pinned: true
 """)
     return str(path)
@@ -58,7 +66,9 @@ def fronted(tmp_path_factory):
     """(Chorus's base URL, the listener it fronts)."""
     folder = tmp_path_factory.mktemp("upstream")
     listener = Listener()
-    settings = Settings(data_dir=folder / "data", calibration_sizes=[1], voices_file=registry(folder, listener.url),
+    settings = Settings(data_dir=folder / "data", calibration_sizes=[1],
+                        voices_file=registry(folder, listener.url, clones=True),
+                        admin_token="upstream-admin-token",
                         operator_defaults={"anonymous_tier": "enterprise", "degrade_enabled": False,
                                            "tiers": {"enterprise": {"request_timeout_s": 3}}})
     try:
@@ -85,6 +95,26 @@ def test_speech_comes_from_the_upstream_with_the_body_it_documents(fronted):
     assert sent == {"model": "far", "input": "Hello there.", "voice": "alloy", "response_format": "pcm",
                     "stream": True, "stream_format": "audio", "task_type": "CustomVoice"}
     assert upstream_status(base)["breaker"]["state"] == "closed"
+
+
+def test_a_voice_cloned_for_an_upstream_that_clones_sends_its_clip_and_words(fronted):
+    base, listener = fronted
+    listener.answer = Answer()
+    clip = io.BytesIO()
+    soundfile.write(clip, np.tile(np.frombuffer(TONE, "<i2"), 4), 24000, format="WAV", subtype="PCM_16")
+    made = httpx.post(f"{base}/v1/audio/voices", files={"audio": ("mine.wav", clip.getvalue())},
+                      data={"name": "mine", "model": "far", "consent": "true", "text": "What the clip says."})
+    assert made.status_code == 201, made.text
+    assert made.json()["capabilities"]["cloning"]
+    assert speak(base, voice="mine").status_code == 200
+    sent = listener.requests[-1].body
+    assert "voice" not in sent and sent["ref_text"] == "What the clip says."
+    header, encoded = sent["ref_audio"].split(",", 1)
+    assert header == "data:audio/wav;base64"
+    audio, rate = soundfile.read(io.BytesIO(base64.b64decode(encoded)))
+    assert rate == 24000 and abs(len(audio) / rate - 4.0) < 0.01
+    assert httpx.delete(f"{base}/v1/audio/voices/mine").status_code == 200
+    assert speak(base, voice="mine").json()["error"]["code"] == "voice_not_found"
 
 
 def test_the_upstreams_refusal_comes_back_in_our_shape_with_its_message(fronted):
@@ -132,6 +162,9 @@ def test_failures_in_a_row_open_the_breaker_which_answers_at_once_then_probes_an
         assert "500: boom" in failed.json()["error"]["message"]
     assert upstream_status(base)["breaker"]["state"] == "open"
     assert metric(base, r'tts_upstream_breaker_open\{engine="far"\}') == 1
+    assert httpx.get(f"{base}/health").json() == {"status": "ok", "upstreams": {"far": "open"}}
+    words = state_markdown(httpx.get(f"{base}/admin/api/stats", headers=ADMIN).json(), OperatorSettings())
+    assert "**Upstreams:** `far`" in words and "breaker **open**" in words and " failed" in words  # the Admin tab
     asked = len(listener.requests)
     started = time.monotonic()
     refused = speak(base)

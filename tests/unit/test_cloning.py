@@ -142,7 +142,7 @@ class CloningEngine(FakeSteppedEngine):
     def voice_prompt_from_audio(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
         return np.resize(audio, (8, 4)).astype(np.float32)
 
-    def add_voice(self, name: str, latents: np.ndarray) -> None:
+    def add_voice(self, name: str, latents: np.ndarray, transcript: str | None = None) -> None:
         self.prompts = {**self.prompts, name: np.asarray(latents)}
 
     def remove_voice(self, name: str) -> None:

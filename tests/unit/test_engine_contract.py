@@ -92,7 +92,8 @@ def test_word_timings_are_there_where_declared(described, loaded):
 
 def test_cloning_frames_and_running_are_as_declared(described, loaded):
     capabilities = described.capabilities
-    assert capabilities.clones == all(callable(getattr(loaded, hook, None)) for hook in CLONE_HOOKS)
+    assert capabilities.clones == (all(callable(getattr(loaded, hook, None)) for hook in CLONE_HOOKS)
+                                   and loaded.can_clone is not False)
     assert capabilities.makes_frames == loaded.makes_frames
     assert capabilities.makes_frames == isinstance(loaded, SteppedEngine | UpstreamEngine)
     assert capabilities.max_running == getattr(loaded, "max_running", None)

@@ -3,10 +3,13 @@ the engine against a plain listener on loopback (the body it sends, the audio it
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 
 import numpy as np
 import pytest
+import soundfile
 
 from tests.listener import TONE, Answer, Listener
 from tts_core.engines.base import UpstreamOptions, VoiceSpec
@@ -147,3 +150,17 @@ def test_an_upstream_that_is_not_there_is_refused_at_once(listener):
     listener.close()
     with pytest.raises(UpstreamFailed, match="could not be reached"):
         speak(engine_for(url))
+
+
+def test_a_cloned_voice_sends_its_clip_as_a_data_url_and_its_words(listener):
+    engine = engine_for(listener.url, clones=True)
+    clip = np.sin(np.arange(3 * 16000) / 16000 * 2 * np.pi * 200).astype(np.float32) * 0.5
+    engine.add_voice("mine", engine.voice_prompt_from_audio(clip, 16000), "Three seconds of a tone.")
+    assert "mine" in [voice.name for voice in engine.voices()]
+    body = engine.request_body(EngineInput(engine.tokenize("Hello.", "mine")[0], "mine"))
+    assert "voice" not in body and body["ref_text"] == "Three seconds of a tone."
+    audio, rate = soundfile.read(io.BytesIO(base64.b64decode(body["ref_audio"].removeprefix("data:audio/wav;base64,"))))
+    assert rate == 24000 and len(audio) == 3 * 24000  # at the upstream's rate
+    engine.remove_voice("mine")
+    assert "mine" not in [voice.name for voice in engine.voices()]
+    assert engine.request_body(EngineInput(engine.tokenize("Hello.", "mine")[0], "mine"))["voice"] == "mine"

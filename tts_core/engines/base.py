@@ -40,6 +40,7 @@ class UpstreamOptions:
     extra_body: str = "{}"  # JSON: fields sent with every request (vLLM-Omni's task_type, language, ...)
     max_in_flight: int = 16  # the most requests in flight at once (the learned number stays within it)
     language: str = "en"  # its voices' language where a voice names none
+    clones: bool = False  # it clones per request (vLLM-Omni's ref_audio and ref_text): Chorus's cloned voices go there
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,8 @@ def capabilities_of(engine: Engine | type[Engine], max_running: int | None = Non
     """What an engine (a loaded one, or its class before it loads, with the max_running it will get) implements."""
     if max_running is None:
         max_running = getattr(engine, "max_running", None)  # a loaded stepped engine's
-    return Capabilities(times_words=engine.times_words,
-                        clones=all(callable(getattr(engine, hook, None)) for hook in CLONE_HOOKS),
+    clones = all(callable(getattr(engine, hook, None)) for hook in CLONE_HOOKS) and engine.can_clone is not False
+    return Capabilities(times_words=engine.times_words, clones=clones,
                         makes_frames=engine.makes_frames, max_running=max_running)
 
 
@@ -96,6 +97,7 @@ class Engine(ABC):
     # makes its audio a few frames at a time: a stream's first audio comes soon whatever its first chunk's
     # length (a one-shot engine's comes once the whole chunk is made, so a stream starts with a short one)
     makes_frames: bool = False
+    can_clone: bool | None = None  # False: it has the clone hooks, but this model cannot (an upstream's declaration)
 
     @abstractmethod
     def voices(self) -> list[Voice]: ...

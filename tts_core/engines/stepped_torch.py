@@ -215,9 +215,10 @@ class TorchSteppedEngine(SteppedEngine):
             return load_file(str(path))[self.prompt_key].float().numpy()
         return self.voice_prompt_from_audio(read_clip(path, self.sample_rate), self.sample_rate)
 
-    def add_voice(self, name: str, latents: np.ndarray) -> Voice:
-        """Offer (or replace) a voice with this prompt, latents (frames, width). Any thread may call it (and
-        remove_voice): the tables are swapped whole, and requests already running keep their voice."""
+    def add_voice(self, name: str, latents: np.ndarray, transcript: str | None = None) -> Voice:
+        """Offer (or replace) a voice with this prompt, latents (frames, width); the clip's transcript is not
+        needed. Any thread may call it (and remove_voice): the tables are swapped whole, and requests already
+        running keep their voice."""
         prompt = torch.as_tensor(np.asarray(latents, dtype=np.float32))
         width = self._prompt_width()
         if prompt.ndim != 2 or prompt.shape[0] == 0 or prompt.shape[1] != width:

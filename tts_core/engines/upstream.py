@@ -15,6 +15,8 @@ what loading set, so it runs on the strategy's I/O thread, many at once.
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import os
 from collections.abc import AsyncIterator, Sequence
@@ -22,7 +24,9 @@ from typing import Any
 
 import httpx
 import numpy as np
+import soundfile
 
+from ..audio.playable import resample
 from ..request.records import EngineInput, EngineOutput
 from .base import Capabilities, Engine, EngineUnavailable, UpstreamOptions, Voice, VoiceSpec
 
@@ -55,7 +59,7 @@ def describe_upstream(model: str, voices: Sequence[VoiceSpec], name: str, option
     """The voices the registry names on the upstream, and what it declares it can do: nothing is asked of it."""
     described = [Voice(voice.name, name, voice.language or options.language, options.sample_rate,
                        speed=voice.speed) for voice in voices]
-    return described, Capabilities(makes_frames=True, max_running=options.max_in_flight)
+    return described, Capabilities(clones=options.clones, makes_frames=True, max_running=options.max_in_flight)
 
 
 class UpstreamEngine(Engine):
@@ -67,9 +71,11 @@ class UpstreamEngine(Engine):
 
     def __init__(self, model: str, voices: Sequence[VoiceSpec], name: str, options: UpstreamOptions):
         self.name, self.model, self.options = name, model, options
-        self.sample_rate = options.sample_rate
+        self.sample_rate, self.can_clone = options.sample_rate, options.clones
         self._voices, _ = describe_upstream(model, voices, name, options)
         self._upstream_voice = {voice.name: voice.upstream_voice or voice.name for voice in voices}
+        self._language = voices[0].language or options.language if voices else options.language
+        self._clones: dict[str, dict[str, str]] = {}  # a cloned voice -> what each request of it sends
         self._headers = {"Accept": "application/octet-stream"}
         if options.api_key_env:
             key = os.environ.get(options.api_key_env)
@@ -86,6 +92,30 @@ class UpstreamEngine(Engine):
 
     def voices(self) -> list[Voice]:
         return list(self._voices)
+
+    # --- cloning per request (an upstream that declares `clones`) ---------------------------------------------
+
+    def voice_prompt_from_audio(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
+        """The clip itself, at the upstream's rate: it is what each request of the voice sends."""
+        return resample(audio, sample_rate, self.sample_rate)
+
+    def add_voice(self, name: str, latents: np.ndarray, transcript: str | None = None) -> Voice:
+        """Offer a cloned voice: its requests send the clip as a WAV data URL (`ref_audio`) and what it says
+        (`ref_text`), as vLLM-Omni's speech API takes them. Any thread may call it (the table is swapped whole)."""
+        wav = io.BytesIO()
+        soundfile.write(wav, np.asarray(latents, dtype=np.float32).reshape(-1), self.sample_rate, format="WAV",
+                        subtype="PCM_16")
+        sent = {"ref_audio": "data:audio/wav;base64," + base64.b64encode(wav.getvalue()).decode("ascii")}
+        if transcript:
+            sent["ref_text"] = transcript
+        voice = Voice(name, self.name, self._language, self.sample_rate)
+        self._clones = {**self._clones, name: sent}
+        self._voices = [known for known in self._voices if known.name != name] + [voice]
+        return voice
+
+    def remove_voice(self, name: str) -> None:
+        self._clones = {known: sent for known, sent in self._clones.items() if known != name}
+        self._voices = [known for known in self._voices if known.name != name]
 
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
         text = text.strip()
@@ -105,6 +135,9 @@ class UpstreamEngine(Engine):
                                 "response_format": "pcm", "stream": True, "stream_format": "audio"}
         if item.speed != 1.0:  # (vLLM-Omni refuses a speed with a stream: leave it out where it is 1)
             body["speed"] = item.speed
+        if (cloned := self._clones.get(item.voice)) is not None:  # its clip and words speak for the voice
+            del body["voice"]
+            body.update(cloned)
         return {**body, **self._extra_body}
 
     def client(self) -> httpx.AsyncClient:

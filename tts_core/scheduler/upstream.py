@@ -66,6 +66,7 @@ class UpstreamStrategy:
         self._ended: deque[Flight] = deque()  # appended by the I/O thread, settled by the loop's
         self._area, self._area_at = 0.0, serving.clock.now()  # integral of requests in flight over time
         self._latency_s = 0.0  # moving average of a request's time at the upstream
+        self._errors: dict[str, int] = {}  # failed requests by kind (rejected, failed, busy, deadline)
         self._io_loop: asyncio.AbstractEventLoop | None = None
         self._io_thread: threading.Thread | None = None
         self._client = None
@@ -82,7 +83,7 @@ class UpstreamStrategy:
         now = self.clock.now()
         return {"policy": {"name": "upstream", "url": self.engine.options.url, "in_flight": len(self._flights),
                            **self.limit.describe(), "latency_s": round(self._latency_s, 3),
-                           "breaker": self.breaker.describe(now)},
+                           "breaker": self.breaker.describe(now), "errors": dict(self._errors)},
                 "running": len(self._flights)}
 
     def cost_model(self) -> dict:
@@ -194,21 +195,25 @@ class UpstreamStrategy:
             return EngineOutput(np.concatenate(flight.pieces) if flight.pieces else np.zeros(0, np.float32))
         if isinstance(error, UpstreamRejected):
             self.breaker.succeeded()  # it answered: the request was at fault
-            self.metrics.upstream_errors.labels(name, "rejected").inc()
+            self._count_error("rejected")
             return InvalidRequest(str(error), code=ErrorCode.UPSTREAM_REJECTED)
         if isinstance(error, ChorusError):  # the deadline passed, or the caller went
             if isinstance(error, DeadlineExceeded) and not flight.pieces:  # nothing came: a hung upstream
                 self.breaker.failed(now)
-                self.metrics.upstream_errors.labels(name, "deadline").inc()
+                self._count_error("deadline")
             return error
         if isinstance(error, UpstreamFailed) and error.busy:
             self.limit.busy()
-            self.metrics.upstream_errors.labels(name, "busy").inc()
+            self._count_error("busy")
         else:
             log.warning("upstream %s (%s): %s", name, self.engine.options.url, error)
             self.breaker.failed(now, getattr(error, "retry_after_s", None))
-            self.metrics.upstream_errors.labels(name, "failed").inc()
+            self._count_error("failed")
         return self._unavailable(str(error), now, getattr(error, "retry_after_s", None))
+
+    def _count_error(self, kind: str) -> None:
+        self._errors[kind] = self._errors.get(kind, 0) + 1
+        self.metrics.upstream_errors.labels(self.engine.name, kind).inc()
 
     def _unavailable(self, why: str, now: float, retry_after_s: float | None = None) -> Overloaded:
         wait = max(self.breaker.retry_after_s(now), retry_after_s or 0.0, 1.0)

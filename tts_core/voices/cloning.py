@@ -1,7 +1,8 @@
 """Voice cloning: a caller's clip becomes a voice of a model that can clone.
 
 A model can clone when its engine has `voice_prompt_from_audio(audio, sample_rate) -> latents`,
-`add_voice(name, latents)` and `remove_voice(name)` (Pocket TTS; VibeVoice has the same hooks).
+`add_voice(name, latents, transcript)` and `remove_voice(name)` (Pocket TTS; VibeVoice has the same hooks; an
+upstream that clones per request keeps the clip and what it says, and sends both with each request).
 
 - `read_clip` decodes an upload (what the bytes are, never what a file name says): WAV, FLAC and Ogg with
   soundfile (libsndfile), anything else with PyAV (mp3; other containers are refused); and checks it:
@@ -204,6 +205,7 @@ class ClonedVoice:
     public: bool  # usable by everyone (an admin's decision), not only its owner
     path: str  # its voice prompt file
     created_at: datetime | None = None  # of its stored row: a voice made again under its name is another voice
+    transcript: str | None = None  # what its clip says, where its maker said (an upstream that clones reads it)
 
     def usable_by(self, caller: str | None) -> bool:
         return self.public or caller == self.owner
@@ -276,7 +278,7 @@ class ClonedVoices:
         for voice in self._voices.values() if capabilities_of(engine).clones else ():
             if voice.model == engine.name:
                 try:
-                    engine.add_voice(voice.name, load_prompt(voice.path))
+                    engine.add_voice(voice.name, load_prompt(voice.path), voice.transcript)
                 except Exception:  # one unreadable file must not keep the model (or its other voices) away
                     log.exception("cloned voice %s could not be given to %s", voice.name, engine.name)
 
@@ -334,7 +336,8 @@ class Cloner:
         hook), then in the catalogue, so no request names it before its engine has it."""
         self.voices.put(voice)
         try:
-            await self._on_engine(voice.model, lambda engine: engine.add_voice(voice.name, latents), load=True)
+            await self._on_engine(voice.model, lambda engine: engine.add_voice(voice.name, latents, voice.transcript),
+                                  load=True)
         except BaseException:
             self.voices.drop(voice.name)
             raise
@@ -412,7 +415,7 @@ class Cloner:
         gives it. Its file is read on the engine's thread, as the load hook reads it on the loader's."""
 
         def add(engine: Any) -> None:
-            engine.add_voice(voice.name, load_prompt(voice.path))
+            engine.add_voice(voice.name, load_prompt(voice.path), voice.transcript)
 
         slot = self.pool.slots().get(voice.model)
         loading = slot.loading if slot is not None else None

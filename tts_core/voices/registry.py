@@ -30,6 +30,7 @@
         api_key_env: VLLM_API_KEY    # model-level: the variable holding its key (never the key itself)
         sample_rate: 24000           # model-level: its raw PCM's rate (44100 for Fish S2 Pro)
         extra_body: {max_new_tokens: 2048}  # model-level: fields sent with every request
+        clones: true                 # model-level: it clones per request (the clip and transcript go along)
         max_in_flight: 32            # model-level: the most requests in flight (the number used is learned)
 
 Voices that name the same model (and url) share one loaded engine (and one batcher). Models that are not
@@ -49,7 +50,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..engines import ENGINE_KINDS
 from ..engines.base import EngineUnavailable, UpstreamOptions
 
-UPSTREAM_FIELDS = ("url", "api_key_env", "upstream_voice", "sample_rate", "timeout_s", "extra_body", "max_in_flight")
+UPSTREAM_FIELDS = ("url", "api_key_env", "upstream_voice", "sample_rate", "timeout_s", "extra_body", "max_in_flight",
+                   "clones")
 
 
 class RegistryError(EngineUnavailable):
@@ -85,6 +87,8 @@ class VoiceEntry(BaseModel):
     extra_body: dict[str, Any] | None = Field(None, description="upstream: fields sent with every request")
     max_in_flight: int | None = Field(None, ge=1, le=1024, description="upstream: the most requests in flight "
                                       "(default 16; the number used is learned)")
+    clones: bool | None = Field(None, description="upstream: it clones per request (vLLM-Omni's ref_audio and "
+                                "ref_text): voices cloned here for it send their clip and transcript")
 
     @model_validator(mode="after")
     def _upstream_fields(self):
@@ -114,7 +118,7 @@ def upstream_options(entries: list[VoiceEntry]) -> UpstreamOptions | None:
     if not entries or entries[0].url is None:
         return None
     given = {name: next(value for entry in entries if (value := getattr(entry, name)) is not None)
-             for name in ("api_key_env", "sample_rate", "timeout_s", "max_in_flight", "extra_body")
+             for name in ("api_key_env", "sample_rate", "timeout_s", "max_in_flight", "extra_body", "clones")
              if any(getattr(entry, name) is not None for entry in entries)}
     given["extra_body"] = json.dumps(given.get("extra_body", {}), sort_keys=True)
     return UpstreamOptions(entries[0].url.rstrip("/"), language=entries[0].language or "en", **given)

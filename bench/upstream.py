@@ -1,0 +1,125 @@
+"""Chorus in front of an upstream, against the same clients sent straight to the upstream.
+
+    python -m bench --upstream [--quick] [--voice pocket-random] [--out FOLDER]
+
+Two servers on 127.0.0.1: the upstream, a Chorus serving the voice (continuous batching, as vLLM-Omni serves
+its models), and the front, a Chorus whose registry names that voice as `engine: upstream` on it. The same
+closed loop (CLIENTS clients, the mixed texts, each client its own caller) goes straight to the upstream and
+through the front, in alternating rounds, so that drift over the run shifts both alike. Then an overload:
+Poisson arrivals at OVERLOAD_FACTOR times the straight loop's request rate, offered to the front; the front
+should refuse what it cannot serve at once (503 with Retry-After) and keep the upstream at its best, which its
+own `/metrics` counter of audio made shows.
+
+Ratios, each against the straight runs of the same run:
+- throughput_vs_straight: audio seconds a second through the front over straight (target >= 0.95);
+- short_p95_vs_straight: short requests' p95 latency through the front over straight (target <= 0.5);
+- overload_upstream_vs_best: the upstream's audio a second during the overload over its best straight round
+  (target >= 0.95); and overload_refusals_p95_s: how long a refusal took (p95).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.load import closed_loop, open_loop, percentile, summarize
+from bench.server import ServerProcess, start_server
+from bench.workload import texts
+
+CLIENTS = 16
+PLANS = {"full": {"rounds": 3, "round_s": 90.0, "overload_s": 60.0, "texts": 64},
+         "quick": {"rounds": 1, "round_s": 25.0, "overload_s": 20.0, "texts": 16}}
+OVERLOAD_FACTOR = 3.0
+TARGETS = {"throughput_vs_straight": (">=", 0.95), "short_p95_vs_straight": ("<=", 0.5),
+           "overload_upstream_vs_best": (">=", 0.95)}
+SERVER = {"trusted_proxies": "127.0.0.1", "max_queue": "4096", "calibration_sizes": "1,2",
+          "operator_defaults": json.dumps({"anonymous_tier": "enterprise"})}  # degrade mode as it comes
+
+
+def front_registry(folder: Path, upstream: str, voice: str) -> tuple[Path, str]:
+    """The front's registry (the voice, on the upstream, under the model the upstream lists it with) and that
+    model's name."""
+    listed = httpx.get(f"{upstream}/v1/audio/voices").json()["data"]
+    model = next(entry["model"] for entry in listed if entry["id"] == voice)
+    path = folder / "front.yaml"
+    path.write_text(f"voices:\n  {voice}: {{engine: upstream, model: {model}, url: '{upstream}', "
+                    f"upstream_voice: {voice}, max_in_flight: 64, pinned: true}}\n")
+    return path, model
+
+
+def audio_made(server: ServerProcess) -> float:
+    """The server's tts_audio_seconds_total: the audio it has answered with."""
+    match = re.search(r"^tts_audio_seconds_total ([0-9.e+]+)$", httpx.get(f"{server.base_url}/metrics").text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def run(quick: bool, out: Path, voice: str, voices_file: Path | None) -> dict:
+    plan = PLANS["quick" if quick else "full"]
+    folder = Path(tempfile.mkdtemp(prefix="chorus-upstream-bench-"))
+    mixed = texts("mixed", plan["texts"], seed=7)
+    print("starting the upstream, then the front ...", flush=True)
+    upstream = start_server(folder / "upstream", **SERVER, **({"voices_file": str(voices_file)} if voices_file else {}))
+    registry, model = front_registry(folder, upstream.base_url, voice)
+    front = start_server(folder / "front", voices_file=str(registry), **SERVER)
+    try:
+        rounds: dict[str, list[dict]] = {"straight": [], "front": []}
+        for number in range(plan["rounds"]):
+            for name, server in (("straight", upstream), ("front", front))[:: 1 if number % 2 == 0 else -1]:
+                outcomes, elapsed = asyncio.run(closed_loop(server.base_url, mixed, CLIENTS, plan["round_s"], 100_000,
+                                                            voice))
+                rounds[name].append(summarize(outcomes, elapsed))
+                print(f"round {number + 1} {name:8s} {rounds[name][-1]['audio_s_per_s']:6.2f} audio-s/s, short p95 "
+                      f"{rounds[name][-1]['short_p95_ms']} ms, errors {rounds[name][-1]['errors']}", flush=True)
+        best = max(row["audio_s_per_s"] for row in rounds["straight"])
+        rate = OVERLOAD_FACTOR * max(row["requests_per_s"] for row in rounds["straight"])
+        print(f"overload: {rate:.2f} requests/s offered to the front for {plan['overload_s']:g} s ...", flush=True)
+        before, started = audio_made(upstream), time.perf_counter()
+        outcomes, elapsed, _ = asyncio.run(open_loop(front.base_url, mixed, rate, plan["overload_s"], 100_000,
+                                                     drain_s=120.0, voice=voice))
+        upstream_rate = (audio_made(upstream) - before) / (time.perf_counter() - started)
+        status = httpx.get(f"{front.base_url}/api/v1/batch/status").json()["engines"][model]["policy"]
+    finally:
+        front.stop()
+        upstream.stop()
+    refusals = [outcome.latency_s for outcome in outcomes if outcome.status == 503]
+    overload = {**summarize(outcomes, elapsed), "offered_per_s": round(rate, 3), "refused": len(refusals),
+                "refusals_p95_s": None if not refusals else round(percentile(refusals, 0.95), 3),
+                "upstream_audio_s_per_s": round(upstream_rate, 3)}
+    ratios = {"throughput_vs_straight": _paired(rounds, "audio_s_per_s"),
+              "short_p95_vs_straight": _paired(rounds, "short_p95_ms"),
+              "overload_upstream_vs_best": round(upstream_rate / best, 3) if best else None}
+    verdicts = {name: None if ratios[name] is None else
+                ("met" if (ratios[name] >= bound if sense == ">=" else ratios[name] <= bound) else "missed")
+                for name, (sense, bound) in TARGETS.items()}
+    results = {"plan": plan, "clients": CLIENTS, "voice": voice, "rounds": rounds, "overload": overload,
+               "front_policy": status, "ratios": ratios, "targets": TARGETS, "verdicts": verdicts}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "upstream.json").write_text(json.dumps(results, indent=2))
+    _print(results)
+    return results
+
+
+def _paired(rounds: dict[str, list[dict]], figure: str) -> float | None:
+    """The median over rounds of front / straight (each round's pair ran back to back)."""
+    pairs = [front[figure] / straight[figure] for straight, front in zip(rounds["straight"], rounds["front"])
+             if front[figure] is not None and straight[figure]]
+    return round(statistics.median(pairs), 3) if pairs else None
+
+
+def _print(results: dict) -> None:
+    overload = results["overload"]
+    print(f"\noverload: {overload['offered_per_s']} requests/s offered, {overload['ok']} served, "
+          f"{overload['refused']} refused (p95 {overload['refusals_p95_s']} s), other errors {overload['errors']}; "
+          f"the upstream made {overload['upstream_audio_s_per_s']} audio-s/s")
+    print(f"the front's learned limit: {results['front_policy']['limit']} "
+          f"(audio-s/s by count in flight: {results['front_policy']['audio_s_per_s']})")
+    for name, (sense, bound) in TARGETS.items():
+        print(f"  {name:28s} measured {results['ratios'][name]!s:>8s}   target {sense} {bound}  "
+              f"{results['verdicts'][name]}")
