@@ -77,7 +77,8 @@ def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int 
                                             "speed": body.speed, "response_format": body.response_format,
                                             "sample_rate": body.sample_rate,
                                             "normalization": normalization.model_dump(),
-                                            "input_type": body.input_type, "deadline_s": deadline_s}, priority)
+                                            "input_type": body.input_type, "deadline_s": deadline_s,
+                                            "instructions": body.instructions}, priority)
 
 
 @router.post("/v1/audio/jobs", status_code=202, responses=error_responses(400, 401, 429, 503))

@@ -47,7 +47,8 @@ class SpeechRequest(BaseModel):
                                     "(Hz); default: the format's (pcm, opus: 24000) or else the voice's")
     speed: float = Field(1.0, ge=0.25, le=4.0)
     instructions: str | None = Field(None, max_length=4096,
-                                     description="Accepted for compatibility; Piper voices ignore it")
+                                     description="How to speak (tone, emotion): passed on to upstream models that "
+                                                 "take it (docs/upstream.md); the others ignore it")
     stream: bool = Field(False, description="send audio as it is synthesized (chunked transfer)")
     stream_format: Literal["audio", "sse"] | None = Field(
         None, description="'audio': stream raw audio; 'sse': server-sent events with base64 audio deltas")
@@ -75,7 +76,7 @@ class SpeechRequest(BaseModel):
         return requested(self.normalization_options, self.normalize)
 
     def reading(self) -> Reading:
-        return Reading(self.normalization(), self.input_type, self.language)
+        return Reading(self.normalization(), self.input_type, self.language, self.instructions)
 
 
 class CaptionedSpeechRequest(SpeechRequest):

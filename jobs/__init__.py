@@ -231,7 +231,8 @@ class JobRunner:
         normalization = NormalizationOptions(**request.get("normalization", {"normalize": False}))
         return await self.service.speak(request["input"], request["voice"], request.get("model"),
                                         request.get("speed", 1.0), request["response_format"], self._caller(job),
-                                        Reading(normalization, request.get("input_type", "auto")),
+                                        Reading(normalization, request.get("input_type", "auto"),
+                                                instructions=request.get("instructions")),
                                         sample_rate=request.get("sample_rate"))
 
     # --- one attempt -------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ def registry(folder, url: str, model: str = "far", voice: str = "alloy", timeout
     timeout_s: {timeout_s}
     extra_body: {{task_type: CustomVoice}}
     clones: {str(clones).lower()}
+    instructions: true
     pinned: true
 """)
     return str(path)
@@ -115,6 +116,20 @@ def test_a_voice_cloned_for_an_upstream_that_clones_sends_its_clip_and_words(fro
     assert rate == 24000 and abs(len(audio) / rate - 4.0) < 0.01
     assert httpx.delete(f"{base}/v1/audio/voices/mine").status_code == 200
     assert speak(base, voice="mine").json()["error"]["code"] == "voice_not_found"
+
+
+def test_instructions_reach_an_upstream_that_takes_them_from_speech_and_jobs(fronted):
+    base, listener = fronted
+    listener.answer = Answer()
+    assert speak(base, "Said two ways.", instructions="Whisper it.").status_code == 200
+    assert listener.requests[-1].body["instructions"] == "Whisper it."
+    asked = len(listener.requests)
+    assert speak(base, "Said two ways.", instructions="Shout it.").status_code == 200  # not the cached whisper
+    assert len(listener.requests) == asked + 1 and listener.requests[-1].body["instructions"] == "Shout it."
+    job = httpx.post(f"{base}/v1/audio/jobs", json={**SPEECH, "input": "A job, calmly.", "instructions": "Calmly."})
+    assert wait_until(lambda: httpx.get(f"{base}/v1/audio/jobs/{job.json()['id']}").json()["status"] == "succeeded",
+                      30)
+    assert listener.requests[-1].body["instructions"] == "Calmly."
 
 
 def test_the_upstreams_refusal_comes_back_in_our_shape_with_its_message(fronted):

@@ -164,3 +164,10 @@ def test_a_cloned_voice_sends_its_clip_as_a_data_url_and_its_words(listener):
     engine.remove_voice("mine")
     assert "mine" not in [voice.name for voice in engine.voices()]
     assert engine.request_body(EngineInput(engine.tokenize("Hello.", "mine")[0], "mine"))["voice"] == "mine"
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_instructions_go_only_to_an_upstream_that_takes_them(listener, declared):
+    engine = engine_for(listener.url, instructions=declared)
+    body = engine.request_body(EngineInput(engine.tokenize("Hello.", "vivian")[0], "vivian", 1.0, "Softly."))
+    assert body.get("instructions") == ("Softly." if declared else None)

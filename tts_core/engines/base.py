@@ -41,6 +41,7 @@ class UpstreamOptions:
     max_in_flight: int = 16  # the most requests in flight at once (the learned number stays within it)
     language: str = "en"  # its voices' language where a voice names none
     clones: bool = False  # it clones per request (vLLM-Omni's ref_audio and ref_text): Chorus's cloned voices go there
+    instructions: bool = False  # it takes a request's `instructions` (how to speak): they are passed on
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,8 @@ class UpstreamEngine(Engine):
                                 "response_format": "pcm", "stream": True, "stream_format": "audio"}
         if item.speed != 1.0:  # (vLLM-Omni refuses a speed with a stream: leave it out where it is 1)
             body["speed"] = item.speed
+        if item.instructions and self.options.instructions:
+            body["instructions"] = item.instructions
         if (cloned := self._clones.get(item.voice)) is not None:  # its clip and words speak for the voice
             del body["voice"]
             body.update(cloned)

@@ -8,6 +8,8 @@ a request would have in the queue is checked where it is queued (tts_core.schedu
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..config import Settings
 from ..engines import Capabilities, Voice
 from ..errors import Degraded, ErrorCode, InvalidRequest
@@ -74,6 +76,9 @@ class Admission:
             raise InvalidRequest(f"input is {spoken} characters long once its numbers and symbols are said as words; "
                                  f"the limit is {self.settings.max_spoken_chars}", "input",
                                  ErrorCode.SPOKEN_TEXT_ABOVE_MAX_LENGTH)
+        if reading.instructions:
+            script = replace(script, passages=tuple(replace(passage, instructions=reading.instructions)
+                                                    for passage in script.passages))
         return script
 
     def _ssml_script(self, catalogue: Catalogue, text: str, voice_info: Voice, model_name: str, speed: float,

@@ -33,6 +33,7 @@ class EngineInput:
     tokens: np.ndarray  # int64 model input ids
     voice: str
     speed: float = 1.0
+    instructions: str | None = None  # how to speak, for a model that takes them
     id: int = field(default_factory=lambda: next(_input_ids))
 
     @property

@@ -17,6 +17,7 @@ class Reading:
     normalization: NormalizationOptions = NormalizationOptions()
     input_type: str = "auto"
     language: str | None = None
+    instructions: str | None = None  # how to speak (OpenAI's field): passed on to models that take it
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class Passage:
     model: str  # the name of the voice's model
     speed: float  # the request's, times an SSML <prosody rate> (the voice's own default applies on top)
     pause_before_s: float | None = None  # None: the usual pause between sentences (none before the first)
+    instructions: str | None = None  # the request's, for a model that takes them (an upstream that declares it)
 
 
 @dataclass(frozen=True)
@@ -43,5 +45,5 @@ class Script:
     def key(self) -> tuple:
         """Equal for scripts that sound the same (the cache's key, with the format)."""
         return (self.voice.name, self.pause_after_s,
-                *((passage.voice.name, passage.speed, passage.pause_before_s, passage.spoken.text)
-                  for passage in self.passages))
+                *((passage.voice.name, passage.speed, passage.pause_before_s, passage.spoken.text,
+                   passage.instructions) for passage in self.passages))

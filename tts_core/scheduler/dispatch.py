@@ -117,7 +117,7 @@ class Scheduler:
             return [], played_s
         deadline = time.monotonic() + timeout_s
         key = engine.batch_key(voice.name, speed)
-        items = [QueuedItem(EngineInput(tokens, voice.name, speed), key=key, deadline=deadline,
+        items = [QueuedItem(EngineInput(tokens, voice.name, speed, passage.instructions), key=key, deadline=deadline,
                             priority=tier.priority, tier=tier_name, caller=identity, sample_rate=engine.sample_rate,
                             pause_s=0.0 if cut else JOIN_PAUSE_S, cut=cut, passage=index, word_ids=word_ids)
                  for tokens, word_ids, cut in tokenized]

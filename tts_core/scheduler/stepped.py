@@ -379,7 +379,8 @@ def synthesize_whole(engine: SteppedEngine, batch: Sequence[EngineInput]) -> lis
     `synthesize`): every input joins as soon as a place is free and its audio is taken every FILE_PIECE_S,
     as a served whole file's is. Each runs under an id of its own (an input given twice runs twice). Once all have
     ended, the first that failed raises its error."""
-    runs = [QueuedItem(EngineInput(item.tokens, item.voice, item.speed), key=None, deadline=math.inf) for item in batch]
+    runs = [QueuedItem(EngineInput(item.tokens, item.voice, item.speed, item.instructions), key=None,
+                       deadline=math.inf) for item in batch]
     if not runs:
         return []
     queue = RequestQueue(max_size=len(runs))

@@ -31,6 +31,7 @@
         sample_rate: 24000           # model-level: its raw PCM's rate (44100 for Fish S2 Pro)
         extra_body: {max_new_tokens: 2048}  # model-level: fields sent with every request
         clones: true                 # model-level: it clones per request (the clip and transcript go along)
+        instructions: true           # model-level: a request's instructions (how to speak) are passed on
         max_in_flight: 32            # model-level: the most requests in flight (the number used is learned)
 
 Voices that name the same model (and url) share one loaded engine (and one batcher). Models that are not
@@ -51,7 +52,7 @@ from ..engines import ENGINE_KINDS
 from ..engines.base import EngineUnavailable, UpstreamOptions
 
 UPSTREAM_FIELDS = ("url", "api_key_env", "upstream_voice", "sample_rate", "timeout_s", "extra_body", "max_in_flight",
-                   "clones")
+                   "clones", "instructions")
 
 
 class RegistryError(EngineUnavailable):
@@ -89,6 +90,8 @@ class VoiceEntry(BaseModel):
                                       "(default 16; the number used is learned)")
     clones: bool | None = Field(None, description="upstream: it clones per request (vLLM-Omni's ref_audio and "
                                 "ref_text): voices cloned here for it send their clip and transcript")
+    instructions: bool | None = Field(None, description="upstream: it takes a request's instructions (how to "
+                                      "speak): they are passed on")
 
     @model_validator(mode="after")
     def _upstream_fields(self):
@@ -118,7 +121,8 @@ def upstream_options(entries: list[VoiceEntry]) -> UpstreamOptions | None:
     if not entries or entries[0].url is None:
         return None
     given = {name: next(value for entry in entries if (value := getattr(entry, name)) is not None)
-             for name in ("api_key_env", "sample_rate", "timeout_s", "max_in_flight", "extra_body", "clones")
+             for name in ("api_key_env", "sample_rate", "timeout_s", "max_in_flight", "extra_body", "clones",
+                          "instructions")
              if any(getattr(entry, name) is not None for entry in entries)}
     given["extra_body"] = json.dumps(given.get("extra_body", {}), sort_keys=True)
     return UpstreamOptions(entries[0].url.rstrip("/"), language=entries[0].language or "en", **given)
