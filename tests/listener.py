@@ -41,7 +41,7 @@ class Listener:
     def __init__(self, answer: Answer | None = None):
         self.answer = answer or Answer()
         self.requests: list[Received] = []
-        self.connections = 0  # open now
+        self.hanging = 0  # requests it is not answering (kind "hang") whose client has not yet gone
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -57,19 +57,29 @@ class Listener:
         self._loop.run_forever()
 
     def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._server.close)
+        """Stop listening and end every connection (their handlers finish before the loop stops); once."""
+        if self._loop.is_closed():
+            return
+
+        async def shut() -> None:
+            self._server.close()
+            handlers = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shut(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
         try:
             while await self._one(reader, writer):
                 pass
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
-            self.connections -= 1
             writer.close()
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -86,7 +96,11 @@ class Listener:
         self.requests.append(Received(method, path, headers, json.loads(raw) if raw else {}))
         answer = self.answer
         if answer.kind == "hang":
-            await reader.read()  # until the client goes
+            self.hanging += 1
+            try:
+                await reader.read()  # until the client goes
+            finally:
+                self.hanging -= 1
             return False
         if answer.kind == "status":
             extra = "".join(f"{name}: {value}\r\n" for name, value in answer.headers.items())

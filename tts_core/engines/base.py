@@ -29,6 +29,16 @@ class Voice:
 
 
 @dataclass(frozen=True)
+class FrontEnd:
+    """What of Chorus's text front end runs before a model reads the text: all of it, unless the model (an upstream
+    that reads text its own way) says otherwise."""
+
+    normalize: bool = True  # markdown, numbers, symbols said as words (off: the text as written)
+    lexicon: bool = True  # the operator's pronunciations
+    ssml: bool = True  # SSML read by Chorus (off: an SSML input goes as it is)
+
+
+@dataclass(frozen=True)
 class UpstreamOptions:
     """How to reach an upstream model (an OpenAI-compatible speech server) and what it declares: model-level,
     any voice of the model may set them (tts_core.voices.registry)."""
@@ -42,6 +52,7 @@ class UpstreamOptions:
     language: str = "en"  # its voices' language where a voice names none
     clones: bool = False  # it clones per request (vLLM-Omni's ref_audio and ref_text): Chorus's cloned voices go there
     instructions: bool = False  # it takes a request's `instructions` (how to speak): they are passed on
+    front_end: FrontEnd = FrontEnd()  # what of Chorus's front end runs before the text is sent
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,7 @@ class Capabilities:
     clones: bool = False  # voices from a caller's clip: voice_prompt_from_audio, add_voice, remove_voice
     makes_frames: bool = False  # audio a few frames at a time (a stepped engine): a stream's first comes soon
     max_running: int | None = None  # the most requests it runs at once (a stepped engine's cache rows)
+    front_end: FrontEnd = FrontEnd()  # what of Chorus's front end runs for it
 
 
 CLONE_HOOKS = ("voice_prompt_from_audio", "add_voice", "remove_voice")
@@ -82,7 +94,7 @@ def capabilities_of(engine: Engine | type[Engine], max_running: int | None = Non
         max_running = getattr(engine, "max_running", None)  # a loaded stepped engine's
     clones = all(callable(getattr(engine, hook, None)) for hook in CLONE_HOOKS) and engine.can_clone is not False
     return Capabilities(times_words=engine.times_words, clones=clones,
-                        makes_frames=engine.makes_frames, max_running=max_running)
+                        makes_frames=engine.makes_frames, max_running=max_running, front_end=engine.front_end)
 
 
 class Engine(ABC):
@@ -99,6 +111,7 @@ class Engine(ABC):
     # length (a one-shot engine's comes once the whole chunk is made, so a stream starts with a short one)
     makes_frames: bool = False
     can_clone: bool | None = None  # False: it has the clone hooks, but this model cannot (an upstream's declaration)
+    front_end: FrontEnd = FrontEnd()  # what of Chorus's text front end runs before it reads the text
 
     @abstractmethod
     def voices(self) -> list[Voice]: ...

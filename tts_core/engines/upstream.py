@@ -59,7 +59,8 @@ def describe_upstream(model: str, voices: Sequence[VoiceSpec], name: str, option
     """The voices the registry names on the upstream, and what it declares it can do: nothing is asked of it."""
     described = [Voice(voice.name, name, voice.language or options.language, options.sample_rate,
                        speed=voice.speed) for voice in voices]
-    return described, Capabilities(clones=options.clones, makes_frames=True, max_running=options.max_in_flight)
+    return described, Capabilities(clones=options.clones, makes_frames=True, max_running=options.max_in_flight,
+                                   front_end=options.front_end)
 
 
 class UpstreamEngine(Engine):
@@ -71,7 +72,7 @@ class UpstreamEngine(Engine):
 
     def __init__(self, model: str, voices: Sequence[VoiceSpec], name: str, options: UpstreamOptions):
         self.name, self.model, self.options = name, model, options
-        self.sample_rate, self.can_clone = options.sample_rate, options.clones
+        self.sample_rate, self.can_clone, self.front_end = options.sample_rate, options.clones, options.front_end
         self._voices, _ = describe_upstream(model, voices, name, options)
         self._upstream_voice = {voice.name: voice.upstream_voice or voice.name for voice in voices}
         self._language = voices[0].language or options.language if voices else options.language

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from ..config import Settings
 from ..engines import Capabilities, Voice
+from ..engines.base import FrontEnd
 from ..errors import Degraded, ErrorCode, InvalidRequest
 from ..ops.degrade import DegradeAction, DegradeController
 from ..ops.metrics import Metrics
@@ -53,12 +54,14 @@ class Admission:
         if len(text) > limit:  # checked before the front end, whose work grows with the length
             raise InvalidRequest(f"input is {len(text)} characters long; the limit is {limit}", "input",
                                  ErrorCode.STRING_ABOVE_MAX_LENGTH)
+        is_ssml = reading.input_type == "ssml" or (reading.input_type == "auto" and ssml.is_ssml(text))
         try:
-            if reading.input_type == "ssml" or (reading.input_type == "auto" and ssml.is_ssml(text)):
+            if is_ssml and _front_end(catalogue, model_name).ssml:
                 script = self._ssml_script(catalogue, text, voice_info, model_name, speed, caller,
                                            reading.normalization)
-            else:
-                spoken = normalize_text(text, voice_info.language, reading.normalization, self.lexicon)
+            else:  # plain text; or SSML for a model that reads it itself (an upstream): as written
+                plain = NormalizationOptions(normalize=False) if is_ssml else reading.normalization
+                spoken = normalize_text(text, voice_info.language, *self._reading(catalogue, model_name, plain))
                 script = Script.plain(spoken, voice_info, model_name, speed)
         except UnspeakableScript as error:
             raise _unspeakable(error, voice_info, catalogue, caller) from None
@@ -81,6 +84,14 @@ class Admission:
                                                     for passage in script.passages))
         return script
 
+    def _reading(self, catalogue: Catalogue, model: str, normalization: NormalizationOptions
+                 ) -> tuple[NormalizationOptions, Lexicon]:
+        """The front end's options and lexicon for a model: the request's and the operator's, unless the model
+        (an upstream that reads text its own way) switches them off."""
+        front_end = _front_end(catalogue, model)
+        return (normalization if front_end.normalize else NormalizationOptions(normalize=False),
+                self.lexicon if front_end.lexicon else Lexicon())
+
     def _ssml_script(self, catalogue: Catalogue, text: str, voice_info: Voice, model_name: str, speed: float,
                      caller: Caller | None, normalization: NormalizationOptions) -> Script:
         """An SSML document's passages, each in its voice's language; a passage with nothing to say leaves
@@ -95,7 +106,7 @@ class Admission:
                 except InvalidRequest as error:
                     raise InvalidRequest(f"<voice> at {raw.at}: {error.message}", "input", error.code) from None
             _check_speed(voice, speed * raw.rate, "input", f"<prosody rate> at {raw.at}: ")
-            spoken = spoken_parts(raw.parts, voice.language, normalization, self.lexicon)
+            spoken = spoken_parts(raw.parts, voice.language, *self._reading(catalogue, model, normalization))
             pauses = [pause for pause in (carried, raw.pause_before_s) if pause is not None]
             pause = sum(pauses) if pauses else None
             if not says_something(spoken.text):
@@ -141,6 +152,10 @@ class Admission:
         (operator settings)."""
         settings = self.degrade.settings
         return WaitTarget(settings.queue_wait_target_s, settings.overload_wait_target_s)
+
+
+def _front_end(catalogue: Catalogue, model: str) -> FrontEnd:
+    return catalogue.capabilities.get(model, Capabilities()).front_end
 
 
 def _voice(catalogue: Catalogue, voice: str | None, model: str | None, caller: Caller | None,

@@ -32,6 +32,7 @@
         extra_body: {max_new_tokens: 2048}  # model-level: fields sent with every request
         clones: true                 # model-level: it clones per request (the clip and transcript go along)
         instructions: true           # model-level: a request's instructions (how to speak) are passed on
+        normalize: true              # model-level: false: the text goes as written (also lexicon, ssml: false)
         max_in_flight: 32            # model-level: the most requests in flight (the number used is learned)
 
 Voices that name the same model (and url) share one loaded engine (and one batcher). Models that are not
@@ -49,10 +50,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..engines import ENGINE_KINDS
-from ..engines.base import EngineUnavailable, UpstreamOptions
+from ..engines.base import EngineUnavailable, FrontEnd, UpstreamOptions
 
-UPSTREAM_FIELDS = ("url", "api_key_env", "upstream_voice", "sample_rate", "timeout_s", "extra_body", "max_in_flight",
-                   "clones", "instructions")
+# an upstream model's options (any of its voices may set each); with its url and each voice's upstream_voice, the
+# fields only an upstream entry may have
+UPSTREAM_OPTIONS = ("api_key_env", "sample_rate", "timeout_s", "extra_body", "max_in_flight", "clones",
+                    "instructions", "normalize", "lexicon", "ssml")
+UPSTREAM_FIELDS = ("url", "upstream_voice", *UPSTREAM_OPTIONS)
 
 
 class RegistryError(EngineUnavailable):
@@ -92,6 +96,10 @@ class VoiceEntry(BaseModel):
                                 "ref_text): voices cloned here for it send their clip and transcript")
     instructions: bool | None = Field(None, description="upstream: it takes a request's instructions (how to "
                                       "speak): they are passed on")
+    normalize: bool | None = Field(None, description="upstream: false: Chorus sends the text as written (no "
+                                   "markdown, number or symbol reading)")
+    lexicon: bool | None = Field(None, description="upstream: false: the operator's pronunciations are not applied")
+    ssml: bool | None = Field(None, description="upstream: false: SSML is sent as it is, for the upstream to read")
 
     @model_validator(mode="after")
     def _upstream_fields(self):
@@ -121,11 +129,11 @@ def upstream_options(entries: list[VoiceEntry]) -> UpstreamOptions | None:
     if not entries or entries[0].url is None:
         return None
     given = {name: next(value for entry in entries if (value := getattr(entry, name)) is not None)
-             for name in ("api_key_env", "sample_rate", "timeout_s", "max_in_flight", "extra_body", "clones",
-                          "instructions")
-             if any(getattr(entry, name) is not None for entry in entries)}
+             for name in UPSTREAM_OPTIONS if any(getattr(entry, name) is not None for entry in entries)}
     given["extra_body"] = json.dumps(given.get("extra_body", {}), sort_keys=True)
-    return UpstreamOptions(entries[0].url.rstrip("/"), language=entries[0].language or "en", **given)
+    front_end = FrontEnd(**{name: given.pop(name) for name in ("normalize", "lexicon", "ssml") if name in given})
+    return UpstreamOptions(entries[0].url.rstrip("/"), language=entries[0].language or "en", front_end=front_end,
+                           **given)
 
 
 def read_registry(path: Path | None) -> Registry:
