@@ -18,8 +18,9 @@ TONE = (np.sin(2 * np.pi * 220 * np.arange(24000) / 24000) * 12000).astype("<i2"
 @dataclass
 class Answer:
     """What the listener answers: `kind` is "audio" (chunked PCM in `chunks` pieces of odd sizes, so samples are
-    split between reads), "status" (`status` with `body` and `headers`), "json200" (a 200 that is JSON, not audio),
-    "hang" (reads the request, answers nothing), or "cut" (the audio's first chunk, then the connection closes)."""
+    split between reads; `pause_s` before each piece but the first: a slow upstream), "status" (`status` with
+    `body` and `headers`), "json200" (a 200 that is JSON, not audio), "hang" (reads the request, answers nothing),
+    or "cut" (the audio's first chunk, then the connection closes)."""
 
     kind: str = "audio"
     status: int = 200
@@ -27,6 +28,7 @@ class Answer:
     headers: dict[str, str] = field(default_factory=dict)
     chunks: int = 5
     audio: bytes = TONE
+    pause_s: float = 0.0
 
 
 @dataclass
@@ -117,7 +119,9 @@ class Listener:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: audio/pcm\r\ntransfer-encoding: chunked\r\n\r\n")
         size = len(answer.audio) // answer.chunks | 1  # odd: a sample split between chunks
         pieces = [answer.audio[start:start + size] for start in range(0, len(answer.audio), size)]
-        for piece in pieces[:1] if answer.kind == "cut" else pieces:
+        for number, piece in enumerate(pieces[:1] if answer.kind == "cut" else pieces):
+            if number and answer.pause_s:
+                await asyncio.sleep(answer.pause_s)  # the upstream making its audio
             writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             await writer.drain()
         if answer.kind == "cut":

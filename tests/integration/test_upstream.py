@@ -1,11 +1,14 @@
 """Chorus in front of an upstream speech server (engine: upstream), on real HTTP servers on 127.0.0.1.
 
-- Faults (fast): a plain listener plays the upstream (tests/listener.py) and answers each test's way: the
-  upstream's 4xx comes back in Chorus's error shape with its message; failures in a row open the breaker, whose
-  503 upstream_unavailable comes at once with a Retry-After and without a request upstream; a half-open probe
-  closes it; a hung upstream ends at the caller's deadline; a cut stream fails its request.
-- A real upstream (slow): a second Chorus serving the bundled Piper voice; speech, streams, jobs and Wyoming
-  through the upstream engine, and the learned limit stays at one or two for a server that runs one at a time.
+- With a plain listener playing the upstream (fast; tests/listener.py), answering each test's way: the body
+  vLLM-Omni documents; cloned voices, instructions and the front-end switches; a slow upstream's audio streams
+  through as it comes; the upstream's 4xx comes back in Chorus's error shape with its message; failures in a
+  row open the breaker, whose 503 upstream_unavailable comes at once with a Retry-After and without a request
+  upstream; a half-open probe closes it; a hung upstream ends at the caller's deadline; a cut stream fails its
+  request; nothing is left in flight.
+- Real upstreams (slow): a second Chorus serving the bundled Piper voice (speech, streams, jobs and Wyoming
+  through the upstream engine; the learned limit stays at one or two for a server that runs one at a time), and
+  one serving a tiny random Pocket TTS (continuous batching: the limit climbs well above one).
 """
 
 from __future__ import annotations
@@ -162,6 +165,19 @@ def test_the_upstreams_refusal_comes_back_in_our_shape_with_its_message(fronted)
     assert speak(base).status_code == 200  # a refusal is the request's fault: the breaker stays closed
 
 
+def test_a_slow_upstreams_audio_streams_through_as_it_arrives(fronted):
+    base, listener = fronted
+    listener.answer = Answer(pause_s=0.4)  # five pieces over 1.6 s
+    started, arrivals = time.monotonic(), []
+    with httpx.stream("POST", f"{base}/v1/audio/speech", timeout=30,
+                      json={**SPEECH, "input": "Slowly made.", "stream": True, "response_format": "pcm"}) as streamed:
+        for data in streamed.iter_bytes():
+            arrivals.append((time.monotonic() - started, len(data)))
+    assert streamed.status_code == 200 and abs(sum(size for _, size in arrivals) / 2 / 24000 - 1.0) < 0.05
+    assert arrivals[0][0] < arrivals[-1][0] - 1.0  # the first audio came long before the last: passed on as made
+    assert upstream_status(base)["in_flight"] == 0
+
+
 def test_a_hung_upstream_ends_at_the_callers_deadline(fronted):
     base, listener = fronted
     listener.answer = Answer("hang")
@@ -209,6 +225,7 @@ def test_failures_in_a_row_open_the_breaker_which_answers_at_once_then_probes_an
     assert wait_until(lambda: upstream_status(base)["breaker"]["state"] == "half_open", 30)
     assert speak(base).status_code == 200  # the probe
     assert upstream_status(base)["breaker"]["state"] == "closed"
+    assert upstream_status(base)["in_flight"] == 0 and listener.hanging == 0  # nothing left running
     assert metric(base, r'tts_upstream_errors_total\{engine="far",kind="failed"\}') >= 3
 
 
