@@ -114,7 +114,7 @@ class UpstreamStrategy:
             self._refuse_queued(now)
         else:
             room = self.limit.limit - len(self._flights)
-            for item in self.queue.next_candidates(room) if room > 0 else []:
+            for item in self.queue.next_candidates(max(0, room)):  # (at the limit too: it fails the expired)
                 if not self.breaker.allows(now):  # half-open: the probe alone goes
                     break
                 self._send(item, now)
