@@ -40,11 +40,13 @@ class Received:
 
 
 class Listener:
-    def __init__(self, answer: Answer | None = None):
+    def __init__(self, answer: Answer | None = None, one_at_a_time: bool = False):
         self.answer = answer or Answer()
+        self.one_at_a_time = one_at_a_time  # audio answers wait for each other (a server that runs one at a time)
         self.requests: list[Received] = []
         self.hanging = 0  # requests it is not answering (kind "hang") whose client has not yet gone
         self._loop = asyncio.new_event_loop()
+        self._turn: asyncio.Lock | None = None  # made on its loop
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -53,6 +55,7 @@ class Listener:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
+        self._turn = asyncio.Lock()
         self._server = self._loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
         self.port = self._server.sockets[0].getsockname()[1]
         self._started.set()
@@ -116,6 +119,12 @@ class Listener:
                          + body)
             await writer.drain()
             return True
+        if self.one_at_a_time:
+            async with self._turn:
+                return await self._audio(answer, writer)
+        return await self._audio(answer, writer)
+
+    async def _audio(self, answer: Answer, writer: asyncio.StreamWriter) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: audio/pcm\r\ntransfer-encoding: chunked\r\n\r\n")
         size = len(answer.audio) // answer.chunks | 1  # odd: a sample split between chunks
         pieces = [answer.audio[start:start + size] for start in range(0, len(answer.audio), size)]

@@ -17,6 +17,7 @@ import asyncio
 import base64
 import io
 import itertools
+import json
 import time
 import wave
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,9 @@ from tts_core.ops.degrade import OperatorSettings
 SPEECH = {"model": "far", "voice": "far-voice", "response_format": "wav"}
 ADMIN = {"Authorization": "Bearer upstream-admin-token"}
 CALLS = itertools.count()
+# every request served (no degrade mode, waits as long as it takes): these tests measure what the limit learns
+SERVE_ALL = {"anonymous_tier": "enterprise", "degrade_enabled": False, "queue_wait_target_s": 120,
+             "overload_wait_target_s": 120}
 
 
 def registry(folder, url: str, model: str = "far", voice: str = "alloy", timeout_s: float = 30,
@@ -237,11 +241,11 @@ def chained(tmp_path_factory):
     """(Chorus's base URL, its Wyoming port), in front of a second Chorus serving the bundled Piper voice (as its
     model "piper", the name the front gives the upstream model too)."""
     folder = tmp_path_factory.mktemp("chained")
-    upstream = start_server(folder / "upstream", calibration_sizes="1")
+    upstream = start_server(folder / "upstream", calibration_sizes="1", operator_defaults=json.dumps(SERVE_ALL))
     port = free_port()
     settings = Settings(data_dir=folder / "front", calibration_sizes=[1], wyoming_port=port, host="127.0.0.1",
                         voices_file=registry(folder, upstream.base_url, model="piper"),
-                        operator_defaults={"anonymous_tier": "enterprise", "degrade_enabled": False})
+                        operator_defaults=SERVE_ALL)
     try:
         with serve_in_thread(create_app(settings)) as base:
             yield base, port
@@ -285,15 +289,47 @@ def test_speech_streams_jobs_and_wyoming_through_a_chorus_upstream(chained):
 
 
 @pytest.mark.slow
-def test_a_one_at_a_time_upstream_is_given_one_or_two_requests_at_once(chained):
+def learned_limit(folder, listener: Listener, requests: int = 48, clients: int = 16) -> dict:
+    """The limit a fresh Chorus learns in front of the listener, after `requests` from `clients` at once."""
+    settings = Settings(data_dir=folder / "data", calibration_sizes=[1], voices_file=registry(folder, listener.url),
+                        operator_defaults=SERVE_ALL)
+    with serve_in_thread(create_app(settings)) as base:
+        with ThreadPoolExecutor(clients) as pool:
+            answers = list(pool.map(lambda _: speak(base), range(requests)))
+        assert [answer.status_code for answer in answers] == [200] * requests
+        return upstream_status(base)
+
+
+def test_an_upstream_that_runs_one_at_a_time_is_given_one_or_two_requests_at_once(tmp_path):
+    listener = Listener(Answer(pause_s=0.03), one_at_a_time=True)  # each second of audio takes 0.12 s, in turn
+    try:
+        status = learned_limit(tmp_path, listener)
+    finally:
+        listener.close()
+    assert status["settled"] in (1, 2) and status["limit"] <= 2, status
+
+
+def test_an_upstream_that_runs_many_at_once_is_kept_full(tmp_path):
+    listener = Listener(Answer(pause_s=0.03))  # each second of audio takes 0.12 s, whatever else runs
+    try:
+        status = learned_limit(tmp_path, listener, requests=96)
+    finally:
+        listener.close()
+    assert status["settled"] >= 8, status
+
+
+@pytest.mark.slow
+def test_a_chorus_serving_piper_is_given_one_or_two_requests_at_once(chained):
+    """Its engine runs one sentence at a time: a second request in flight overlaps its front end, encoding and
+    HTTP with the engine's work, and more make no more audio a second (measured: 14.5, 13.1 and 13.5 audio-s/s
+    sent under limits of 1, 2 and 4)."""
     base, _ = chained
     texts = [f"Caller {number} asks for a sentence of ordinary length, one of many." for number in range(48)]
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda text: speak(base, text, model="piper"), texts))
     assert [answer.status_code for answer in answers] == [200] * len(texts)
     status = upstream_status(base, "piper")
-    assert status["limit"] in (1, 2), status  # Piper on these cores makes no more audio with more at once
-    assert max(int(count) for count in status["audio_s_per_s"]) <= 3, status
+    assert status["settled"] in (1, 2), status  # (the limit may be measuring twice that as the run ends)
 
 
 @pytest.mark.slow
@@ -304,11 +340,10 @@ def test_an_upstream_that_batches_is_given_many_requests_at_once(tmp_path):
                                           "fixed_length: true, pinned: true}\n")
     upstream = start_server(tmp_path / "upstream", voices_file=str(tmp_path / "pocket.yaml"), device="cpu",
                             calibration_sizes="1,2", torch_threads="1", max_queue="4096",
-                            operator_defaults='{"anonymous_tier": "enterprise", "degrade_enabled": false}')
+                            operator_defaults=json.dumps(SERVE_ALL))
     settings = Settings(data_dir=tmp_path / "front", calibration_sizes=[1], max_queue=4096,
                         voices_file=registry(tmp_path, upstream.base_url, model="pocket_tts", voice="pocket"),
-                        operator_defaults={"anonymous_tier": "enterprise", "degrade_enabled": False,
-                                           "queue_wait_target_s": 120, "overload_wait_target_s": 120})  # all served
+                        operator_defaults=SERVE_ALL)
     try:
         with serve_in_thread(create_app(settings)) as base:
             texts = [f"Caller {number} asks for a short one." for number in range(96)]
@@ -317,6 +352,6 @@ def test_an_upstream_that_batches_is_given_many_requests_at_once(tmp_path):
             refused = {answer.text for answer in answers if answer.status_code != 200}
             assert not refused, refused
             status = upstream_status(base, "pocket_tts")
-            assert status["limit"] >= 4, status
+            assert status["settled"] >= 4, status
     finally:
         upstream.stop()

@@ -1,14 +1,15 @@
 """An upstream's two pure policies: how many requests to keep in flight there, and when to stop sending.
 
 `InFlightLimit` learns the number as a one-shot engine's batch policy learns batch sizes: from what the work
-measured. Each finished request says how much audio it made, in how long, with how many in flight on average
-while it ran; the audio a second the upstream makes at n in flight is n times one request's rate there. The
-limit is the fewest in flight that make within GAIN of the most measured; while the best is the highest count
-measured, the limit goes to twice that count to measure it (TCP's slow start: an upstream that batches 64 is
-found in six steps; a step of one more would never pay GAIN past five in flight). An upstream that batches
-(vLLM) makes more with each request added until its own batch is full, and is kept full; one that serves one
-at a time (Kokoro-FastAPI, a Piper server) makes the same at 2 as at 1, and stays at one or two.
-A 429 (or a 503 with Retry-After) halves it.
+measured. Each ended request says how much audio it made, in how long, with how many in flight on average while
+it ran: the upstream made that many times its rate. Each limit's rate is the median of its latest requests'.
+From the settled count, the limit tries twice as many (TCP's slow start: an upstream that batches 64 is found
+in six steps) and keeps it if it makes GAIN times the audio a second, else goes back and stays (trying again
+after REPROBE_AFTER requests, in case the load or the upstream changed). An upstream that batches (vLLM) makes
+more with each request added until its own batch is full, and is kept full; one that serves one at a time
+(Kokoro-FastAPI) gains only the overlap of its own overheads at 2, and stays at one or two. With fewer callers
+than the limit, twice as many makes no more: it stays where the callers are served. A 429 (or a 503 with
+Retry-After) halves it.
 
 `CircuitBreaker`: FAILURES upstream failures in a row (refused, hung, 5xx, a cut stream) open it; while open,
 requests fail at once with a Retry-After rather than wait for an upstream that is down; after the cool-down
@@ -19,54 +20,66 @@ Both take the time as an argument: the strategy passes its clock's, tests a fake
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from enum import StrEnum
 
-# A count is taken over fewer in flight only if it makes this much more audio a second: more in flight adds every
-# request's latency, and counts measured under the same load differ by 10-15% on a busy machine (a Chorus serving
-# Piper behind another on two cores measured 11.2, 13.6 and 15.4 audio-s/s at 1, 2 and 4 in flight: with 1.1 it
-# went to 4 for a gain within that noise).
+# Twice as many in flight is kept only if it makes this much more audio a second: more in flight adds to every
+# request's latency, and a count's rate measured twice under the same load differs by 10-15% on a busy machine.
 GAIN = 1.2
-SAMPLES = 3  # finished requests at a count before the limit moves past it
-SMOOTHING = 0.3  # weight of a new measurement in a count's moving rate
+SAMPLES = 4  # requests sent under a limit, and ended, before it is judged
+WINDOW = 8  # a limit's rate: the median of its latest requests' (a cold start's first requests age out)
+REPROBE_AFTER = 64  # requests at a settled limit before twice as many is measured again (the load or upstream changed)
 
 
 class InFlightLimit:
     def __init__(self, most: int, start: int = 1):
         self.most = most
-        self.limit = max(1, min(start, most))
-        self.rates: dict[int, float] = {}  # in flight -> audio seconds made a second (moving average)
-        self.samples: dict[int, int] = {}
+        self.settled = self.limit = max(1, min(start, most))  # the best count judged so far; the one in force
+        self.rates: dict[int, deque[float]] = {}  # limit -> audio seconds a second of its latest requests
+        self._above_failed = False  # twice the settled count was measured and did not pay
+        self._since = 0  # requests ended at the settled count since its last judgement
 
-    def observe(self, in_flight: float, audio_s: float, seconds: float) -> None:
-        """A request made audio_s of audio in `seconds`, with in_flight requests in flight on average meanwhile."""
+    def observe(self, sent_under: int, in_flight: float, audio_s: float, seconds: float) -> None:
+        """A request sent while the limit was sent_under made audio_s of audio in `seconds`, with in_flight
+        requests in flight on average meanwhile: the upstream made in_flight times its rate."""
         if seconds <= 0 or audio_s <= 0:
             return
-        count = max(1, min(self.most, round(in_flight)))
-        rate = count * audio_s / seconds
-        old = self.rates.get(count)
-        self.rates[count] = rate if old is None else (1 - SMOOTHING) * old + SMOOTHING * rate
-        self.samples[count] = self.samples.get(count, 0) + 1
-        self._choose()
+        self.rates.setdefault(sent_under, deque(maxlen=WINDOW)).append(max(1.0, in_flight) * audio_s / seconds)
+        self._judge()
+
+    def rate(self, limit: int) -> float | None:
+        """The audio a second made under this limit (None until SAMPLES requests have said)."""
+        window = self.rates.get(limit)
+        return statistics.median(window) if window is not None and len(window) >= SAMPLES else None
 
     def busy(self) -> None:
-        """The upstream said it is full: half as many in flight (it learns its way back)."""
-        self.limit = max(1, self.limit // 2)
-        self.rates = {count: rate for count, rate in self.rates.items() if count <= self.limit}
+        """The upstream said it is full: half as many in flight, settled there for a while."""
+        self.settled = self.limit = max(1, self.limit // 2)
+        self._above_failed, self._since = True, 0
 
-    def _choose(self) -> None:
-        measured = {count: rate for count, rate in self.rates.items() if self.samples[count] >= SAMPLES}
-        if not measured:
+    def _judge(self) -> None:
+        settled = self.rate(self.settled)
+        if self.limit == self.settled:
+            self._since += 1
+            if settled is not None and self.limit < self.most and (not self._above_failed
+                                                                   or self._since >= REPROBE_AFTER):
+                self.limit = min(self.most, 2 * self.settled)  # measure twice as many, afresh
+                self.rates[self.limit] = deque(maxlen=WINDOW)
             return
-        best = max(measured.values())
-        enough = min(count for count, rate in measured.items() if rate * GAIN >= best)
-        highest = max(measured)
-        # measure twice as many while the best is the highest count measured (and the limit has reached it)
-        exploring = enough == highest and self.limit >= highest and highest < self.most
-        self.limit = min(self.most, 2 * highest) if exploring else enough
+        probed = self.rate(self.limit)
+        if probed is None or settled is None:
+            return
+        if probed >= GAIN * settled:  # it paid: settle there (and measure twice that next)
+            self.settled, self._above_failed = self.limit, False
+        else:
+            self.limit, self._above_failed = self.settled, True
+        self._since = 0
 
     def describe(self) -> dict:
-        return {"limit": self.limit, "most": self.most,
-                "audio_s_per_s": {count: round(rate, 3) for count, rate in sorted(self.rates.items())}}
+        return {"limit": self.limit, "settled": self.settled, "most": self.most,
+                "audio_s_per_s": {count: round(rate, 3) for count in sorted(self.rates)
+                                  if (rate := self.rate(count)) is not None}}
 
 
 class BreakerState(StrEnum):

@@ -45,6 +45,7 @@ class Flight:
     item: QueuedItem
     sent_at: float  # on the clock
     in_flight_area: float  # the strategy's in-flight integral when it was sent
+    sent_under: int  # the in-flight limit in force when it was sent
     pieces: list[np.ndarray] = field(default_factory=list)  # written by the I/O thread until it ends
     task: Future | None = None
     ended_at: float = 0.0
@@ -149,7 +150,7 @@ class UpstreamStrategy:
             self.metrics.dropped.labels("cancelled").inc()
             return
         self._count_in_flight(now)
-        flight = Flight(item, now, self._area)
+        flight = Flight(item, now, self._area, self.limit.limit)
         item.queue_s = now - item.enqueued_at
         self._flights[item.input.id] = flight
         self.serving.worked = True
@@ -233,7 +234,7 @@ class UpstreamStrategy:
         self.metrics.upstream_seconds.labels(self.engine.name).observe(seconds)
         if isinstance(outcome, EngineOutput):
             audio_s = outcome.audio.size / self.engine.sample_rate
-            self.limit.observe(in_flight, audio_s, seconds)
+            self.limit.observe(flight.sent_under, in_flight, audio_s, seconds)
             self.serving.item_cost.add(1, item.length, seconds / in_flight)
             self.serving.learn_audio_rate([item.input], [outcome])
             self._latency_s = seconds if not self._latency_s else 0.8 * self._latency_s + 0.2 * seconds
