@@ -38,7 +38,6 @@ from bench.report import LOWER_IS_BETTER, write_docs, write_html
 from bench.server import ROOT, ServerProcess, start_ray_peer, start_server
 from bench.soak import main as soak
 from bench.ttfa import drained
-from bench.upstream import run as upstream_benchmark
 from bench.workload import texts
 from tts_core.config import Settings
 from tts_core.engines import load_voice_engine
@@ -495,6 +494,8 @@ def main() -> None:
         with ThreadPoolExecutor(max_workers=1) as builder:  # on a thread that ends: see EngineAlone
             args.voices_file = builder.submit(built_voice, args.voice, out).result()
     if args.upstream:
+        from bench.upstream import run as upstream_benchmark  # (it reads this module's OPERATOR)
+
         upstream_benchmark(args.quick, out, args.voice, args.voices_file)
         return
 

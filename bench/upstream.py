@@ -24,23 +24,26 @@ import json
 import re
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
+from bench.harness import OPERATOR
 from bench.load import closed_loop, open_loop, percentile, summarize
 from bench.server import ServerProcess, start_server
 from bench.workload import texts
 
 CLIENTS = 16
-PLANS = {"full": {"rounds": 3, "round_s": 90.0, "overload_s": 60.0, "texts": 64},
+PLANS = {"full": {"rounds": 3, "round_s": 60.0, "overload_s": 60.0, "texts": 64},
          "quick": {"rounds": 1, "round_s": 25.0, "overload_s": 20.0, "texts": 16}}
 OVERLOAD_FACTOR = 3.0
 TARGETS = {"throughput_vs_straight": (">=", 0.95), "short_p95_vs_straight": ("<=", 0.5),
            "overload_upstream_vs_best": (">=", 0.95)}
-SERVER = {"trusted_proxies": "127.0.0.1", "max_queue": "4096", "calibration_sizes": "1,2",
-          "operator_defaults": json.dumps({"anonymous_tier": "enterprise"})}  # degrade mode as it comes
+SERVER = {"trusted_proxies": "127.0.0.1", "max_queue": "4096", "calibration_sizes": "1,2"}
+# The rounds compare serving, as the peer benchmark does: no cache, no degrade mode, no refusal by predicted wait.
+MEASURED = json.dumps(OPERATOR)
+# The overload meets the front as it comes (its wait targets refuse what cannot be served in time), without the cache
+GUARDED = json.dumps({"anonymous_tier": "enterprise", "cache_enabled": False, "degrade_enabled": False})
 
 
 def front_registry(folder: Path, upstream: str, voice: str) -> tuple[Path, str]:
@@ -60,14 +63,28 @@ def audio_made(server: ServerProcess) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+async def overloading(front: ServerProcess, upstream: ServerProcess, mixed: list[str], rate: float, seconds: float,
+                   voice: str) -> tuple[list, float, float]:
+    """The open loop's outcomes and time, and the audio a second the upstream answered with while arrivals came."""
+    async def upstream_audio() -> float:
+        before = await asyncio.to_thread(audio_made, upstream)
+        await asyncio.sleep(seconds)
+        return (await asyncio.to_thread(audio_made, upstream) - before) / seconds
+
+    measuring = asyncio.create_task(upstream_audio())
+    outcomes, elapsed, _ = await open_loop(front.base_url, mixed, rate, seconds, 100_000, drain_s=120.0, voice=voice)
+    return outcomes, elapsed, await measuring
+
+
 def run(quick: bool, out: Path, voice: str, voices_file: Path | None) -> dict:
     plan = PLANS["quick" if quick else "full"]
     folder = Path(tempfile.mkdtemp(prefix="chorus-upstream-bench-"))
     mixed = texts("mixed", plan["texts"], seed=7)
     print("starting the upstream, then the front ...", flush=True)
-    upstream = start_server(folder / "upstream", **SERVER, **({"voices_file": str(voices_file)} if voices_file else {}))
+    upstream = start_server(folder / "upstream", operator_defaults=MEASURED, **SERVER,
+                            **({"voices_file": str(voices_file)} if voices_file else {}))
     registry, model = front_registry(folder, upstream.base_url, voice)
-    front = start_server(folder / "front", voices_file=str(registry), **SERVER)
+    front = start_server(folder / "front", voices_file=str(registry), operator_defaults=MEASURED, **SERVER)
     try:
         rounds: dict[str, list[dict]] = {"straight": [], "front": []}
         for number in range(plan["rounds"]):
@@ -79,11 +96,14 @@ def run(quick: bool, out: Path, voice: str, voices_file: Path | None) -> dict:
                       f"{rounds[name][-1]['short_p95_ms']} ms, errors {rounds[name][-1]['errors']}", flush=True)
         best = max(row["audio_s_per_s"] for row in rounds["straight"])
         rate = OVERLOAD_FACTOR * max(row["requests_per_s"] for row in rounds["straight"])
+        front.stop()  # the overload meets a front with its wait targets in force (a new one: it learns again)
+        front = start_server(folder / "guarded", voices_file=str(registry), operator_defaults=GUARDED, **SERVER)
+        # it learns its limit at the straight loop's rate first (open loop: refused clients do not spin)
+        asyncio.run(open_loop(front.base_url, mixed, rate / OVERLOAD_FACTOR, plan["round_s"] / 2, 100_000,
+                              drain_s=120.0, voice=voice))
         print(f"overload: {rate:.2f} requests/s offered to the front for {plan['overload_s']:g} s ...", flush=True)
-        before, started = audio_made(upstream), time.perf_counter()
-        outcomes, elapsed, _ = asyncio.run(open_loop(front.base_url, mixed, rate, plan["overload_s"], 100_000,
-                                                     drain_s=120.0, voice=voice))
-        upstream_rate = (audio_made(upstream) - before) / (time.perf_counter() - started)
+        outcomes, elapsed, upstream_rate = asyncio.run(overloading(front, upstream, mixed, rate, plan["overload_s"],
+                                                                   voice))
         status = httpx.get(f"{front.base_url}/api/v1/batch/status").json()["engines"][model]["policy"]
     finally:
         front.stop()

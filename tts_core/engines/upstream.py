@@ -176,15 +176,15 @@ class UpstreamEngine(Engine):
         if not received:
             raise UpstreamFailed("upstream answered with no audio")
 
+    async def whole(self, client: httpx.AsyncClient, item: EngineInput) -> EngineOutput:
+        """The input's audio, once all of it has arrived."""
+        return EngineOutput(np.concatenate([piece async for piece in self.audio(client, item)]))
+
     def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]:
         """Each input's whole audio, all of them in flight at once (on a loop of this call's own)."""
-        async def whole(client: httpx.AsyncClient, item: EngineInput) -> EngineOutput:
-            pieces = [piece async for piece in self.audio(client, item)]
-            return EngineOutput(np.concatenate(pieces))
-
         async def run() -> list[EngineOutput]:
             async with self.client() as client:
-                return list(await asyncio.gather(*(whole(client, item) for item in batch)))
+                return list(await asyncio.gather(*(self.whole(client, item) for item in batch)))
 
         return asyncio.run(run()) if batch else []
 

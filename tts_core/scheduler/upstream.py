@@ -96,7 +96,7 @@ class UpstreamStrategy:
         voice = self.engine.voices()[0].name
         item = EngineInput(self.engine.tokenize(WARM_UP_TEXT, voice)[0], voice)
         started = self.clock.timer()
-        output = self._on_io(self._whole(item)).result(self.engine.options.timeout_s * 2)
+        output = self._on_io(self.engine.whole(self._client, item)).result(self.engine.options.timeout_s * 2)
         seconds = self.clock.timer() - started
         self.serving.item_cost.add(1, item.length, seconds)
         self.serving.learn_audio_rate([item], [output])
@@ -175,10 +175,6 @@ class UpstreamStrategy:
         flight.ended_at = self.clock.now()
         self._ended.append(flight)
         self.queue.wake()
-
-    async def _whole(self, item: EngineInput) -> EngineOutput:
-        pieces = [piece async for piece in self.engine.audio(self._client, item)]
-        return EngineOutput(np.concatenate(pieces))
 
     # --- settling -------------------------------------------------------------------------------------------
 
