@@ -1,5 +1,6 @@
 """A plain HTTP/1.1 listener on 127.0.0.1 playing an upstream speech server, for the upstream engine's tests:
-it records every request it reads and answers as its `answer` says (audio, an error, silence, a cut stream).
+it records every request it reads and answers as its `answer` says (audio, an error, silence, a cut stream), and
+its voice list as `voices` says.
 Real sockets, real HTTP: the engine under test cannot tell it from a server that behaves that way."""
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ class Received:
 
 
 class Listener:
-    def __init__(self, answer: Answer | None = None, one_at_a_time: bool = False):
+    def __init__(self, answer: Answer | None = None, one_at_a_time: bool = False, voices: object = None):
         self.answer = answer or Answer()
+        self.voices = voices  # what GET /v1/audio/voices answers (JSON); None: 404
         self.one_at_a_time = one_at_a_time  # audio answers wait for each other (a server that runs one at a time)
         self.requests: list[Received] = []
         self.hanging = 0  # requests it is not answering (kind "hang") whose client has not yet gone
@@ -99,6 +101,12 @@ class Listener:
             headers[name.strip().lower()] = value.strip()
         raw = await reader.readexactly(int(headers.get("content-length", 0)))
         self.requests.append(Received(method, path, headers, json.loads(raw) if raw else {}))
+        if method == "GET" and path == "/v1/audio/voices":
+            body = json.dumps(self.voices).encode() if self.voices is not None else b'{"detail": "Not Found"}'
+            writer.write(b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                         % (200 if self.voices is not None else 404, len(body)) + body)
+            await writer.drain()
+            return True
         answer = self.answer
         if answer.kind == "hang":
             self.hanging += 1

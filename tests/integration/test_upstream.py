@@ -1,11 +1,11 @@
 """Chorus in front of an upstream speech server (engine: upstream), on real HTTP servers on 127.0.0.1.
 
 - With a plain listener playing the upstream (fast; tests/listener.py), answering each test's way: the body
-  vLLM-Omni documents; cloned voices, instructions and the front-end switches; a slow upstream's audio streams
-  through as it comes; the upstream's 4xx comes back in Chorus's error shape with its message; failures in a
-  row open the breaker, whose 503 upstream_unavailable comes at once with a Retry-After and without a request
-  upstream; a half-open probe closes it; a hung upstream ends at the caller's deadline; a cut stream fails its
-  request; nothing is left in flight.
+  vLLM-Omni documents; the voices it lists, served under the registry's names; cloned voices, instructions and the
+  front-end switches; a slow upstream's audio streams through as it comes; the upstream's 4xx comes back in Chorus's
+  error shape with its message; failures in a row open the breaker, whose 503 upstream_unavailable comes at once
+  with a Retry-After and without a request upstream; a half-open probe closes it; a hung upstream ends at the
+  caller's deadline; a cut stream fails its request; nothing is left in flight.
 - Real upstreams (slow): a second Chorus serving the bundled Piper voice (speech, streams, jobs and Wyoming
   through the upstream engine; the learned limit stays at one or two for a server that runs one at a time), and
   one serving a tiny random Pocket TTS (continuous batching: the limit climbs well above one).
@@ -73,11 +73,12 @@ def upstream_status(base: str, model: str = "far") -> dict:
 def fronted(tmp_path_factory):
     """(Chorus's base URL, the listener it fronts)."""
     folder = tmp_path_factory.mktemp("upstream")
-    listener = Listener()
+    listener = Listener(voices={"voices": [{"id": name, "name": name} for name in ("af_heart", "am_adam")]})
     voices = registry(folder, listener.url, clones=True)
-    with open(voices, "a") as file:  # a second model on it that reads text its own way
+    with open(voices, "a") as file:  # a second model on it that reads text its own way, a third whose voices it lists
         file.write(f"  raw-voice: {{engine: upstream, model: raw, url: '{listener.url}', normalize: false, "
-                   "lexicon: false, ssml: false}\n")
+                   "lexicon: false, ssml: false}\n"
+                   f"  kokoro-*: {{engine: upstream, model: kokoro, url: '{listener.url}'}}\n")
     settings = Settings(data_dir=folder / "data", calibration_sizes=[1], voices_file=voices,
                         admin_token="upstream-admin-token",
                         operator_defaults={"anonymous_tier": "enterprise", "degrade_enabled": False,
@@ -106,6 +107,17 @@ def test_speech_comes_from_the_upstream_with_the_body_it_documents(fronted):
     assert sent == {"model": "far", "input": "Hello there.", "voice": "alloy", "response_format": "pcm",
                     "stream": True, "stream_format": "audio", "task_type": "CustomVoice"}
     assert upstream_status(base)["breaker"]["state"] == "closed"
+
+
+def test_the_voices_an_upstream_lists_are_served_under_the_registrys_names(fronted):
+    base, listener = fronted
+    listener.answer = Answer()
+    listed = {voice["id"]: voice["model"] for voice in httpx.get(f"{base}/v1/audio/voices").json()["data"]}
+    assert listed["kokoro-af_heart"] == listed["kokoro-am_adam"] == "kokoro"
+    answer = speak(base, model="kokoro", voice="kokoro-am_adam")
+    assert answer.status_code == 200, answer.text
+    assert {key: listener.requests[-1].body[key] for key in ("model", "voice")} == {"model": "kokoro",
+                                                                                    "voice": "am_adam"}
 
 
 def test_a_voice_cloned_for_an_upstream_that_clones_sends_its_clip_and_words(fronted):
@@ -216,7 +228,9 @@ def test_failures_in_a_row_open_the_breaker_which_answers_at_once_then_probes_an
         assert "500: boom" in failed.json()["error"]["message"]
     assert upstream_status(base)["breaker"]["state"] == "open"
     assert metric(base, r'tts_upstream_breaker_open\{engine="far"\}') == 1
-    assert httpx.get(f"{base}/health").json() == {"status": "ok", "upstreams": {"far": "open", "raw": "closed"}}
+    health = httpx.get(f"{base}/health").json()  # (with each other upstream model loaded now: "raw", "kokoro")
+    assert health["status"] == "ok" and health["upstreams"]["far"] == "open"
+    assert set(health["upstreams"].values()) <= {"open", "closed"}
     words = state_markdown(httpx.get(f"{base}/admin/api/stats", headers=ADMIN).json(), OperatorSettings())
     assert "**Upstreams:** `far`" in words and "breaker **open**" in words and " failed" in words  # the Admin tab
     asked = len(listener.requests)

@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from bench.random_vits import TINY, save_random_vits
+from tests.listener import Listener
 from tts_core.config import Settings
 from tts_core.engines import load_voice_engine, model_specs
 from tts_core.engines.base import EngineUnavailable
@@ -57,6 +58,9 @@ def engine_input(engine, voice: str) -> EngineInput:
     ("voices:\n  a: {engine: vits, model: m, url: 'http://x'}\n", "url: only for engine: upstream"),
     ("voices:\n  a: {engine: upstream, model: m, url: 'ftp://x'}\n", "voices.a.url"),
     ("voices:\n  a: {engine: upstream, model: m, url: 'http://x', api_key_env: 'sk-123'}\n", "voices.a.api_key_env"),
+    ("voices:\n  a-*: {engine: vits, model: m}\n", "a-*: a name with * stands for every voice an upstream lists"),
+    ("voices:\n  a-*: {engine: upstream, model: m, url: 'http://x', upstream_voice: b}\n", "no upstream_voice"),
+    ("voices:\n  '*-*': {engine: upstream, model: m, url: 'http://x'}\n", "(one *"),
 ])
 def test_a_bad_registry_names_the_file_and_the_fault(tmp_path, text, fault):
     path = tmp_path / "voices.yaml"
@@ -117,3 +121,25 @@ def test_load_voice_engine_loads_the_model_of_a_registry_voice_and_names_an_unkn
     assert engine.name == "tiny-vits" and [voice.name for voice in engine.voices()] == ["tiny"]
     with pytest.raises(EngineUnavailable, match="'nobody'.*en_US-joe-medium, tiny"):
         load_voice_engine(settings, "nobody")
+
+
+def test_a_star_names_every_voice_the_upstream_lists_and_the_files_own_entries_win(tmp_path):
+    listener = Listener(voices={"voices": ["casual_male", "neutral_female", "not a name"],
+                                "uploaded_voices": [{"name": "anna", "consent": "yes"}]})  # vLLM-Omni's shape
+    try:
+        path = tmp_path / "voices.yaml"
+        path.write_text(f"voices:\n"
+                        f"  omni-*: {{engine: upstream, model: qwen3, url: '{listener.url}', language: en}}\n"
+                        f"  omni-anna: {{engine: upstream, model: qwen3, url: '{listener.url}', language: de}}\n")
+        spec = next(spec for spec in model_specs(Settings(voices_file=path, data_dir=tmp_path)) if spec.registry)
+        assert {voice.name: voice.language for voice in spec.voices} == {
+            "omni-anna": "de", "omni-casual_male": "en", "omni-neutral_female": "en"}  # "not a name" left out
+        engine = spec.load()
+        assert engine.request_body(engine_input(engine, "omni-casual_male"))["voice"] == "casual_male"
+        assert engine.request_body(engine_input(engine, "omni-anna"))["voice"] == "omni-anna"  # its own entry
+        listener.voices = {"voices": []}
+        path.write_text(path.read_text().split("  omni-anna")[0])
+        with pytest.raises(RegistryError, match="omni-\\*: the upstream lists no voices"):
+            model_specs(Settings(voices_file=path, data_dir=tmp_path))
+    finally:
+        listener.close()

@@ -12,8 +12,8 @@ import pytest
 import soundfile
 
 from tests.listener import TONE, Answer, Listener
-from tts_core.engines.base import UpstreamOptions, VoiceSpec
-from tts_core.engines.upstream import UpstreamEngine, UpstreamFailed, UpstreamRejected
+from tts_core.engines.base import EngineUnavailable, UpstreamOptions, VoiceSpec
+from tts_core.engines.upstream import UpstreamEngine, UpstreamFailed, UpstreamRejected, listed_voices
 from tts_core.request.records import EngineInput
 from tts_core.scheduler.in_flight import FAILURES, SAMPLES, BreakerState, CircuitBreaker, InFlightLimit
 
@@ -181,3 +181,32 @@ def test_instructions_go_only_to_an_upstream_that_takes_them(listener, declared)
     engine = engine_for(listener.url, instructions=declared)
     body = engine.request_body(EngineInput(engine.tokenize("Hello.", "vivian")[0], "vivian", 1.0, "Softly."))
     assert body.get("instructions") == ("Softly." if declared else None)
+
+
+@pytest.mark.parametrize("listed, model, names", [
+    ({"voices": ["aiden", "vivian"], "uploaded_voices": [{"name": "anna", "consent": "yes"}]}, "qwen3",
+     ["aiden", "vivian", "anna"]),  # vLLM-Omni
+    ({"voices": [{"id": "af_heart", "name": "af_heart"}, {"id": "am_adam", "name": "am_adam"}]}, "kokoro",
+     ["af_heart", "am_adam"]),  # Kokoro-FastAPI
+    ({"voices": ["af_heart", "am_adam"]}, "kokoro", ["af_heart", "am_adam"]),  # Kokoro-FastAPI, legacy
+    ({"voices": [{"name": "Heart", "id": "af_heart", "language": "en", "gender": "female"}], "object": "list"},
+     "speaches-ai/Kokoro-82M-v1.0-ONNX", ["af_heart"]),  # Speaches
+    ({"data": [{"id": "joe", "model": "piper"}, {"id": "anna", "model": "pocket"}]}, "piper", ["joe"]),  # Chorus
+])
+def test_the_upstreams_voice_list_is_read_in_each_servers_shape(listed, model, names):
+    listener = Listener(voices=listed)
+    try:
+        assert listed_voices(UpstreamOptions(listener.url), model) == names
+    finally:
+        listener.close()
+
+
+def test_a_voice_list_that_cannot_be_read_says_why():
+    listener = Listener()  # no voice list: 404
+    try:
+        with pytest.raises(EngineUnavailable, match="its voice list answered 404: Not Found"):
+            listed_voices(UpstreamOptions(listener.url), "kokoro")
+    finally:
+        listener.close()
+    with pytest.raises(EngineUnavailable, match="its voice list could not be read"):
+        listed_voices(UpstreamOptions(listener.url), "kokoro")  # nothing listens there now

@@ -132,11 +132,14 @@ ENGINE_KINDS: dict[str, Callable[[str, list[VoiceSpec], str, Settings], Describe
 
 
 def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
-    from ..voices.registry import read_registry, upstream_options
+    from ..voices.registry import read_registry, upstream_options, with_listed
+    from .upstream import listed_voices
 
     specs, names = [], set(taken)
     for (kind, model, _), entries in read_registry(settings.voices_file).by_model().items():
         upstream = upstream_options(list(entries.values()))
+        if upstream is not None:
+            entries = with_listed(entries, lambda: listed_voices(upstream, model))  # noqa: B023 (asked at once)
         voices = [VoiceSpec(name, entry.language, entry.speaker, entry.speed, entry.prompt, entry.fixed_length,
                             entry.max_running, entry.upstream_voice, upstream) for name, entry in entries.items()]
         name = _unique(model.rstrip("/").rsplit("/", 1)[-1].removesuffix(".onnx"), names)

@@ -31,7 +31,9 @@ from ..request.records import EngineInput, EngineOutput
 from .base import Capabilities, Engine, EngineUnavailable, UpstreamOptions, Voice, VoiceSpec
 
 SPEECH_PATH = "/v1/audio/speech"
+VOICES_PATH = "/v1/audio/voices"
 CONNECT_TIMEOUT_S = 5.0
+LIST_TIMEOUT_S = 10.0  # the voice list, read once at start-up
 MESSAGE_CHARS = 300  # of an upstream's error text, as it is passed on
 
 
@@ -77,13 +79,7 @@ class UpstreamEngine(Engine):
         self._upstream_voice = {voice.name: voice.upstream_voice or voice.name for voice in voices}
         self._language = voices[0].language or options.language if voices else options.language
         self._clones: dict[str, dict[str, str]] = {}  # a cloned voice -> what each request of it sends
-        self._headers = {"Accept": "application/octet-stream"}
-        if options.api_key_env:
-            key = os.environ.get(options.api_key_env)
-            if not key:
-                raise EngineUnavailable(f"upstream {name} ({options.url}): the variable {options.api_key_env} that "
-                                        "should hold its API key is not set")
-            self._headers["Authorization"] = f"Bearer {key}"
+        self._headers = {"Accept": "application/octet-stream", **key_header(options, name)}
         self._extra_body = json.loads(options.extra_body)
 
     @property
@@ -187,6 +183,50 @@ class UpstreamEngine(Engine):
                 return list(await asyncio.gather(*(self.whole(client, item) for item in batch)))
 
         return asyncio.run(run()) if batch else []
+
+
+def key_header(options: UpstreamOptions, name: str) -> dict[str, str]:
+    """The upstream's key as a Bearer token, from the variable the registry names (none when it names none)."""
+    if not options.api_key_env:
+        return {}
+    key = os.environ.get(options.api_key_env)
+    if not key:
+        raise EngineUnavailable(f"upstream {name} ({options.url}): the variable {options.api_key_env} that should "
+                                "hold its API key is not set")
+    return {"Authorization": f"Bearer {key}"}
+
+
+def listed_voices(options: UpstreamOptions, model: str) -> list[str]:
+    """The voices the upstream lists at GET {url}/v1/audio/voices, asked once as the registry is read. The shapes
+    it is answered in: vLLM-Omni's {"voices": [names], "uploaded_voices": [{"name"}]}, Kokoro-FastAPI's
+    {"voices": [{"id", "name"}]} (or names), Speaches' {"voices": [{"id", "name", ...}]}, and Chorus's and
+    OpenAI-style {"data": [{"id", "model"}]} (of those that say their model, this model's only)."""
+    where = f"upstream {model} ({options.url})"
+    try:
+        response = httpx.get(options.url + VOICES_PATH, headers=key_header(options, model),
+                             timeout=httpx.Timeout(LIST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
+    except httpx.HTTPError as error:
+        raise EngineUnavailable(f"{where}: its voice list could not be read ({error or type(error).__name__}); "
+                                "start Chorus once it answers, or name its voices in the registry") from None
+    if response.status_code != 200:
+        raise EngineUnavailable(f"{where}: its voice list answered {response.status_code}: "
+                                f"{_message(response.content)}; name its voices in the registry")
+    try:
+        data = response.json()
+    except ValueError:
+        raise EngineUnavailable(f"{where}: its voice list is not JSON; name its voices in the registry") from None
+    if isinstance(data, dict):
+        rows = [*(data.get("data") or []), *(data.get("voices") or []), *(data.get("uploaded_voices") or [])]
+    else:
+        rows = data if isinstance(data, list) else []
+    names = []
+    for row in rows:
+        if isinstance(row, dict) and row.get("model") not in (None, model):
+            continue
+        name = row if isinstance(row, str) else (row.get("id") or row.get("name")) if isinstance(row, dict) else None
+        if isinstance(name, str) and name not in names:
+            names.append(name)
+    return names
 
 
 def _failure(status: int, body: bytes, headers: httpx.Headers) -> Exception:

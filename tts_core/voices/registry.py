@@ -34,6 +34,10 @@
         instructions: true           # model-level: a request's instructions (how to speak) are passed on
         normalize: true              # model-level: false: the text goes as written (also lexicon, ssml: false)
         max_in_flight: 32            # model-level: the most requests in flight (the number used is learned)
+      kokoro-*:                      # a star: one voice for each the upstream lists (kokoro-af_heart, ...),
+        engine: upstream             #   read from its GET /v1/audio/voices at start-up
+        model: kokoro
+        url: http://kokoro:8880
 
 Voices that name the same model (and url) share one loaded engine (and one batcher). Models that are not
 pinned load when first asked for and are unloaded, least recently used first, to keep within
@@ -43,6 +47,9 @@ TTS_MAX_LOADED_MODELS and TTS_MODEL_MEMORY_MB.
 from __future__ import annotations
 
 import json
+import logging
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,6 +64,11 @@ from ..engines.base import EngineUnavailable, FrontEnd, UpstreamOptions
 UPSTREAM_OPTIONS = ("api_key_env", "sample_rate", "timeout_s", "extra_body", "max_in_flight", "clones",
                     "instructions", "normalize", "lexicon", "ssml")
 UPSTREAM_FIELDS = ("url", "upstream_voice", *UPSTREAM_OPTIONS)
+
+
+LISTED = "*"  # in an upstream entry's name: one voice for each the upstream lists, its name in place of the star
+LISTED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a voice name that reads well in URLs and lists
+log = logging.getLogger(__name__)
 
 
 class RegistryError(EngineUnavailable):
@@ -116,12 +128,43 @@ class Registry(BaseModel):
 
     voices: dict[str, VoiceEntry] = {}
 
+    @model_validator(mode="after")
+    def _listed_names(self):
+        for name, entry in self.voices.items():
+            if LISTED not in name:
+                continue
+            if entry.engine != "upstream" or entry.upstream_voice is not None or name.count(LISTED) > 1:
+                raise ValueError(f"{name}: a name with {LISTED} stands for every voice an upstream lists (one "
+                                 f"{LISTED}, engine: upstream, no upstream_voice)")
+        return self
+
     def by_model(self) -> dict[tuple[str, str, str | None], dict[str, VoiceEntry]]:
         """(engine, model, upstream url) -> its voices: one loaded engine each."""
         grouped: dict[tuple[str, str, str | None], dict[str, VoiceEntry]] = {}
         for name, entry in self.voices.items():
             grouped.setdefault((entry.engine, entry.model, entry.url), {})[name] = entry
         return grouped
+
+
+def with_listed(entries: dict[str, VoiceEntry], listed: Callable[[], list[str]]) -> dict[str, VoiceEntry]:
+    """One model's entries, each name with a star in it replaced by one voice for each name the upstream lists
+    (`listed`, asked only when a name has a star), the star replaced by that name; a voice the file names itself
+    keeps its own entry. Names that would not be plain voice names are left out, with a warning."""
+    patterns = [name for name in entries if LISTED in name]
+    if not patterns:
+        return entries
+    upstream_names = listed()
+    expanded = {name: entry for name, entry in entries.items() if LISTED not in name}
+    for pattern in patterns:
+        for upstream_name in upstream_names:
+            name = pattern.replace(LISTED, upstream_name)
+            if not LISTED_NAME.fullmatch(name):
+                log.warning("the upstream's voice %r is left out: %r is not a plain voice name", upstream_name, name)
+            elif name not in expanded:
+                expanded[name] = entries[pattern].model_copy(update={"upstream_voice": upstream_name})
+    if not expanded:
+        raise RegistryError(f"{', '.join(patterns)}: the upstream lists no voices")
+    return expanded
 
 
 def upstream_options(entries: list[VoiceEntry]) -> UpstreamOptions | None:
