@@ -18,13 +18,13 @@ from tts_core.request.records import EngineInput
 from tts_core.scheduler.in_flight import FAILURES, SAMPLES, BreakerState, CircuitBreaker, InFlightLimit
 
 
-def drive(limit: InFlightLimit, rate_of, requests: int = 300) -> list[int]:
-    """Requests ending one after another at the limit in force: each made a second of audio at rate_of(n) (one
-    request's audio seconds a second with n in flight). Returns the limits seen."""
+def drive(limit: InFlightLimit, rate_of, windows: int = 300) -> list[int]:
+    """Windows of a second one after another at the limit in force, each request in flight making rate_of(n)
+    audio seconds a second with n in flight. Returns the limits seen."""
     seen = []
-    for _ in range(requests):
+    for _ in range(windows):
         count = limit.limit
-        limit.observe(count, count, 1.0, 1.0 / rate_of(count))
+        limit.observe(count, count * rate_of(count), 1.0)
         seen.append(limit.limit)
     return seen
 
@@ -35,7 +35,7 @@ def batching(n: int) -> float:
 
 def test_an_upstream_that_batches_is_kept_full_and_one_that_serves_one_at_a_time_gets_one():
     seen = drive(InFlightLimit(most=32), batching)
-    assert seen.index(8) <= 3 * SAMPLES + 1, seen[:20]  # 1, 2, 4, 8: a few requests at each
+    assert seen.index(8) <= 3 * SAMPLES + 1, seen[:20]  # 1, 2, 4, 8: a few windows at each
     assert seen[-100:].count(8) >= 90, seen[-100:]  # and 16 now and then, measured again
     seen = drive(InFlightLimit(most=32), lambda n: 1.0 / n)  # one at a time: two in flight each take twice as long
     assert set(seen) <= {1, 2} and seen[-100:].count(1) >= 90, seen
@@ -44,7 +44,7 @@ def test_an_upstream_that_batches_is_kept_full_and_one_that_serves_one_at_a_time
 
 def test_a_cold_start_ages_out_and_fewer_callers_than_the_limit_keep_it_where_they_are_served():
     limit = InFlightLimit(most=32)
-    limit.observe(1, 1, 1.0, 10.0)  # the first request paid for the connection
+    limit.observe(1, 0.1, 1.0)  # the first window paid for the connection
     seen = drive(limit, lambda n: 1.0 / n)  # one at a time
     assert seen[-100:].count(1) >= 90, seen
     callers = InFlightLimit(most=32)  # 4 callers at most: more allowed in flight makes no more
@@ -56,7 +56,7 @@ def test_a_busy_upstream_halves_the_limit_and_it_is_learned_back():
     drive(limit, batching)
     limit.busy()
     assert limit.limit == 4
-    assert drive(limit, batching, requests=400)[-100:].count(8) >= 90
+    assert drive(limit, batching, windows=400)[-100:].count(8) >= 90
 
 
 def test_the_breaker_opens_after_failures_in_a_row_probes_once_and_doubles_its_cool_down():

@@ -1,8 +1,10 @@
 """An upstream's two pure policies: how many requests to keep in flight there, and when to stop sending.
 
 `InFlightLimit` learns the number as a one-shot engine's batch policy learns batch sizes: from what the work
-measured. Each ended request says how much audio it made, in how long, with how many in flight on average while
-it ran: the upstream made that many times its rate. Each limit's rate is the median of its latest requests'.
+measured. The audio streams in as the upstream makes it: every WINDOW_S the strategy says how much arrived,
+under which limit. A limit's rate is the median of its latest windows' (a cold start's first ones age out), and
+windows come as fast for requests of 20 s as for requests of 0.2 s (judged by whole requests, a limit took
+tens of seconds a step for a model whose requests take 7-20 s: docs/upstream.md).
 From the settled count, the limit tries twice as many (TCP's slow start: an upstream that batches 64 is found
 in six steps) and keeps it if it makes GAIN times the audio a second, else goes back and stays (trying again
 after REPROBE_AFTER requests, in case the load or the upstream changed). An upstream that batches (vLLM) makes
@@ -27,29 +29,29 @@ from enum import StrEnum
 # Twice as many in flight is kept only if it makes this much more audio a second: more in flight adds to every
 # request's latency, and a count's rate measured twice under the same load differs by 10-15% on a busy machine.
 GAIN = 1.2
-SAMPLES = 4  # requests sent under a limit, and ended, before it is judged
-WINDOW = 8  # a limit's rate: the median of its latest requests' (a cold start's first requests age out)
-REPROBE_AFTER = 64  # requests at a settled limit before twice as many is measured again (the load or upstream changed)
+WINDOW_S = 1.0  # the audio received is counted over windows this long
+SAMPLES = 4  # windows under a limit before it is judged
+WINDOW = 8  # a limit's rate: the median of its latest windows'
+REPROBE_AFTER = 64  # windows at a settled limit before twice as many is measured again (the load or upstream changed)
 
 
 class InFlightLimit:
     def __init__(self, most: int, start: int = 1):
         self.most = most
         self.settled = self.limit = max(1, min(start, most))  # the best count judged so far; the one in force
-        self.rates: dict[int, deque[float]] = {}  # limit -> audio seconds a second of its latest requests
+        self.rates: dict[int, deque[float]] = {}  # limit -> audio seconds a second of its latest windows
         self._above_failed = False  # twice the settled count was measured and did not pay
-        self._since = 0  # requests ended at the settled count since its last judgement
+        self._since = 0  # windows at the settled count since its last judgement
 
-    def observe(self, sent_under: int, in_flight: float, audio_s: float, seconds: float) -> None:
-        """A request sent while the limit was sent_under made audio_s of audio in `seconds`, with in_flight
-        requests in flight on average meanwhile: the upstream made in_flight times its rate."""
-        if seconds <= 0 or audio_s <= 0:
+    def observe(self, under: int, audio_s: float, seconds: float) -> None:
+        """A window of `seconds` with the limit `under` in force (and something in flight): audio_s arrived."""
+        if seconds <= 0 or under != self.limit:  # (a window that began under another limit says nothing of this)
             return
-        self.rates.setdefault(sent_under, deque(maxlen=WINDOW)).append(max(1.0, in_flight) * audio_s / seconds)
+        self.rates.setdefault(under, deque(maxlen=WINDOW)).append(audio_s / seconds)
         self._judge()
 
     def rate(self, limit: int) -> float | None:
-        """The audio a second made under this limit (None until SAMPLES requests have said)."""
+        """The audio a second made under this limit (None until SAMPLES windows have said)."""
         window = self.rates.get(limit)
         return statistics.median(window) if window is not None and len(window) >= SAMPLES else None
 
@@ -78,6 +80,7 @@ class InFlightLimit:
 
     def describe(self) -> dict:
         return {"limit": self.limit, "settled": self.settled, "most": self.most,
+                "above_measured": self._above_failed,  # twice the settled count was measured and did not pay
                 "audio_s_per_s": {count: round(rate, 3) for count in sorted(self.rates)
                                   if (rate := self.rate(count)) is not None}}
 
