@@ -324,7 +324,9 @@ def test_an_upstream_that_runs_one_at_a_time_is_given_one_or_two_requests_at_onc
 
 
 def test_an_upstream_that_runs_many_at_once_is_kept_full(tmp_path):
-    listener = Listener(Answer(pause_s=0.03))  # each second of audio takes 0.12 s, whatever else runs
+    # each second of audio takes 1.05 s, whatever else runs (at 8 in flight, 7.6 requests a second: within what
+    # the front and its callers can send on two cores, where 0.12 s a request capped it at 4)
+    listener = Listener(Answer(chunks=8, pause_s=0.15))
     try:
         learned_limit(tmp_path, listener, lambda status: status["settled"] >= 8)
     finally:
