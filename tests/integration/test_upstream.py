@@ -18,6 +18,7 @@ import base64
 import io
 import itertools
 import json
+import threading
 import time
 import wave
 from concurrent.futures import ThreadPoolExecutor
@@ -303,33 +304,47 @@ def test_speech_streams_jobs_and_wyoming_through_a_chorus_upstream(chained):
 
 
 @pytest.mark.slow
-def learned_limit(folder, listener: Listener, requests: int = 48, clients: int = 16) -> dict:
-    """The limit a fresh Chorus learns in front of the listener, after `requests` from `clients` at once."""
+def learned_limit(folder, listener: Listener, learned, timeout_s: float = 90) -> dict:
+    """The limit a fresh Chorus in front of the listener has learned once learned(status) holds, 16 callers
+    sending meanwhile."""
     settings = Settings(data_dir=folder / "data", calibration_sizes=[1], voices_file=registry(folder, listener.url),
                         operator_defaults=SERVE_ALL)
+    done = threading.Event()
     with serve_in_thread(create_app(settings)) as base:
-        with ThreadPoolExecutor(clients) as pool:
-            answers = list(pool.map(lambda _: speak(base), range(requests)))
-        assert [answer.status_code for answer in answers] == [200] * requests
+        def caller() -> list[int]:
+            codes = []
+            while not done.is_set():
+                codes.append(speak(base).status_code)
+            return codes
+
+        with ThreadPoolExecutor(16) as pool:
+            callers = [pool.submit(caller) for _ in range(16)]
+            try:
+                assert wait_until(lambda: learned(upstream_status(base)), timeout_s, every_s=0.5), \
+                    upstream_status(base)
+            finally:
+                done.set()
+            assert {code for future in callers for code in future.result()} == {200}
         return upstream_status(base)
 
 
 def test_an_upstream_that_runs_one_at_a_time_is_given_one_or_two_requests_at_once(tmp_path):
     listener = Listener(Answer(pause_s=0.03), one_at_a_time=True)  # each second of audio takes 0.12 s, in turn
     try:
-        status = learned_limit(tmp_path, listener)
+        status = learned_limit(tmp_path, listener, lambda status: status["above_measured"])
     finally:
         listener.close()
-    assert status["settled"] in (1, 2) and status["limit"] <= 2, status
+    assert status["settled"] in (1, 2), status
 
 
 def test_an_upstream_that_runs_many_at_once_is_kept_full(tmp_path):
-    listener = Listener(Answer(pause_s=0.03))  # each second of audio takes 0.12 s, whatever else runs
+    # each second of audio takes 1.05 s, whatever else runs (at 8 in flight, 7.6 requests a second: within what
+    # the front and its callers can send on two cores, where 0.12 s a request capped it at 4)
+    listener = Listener(Answer(chunks=8, pause_s=0.15))
     try:
-        status = learned_limit(tmp_path, listener, requests=96)
+        learned_limit(tmp_path, listener, lambda status: status["settled"] >= 8)
     finally:
         listener.close()
-    assert status["settled"] >= 8, status
 
 
 @pytest.mark.slow

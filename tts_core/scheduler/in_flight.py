@@ -1,8 +1,11 @@
 """An upstream's two pure policies: how many requests to keep in flight there, and when to stop sending.
 
 `InFlightLimit` learns the number as a one-shot engine's batch policy learns batch sizes: from what the work
-measured. Each ended request says how much audio it made, in how long, with how many in flight on average while
-it ran: the upstream made that many times its rate. Each limit's rate is the median of its latest requests'.
+measured. The audio streams in as the upstream makes it: every WINDOW_S the strategy says how much arrived,
+under which limit. A limit's rate is the audio of its latest windows over their time (a cold start's first ones
+age out; a median would read an upstream that sends its audio in bursts as slower than it is), and
+windows come as fast for requests of 20 s as for requests of 0.2 s (judged by whole requests, a limit took
+tens of seconds a step for a model whose requests take 7-20 s: docs/upstream.md).
 From the settled count, the limit tries twice as many (TCP's slow start: an upstream that batches 64 is found
 in six steps) and keeps it if it makes GAIN times the audio a second, else goes back and stays (trying again
 after REPROBE_AFTER requests, in case the load or the upstream changed). An upstream that batches (vLLM) makes
@@ -20,38 +23,39 @@ Both take the time as an argument: the strategy passes its clock's, tests a fake
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from enum import StrEnum
 
 # Twice as many in flight is kept only if it makes this much more audio a second: more in flight adds to every
 # request's latency, and a count's rate measured twice under the same load differs by 10-15% on a busy machine.
-GAIN = 1.2
-SAMPLES = 4  # requests sent under a limit, and ended, before it is judged
-WINDOW = 8  # a limit's rate: the median of its latest requests' (a cold start's first requests age out)
-REPROBE_AFTER = 64  # requests at a settled limit before twice as many is measured again (the load or upstream changed)
+GAIN = 1.15
+WINDOW_S = 1.0  # the audio received is counted over windows this long
+SAMPLES = 6  # windows under a limit before it is judged
+WINDOW = 12  # a limit's rate: the audio of its latest windows over their time
+REPROBE_AFTER = 64  # windows at a settled limit before twice as many is measured again (the load or upstream changed)
 
 
 class InFlightLimit:
     def __init__(self, most: int, start: int = 1):
         self.most = most
         self.settled = self.limit = max(1, min(start, most))  # the best count judged so far; the one in force
-        self.rates: dict[int, deque[float]] = {}  # limit -> audio seconds a second of its latest requests
+        self.windows: dict[int, deque[tuple[float, float]]] = {}  # limit -> (audio seconds, seconds) of its latest
         self._above_failed = False  # twice the settled count was measured and did not pay
-        self._since = 0  # requests ended at the settled count since its last judgement
+        self._since = 0  # windows at the settled count since its last judgement
 
-    def observe(self, sent_under: int, in_flight: float, audio_s: float, seconds: float) -> None:
-        """A request sent while the limit was sent_under made audio_s of audio in `seconds`, with in_flight
-        requests in flight on average meanwhile: the upstream made in_flight times its rate."""
-        if seconds <= 0 or audio_s <= 0:
+    def observe(self, under: int, audio_s: float, seconds: float) -> None:
+        """A window of `seconds` with the limit `under` in force (and something in flight): audio_s arrived."""
+        if seconds <= 0 or under != self.limit:  # (a window that began under another limit says nothing of this)
             return
-        self.rates.setdefault(sent_under, deque(maxlen=WINDOW)).append(max(1.0, in_flight) * audio_s / seconds)
+        self.windows.setdefault(under, deque(maxlen=WINDOW)).append((audio_s, seconds))
         self._judge()
 
     def rate(self, limit: int) -> float | None:
-        """The audio a second made under this limit (None until SAMPLES requests have said)."""
-        window = self.rates.get(limit)
-        return statistics.median(window) if window is not None and len(window) >= SAMPLES else None
+        """The audio a second made under this limit over its latest windows (None until SAMPLES have said)."""
+        windows = self.windows.get(limit)
+        if windows is None or len(windows) < SAMPLES:
+            return None
+        return sum(audio_s for audio_s, _ in windows) / sum(seconds for _, seconds in windows)
 
     def busy(self) -> None:
         """The upstream said it is full: half as many in flight, settled there for a while."""
@@ -65,7 +69,7 @@ class InFlightLimit:
             if settled is not None and self.limit < self.most and (not self._above_failed
                                                                    or self._since >= REPROBE_AFTER):
                 self.limit = min(self.most, 2 * self.settled)  # measure twice as many, afresh
-                self.rates[self.limit] = deque(maxlen=WINDOW)
+                self.windows[self.limit] = deque(maxlen=WINDOW)
             return
         probed = self.rate(self.limit)
         if probed is None or settled is None:
@@ -78,7 +82,8 @@ class InFlightLimit:
 
     def describe(self) -> dict:
         return {"limit": self.limit, "settled": self.settled, "most": self.most,
-                "audio_s_per_s": {count: round(rate, 3) for count in sorted(self.rates)
+                "above_measured": self._above_failed,  # twice the settled count was measured and did not pay
+                "audio_s_per_s": {count: round(rate, 3) for count in sorted(self.windows)
                                   if (rate := self.rate(count)) is not None}}
 
 

@@ -29,7 +29,7 @@ from ..engines.upstream import UpstreamEngine, UpstreamFailed, UpstreamRejected
 from ..errors import ChorusError, ClientGone, DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
 from ..request.records import EngineInput, EngineOutput, QueuedItem
 from .engine_loop import Serving
-from .in_flight import BreakerState, CircuitBreaker, InFlightLimit
+from .in_flight import WINDOW_S, BreakerState, CircuitBreaker, InFlightLimit
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,6 @@ class Flight:
     item: QueuedItem
     sent_at: float  # on the clock
     in_flight_area: float  # the strategy's in-flight integral when it was sent
-    sent_under: int  # the in-flight limit in force when it was sent
     pieces: list[np.ndarray] = field(default_factory=list)  # written by the I/O thread until it ends
     task: Future | None = None
     ended_at: float = 0.0
@@ -68,6 +67,11 @@ class UpstreamStrategy:
         self._area, self._area_at = 0.0, serving.clock.now()  # integral of requests in flight over time
         self._latency_s = 0.0  # moving average of a request's time at the upstream
         self._errors: dict[str, int] = {}  # failed requests by kind (rejected, failed, busy, deadline)
+        self._received = 0  # audio samples received from the upstream so far (written by the I/O thread only)
+        # the window the audio received is counted over: when it began, the samples and in-flight integral then,
+        # the limit in force then; the first window after the limit changes is left out (its requests ramp up)
+        self._window = (serving.clock.now(), 0, 0.0, self.limit.limit)
+        self._window_counts = False
         self._io_loop: asyncio.AbstractEventLoop | None = None
         self._io_thread: threading.Thread | None = None
         self._client = None
@@ -109,6 +113,7 @@ class UpstreamStrategy:
         self._settle_ended()
         self._stop_abandoned()
         now = self.clock.now()
+        self._count_window(now)
         self.metrics.queue_length.labels(self.engine.name).set(len(self.queue))
         self._show(now)
         if self.breaker.state_now(now) is BreakerState.OPEN:
@@ -150,7 +155,7 @@ class UpstreamStrategy:
             self.metrics.dropped.labels("cancelled").inc()
             return
         self._count_in_flight(now)
-        flight = Flight(item, now, self._area, self.limit.limit)
+        flight = Flight(item, now, self._area)
         item.queue_s = now - item.enqueued_at
         self._flights[item.input.id] = flight
         self.serving.worked = True
@@ -164,6 +169,7 @@ class UpstreamStrategy:
             async with asyncio.timeout(None if math.isinf(left_s) else max(0.0, left_s)):
                 async for piece in self.engine.audio(self._client, item.input):
                     flight.pieces.append(piece)
+                    self._received += piece.size
                     if item.pieces is not None:
                         item.pieces.push(piece)
         except TimeoutError:
@@ -229,8 +235,6 @@ class UpstreamStrategy:
         item.batch_s, item.batch_size = seconds, round(in_flight)
         self.metrics.upstream_seconds.labels(self.engine.name).observe(seconds)
         if isinstance(outcome, EngineOutput):
-            audio_s = outcome.audio.size / self.engine.sample_rate
-            self.limit.observe(flight.sent_under, in_flight, audio_s, seconds)
             self.serving.item_cost.add(1, item.length, seconds / in_flight)
             self.serving.learn_audio_rate([item.input], [outcome])
             self._latency_s = seconds if not self._latency_s else 0.8 * self._latency_s + 0.2 * seconds
@@ -261,6 +265,18 @@ class UpstreamStrategy:
             self.queue.done(len(candidates))
 
     # --- books ----------------------------------------------------------------------------------------------
+
+    def _count_window(self, now: float) -> None:
+        """Every WINDOW_S: the audio that arrived, for the limit to learn from (a window in which something was in
+        flight, begun and ended under the same limit, not the first after a change)."""
+        began, received, area, under = self._window
+        if now - began < WINDOW_S:
+            return
+        self._count_in_flight(now)
+        if self._window_counts and self._area > area and under == self.limit.limit:
+            self.limit.observe(under, (self._received - received) / self.engine.sample_rate, now - began)
+        self._window_counts = under == self.limit.limit
+        self._window = (now, self._received, self._area, self.limit.limit)
 
     def _count_in_flight(self, now: float) -> None:
         self._area += len(self._flights) * (now - self._area_at)
