@@ -8,7 +8,7 @@ windows come as fast for requests of 20 s as for requests of 0.2 s (judged by wh
 tens of seconds a step for a model whose requests take 7-20 s: docs/upstream.md).
 From the settled count, the limit tries twice as many (TCP's slow start: an upstream that batches 64 is found
 in six steps) and keeps it if it makes GAIN times the audio a second, else goes back and stays (trying again
-after REPROBE_AFTER requests, in case the load or the upstream changed). An upstream that batches (vLLM) makes
+after REPROBE_AFTER windows, in case the load or the upstream changed). An upstream that batches (vLLM) makes
 more with each request added until its own batch is full, and is kept full; one that serves one at a time
 (Kokoro-FastAPI) gains only the overlap of its own overheads at 2, and stays at one or two. With fewer callers
 than the limit, twice as many makes no more: it stays where the callers are served. A 429 (or a 503 with
