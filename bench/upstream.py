@@ -109,6 +109,7 @@ def run(quick: bool, out: Path, voice: str, voices_file: Path | None) -> dict:
                       f"{rounds[name][-1]['short_p95_ms']} ms, errors {rounds[name][-1]['errors']}", flush=True)
         best = max(row["upstream_made_per_s"] for row in rounds["straight"])
         rate = OVERLOAD_FACTOR * max(row["requests_per_s"] for row in rounds["straight"])
+        learned = _policy(front, model)  # what the rounds' front learned
         front.stop()  # the overload meets a front with its wait targets in force (a new one: it learns again)
         front = start_server(folder / "guarded", voices_file=str(registry), operator_defaults=GUARDED, **SERVER)
         # it learns its limit at the straight loop's rate first (open loop: refused clients do not spin)
@@ -117,7 +118,7 @@ def run(quick: bool, out: Path, voice: str, voices_file: Path | None) -> dict:
         print(f"overload: {rate:.2f} requests/s offered to the front for {plan['overload_s']:g} s ...", flush=True)
         (outcomes, elapsed, _), upstream_rate = asyncio.run(made_while(upstream, open_loop(
             front.base_url, mixed, rate, plan["overload_s"], 100_000, drain_s=120.0, voice=voice), plan["overload_s"]))
-        status = httpx.get(f"{front.base_url}/api/v1/batch/status").json()["engines"][model]["policy"]
+        status = _policy(front, model)
     finally:
         front.stop()
         upstream.stop()
@@ -133,11 +134,16 @@ def run(quick: bool, out: Path, voice: str, voices_file: Path | None) -> dict:
                 ("met" if (ratios[name] >= bound if sense == ">=" else ratios[name] <= bound) else "missed")
                 for name, (sense, bound) in TARGETS.items()}
     results = {"plan": plan, "clients": CLIENTS, "voice": voice, "rounds": rounds, "overload": overload, "best": best,
+               "front_policy_rounds": learned,
                "front_policy": status, "ratios": ratios, "targets": TARGETS, "verdicts": verdicts}
     out.mkdir(parents=True, exist_ok=True)
     (out / "upstream.json").write_text(json.dumps(results, indent=2))
     _print(results)
     return results
+
+
+def _policy(server: ServerProcess, model: str) -> dict:
+    return httpx.get(f"{server.base_url}/api/v1/batch/status").json()["engines"][model]["policy"]
 
 
 def _paired(rounds: dict[str, list[dict]], figure: str) -> float | None:
@@ -152,8 +158,9 @@ def _print(results: dict) -> None:
     print(f"\noverload: {overload['offered_per_s']} requests/s offered, {overload['ok']} served, "
           f"{overload['refused']} refused (p95 {overload['refusals_p95_s']} s), other errors {overload['errors']}; "
           f"the upstream made {overload['upstream_made_per_s']}/s (its best straight round: {results['best']}/s)")
-    print(f"the front's learned limit: {results['front_policy']['limit']} "
-          f"(audio-s/s by count in flight: {results['front_policy']['audio_s_per_s']})")
+    for what, policy in (("rounds", results["front_policy_rounds"]), ("overload", results["front_policy"])):
+        print(f"the {what}' front's learned limit: {policy['limit']} (settled {policy['settled']}; audio-s/s by count "
+              f"in flight: {policy['audio_s_per_s']})")
     for name, ratio in results["ratios"].items():
         sense, bound = TARGETS.get(name, ("", ""))
         print(f"  {name:28s} measured {ratio!s:>8s}   " + (f"target {sense} {bound}  {results['verdicts'][name]}"

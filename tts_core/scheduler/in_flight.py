@@ -10,9 +10,10 @@ From the settled count, the limit tries twice as many (TCP's slow start: an upst
 in six steps) and keeps it if it makes GAIN times the audio a second, else goes back and stays (trying again
 after REPROBE_AFTER windows, in case the load or the upstream changed). An upstream that batches (vLLM) makes
 more with each request added until its own batch is full, and is kept full; one that serves one at a time
-(Kokoro-FastAPI) gains only the overlap of its own overheads at 2, and stays at one or two. With fewer callers
-than the limit, twice as many makes no more: it stays where the callers are served. A 429 (or a 503 with
-Retry-After) halves it.
+(Kokoro-FastAPI) gains only the overlap of its own overheads at 2, and stays at one or two. The strategy
+reports only windows in which the limit held work back (as many in flight as it allows): with fewer callers
+than the limit, what arrives says what they asked, not what the upstream can make, and the limit waits, unjudged,
+until the load reaches it. A 429 (or a 503 with Retry-After) halves it.
 
 `CircuitBreaker`: FAILURES upstream failures in a row (refused, hung, 5xx, a cut stream) open it; while open,
 requests fail at once with a Retry-After rather than wait for an upstream that is down; after the cool-down

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 WARM_UP_TEXT = "Warm up."
 MOST_WAIT_S = 1.0  # a turn at the limit waits at most this long (queued deadlines are checked each turn)
+BINDING = 0.9  # a window counts when this share of the limit was in flight on average
 BREAKER_GAUGE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
 
 
@@ -267,13 +268,16 @@ class UpstreamStrategy:
     # --- books ----------------------------------------------------------------------------------------------
 
     def _count_window(self, now: float) -> None:
-        """Every WINDOW_S: the audio that arrived, for the limit to learn from (a window in which something was in
-        flight, begun and ended under the same limit, not the first after a change)."""
+        """Every WINDOW_S: the audio that arrived, for the limit to learn from (a window in which the limit held
+        back work: as many in flight as it allows, on average within BINDING; begun and ended under the same limit,
+        not the first after a change). A window with fewer in flight says what the load asked, not what the
+        limit allows."""
         began, received, area, under = self._window
         if now - began < WINDOW_S:
             return
         self._count_in_flight(now)
-        if self._window_counts and self._area > area and under == self.limit.limit:
+        binding = (self._area - area) / (now - began) >= BINDING * under
+        if self._window_counts and binding and under == self.limit.limit:
             self.limit.observe(under, (self._received - received) / self.engine.sample_rate, now - began)
         self._window_counts = under == self.limit.limit
         self._window = (now, self._received, self._area, self.limit.limit)
