@@ -102,11 +102,9 @@ class Listener:
         raw = await reader.readexactly(int(headers.get("content-length", 0)))
         self.requests.append(Received(method, path, headers, json.loads(raw) if raw else {}))
         if method == "GET" and path == "/v1/audio/voices":
-            body = json.dumps(self.voices).encode() if self.voices is not None else b'{"detail": "Not Found"}'
-            writer.write(b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-                         % (200 if self.voices is not None else 404, len(body)) + body)
-            await writer.drain()
-            return True
+            if self.voices is None:
+                return await _json(writer, 404, b'{"detail": "Not Found"}')
+            return await _json(writer, 200, json.dumps(self.voices).encode())
         answer = self.answer
         if answer.kind == "hang":
             self.hanging += 1
@@ -116,17 +114,9 @@ class Listener:
                 self.hanging -= 1
             return False
         if answer.kind == "status":
-            extra = "".join(f"{name}: {value}\r\n" for name, value in answer.headers.items())
-            writer.write(f"HTTP/1.1 {answer.status} X\r\ncontent-type: application/json\r\ncontent-length: "
-                         f"{len(answer.body)}\r\n{extra}\r\n".encode() + answer.body)
-            await writer.drain()
-            return True
+            return await _json(writer, answer.status, answer.body, answer.headers)
         if answer.kind == "json200":
-            body = b'{"ok": true}'
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
-                         + body)
-            await writer.drain()
-            return True
+            return await _json(writer, 200, b'{"ok": true}')
         if self.one_at_a_time:
             async with self._turn:
                 return await self._audio(answer, writer)
@@ -146,3 +136,12 @@ class Listener:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
+
+
+async def _json(writer: asyncio.StreamWriter, status: int, body: bytes, headers: dict[str, str] | None = None) -> bool:
+    """An answer of `status` whose body is JSON (with any `headers` more); the connection stays open."""
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    writer.write(f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+                 f"{extra}\r\n".encode() + body)
+    await writer.drain()
+    return True

@@ -4,6 +4,7 @@ Only the engine's loop thread calls them."""
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,12 @@ from ..request.records import EngineInput, EngineOutput
 
 class EngineUnavailable(RuntimeError):
     """A configured model cannot be loaded; the message names it and says why."""
+
+
+# a plain voice name, as callers write it in requests and URLs: a cloned voice's (also its file's name: no
+# separators), or one an upstream lists. Matched whole (fullmatch): with re.match, "$" also matches before a
+# final newline, and "trail\n" became a voice that no request could name.
+VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}")
 
 
 @dataclass(frozen=True)

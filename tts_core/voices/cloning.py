@@ -26,7 +26,6 @@ import io
 import itertools
 import logging
 import os
-import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, wait
@@ -41,7 +40,7 @@ import numpy as np
 import soundfile
 from safetensors.numpy import load_file, save
 
-from ..engines.base import capabilities_of
+from ..engines.base import VOICE_NAME, capabilities_of
 from ..errors import ChorusError, Conflict, ErrorCode, InvalidRequest, SynthesisError
 from ..scheduler.queue import QueueClosed
 
@@ -60,9 +59,6 @@ BLOCK_FRAMES = 65536  # soundfile reads this many frames at a time: a header can
 # Speech is loud in at least a tenth of its 50 ms windows (-30 to -10 dBFS); a clip whose loudest tenth
 # stays under -50 dBFS is silence, hiss or hum.
 SILENCE_DBFS, WINDOW_S = -50.0, 0.05
-# Also its file's name: no separators. Matched whole (fullmatch): with re.match, "$" also matches before a
-# final newline, and "trail\n" became a voice that no request could name.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}")
 PROMPT_KEY = "audio_prompt_latents"
 MAX_TRANSCRIPT_CHARS = 2000
 # How long a refresh waits for engines to take (or drop) the voices made (or deleted) elsewhere: a stuck
@@ -253,7 +249,7 @@ class ClonedVoices:
     def reserving(self, name: str, owner: str, catalogue: Catalogue, per_caller: int) -> Iterator[None]:
         """Hold a new voice's name while it is made: 400 for a name that cannot be one, 409 for one
         taken (any voice or alias, or one being made) or when the owner has as many as allowed."""
-        if not NAME_PATTERN.fullmatch(name):
+        if not VOICE_NAME.fullmatch(name):
             raise InvalidRequest("a voice name is 1 to 48 letters, digits, '.', '_' or '-', starting with a "
                                  "letter or digit", "name", ErrorCode.INVALID_NAME)
         with self._lock:

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -57,7 +56,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..engines import ENGINE_KINDS
-from ..engines.base import EngineUnavailable, FrontEnd, UpstreamOptions
+from ..engines.base import VOICE_NAME, EngineUnavailable, FrontEnd, UpstreamOptions
 
 # an upstream model's options (any of its voices may set each); with its url and each voice's upstream_voice, the
 # fields only an upstream entry may have
@@ -67,7 +66,6 @@ UPSTREAM_FIELDS = ("url", "upstream_voice", *UPSTREAM_OPTIONS)
 
 
 LISTED = "*"  # in an upstream entry's name: one voice for each the upstream lists, its name in place of the star
-LISTED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a voice name that reads well in URLs and lists
 log = logging.getLogger(__name__)
 
 
@@ -158,7 +156,7 @@ def with_listed(entries: dict[str, VoiceEntry], listed: Callable[[], list[str]])
     for pattern in patterns:
         for upstream_name in upstream_names:
             name = pattern.replace(LISTED, upstream_name)
-            if not LISTED_NAME.fullmatch(name):
+            if not VOICE_NAME.fullmatch(name):
                 log.warning("the upstream's voice %r is left out: %r is not a plain voice name", upstream_name, name)
             elif name not in expanded:
                 expanded[name] = entries[pattern].model_copy(update={"upstream_voice": upstream_name})
