@@ -33,8 +33,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends ffmpeg && rm -r
 RUN useradd --create-home --uid 1000 user && mkdir -p /data/results && chown -R user:user /data
 WORKDIR /home/user/app
 
-COPY --chown=user requirements.txt .
-RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0 && pip install -r requirements.txt
+COPY --chown=user requirements.txt requirements-kokoro.txt ./
+RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0 && pip install -r requirements.txt -r requirements-kokoro.txt
 
 COPY --chown=user . .
 USER 1000

@@ -36,8 +36,9 @@ def listed_caller(request: Request) -> str | None:
 
 def voice_entry(voice: Voice, engine: str, catalogue: Catalogue, aliases: list[str], caller: str | None) -> dict:
     entry = {"id": voice.name, "object": "voice", "model": voice.model, "engine": engine,
-             "language": voice.language, "speaker": voice.speaker, "sample_rate": voice.sample_rate,
-             "speed": voice.speed, "aliases": sorted(aliases), "cloned": voice.name in catalogue.clones,
+             "language": voice.language, "gender": voice.gender, "speaker": voice.speaker,
+             "sample_rate": voice.sample_rate, "speed": voice.speed, "aliases": sorted(aliases),
+             "cloned": voice.name in catalogue.clones,
              "capabilities": _capabilities(catalogue.capabilities.get(engine, Capabilities()), voice)}
     clone = catalogue.clones.get(voice.name)
     if clone is not None:
@@ -50,7 +51,8 @@ def voice_entry(voice: Voice, engine: str, catalogue: Catalogue, aliases: list[s
 def _capabilities(capabilities: Capabilities, voice: Voice) -> dict:
     """What the voice's model can do, as declared (known before it loads)."""
     return {"word_timestamps": capabilities.times_words, "cloning": capabilities.clones,
-            "speed": voice.speed_control, "frames": capabilities.makes_frames, "max_running": capabilities.max_running}
+            "speed": voice.speed_control, "frames": capabilities.makes_frames, "max_running": capabilities.max_running,
+            "mixing": capabilities.mixes_voices}
 
 
 @router.get("/v1/audio/voices", tags=["catalogue"], responses=error_responses(400, 401))

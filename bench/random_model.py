@@ -3,6 +3,7 @@
     python -m bench.random_model pocket_tts DIR [--tiny] [--seed N]
     python -m bench.random_model vibevoice DIR [--tiny] [--size 1.5b] [--seed N]
     python -m bench.random_model vits DIR [--tiny] [--seed N]
+    python -m bench.random_model kokoro DIR [--tiny] [--seed N]
 
 pocket_tts: Kyutai's Pocket TTS at the released size (89 M parameters + a 20 M codec), or --tiny
 (0.3 M + 0.1 M, built in a second or two). DIR holds the model, the processor (saved without its
@@ -21,6 +22,9 @@ vibevoice: Microsoft's VibeVoice at the released 1.5 B layout (2.7 B parameters 
 (bench/random_vibevoice.py).
 
 vits: a VITS model at MMS-TTS size, or --tiny (bench/random_vits.py).
+
+kokoro: Kokoro at the released size (82 M), or --tiny (31 M), with a few random voice packs: the folder a
+real one downloads as (bench/random_kokoro.py).
 
 The audio of a random model is noise of the right length: enough to measure speed, memory and
 batching, nothing to listen to.
@@ -199,7 +203,7 @@ def _parameters(module: torch.nn.Module) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.random_model", description=__doc__.split("\n\n")[0])
-    parser.add_argument("kind", choices=["pocket_tts", "vibevoice", "vits"])
+    parser.add_argument("kind", choices=["pocket_tts", "vibevoice", "vits", "kokoro"])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--tiny", action="store_true", help="a tiny model, for tests")
     parser.add_argument("--size", choices=["1.5b"], default="1.5b", help="vibevoice: the released layout to copy")
@@ -208,6 +212,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.kind == "vits":
         save_random_vits(args.folder, seed=args.seed, **(TINY_VITS if args.tiny else {}))
         print(f"random VITS -> {args.folder}")
+        return
+    if args.kind == "kokoro":
+        from bench.random_kokoro import save_random_kokoro
+
+        save_random_kokoro(args.folder, tiny=args.tiny, seed=args.seed)
+        weights = torch.load(args.folder / "kokoro-v1_0.pth", weights_only=True)
+        count = sum(tensor.numel() for part in weights.values() for tensor in part.values()) / 1e6
+        print(f"random Kokoro: {count:.1f} M parameters -> {args.folder}")
         return
     if args.kind == "vibevoice":
         from bench.random_vibevoice import parameters_m, save_random_vibevoice

@@ -26,7 +26,10 @@ class VoicePicker:
     def render(self) -> None:
         catalogue = self.context.service.catalogue
         self.language = gr.Dropdown(language_choices(catalogue), value="", label="Language")
-        self.voice = gr.Dropdown(voice_choices(catalogue), value=catalogue.default_voice, label="Voice")
+        mixes = any(capabilities.mixes_voices for capabilities in catalogue.capabilities.values())
+        # a mix of voices is typed (af_bella+af_sky, af_bella(2)+af_sky(1)) where a model mixes them
+        self.voice = gr.Dropdown(voice_choices(catalogue), value=catalogue.default_voice, label="Voice",
+                                 allow_custom_value=mixes, info="or a mix: af_bella+af_sky(2)" if mixes else None)
         self.voice_list = gr.HTML(voice_list_html(catalogue, None, "", catalogue.default_voice),
                                   elem_id="voice-list", max_height=320, js_on_load=browser.VOICES_JS,
                                   css_template=browser.VOICES_CSS)

@@ -9,7 +9,7 @@ def test_models_and_voices(server):
     joe = next(v for v in voices["data"] if v["id"] == "en_US-joe-medium")
     assert joe["model"] == "piper" and joe["sample_rate"] == 22050 and "alloy" in joe["aliases"]
     assert joe["capabilities"] == {"word_timestamps": True, "cloning": False, "speed": True, "frames": False,
-                                   "max_running": None}
+                                   "max_running": None, "mixing": False}
     assert voices["default"] == "en_US-joe-medium"
 
 

@@ -1,5 +1,5 @@
 """The engine contract, for every engine kind the registry loads (Piper, tiny VITS, tiny Pocket TTS, tiny VibeVoice,
-an upstream played by a plain listener on loopback):
+tiny Kokoro, an upstream played by a plain listener on loopback):
 its spec is read without loading any weights, the engine that loads is the one described (voices and capabilities),
 what its capabilities declare holds (word timings, cloning, frames, the most it runs at once), and a stream served
 through its engine loop joins into the same audio as the whole file."""
@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 
+from bench.random_kokoro import save_random_kokoro
 from bench.random_vits import TINY, save_random_vits
 from tests.listener import Listener
 from tests.pocket_models import build_tiny_pocket, registry_spec
@@ -41,6 +42,7 @@ KINDS = {  # engine kind -> (how to make a model in a folder, its registry voice
     "vits": (lambda folder: save_random_vits(folder / "tiny-vits", **TINY), {"tiny": {"language": "en"}}),
     "pocket_tts": (build_tiny_pocket, {"tiny": {"fixed_length": True, "max_running": 3}}),
     "vibevoice": (build_tiny_vibevoice, {"tiny": {"fixed_length": True}}),
+    "kokoro": (lambda folder: save_random_kokoro(folder / "tiny-kokoro", tiny=True), {"*": {}}),
     "upstream": (lambda folder: "far-model", upstream_voices),
 }
 
@@ -50,6 +52,7 @@ NOISE = {  # what each kind samples with, set to 0 so that the same input makes 
     "vits": lambda engine: [(engine.model, "noise_scale"), (engine.model, "noise_scale_duration")],
     "pocket_tts": lambda engine: [(engine, "temperature")],
     "vibevoice": lambda engine: [(engine, "temperature")],
+    "kokoro": lambda engine: [],  # its vocoder's noise is seeded from each input
     "upstream": lambda engine: [],  # the listener speaks the same tone every time
 }
 

@@ -139,7 +139,7 @@ def test_a_star_names_every_voice_the_upstream_lists_and_the_files_own_entries_w
         assert engine.request_body(engine_input(engine, "omni-anna"))["voice"] == "omni-anna"  # its own entry
         listener.voices = {"voices": []}
         path.write_text(path.read_text().split("  omni-anna")[0])
-        with pytest.raises(RegistryError, match="omni-\\*: the upstream lists no voices"):
+        with pytest.raises(RegistryError, match="omni-\\*: the model lists no voices"):
             model_specs(Settings(voices_file=path, data_dir=tmp_path))
     finally:
         listener.close()

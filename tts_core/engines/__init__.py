@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,6 +97,17 @@ def _vibevoice_kind(model: str, voices: list[VoiceSpec], name: str, settings: Se
                                                         **options))
 
 
+def _kokoro_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings) -> Described:
+    from .kokoro import KokoroEngine, describe_kokoro
+
+    for package in ("kokoro", "misaki"):  # (imported when the model loads: kokoro's import reads spaCy, seconds)
+        if importlib.util.find_spec(package) is None:
+            raise ModuleNotFoundError(name=package)
+
+    return describe_kokoro(model, voices), capabilities_of(KokoroEngine), _torch_loader(
+        settings, lambda: KokoroEngine(model, voices, settings.device, settings.dtype, name=name))
+
+
 def _upstream_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings) -> Described:
     from .upstream import UpstreamEngine, describe_upstream
 
@@ -118,6 +130,10 @@ def _torch_loader(settings: Settings, load: Callable[[], Engine]) -> Callable[[]
     return loaded
 
 
+# how to install what a model kind needs (the bundled Piper voice needs none of it)
+INSTALL_HINTS = {"torch": "pip install torch==2.13.0; the README says how to get the CPU or the CUDA build",
+                 "kokoro": "pip install -r requirements-kokoro.txt, after torch (README)",
+                 "misaki": "pip install -r requirements-kokoro.txt, after torch (README)"}
 Loader = Callable[[], Engine]
 Described = tuple[list[Voice], Capabilities, Loader]
 # The registry's `engine:` kinds: (model, its voices, a unique name, settings) -> (the voices described, what the
@@ -127,6 +143,7 @@ ENGINE_KINDS: dict[str, Callable[[str, list[VoiceSpec], str, Settings], Describe
     "vits": _vits_kind,
     "pocket_tts": _pocket_kind,
     "vibevoice": _vibevoice_kind,
+    "kokoro": _kokoro_kind,
     "upstream": _upstream_kind,
 }
 
@@ -140,6 +157,8 @@ def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
         upstream = upstream_options(list(entries.values()))
         if upstream is not None:
             entries = with_listed(entries, lambda: listed_voices(upstream, model))  # noqa: B023 (asked at once)
+        elif kind == "kokoro":
+            entries = with_listed(entries, lambda: _kokoro_packs(model))  # noqa: B023 (asked at once)
         voices = [VoiceSpec(name, entry.language, entry.speaker, entry.speed, entry.prompt, entry.fixed_length,
                             entry.max_running, entry.upstream_voice, upstream) for name, entry in entries.items()]
         name = _unique(model.rstrip("/").rsplit("/", 1)[-1].removesuffix(".onnx"), names)
@@ -147,14 +166,20 @@ def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
         pinned = any(entry.pinned for entry in entries.values())
         try:
             described, capabilities, load = ENGINE_KINDS[kind](model, voices, name, settings)
-        except ImportError as missing:  # torch is not installed: the bundled Piper voice needs none of it
+        except ImportError as missing:  # torch (or kokoro) is not installed: the bundled Piper voice needs none of it
             raise EngineUnavailable(
                 f"the {kind} model {model!r} needs the Python package {missing.name!r}, which is not installed "
-                "(pip install torch==2.13.0; the README says how to get the CPU or the CUDA build)") from None
+                f"({INSTALL_HINTS.get(missing.name or '', INSTALL_HINTS['torch'])})") from None
         defaults = tuple(name for name, entry in entries.items() if entry.language_default)
         specs.append(ModelSpec(name, described, load, pinned, (kind, model, tuple(entries.items())), registry=True,
                                language_defaults=defaults, capabilities=capabilities))
     return specs
+
+
+def _kokoro_packs(model: str) -> list[str]:
+    from .kokoro import pack_names
+
+    return pack_names(model)
 
 
 def _piper_options(settings: Settings) -> dict:

@@ -24,6 +24,29 @@ class EngineUnavailable(RuntimeError):
 VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}")
 
 
+MIX_PART = re.compile(r"\s*([^\s+()]+)\s*(?:\(\s*([0-9]*\.?[0-9]+)\s*\))?\s*")
+
+
+def voice_mix(name: str) -> list[tuple[str, float]] | None:
+    """A mix of voices as Kokoro-FastAPI writes one: "af_bella+af_sky" (equal parts) or "af_bella(2)+af_sky(1)"
+    (weighted): its voices and weights; None for a plain name. Raises ValueError naming a part that is not a
+    voice with an optional positive weight."""
+    if "+" not in name and "(" not in name:
+        return None
+    parts = []
+    for part in name.split("+"):
+        match = MIX_PART.fullmatch(part)
+        if match is None or (match[2] is not None and float(match[2]) <= 0):
+            raise ValueError(f"{part.strip()!r} is not a voice or a voice with a positive weight, as in af_bella(2)")
+        parts.append((match[1], float(match[2] or 1)))
+    return parts
+
+
+def mix_name(parts: list[tuple[str, float]]) -> str:
+    """A mix written one way: "af_bella(2)+af_sky" for "af_bella (2.0) + af_sky(1)"."""
+    return "+".join(name if weight == 1 else f"{name}({weight:g})" for name, weight in parts)
+
+
 @dataclass(frozen=True)
 class Voice:
     name: str  # what callers pass as `voice`
@@ -33,6 +56,7 @@ class Voice:
     speaker: str | None = None
     speed: float = 1.0  # this voice's default speed; a request's speed multiplies it
     speed_control: bool = True  # False: the model has no speaking-rate input (only speed 1.0 is accepted)
+    gender: str | None = None  # "female" or "male" where the model's voice names say (Kokoro's)
 
 
 @dataclass(frozen=True)
@@ -89,6 +113,7 @@ class Capabilities:
     makes_frames: bool = False  # audio a few frames at a time (a stepped engine): a stream's first comes soon
     max_running: int | None = None  # the most requests it runs at once (a stepped engine's cache rows)
     front_end: FrontEnd = FrontEnd()  # what of Chorus's front end runs for it
+    mixes_voices: bool = False  # a mix of its voices is a voice: "a+b", "a(2)+b(1)" (voice_mix)
 
 
 CLONE_HOOKS = ("voice_prompt_from_audio", "add_voice", "remove_voice")
@@ -100,8 +125,8 @@ def capabilities_of(engine: Engine | type[Engine], max_running: int | None = Non
     if max_running is None:
         max_running = getattr(engine, "max_running", None)  # a loaded stepped engine's
     clones = all(callable(getattr(engine, hook, None)) for hook in CLONE_HOOKS) and engine.can_clone is not False
-    return Capabilities(times_words=engine.times_words, clones=clones,
-                        makes_frames=engine.makes_frames, max_running=max_running, front_end=engine.front_end)
+    return Capabilities(times_words=engine.times_words, clones=clones, makes_frames=engine.makes_frames,
+                        max_running=max_running, front_end=engine.front_end, mixes_voices=engine.mixes_voices)
 
 
 class Engine(ABC):
@@ -119,6 +144,7 @@ class Engine(ABC):
     makes_frames: bool = False
     can_clone: bool | None = None  # False: it has the clone hooks, but this model cannot (an upstream's declaration)
     front_end: FrontEnd = FrontEnd()  # what of Chorus's text front end runs before it reads the text
+    mixes_voices: bool = False  # a mix of its voices (voice_mix) is a voice its `synthesize` takes
 
     @abstractmethod
     def voices(self) -> list[Voice]: ...

@@ -103,8 +103,47 @@ class _VocoderMask:
         return (hidden * keep[:, None, :].to(hidden.dtype), *args[1:])
 
 
-class VitsEngine(Engine):
+class DeviceMemory:
+    """Device memory of a torch one-shot engine (VITS, Kokoro) with `device`, `model`, `_voices` and `synthesize`:
+    on CUDA a memory model (peak bytes per padded token, measured at warm-up) that the batcher asks for a token
+    budget."""
+
     out_of_memory_errors = (MemoryError, torch.cuda.OutOfMemoryError)
+    device: str
+    model: nn.Module
+    bytes_per_padded_token: float | None = None
+
+    def measure_memory(self, tokens: np.ndarray, sizes: Sequence[int] = (1, 4)) -> None:
+        """Peak bytes per padded token over a few batch sizes (CUDA only): the memory model."""
+        if self.device != "cuda":
+            return
+        per_token = []
+        for size in sizes:
+            items = [EngineInput(tokens, self._voices[0].name) for _ in range(size)]
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            self.synthesize(items)
+            torch.cuda.synchronize()
+            per_token.append((torch.cuda.max_memory_allocated() - before) / (size * tokens.size))
+        self.bytes_per_padded_token = max(per_token)
+
+    def free_memory_bytes(self) -> int | None:
+        if self.device != "cuda":
+            return None
+        free, _ = torch.cuda.mem_get_info()
+        return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()  # the cache is ours to reuse
+
+    def release_memory(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+
+    def memory_bytes(self) -> int:
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+
+class VitsEngine(DeviceMemory, Engine):
     times_words = True
 
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
@@ -200,34 +239,3 @@ class VitsEngine(Engine):
         log_durations, padding_mask = self._log_durations
         frames = torch.ceil(torch.exp(log_durations) * padding_mask * (1.0 / speed))  # as VitsModel.forward
         return frames[:, 0].long().cpu().numpy() * self.hop_length
-
-    # --- device memory ---------------------------------------------------------------------------
-
-    def measure_memory(self, tokens: np.ndarray, sizes: Sequence[int] = (1, 4)) -> None:
-        """Peak bytes per padded token over a few batch sizes (CUDA only): the memory model."""
-        if self.device != "cuda":
-            return
-        per_token = []
-        for size in sizes:
-            items = [EngineInput(tokens, self._voices[0].name) for _ in range(size)]
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            self.synthesize(items)
-            torch.cuda.synchronize()
-            per_token.append((torch.cuda.max_memory_allocated() - before) / (size * tokens.size))
-        self.bytes_per_padded_token = max(per_token)
-
-    def free_memory_bytes(self) -> int | None:
-        if self.device != "cuda":
-            return None
-        free, _ = torch.cuda.mem_get_info()
-        return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()  # the cache is ours to reuse
-
-    def release_memory(self) -> None:
-        if self.device == "cuda":
-            torch.cuda.empty_cache()
-
-    def memory_bytes(self) -> int:
-        tensors = [*self.model.parameters(), *self.model.buffers()]
-        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from ..config import Settings
 from ..engines import Capabilities, ModelSpec, Voice
+from ..engines.base import mix_name, voice_mix
 from ..errors import ErrorCode, InvalidRequest
 from ..text.lexicon import language_code
 from .cloning import ClonedVoice
@@ -79,7 +80,7 @@ class Catalogue:
     def resolve_voice(self, name: str, model: str | None = None, caller: str | None = None) -> tuple[Voice, str]:
         """The voice and the name of the model that speaks it, if the caller may use it."""
         target = self.voice_aliases.get(name, name)
-        found = self.voices.get(target) if self.visible(target, caller) else None
+        found = (self.voices.get(target) if self.visible(target, caller) else None) or self._mixed(target, caller)
         if found is None:
             known = ", ".join(sorted(voice.name for voice in self.voice_list(caller)) + sorted(self.voice_aliases))
             raise InvalidRequest(f"voice {name!r} does not exist; available: {known}", "voice",
@@ -88,6 +89,31 @@ class Catalogue:
             raise InvalidRequest(f"voice {name!r} belongs to model {found[0].model!r}, not {model!r}", "voice",
                                  ErrorCode.VOICE_MODEL_MISMATCH)
         return found
+
+    def _mixed(self, name: str, caller: str | None) -> tuple[Voice, str] | None:
+        """A mix of one model's voices ("af_bella+af_sky", "af_bella(2)+af_sky(1)") where that model mixes them,
+        as a voice of its own (the first part's language); None where the name is no mix."""
+        try:
+            parts = voice_mix(name)
+        except ValueError as error:
+            raise InvalidRequest(f"voice {name!r}: {error}", "voice", ErrorCode.VOICE_NOT_FOUND) from None
+        if parts is None:
+            return None
+        found = []
+        for part, _ in parts:
+            entry = self.voices.get(part) if self.visible(part, caller) else None
+            if entry is None:
+                raise InvalidRequest(f"voice {name!r}: {part!r} is not a voice", "voice", ErrorCode.VOICE_NOT_FOUND)
+            found.append(entry)
+        engines = {engine for _, engine in found}
+        if len(engines) > 1:
+            raise InvalidRequest(f"voice {name!r} mixes voices of several models ({', '.join(sorted(engines))}); a "
+                                 "mix is of one model's voices", "voice", ErrorCode.VOICE_NOT_FOUND)
+        engine = found[0][1]
+        if not self.capabilities.get(engine, Capabilities()).mixes_voices:
+            raise InvalidRequest(f"voice {name!r}: model {found[0][0].model!r} does not mix voices", "voice",
+                                 ErrorCode.VOICE_NOT_FOUND)
+        return replace(found[0][0], name=mix_name(parts)), engine
 
     def resolve(self, voice: str | None, model: str | None = None, caller: str | None = None) -> tuple[Voice, str]:
         """The voice a request names (or the default) and the name of its model. A model alias (OpenAI's

@@ -65,7 +65,9 @@ UPSTREAM_OPTIONS = ("api_key_env", "sample_rate", "timeout_s", "extra_body", "ma
 UPSTREAM_FIELDS = ("url", "upstream_voice", *UPSTREAM_OPTIONS)
 
 
-LISTED = "*"  # in an upstream entry's name: one voice for each the upstream lists, its name in place of the star
+LISTED = "*"  # in a name: one voice for each the upstream lists (or the Kokoro model ships), its name for the star
+# what a listed voice's name sets, per engine: an upstream's voice name there; a Kokoro pack's file
+LISTED_FIELDS = {"upstream": ("upstream_voice", "{}"), "kokoro": ("prompt", "voices/{}.pt")}
 log = logging.getLogger(__name__)
 
 
@@ -85,7 +87,8 @@ class VoiceEntry(BaseModel):
     language_default: bool = Field(False, description="the voice of its language: what a request naming that "
                                    "language and no voice gets (TTS_LANGUAGE_VOICES overrides it)")
     prompt: str | None = Field(None, min_length=1, description="voice prompt: .safetensors latents or an audio "
-                               "clip (pocket_tts, vibevoice); relative to the model folder")
+                               "clip (pocket_tts, vibevoice), a voice pack .pt (kokoro); relative to the model "
+                               "folder")
     fixed_length: bool = Field(False, description="pocket_tts, vibevoice: every request makes its whole frame "
                                "budget (random-weight benchmark models)")
     max_running: int | None = Field(None, ge=1, le=1024, description="pocket_tts, vibevoice: the most requests "
@@ -131,9 +134,11 @@ class Registry(BaseModel):
         for name, entry in self.voices.items():
             if LISTED not in name:
                 continue
-            if entry.engine != "upstream" or entry.upstream_voice is not None or name.count(LISTED) > 1:
-                raise ValueError(f"{name}: a name with {LISTED} stands for every voice an upstream lists (one "
-                                 f"{LISTED}, engine: upstream, no upstream_voice)")
+            field = LISTED_FIELDS.get(entry.engine, ("",))[0]
+            if not field or getattr(entry, field) is not None or name.count(LISTED) > 1:
+                raise ValueError(f"{name}: a name with {LISTED} stands for every voice an upstream lists or a Kokoro "
+                                 f"model ships (one {LISTED}; engine: upstream with no upstream_voice, or kokoro "
+                                 "with no prompt)")
         return self
 
     def by_model(self) -> dict[tuple[str, str, str | None], dict[str, VoiceEntry]]:
@@ -145,9 +150,10 @@ class Registry(BaseModel):
 
 
 def with_listed(entries: dict[str, VoiceEntry], listed: Callable[[], list[str]]) -> dict[str, VoiceEntry]:
-    """One model's entries, each name with a star in it replaced by one voice for each name the upstream lists
-    (`listed`, asked only when a name has a star), the star replaced by that name; a voice the file names itself
-    keeps its own entry. Names that would not be plain voice names are left out, with a warning."""
+    """One model's entries, each name with a star in it replaced by one voice for each name the upstream lists or
+    the Kokoro model ships (`listed`, asked only when a name has a star), the star replaced by that name; a voice
+    the file names itself keeps its own entry. Names that would not be plain voice names are left out, with a
+    warning."""
     patterns = [name for name in entries if LISTED in name]
     if not patterns:
         return entries
@@ -159,9 +165,10 @@ def with_listed(entries: dict[str, VoiceEntry], listed: Callable[[], list[str]])
             if not VOICE_NAME.fullmatch(name):
                 log.warning("the upstream's voice %r is left out: %r is not a plain voice name", upstream_name, name)
             elif name not in expanded:
-                expanded[name] = entries[pattern].model_copy(update={"upstream_voice": upstream_name})
+                field, value = LISTED_FIELDS[entries[pattern].engine]
+                expanded[name] = entries[pattern].model_copy(update={field: value.format(upstream_name)})
     if not expanded:
-        raise RegistryError(f"{', '.join(patterns)}: the upstream lists no voices")
+        raise RegistryError(f"{', '.join(patterns)}: the model lists no voices")
     return expanded
 
 
