@@ -479,6 +479,9 @@ def main() -> None:
     parser.add_argument("--upstream", action="store_true",
                         help="instead of the peers, Chorus in front of a second Chorus (engine: upstream) against "
                              "the same clients sent straight to it (bench/upstream.py); writes upstream.json")
+    parser.add_argument("--kokoro", action="store_true",
+                        help="instead of the peers, Chorus serving a random-weight Kokoro against Kokoro-FastAPI "
+                             "serving the same weights, and the engine ceiling (bench/kokoro.py); writes kokoro.json")
     args = parser.parse_args()
     args.voice = args.voice or ("pocket-random" if args.upstream else "en_US-joe-medium")
     if args.soak is not None:
@@ -490,6 +493,11 @@ def main() -> None:
     out = args.out or ROOT / "bench" / "results" / stamp
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    if args.kokoro:
+        from bench.kokoro import run as kokoro_benchmark
+
+        kokoro_benchmark(args.quick, out)
+        return
     if args.voice in BUILT_VOICES and not args.voices_file:
         with ThreadPoolExecutor(max_workers=1) as builder:  # on a thread that ends: see EngineAlone
             args.voices_file = builder.submit(built_voice, args.voice, out).result()

@@ -23,7 +23,7 @@ vibevoice: Microsoft's VibeVoice at the released 1.5 B layout (2.7 B parameters 
 
 vits: a VITS model at MMS-TTS size, or --tiny (bench/random_vits.py).
 
-kokoro: Kokoro at the released size (82 M), or --tiny (31 M), with a few random voice packs: the folder a
+kokoro: Kokoro at the released size (82 M), or --tiny (59 M), with a few random voice packs: the folder a
 real one downloads as (bench/random_kokoro.py).
 
 The audio of a random model is noise of the right length: enough to measure speed, memory and

@@ -65,9 +65,22 @@ def start_ray_peer(data_dir: Path, voice: str, voices_file: Path | None = None,
     return _start(command, {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}, port, data_dir, ready_timeout_s)
 
 
-def _start(command: list[str], env: dict, port: int, data_dir: Path, ready_timeout_s: float) -> ServerProcess:
+def start_kokoro_fastapi(data_dir: Path, source: Path, python: str, models: Path, voices: Path, gpu: bool,
+                         ready_timeout_s: float = 300) -> ServerProcess:
+    """Kokoro-FastAPI from its own source folder (run by `python`, an environment with its packages: see
+    docs/benchmarking.md), serving the Kokoro model in `models/v1_0` and the packs in `voices`, on the GPU or not."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {**os.environ, "MODEL_DIR": str(models), "VOICES_DIR": str(voices), "USE_GPU": str(gpu).lower(),
+           "ENABLE_WEB_PLAYER": "false", "TEMP_FILE_DIR": str(data_dir / "temp")}
+    return _start([python, "-m", "uvicorn", "api.src.main:app", "--host", "127.0.0.1", "--port", str(port),
+                   "--log-level", "warning"], env, port, data_dir, ready_timeout_s, cwd=source, ready_path="/health")
+
+
+def _start(command: list[str], env: dict, port: int, data_dir: Path, ready_timeout_s: float, cwd: Path = ROOT,
+           ready_path: str = "/ready?calibrated=true") -> ServerProcess:
     log_path = data_dir / "server.log"
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
     server = ServerProcess(process, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
@@ -75,7 +88,7 @@ def _start(command: list[str], env: dict, port: int, data_dir: Path, ready_timeo
             raise RuntimeError(f"server exited with {process.returncode}:\n{log_path.read_text()}")
         try:
             # calibrated: measurements (and tests of batching) start with the batchers' sweeps done
-            if httpx.get(f"{server.base_url}/ready?calibrated=true", timeout=2).status_code == 200:
+            if httpx.get(f"{server.base_url}{ready_path}", timeout=2).status_code == 200:
                 return server
         except httpx.HTTPError:
             pass

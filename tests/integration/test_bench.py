@@ -3,6 +3,7 @@ to end and its JSON is complete, not the speed (that is what the full run and do
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -64,3 +65,19 @@ def test_the_upstream_benchmark_runs_both_ways_and_writes_its_ratios(tmp_path):
     assert set(results["verdicts"]) == {"throughput_vs_straight", "short_p95_vs_straight", "overload_upstream_vs_best"}
     assert set(results["ratios"]) == {*results["verdicts"], "clients_audio_vs_straight"}
     assert results["ratios"]["throughput_vs_straight"] > 0
+
+
+@pytest.mark.timeout(600)
+def test_the_kokoro_benchmark_runs_chorus_and_the_ceiling_and_says_when_the_peer_is_left_out(tmp_path):
+    """`python -m bench --kokoro --quick` on the tiny random Kokoro, without Kokoro-FastAPI's folder (CI has none):
+    Chorus and the engine ceiling run, the peer's ratios are not measured, and the run says why."""
+    env = {key: value for key, value in os.environ.items() if key != "KOKORO_FASTAPI_DIR"}
+    run = subprocess.run([sys.executable, "-m", "bench", "--kokoro", "--quick", "--out", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=540, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "KOKORO_FASTAPI_DIR is not set: Kokoro-FastAPI is left out" in run.stdout
+    results = json.loads((tmp_path / "kokoro.json").read_text())
+    assert results["rounds"]["chorus"][0] > 0 and results["rounds"]["engine ceiling"][0] > 0
+    assert results["served"]["chorus"]["ok"] > 0 and results["ratios"]["chorus_vs_ceiling"] > 0
+    assert results["verdicts"] == {"chorus_vs_kokoro_fastapi": "not measured",
+                                   "short_p95_vs_kokoro_fastapi": "not measured"}

@@ -79,6 +79,10 @@ def test_a_mix_speaks_wherever_a_voice_is_named(server):
     assert all(part.shape != audio.shape or np.abs(part - audio).max() > 0.01 for part in parts)
     same = decode(speech(server, "af_heart (2) + am_adam(1)", text).content, "wav")[0]  # the same mix, spaced
     assert np.array_equal(same, audio)
+    odd = speech(server, "af_heart(0.0001234)+am_adam(999.9996)")  # weights read to three decimals
+    assert odd.status_code == 400 and "weight from 0.001 to 1000" in odd.json()["error"]["message"]
+    weighted = speech(server, "af_heart(0.0016)+am_adam(999.9994)")
+    assert weighted.headers["x-chorus-voice"] == "af_heart(0.002)+am_adam(999.999)"
     ssml = (f'<speak>Piper first. <voice name="af_heart+am_adam">{text}</voice></speak>')
     assert speech(server, "en_US-joe-medium", ssml).status_code == 200
     async def wyoming(client):
@@ -94,7 +98,8 @@ def test_a_mix_speaks_wherever_a_voice_is_named(server):
 
 @pytest.mark.parametrize(("voice", "message"), [
     ("af_heart+af_nobody", "'af_nobody' is not a voice"),
-    ("af_heart(0)+am_adam", "'af_heart(0)' is not a voice or a voice with a positive weight"),
+    ("af_heart(0)+am_adam", "'af_heart(0)' is not a voice or a voice with a weight from 0.001 to 1000"),
+    ("af_heart(1" + "0" * 100 + ")+am_adam", "is not a voice or a voice with a weight from 0.001 to 1000"),
     ("af_heart+en_US-joe-medium", "mixes voices of several models"),
     ("en_US-joe-medium+en_US-joe-medium", "does not mix voices"),
     ("af_nobody", "voice 'af_nobody' does not exist"),

@@ -120,7 +120,12 @@ def test_replicas_share_the_database_the_jobs_their_results_and_the_keys(tmp_pat
                 started[job].append(index)
             finished.update(ends)
             finished_on.update((job, index) for job in ends)
-        assert set(finished) == set(ids) and set(finished.values()) == {1}
+        # A job the killed replica stored as succeeded in the moment before its log line (the kill came between
+        # the two) ended there, once: it was started nowhere else.
+        unlogged = set(ids) - set(finished)
+        assert all(started[job] == [2] for job in unlogged), {job: started[job] for job in unlogged}
+        finished_on.update(dict.fromkeys(unlogged, 2))
+        assert set(finished) <= set(ids) and set(finished.values()) == {1}
         for job in ids:  # twice only when the killed replica started it and did not finish it
             runs = started[job]
             assert len(runs) == 1 or (sorted(runs)[-1] == 2 and runs.count(2) == 1 and len(runs) == 2

@@ -91,10 +91,10 @@ def fronted(tmp_path_factory):
         listener.close()
 
 
-def speak(base: str, text: str | None = None, **extra) -> httpx.Response:
+def speak(base: str, text: str | None = None, timeout_s: float = 30, **extra) -> httpx.Response:
     """A speech request; by default a text of its own (the audio cache answers a text it has heard before)."""
     text = text or f"Hello there, caller number {next(CALLS)}."
-    return httpx.post(f"{base}/v1/audio/speech", json={**SPEECH, "input": text, **extra}, timeout=30)
+    return httpx.post(f"{base}/v1/audio/speech", json={**SPEECH, "input": text, **extra}, timeout=timeout_s)
 
 
 def test_speech_comes_from_the_upstream_with_the_body_it_documents(fronted):
@@ -315,13 +315,14 @@ def learned_limit(folder, listener: Listener, learned, timeout_s: float = 90) ->
 
 def sending_until(base: str, model: str, learned, timeout_s: float) -> dict:
     """The model's upstream status once learned(status) holds, 16 callers sending to it meanwhile (each text its
-    own), every one of them served."""
+    own), every one of them served. A request may wait as long as the whole test (16 in flight on two shared
+    cores can take longer than one request's usual 30 s)."""
     done = threading.Event()
 
     def caller() -> list[int]:
         codes = []
         while not done.is_set():
-            codes.append(speak(base, model=model).status_code)
+            codes.append(speak(base, model=model, timeout_s=timeout_s).status_code)
         return codes
 
     with ThreadPoolExecutor(16) as pool:

@@ -21,12 +21,13 @@ def folder(tmp_path_factory):
     packs = {name: torch.load(model / "voices" / f"{name}.pt", weights_only=True) for name in ("af_heart", "am_adam")}
     torch.save((2 * packs["af_heart"] + packs["am_adam"]) / 3, model / "voices" / "af_mix.pt")  # (a mix's pack)
     torch.save(packs["af_heart"], model / "voices" / "jf_alpha.pt")  # a Japanese voice's name
+    torch.save(packs["am_adam"], model / "voices" / "narrator.pt")  # a name that says no language
     return model
 
 
 @pytest.fixture(scope="module")
 def spec(folder, tmp_path_factory):
-    voices = {"*": {}, "weighted": {"prompt": "voices/af_mix.pt"}}
+    voices = {"*": {}, "weighted": {"prompt": "voices/af_mix.pt"}, "narrator": {"language": "en-GB"}}
     return registry_spec(folder, voices, tmp_path_factory.mktemp("registry"), engine="kokoro")
 
 
@@ -45,15 +46,21 @@ def test_mixes_are_read_as_kokoro_fastapi_writes_them():
     assert voice_mix("af_bella+af_sky") == [("af_bella", 1.0), ("af_sky", 1.0)]
     assert voice_mix(" af_bella(2) + af_sky(0.5)") == [("af_bella", 2.0), ("af_sky", 0.5)]
     assert mix_name(voice_mix("af_bella (2.0)+af_sky(1)")) == "af_bella(2)+af_sky"
+    for weights in ["0.001", "1000", "0.0016", "123.4567", "999.9994"]:  # written back as they are read
+        parts = voice_mix(f"af_bella({weights})+af_sky")
+        assert voice_mix(mix_name(parts)) == parts
     for bad, part in [("af_bella+", "''"), ("af_bella(0)+af_sky", "'af_bella(0)'"), ("a b+c", "'a b'"),
-                      ("af_bella(-1)+af_sky", "'af_bella(-1)'"), ("af_bella(x)", "'af_bella(x)'")]:
+                      ("af_bella(-1)+af_sky", "'af_bella(-1)'"), ("af_bella(x)", "'af_bella(x)'"),
+                      ("af_bella(1001)", "'af_bella(1001)'"), ("af_bella(0.0004)", "'af_bella(0.0004)'")]:
         with pytest.raises(ValueError, match=f"^{part.replace('(', '[(]').replace(')', '[)]')} is not a voice"):
             voice_mix(bad)
 
 
 def test_the_packs_are_its_voices_with_their_language_and_gender(spec, engine):
     voices = {voice.name: voice for voice in spec.voices}
-    assert set(voices) == {"af_heart", "af_bella", "am_adam", "bf_emma", "ff_siwis", "af_mix", "weighted"}  # no jf_
+    # a star leaves out jf_alpha (Japanese) and narrator (no language in its name), which the registry names itself
+    assert set(voices) == {"af_heart", "af_bella", "am_adam", "bf_emma", "ff_siwis", "af_mix", "weighted", "narrator"}
+    assert (voices["narrator"].language, voices["narrator"].gender) == ("en-GB", None)
     assert (voices["af_heart"].language, voices["af_heart"].gender) == ("en-US", "female")
     assert (voices["am_adam"].language, voices["am_adam"].gender) == ("en-US", "male")
     assert (voices["bf_emma"].language, voices["ff_siwis"].language) == ("en-GB", "fr-FR")

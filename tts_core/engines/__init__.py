@@ -105,7 +105,7 @@ def _kokoro_kind(model: str, voices: list[VoiceSpec], name: str, settings: Setti
             raise ModuleNotFoundError(name=package)
 
     return describe_kokoro(model, voices), capabilities_of(KokoroEngine), _torch_loader(
-        settings, lambda: KokoroEngine(model, voices, settings.device, settings.dtype, name=name))
+        settings, lambda: KokoroEngine(model, voices, settings.device, name=name))  # (fp32 whatever TTS_DTYPE says)
 
 
 def _upstream_kind(model: str, voices: list[VoiceSpec], name: str, settings: Settings) -> Described:
@@ -155,21 +155,21 @@ def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
     specs, names = [], set(taken)
     for (kind, model, _), entries in read_registry(settings.voices_file).by_model().items():
         upstream = upstream_options(list(entries.values()))
-        if upstream is not None:
-            entries = with_listed(entries, lambda: listed_voices(upstream, model))  # noqa: B023 (asked at once)
-        elif kind == "kokoro":
-            entries = with_listed(entries, lambda: _kokoro_packs(model))  # noqa: B023 (asked at once)
-        voices = [VoiceSpec(name, entry.language, entry.speaker, entry.speed, entry.prompt, entry.fixed_length,
-                            entry.max_running, entry.upstream_voice, upstream) for name, entry in entries.items()]
         name = _unique(model.rstrip("/").rsplit("/", 1)[-1].removesuffix(".onnx"), names)
         names.add(name)
-        pinned = any(entry.pinned for entry in entries.values())
         try:
+            if upstream is not None:
+                entries = with_listed(entries, lambda: listed_voices(upstream, model))  # noqa: B023 (asked at once)
+            elif kind == "kokoro":
+                entries = with_listed(entries, lambda: _kokoro_packs(model))  # noqa: B023 (asked at once)
+            voices = [VoiceSpec(voice, entry.language, entry.speaker, entry.speed, entry.prompt, entry.fixed_length,
+                                entry.max_running, entry.upstream_voice, upstream) for voice, entry in entries.items()]
             described, capabilities, load = ENGINE_KINDS[kind](model, voices, name, settings)
         except ImportError as missing:  # torch (or kokoro) is not installed: the bundled Piper voice needs none of it
             raise EngineUnavailable(
                 f"the {kind} model {model!r} needs the Python package {missing.name!r}, which is not installed "
                 f"({INSTALL_HINTS.get(missing.name or '', INSTALL_HINTS['torch'])})") from None
+        pinned = any(entry.pinned for entry in entries.values())
         defaults = tuple(name for name, entry in entries.items() if entry.language_default)
         specs.append(ModelSpec(name, described, load, pinned, (kind, model, tuple(entries.items())), registry=True,
                                language_defaults=defaults, capabilities=capabilities))

@@ -27,23 +27,29 @@ VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}")
 MIX_PART = re.compile(r"\s*([^\s+()]+)\s*(?:\(\s*([0-9]*\.?[0-9]+)\s*\))?\s*")
 
 
+MIX_WEIGHTS = (0.001, 1000.0)  # a weight is read to three decimals, within these
+
+
 def voice_mix(name: str) -> list[tuple[str, float]] | None:
     """A mix of voices as Kokoro-FastAPI writes one: "af_bella+af_sky" (equal parts) or "af_bella(2)+af_sky(1)"
     (weighted): its voices and weights; None for a plain name. Raises ValueError naming a part that is not a
-    voice with an optional positive weight."""
+    voice with an optional weight from 0.001 to 1000."""
     if "+" not in name and "(" not in name:
         return None
     parts = []
     for part in name.split("+"):
         match = MIX_PART.fullmatch(part)
-        if match is None or (match[2] is not None and float(match[2]) <= 0):
-            raise ValueError(f"{part.strip()!r} is not a voice or a voice with a positive weight, as in af_bella(2)")
-        parts.append((match[1], float(match[2] or 1)))
+        weight = round(float(match[2] or 1), 3) if match else 0.0
+        if not MIX_WEIGHTS[0] <= weight <= MIX_WEIGHTS[1]:
+            raise ValueError(f"{part.strip()!r} is not a voice or a voice with a weight from {MIX_WEIGHTS[0]:g} to "
+                             f"{MIX_WEIGHTS[1]:g}, as in af_bella(2)")
+        parts.append((match[1], weight))
     return parts
 
 
 def mix_name(parts: list[tuple[str, float]]) -> str:
-    """A mix written one way: "af_bella(2)+af_sky" for "af_bella (2.0) + af_sky(1)"."""
+    """A mix written one way, which voice_mix reads back as it is: "af_bella(2)+af_sky" for
+    "af_bella (2.0) + af_sky(1)"."""
     return "+".join(name if weight == 1 else f"{name}({weight:g})" for name, weight in parts)
 
 

@@ -21,10 +21,11 @@ a batch as alone. The predicted durations (frames of 600 samples) time the words
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import warnings
 import zlib
-from collections.abc import Sequence
-from functools import cache
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,9 @@ from ..text.pronunciation import as_text
 from .alignment import unit_words
 from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize, voice_mix
 from .stepped_torch import model_folder
-from .vits import DTYPES, DeviceMemory, _loading, resolve_device
+from .vits import DeviceMemory, _loading, resolve_device
+
+log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 24000
 FRAME_SAMPLES = 600  # audio samples per predicted duration frame (the vocoder's upsampling x its STFT hop)
@@ -81,12 +84,18 @@ def voice_language(name: str, language: str | None) -> str:
 
 
 def pack_names(source: str) -> list[str]:
-    """The voice packs a model ships (voices/*.pt) in a language Chorus reads: what a registry name with a star
-    stands for. Those in other languages are left out (their names say which)."""
+    """The voice packs a model ships (voices/*.pt) named as released (`af_heart`) in a language Chorus reads: what a
+    registry name with a star stands for. The others are left out, with a warning (one of them can still be named
+    in the registry, with its `language`)."""
     with _loading(source):
         folder = model_folder(source, CONFIG_FILES)
     names = sorted(path.stem for path in (folder / "voices").glob("*.pt"))
-    return [name for name in names if name[:1].lower() not in NOT_OFFLINE]
+    readable = [name for name in names if name[:1].lower() in LANGUAGES and name[2:3] == "_"]
+    for name in sorted(set(names) - set(readable)):
+        why = f"it speaks {NOT_OFFLINE[name[0].lower()]}" if name[:1].lower() in NOT_OFFLINE and name[2:3] == "_" \
+            else "its name does not say its language"
+        log.warning("kokoro model %s: the voice pack %r is left out of %r: %s", source, name, "*", why)
+    return readable
 
 
 def _pack_files(folder: Path, specs: Sequence[VoiceSpec]) -> dict[str, Path]:
@@ -111,14 +120,17 @@ def _voices(specs: Sequence[VoiceSpec], files: dict[str, Path]) -> list[Voice]:
 def describe_kokoro(source: str, specs: Sequence[VoiceSpec]) -> list[Voice]:
     """A model's voices from its config and packs alone (no weights loaded): this also checks, at start-up, that
     the model, its packs and their languages are there."""
+    return _voices(specs, _model_files(source, specs)[2])
+
+
+def _model_files(source: str, specs: Sequence[VoiceSpec]) -> tuple[Path, Path, dict[str, Path]]:
+    """The model's folder, its weights and its voices' packs; EngineUnavailable naming what is missing."""
     if not specs:
         raise EngineUnavailable(f"kokoro model {source!r}: the registry names none of its voices (`NAME:` or `*:`)")
     with _loading(source):
         folder = model_folder(source, CONFIG_FILES)
         json.loads((folder / "config.json").read_text(encoding="utf-8"))["vocab"]
-        _weights(folder)
-        files = _pack_files(folder, specs)
-    return _voices(specs, files)
+        return folder, _weights(folder), _pack_files(folder, specs)
 
 
 def _weights(folder: Path) -> Path:
@@ -128,10 +140,10 @@ def _weights(folder: Path) -> Path:
     return found[0]
 
 
-@cache
-def _phonemizer(letter: str):
+def _phonemizer(letter: str) -> Callable[[str], str]:
     """espeak-ng, mapped to Kokoro's phonemes by misaki: its English reading (US or UK) for a and b (the one
-    misaki falls back to for words its lexicon lacks), its general one for the others."""
+    misaki falls back to for words its lexicon lacks), its general one for the others. Not reentrant: an engine
+    has its own, used under its lock."""
     from misaki import espeak
 
     if letter in "ab":
@@ -212,22 +224,43 @@ def _packed(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tens
 
 
 class _ItemSource(nn.Module):
-    """The vocoder's harmonic source, made for each item alone and seeded from its phonemes: its noise and
-    starting phase are then the same in any batch (and the same text in the same voice sounds the same)."""
+    """The vocoder's harmonic source (kokoro's SourceModuleHnNSF with its SineGen: the same operations), made for
+    each item alone, its random starting phases and noise drawn from a generator seeded from the item's phonemes:
+    then an item sounds the same in any batch, the same text in the same voice always sounds the same, and the
+    process's random state (other engines') is not touched."""
 
     def __init__(self, source: nn.Module, batch: _Batch):
         super().__init__()
         self.source, self.batch = source, batch
 
-    def forward(self, f0: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(self, f0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         lengths = [f0.shape[1]] if self.batch.frames is None else self.batch.valid(f0.shape[1]).tolist()
         rows = []
         for row, length in enumerate(lengths):
-            with torch.random.fork_rng(devices=[f0.device] if f0.device.type == "cuda" else []):
-                torch.manual_seed(self.batch.seeds[row])
-                made = self.source(f0[row:row + 1, :length])
+            generator = torch.Generator(f0.device).manual_seed(self.batch.seeds[row])
+            made = self._one(f0[row:row + 1, :length], generator)
             rows.append([nn.functional.pad(part, (0, 0, 0, f0.shape[1] - length)) for part in made])
         return tuple(torch.cat(parts) for parts in zip(*rows, strict=True))
+
+    def _one(self, f0: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        sine = self.source.l_sin_gen
+        harmonics = f0 * torch.arange(1, sine.harmonic_num + 2, device=f0.device, dtype=f0.dtype)
+        radians = (harmonics / sine.sampling_rate) % 1
+        start = torch.rand(1, sine.dim, device=f0.device, generator=generator)
+        start[:, 0] = 0
+        radians[:, 0, :] = radians[:, 0, :] + start
+        radians = nn.functional.interpolate(radians.transpose(1, 2), scale_factor=1 / sine.upsample_scale,
+                                            mode="linear").transpose(1, 2)
+        phase = torch.cumsum(radians, dim=1) * 2 * torch.pi
+        phase = nn.functional.interpolate(phase.transpose(1, 2) * sine.upsample_scale,
+                                          scale_factor=sine.upsample_scale, mode="linear").transpose(1, 2)
+        waves = torch.sin(phase) * sine.sine_amp
+        voiced = (f0 > sine.voiced_threshold).to(f0.dtype)
+        noise_amp = voiced * sine.noise_std + (1 - voiced) * sine.sine_amp / 3
+        noise = noise_amp * torch.randn(waves.shape, device=f0.device, generator=generator)
+        waves = waves * voiced + noise
+        merged = self.source.l_tanh(self.source.l_linear(waves))
+        return merged, torch.zeros_like(voiced), voiced  # (the generator reads only the first)
 
 
 class _ItemSTFT(nn.Module):
@@ -275,29 +308,27 @@ class KokoroEngine(DeviceMemory, Engine):
     times_words = True
     mixes_voices = True
 
-    def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
-                 name: str | None = None):
-        """source: a folder or a hub id (from the local cache when offline); voices: the registry's."""
+    def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", name: str | None = None):
+        """source: a folder or a hub id (from the local cache when offline); voices: the registry's. It runs in
+        fp32 whatever TTS_DTYPE says (its vocoder's STFT and instance norms)."""
         from kokoro import KModel  # (its import reads spaCy: a few seconds, so only when a Kokoro model loads)
 
         self.name = name or source.rstrip("/").rsplit("/", 1)[-1]
         self.device = resolve_device(device)
-        self.dtype = DTYPES[dtype]
-        if self.dtype != torch.float32:
-            raise EngineUnavailable(f"{self.name}: Kokoro runs in fp32 here (its vocoder's STFT and norms)")
-        self._voices = describe_kokoro(source, voices)
+        folder, weights, files = _model_files(source, voices)
+        self._voices = _voices(voices, files)
         with _loading(source):
-            folder = model_folder(source, CONFIG_FILES)
             with warnings.catch_warnings():  # (its LSTMs' dropout, torch's old weight_norm: nothing to act on here)
                 warnings.simplefilter("ignore", category=UserWarning)
                 warnings.simplefilter("ignore", category=FutureWarning)
-                self.model = KModel(repo_id=source, config=str(folder / "config.json"), model=str(_weights(folder)))
-            files = _pack_files(folder, voices)
+                self.model = KModel(repo_id=source, config=str(folder / "config.json"), model=str(weights))
             self._packs = {name: torch.load(path, map_location="cpu", weights_only=True).reshape(MAX_PHONEMES, -1)
                            for name, path in files.items()}
         self.model.to(self.device).eval()
         self._vocab: dict[str, int] = self.model.vocab
         self._letters = {voice.name: _language_letter(voice.language) for voice in self._voices}
+        self._readers = {letter: _phonemizer(letter) for letter in set(self._letters.values())}
+        self._reading = threading.Lock()  # (espeak is not reentrant: the text reader and a warm-up may both read)
         self._batch = _Batch()
         _mask_frames(self.model, self._batch)
         self.sample_rate = SAMPLE_RATE
@@ -308,12 +339,15 @@ class KokoroEngine(DeviceMemory, Engine):
     # --- text -----------------------------------------------------------------------------------
 
     def _parts(self, voice: str) -> list[tuple[str, float]]:
-        return voice_mix(voice) or [(voice, 1.0)]
+        """A voice's packs and their weights: its own, or a mix's (a registry name is never read as a mix)."""
+        return [(voice, 1.0)] if voice in self._packs else voice_mix(voice) or [(voice, 1.0)]
 
     def _phonemes(self, text: str, voice: str) -> str:
         """The text's phonemes, those the model has no id for left out (as KModel does)."""
         letter = self._letters[self._parts(voice)[0][0]]  # a mix speaks its first voice's language
-        return "".join(char for char in _phonemizer(letter)(as_text(text)) if char in self._vocab)
+        with self._reading:
+            phonemes = self._readers[letter](as_text(text))
+        return "".join(char for char in phonemes if char in self._vocab)
 
     def _pieces(self, phonemes: str) -> list[str]:
         """Pieces the model can read (at most MAX_PHONEMES), cut at word breaks."""

@@ -99,12 +99,14 @@ class Catalogue:
             raise InvalidRequest(f"voice {name!r}: {error}", "voice", ErrorCode.VOICE_NOT_FOUND) from None
         if parts is None:
             return None
-        found = []
-        for part, _ in parts:
-            entry = self.voices.get(part) if self.visible(part, caller) else None
+        found, named = [], []
+        for part, weight in parts:
+            target = self.voice_aliases.get(part, part)
+            entry = self.voices.get(target) if self.visible(target, caller) else None
             if entry is None:
                 raise InvalidRequest(f"voice {name!r}: {part!r} is not a voice", "voice", ErrorCode.VOICE_NOT_FOUND)
             found.append(entry)
+            named.append((target, weight))
         engines = {engine for _, engine in found}
         if len(engines) > 1:
             raise InvalidRequest(f"voice {name!r} mixes voices of several models ({', '.join(sorted(engines))}); a "
@@ -113,7 +115,7 @@ class Catalogue:
         if not self.capabilities.get(engine, Capabilities()).mixes_voices:
             raise InvalidRequest(f"voice {name!r}: model {found[0][0].model!r} does not mix voices", "voice",
                                  ErrorCode.VOICE_NOT_FOUND)
-        return replace(found[0][0], name=mix_name(parts)), engine
+        return replace(found[0][0], name=mix_name(named)), engine
 
     def resolve(self, voice: str | None, model: str | None = None, caller: str | None = None) -> tuple[Voice, str]:
         """The voice a request names (or the default) and the name of its model. A model alias (OpenAI's

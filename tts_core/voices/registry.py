@@ -163,7 +163,7 @@ def with_listed(entries: dict[str, VoiceEntry], listed: Callable[[], list[str]])
         for upstream_name in upstream_names:
             name = pattern.replace(LISTED, upstream_name)
             if not VOICE_NAME.fullmatch(name):
-                log.warning("the upstream's voice %r is left out: %r is not a plain voice name", upstream_name, name)
+                log.warning("the listed voice %r is left out: %r is not a plain voice name", upstream_name, name)
             elif name not in expanded:
                 field, value = LISTED_FIELDS[entries[pattern].engine]
                 expanded[name] = entries[pattern].model_copy(update={field: value.format(upstream_name)})
