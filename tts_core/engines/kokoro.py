@@ -146,6 +146,8 @@ def _phonemizer(letter: str) -> Callable[[str], str]:
     has its own, used under its lock."""
     from misaki import espeak
 
+    # phonemizer warns of "words count mismatch" when espeak joins or splits words: the phonemes are read whole
+    logging.getLogger("phonemizer").setLevel(logging.ERROR)
     if letter in "ab":
         reader = espeak.EspeakFallback(british=letter == "b")
         return lambda text: reader(_Word(text))[0] or ""
