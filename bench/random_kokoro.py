@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from pathlib import Path
 
 import torch
+
+from tts_core.engines.kokoro import kmodel
 
 CONFIG = Path(__file__).with_name("kokoro_config.json")
 WEIGHTS = "kokoro-v1_0.pth"  # the released file's name
@@ -35,14 +36,12 @@ FRAMES_PER_PHONEME = 3.0
 
 
 def save_random_kokoro(folder: Path, tiny: bool = False, seed: int = 0, voices: tuple[str, ...] = VOICES) -> Path:
-    from kokoro import KModel  # (its import reads spaCy: a few seconds)
-
     folder.mkdir(parents=True, exist_ok=True)
     config = json.loads(CONFIG.read_text(encoding="utf-8"))
     config.update(TINY if tiny else {})
     (folder / "config.json").write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
     torch.manual_seed(seed)
-    model = _random(KModel, config, folder)
+    model = _random(folder)
     projection = model.predictor.duration_proj.linear_layer
     with torch.no_grad():  # sigmoid(bias) x max_dur outputs: about FRAMES_PER_PHONEME frames
         projection.weight.mul_(0.1)
@@ -56,11 +55,8 @@ def save_random_kokoro(folder: Path, tiny: bool = False, seed: int = 0, voices: 
     return folder
 
 
-def _random(kmodel: type, config: dict, folder: Path):
+def _random(folder: Path) -> torch.nn.Module:
     """KModel reads its weights from a file: an empty one's state, saved and read back, builds it at random."""
     empty = folder / WEIGHTS
     torch.save({}, empty)
-    with warnings.catch_warnings():  # (its LSTMs' dropout, torch's old weight_norm)
-        warnings.simplefilter("ignore", category=UserWarning)
-        warnings.simplefilter("ignore", category=FutureWarning)
-        return kmodel(repo_id="hexgrad/Kokoro-82M", config=str(folder / "config.json"), model=str(empty)).eval()
+    return kmodel("hexgrad/Kokoro-82M", folder / "config.json", empty)

@@ -63,6 +63,11 @@ def _language_letter(language: str) -> str | None:
     return None
 
 
+def _named_as_released(pack: str) -> bool:
+    """A pack named as the released ones are: a language letter, a gender letter, "_", a name (`af_heart`)."""
+    return pack[2:3] == "_"
+
+
 def voice_language(name: str, language: str | None) -> str:
     """A voice's language letter: the registry's language, else its pack's name (`af_heart`: a). Raises
     EngineUnavailable for one Chorus cannot phonemize offline."""
@@ -90,10 +95,10 @@ def pack_names(source: str) -> list[str]:
     with _loading(source):
         folder = model_folder(source, CONFIG_FILES)
     names = sorted(path.stem for path in (folder / "voices").glob("*.pt"))
-    readable = [name for name in names if name[:1].lower() in LANGUAGES and name[2:3] == "_"]
+    readable = [name for name in names if _named_as_released(name) and name[0].lower() in LANGUAGES]
     for name in sorted(set(names) - set(readable)):
-        why = f"it speaks {NOT_OFFLINE[name[0].lower()]}" if name[:1].lower() in NOT_OFFLINE and name[2:3] == "_" \
-            else "its name does not say its language"
+        why = f"it speaks {NOT_OFFLINE[name[0].lower()]}" if _named_as_released(name) and \
+            name[0].lower() in NOT_OFFLINE else "its name does not say its language"
         log.warning("kokoro model %s: the voice pack %r is left out of %r: %s", source, name, "*", why)
     return readable
 
@@ -113,7 +118,7 @@ def _voices(specs: Sequence[VoiceSpec], files: dict[str, Path]) -> list[Voice]:
         pack = files[spec.name].stem
         language = LANGUAGES[voice_language(pack if spec.language is None else spec.name, spec.language)][0]
         voices.append(Voice(spec.name, "kokoro", language, SAMPLE_RATE, speed=spec.speed,
-                            gender=GENDERS.get(pack[1:2].lower()) if pack[2:3] == "_" else None))
+                            gender=GENDERS.get(pack[1].lower()) if _named_as_released(pack) else None))
     return voices
 
 
@@ -173,6 +178,10 @@ class _Batch:
     def valid(self, steps: int) -> torch.Tensor:
         """Each item's length at a resolution of `steps` for the batch's `total` frames."""
         return torch.div(self.frames * steps + self.total - 1, self.total, rounding_mode="floor")
+
+    def rows(self, steps: int) -> list[tuple[int, int]]:
+        """(row, its length) of each item at a resolution of `steps`: the whole of it for one item alone."""
+        return [(0, steps)] if self.frames is None else list(enumerate(self.valid(steps).tolist()))
 
     def keep(self, steps: int, like: torch.Tensor) -> torch.Tensor:
         """[items, 1, steps]: 1 at each item's own positions, 0 past its end."""
@@ -236,9 +245,8 @@ class _ItemSource(nn.Module):
         self.source, self.batch = source, batch
 
     def forward(self, f0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        lengths = [f0.shape[1]] if self.batch.frames is None else self.batch.valid(f0.shape[1]).tolist()
         rows = []
-        for row, length in enumerate(lengths):
+        for row, length in self.batch.rows(f0.shape[1]):
             generator = torch.Generator(f0.device).manual_seed(self.batch.seeds[row])
             made = self._one(f0[row:row + 1, :length], generator)
             rows.append([nn.functional.pad(part, (0, 0, 0, f0.shape[1] - length)) for part in made])
@@ -273,18 +281,15 @@ class _ItemSTFT(nn.Module):
         super().__init__()
         self.stft, self.batch = stft, batch
 
-    def _rows(self, steps: int) -> list[tuple[int, int]]:
-        return [(0, steps)] if self.batch.frames is None else list(enumerate(self.batch.valid(steps).tolist()))
-
     def transform(self, audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        made = [self.stft.transform(audio[row:row + 1, :length]) for row, length in self._rows(audio.shape[-1])]
+        made = [self.stft.transform(audio[row:row + 1, :length]) for row, length in self.batch.rows(audio.shape[-1])]
         frames = max(magnitude.shape[-1] for magnitude, _ in made)
         return tuple(torch.cat([nn.functional.pad(part[index], (0, frames - part[index].shape[-1])) for part in made])
                      for index in (0, 1))
 
     def inverse(self, magnitude: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
         made = [self.stft.inverse(magnitude[row:row + 1, :, :length], phase[row:row + 1, :, :length])
-                for row, length in self._rows(magnitude.shape[-1])]
+                for row, length in self.batch.rows(magnitude.shape[-1])]
         samples = max(audio.shape[-1] for audio in made)
         return torch.cat([nn.functional.pad(audio, (0, samples - audio.shape[-1])) for audio in made])
 
@@ -306,6 +311,17 @@ def _mask_frames(model: nn.Module, batch: _Batch) -> None:
     generator.stft = _ItemSTFT(generator.stft, batch)
 
 
+def kmodel(source: str, config: Path, weights: Path) -> nn.Module:
+    """The kokoro package's KModel from these files, in eval mode (its import reads spaCy: a few seconds, so only
+    when a Kokoro model loads). Its warnings (its LSTMs' dropout, torch's old weight_norm) are nothing to act on."""
+    from kokoro import KModel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=UserWarning)
+        warnings.simplefilter("ignore", category=FutureWarning)
+        return KModel(repo_id=source, config=str(config), model=str(weights)).eval()
+
+
 class KokoroEngine(DeviceMemory, Engine):
     times_words = True
     mixes_voices = True
@@ -313,17 +329,12 @@ class KokoroEngine(DeviceMemory, Engine):
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", name: str | None = None):
         """source: a folder or a hub id (from the local cache when offline); voices: the registry's. It runs in
         fp32 whatever TTS_DTYPE says (its vocoder's STFT and instance norms)."""
-        from kokoro import KModel  # (its import reads spaCy: a few seconds, so only when a Kokoro model loads)
-
         self.name = name or source.rstrip("/").rsplit("/", 1)[-1]
         self.device = resolve_device(device)
         folder, weights, files = _model_files(source, voices)
         self._voices = _voices(voices, files)
         with _loading(source):
-            with warnings.catch_warnings():  # (its LSTMs' dropout, torch's old weight_norm: nothing to act on here)
-                warnings.simplefilter("ignore", category=UserWarning)
-                warnings.simplefilter("ignore", category=FutureWarning)
-                self.model = KModel(repo_id=source, config=str(folder / "config.json"), model=str(weights))
+            self.model = kmodel(source, folder / "config.json", weights)
             self._packs = {name: torch.load(path, map_location="cpu", weights_only=True).reshape(MAX_PHONEMES, -1)
                            for name, path in files.items()}
         self.model.to(self.device).eval()
