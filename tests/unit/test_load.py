@@ -30,11 +30,28 @@ def order(queue: RequestQueue) -> list[int]:
 
 def test_short_goes_first_between_callers_but_a_caller_keeps_its_own_order(clock):
     queue = RequestQueue(20, clock=clock)
-    queue.put_many([item(300, 1, "ip:a")])  # a's long first sentence...
-    queue.put_many([item(20, 2, "ip:a")])  # ...then its short ones
-    queue.put_many([item(20, 3, "ip:a")])
-    queue.put_many([item(20, 4, "ip:b")])  # another caller's short text
+    queue.put_many([item(300, 1, "ip:a", cost_s=3.0)])  # a's long first sentence...
+    queue.put_many([item(20, 2, "ip:a", cost_s=0.2)])  # ...then its short ones
+    queue.put_many([item(20, 3, "ip:a", cost_s=0.2)])
+    queue.put_many([item(20, 4, "ip:b", cost_s=0.2)])  # another caller's short text
     assert order(queue) == [4, 1, 2, 3]
+
+
+def test_under_a_standing_queue_a_short_text_goes_ahead_of_longer_ones_queued_before_it(clock):
+    # eight callers' long sentences of 2 s each wait; 5 s later a ninth caller's short one (0.2 s) arrives. By arrival
+    # and a fixed horizon it would rank behind all eight; its lead is two turns of its own length for each further
+    # caller (3 s), theirs two turns of theirs (30 s)
+    queue = RequestQueue(20, aging_horizon_s=2.0, clock=clock)
+    for tag in range(8):
+        queue.put_many([item(300, tag, f"ip:{tag}", cost_s=2.0)])
+    clock.sleep(5.0)
+    assert queue.predicted_wait(length=20, caller="ip:short") == pytest.approx(0.0)  # (costed as the queued, per token)
+    queue.put_many([item(20, 99, "ip:short", cost_s=0.2)])
+    assert order(queue)[0] == 99
+    # a long text is never starved: what arrives past its lead ranks behind it
+    clock.sleep(30.0)
+    queue.put_many([item(20, 100, "ip:late", cost_s=0.2)])
+    assert order(queue)[:2] == [99, 0] and order(queue)[-1] == 100
 
 
 def test_one_callers_long_text_takes_turns_with_a_newcomer(clock):
@@ -114,13 +131,13 @@ def test_in_an_overload_a_text_is_taken_only_if_its_last_piece_starts_within_the
     for tag in range(3):  # three callers' texts of 2.6 s at once: offered faster than done, a queue 7.8 s deep
         queue.put_many([item(60, tag, f"ip:{tag}", cost_s=2.6)], target=target)
     assert queue.overloaded(target)
-    three = [item(20, 10 + tag, "ip:three", cost_s=1.0) for tag in range(3)]
+    three = [item(20, 10 + tag, "ip:three", cost_s=2.0) for tag in range(3)]
     for tag, piece in enumerate(three if stream else []):
         piece.due_s = 10.0 * tag  # a stream's later pieces, when they will be needed: backlog all the same
-    # a shorter text goes first (short first), but its last sentence would start behind all three and its own two
+    # its shorter sentences go first (short first), but its last would start behind all three and its own two
     with pytest.raises(QueueFull) as raised:
         queue.put_many(three, target=target)
-    assert "whole text is 10 s" in raised.value.message and raised.value.retry_after_s == 8
+    assert "whole text is 12 s" in raised.value.message and raised.value.retry_after_s == 10
     assert queue.put_many([item(20, 20, "ip:one", cost_s=1.5)], target=target) == pytest.approx(0.0)  # taken
 
 
@@ -143,8 +160,9 @@ def test_a_long_text_beside_a_running_batch_is_no_overload(clock):
     wait = queue.put_many([item(20, 100 + tag, "ip:reader", cost_s=0.3) for tag in range(30)], target=target)
     assert wait == pytest.approx(2.5)  # over the overload target, under the usual one: accepted
     assert not queue.overloaded(target)  # the running batch is no queue, and a text no overload of its own
-    # a newcomer: behind the running batch and the text's first piece, accepted at once
-    assert queue.put_many([item(20, 99, "ip:newcomer")], target=target) == pytest.approx(2.8)
+    # a newcomer's sentence of 1 s: behind the running batch and a turn as long as its own of the text (its first
+    # three pieces), not behind all of it; accepted at once
+    assert queue.put_many([item(20, 99, "ip:newcomer")], target=target) == pytest.approx(3.4)
 
 
 def test_one_caller_may_not_fill_the_queue(clock):

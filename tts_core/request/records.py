@@ -91,7 +91,7 @@ class QueuedItem:
     passage: int = 0  # which passage of its script it speaks (tts_core.request.script)
     word_ids: np.ndarray | None = None  # asked for word timestamps: each input token's word of the passage, or -1
     enqueued_at: float = 0.0
-    start: float = 0.0  # the queue's rank: virtual start time, set when queued
+    rank: float = 0.0  # the queue's virtual start for it, when the next batch was last chosen
     future: Future = field(default_factory=Future)
     pieces: AudioPieces | None = None  # set by a caller that plays the audio as it is made
     abandoned: bool = False  # the caller has gone: a running item is stopped at the next step

@@ -1,14 +1,25 @@
 """The request queue of one engine: bounded, ordered, with wait predictions, cancellation and deadlines.
 
-"fair" order (Chorus's) ranks each item by a virtual start time fixed when it is queued:
+"fair" order (Chorus's) ranks each item by a virtual start time, read from the queue as it stands
+(whenever the next batch is chosen or a wait predicted):
 
-- its arrival, plus a delay that grows with its length (short texts go first), capped at
-  `aging_horizon_s` so that a long text is never starved: whatever arrives later than that after
-  it ranks behind it;
+- its arrival, plus a lead that grows with its size (short texts go first), the greater of
+  - its length's share of `aging_horizon_s` (all of it from `long_tokens` up), and
+  - turns as long as its own predicted cost while other callers have items queued: one for the first (when
+    it would start if that caller had a turn as long as its own, as in fair queueing), and FURTHER_TURNS
+    for each further one, so that the more callers stand in the queue, the more short texts go first.
+  The second is the lead that counts under a standing queue. There, a fixed horizon is soon small beside
+  the wait, and the order would become arrival order: a short text would wait behind every long one
+  queued before it (on a simulated closed loop of 16 callers sending single sentences of 20 to 200
+  characters, with this queue: a short sentence's p95 wait 3.3 s instead of 17 s, a long one's 36 s
+  instead of 18 s). A stream's later pieces (needed at their due times) and a stepped engine's streams
+  (they join the running batch as soon as a place frees) take the horizon's lead alone. A lead is
+  bounded by the queue's size, so a long text is never starved: whatever arrives later than its lead
+  after it ranks behind it, and as the queue shrinks, so does its lead;
 - plus, for a stream's later piece, when its audio will be needed (`due_s`);
 - minus a boost per priority class;
-- and never before the virtual end (start + predicted cost) of the same caller's previous item at
-  the same priority. Within one caller, earlier requests go first (a client that sends the
+- and never before the virtual end (start + predicted cost) of the same caller's previous queued item
+  at the same priority. Within one caller, earlier requests go first (a client that sends the
   sentences of an answer at once gets them back in order); between callers, short goes first; and
   one caller's long text or batch takes turns with the others instead of holding the engine
   (a virtual-time fair queue).
@@ -22,10 +33,12 @@ past the operator's target or its deadline, with a Retry-After from the same pre
 The target is lower while the engine is overloaded: offered more work than it does over the last half
 second, and half as much again over the last 2 s and the last 5 s (OFFERED_WINDOWS_S: the predicted cost
 of every text decided, queued or refused; a text is never an overload of its own making), while a queue
-stands in front of new callers (a typical sentence from one would wait the overload target or more
-behind queued work: the batch running now is no queue, and one caller's long text or burst of sentences,
-which the fair order puts behind newcomers, is none either). The long window keeps a normal load's
-chance bursts out; the short one ends an overload half a second after it does, and the middle one within
+stands: the queued work of every caller but the one with the most is the overload target or more (the
+batch running now is no queue, and one caller's long text or burst of sentences, which the fair order puts
+behind newcomers, is none either; not the wait of a typical sentence arriving now, which the fair order
+puts ahead of longer ones under a standing queue, so that it would read an overload late; replayed, this
+reads it sooner and refuses less outside it: docs/benchmarks-history.md). The long window keeps a normal
+load's chance bursts out; the short one ends an overload half a second after it does, and the middle one within
 1.3 s of a 3x overload's end when a text fills the short window by chance (at 70% load a single text of
 over half a second's work does, about a third of the time), while the long one still reads the overload
 for 3 s after it. Replayed (bench/overload_replay.py: this queue on a simulated clock, 60 s at 70%, 60 s
@@ -60,6 +73,7 @@ from .clock import SYSTEM_CLOCK, Clock
 
 QUEUE_ORDERS = ("fair", "fifo")
 PRIORITY_STEP_S = 5.0  # one priority class is worth this much waiting
+FURTHER_TURNS = 2.0  # a text's lead under a standing queue: turns of its cost per caller past the first (module doc)
 LONG_TOKENS = 400  # an item this long (in tokens: ~180 characters of Piper phonemes) is delayed the whole horizon
 TYPICAL_TOKENS = LONG_TOKENS // 4  # a typical sentence: the load score is the wait one arriving now would have
 # an overload: work offered over each window (seconds), over what the engine does in it times the factor
@@ -102,6 +116,10 @@ def _refuse_if_late(wait_s: float, target: WaitTarget, overloaded: bool, deadlin
                         ErrorCode.DEADLINE_UNREACHABLE)
 
 
+def _moving_average(average: float, value: float) -> float:
+    return value if not average else 0.9 * average + 0.1 * value
+
+
 class QueueClosed(Exception):
     """The queue's model was unloaded: submit to the model's batcher again (it loads anew)."""
 
@@ -120,7 +138,7 @@ class RequestQueue:
         self.aging_horizon_s = aging_horizon_s
         self.long_tokens = long_tokens
         self._items: list[QueuedItem] = []
-        self._chain_end: dict[tuple[str, int], float] = {}  # (caller, priority) -> virtual end of its last item
+        self._taken_end: dict[tuple[str, int], float] = {}  # (caller, priority) -> rank + cost of its last item taken
         self._running = 0  # items taken and not yet done
         self._running_until = 0.0  # predicted end of the batch running now
         self._joining_now = 0  # how many queued items would start at once (free places of a stepped engine)
@@ -131,6 +149,7 @@ class RequestQueue:
         self._offered: deque[tuple[float, float]] = deque()  # (when, predicted cost) of texts offered, decided
         self._offered_windows = offered_windows  # {seconds: factor} (bench/overload_replay.py tries others)
         self._piece_cost_s = 0.0  # moving average of the queued pieces' predicted cost
+        self._token_cost_s = 0.0  # and of their cost per token (what a new item's is predicted to be)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -146,33 +165,40 @@ class RequestQueue:
 
     # --- ranking and predictions ------------------------------------------------------------------
 
-    def _start(self, item: QueuedItem, now: float, chain_end: float, due: bool = True) -> float:
+    def _lead(self, item: QueuedItem, others: int) -> float:
+        """How far behind its arrival (or due time) an item ranks, with `others` other callers queued."""
+        lead = self.aging_horizon_s * min(1.0, item.length / self.long_tokens)
+        if others and not item.due_s and item.pieces is None:  # not a stream's later piece, nor a stepped stream
+            lead = max(lead, (1 + FURTHER_TURNS * (others - 1)) * item.cost_s)
+        return lead
+
+    def _ranks(self, now: float, new: Sequence[QueuedItem] = (), due: bool = True) -> list[float]:
+        """The rank of each queued item, then of each of `new` as if queued now (lowest runs first; ties go to
+        the older item), by the queue as it stands: an item's lead depends on how many callers are queued.
+        Without `due`, the new items rank as if a stream's pieces were all needed now."""
+        items = [*self._items, *new]
+        arrivals = [item.enqueued_at for item in self._items] + [now] * len(new)
         if self.order == "fifo":
-            return now
-        length_delay = self.aging_horizon_s * min(1.0, item.length / self.long_tokens)
-        due_s = item.due_s if due else 0.0
-        return max(now + due_s + length_delay - item.priority * PRIORITY_STEP_S, chain_end)
-
-    def _starts(self, items: Sequence[QueuedItem], now: float, due: bool = True) -> tuple[list[float], dict]:
-        """The virtual starts new items would get (without `due`: as if a stream's pieces were all needed
-        now), and the callers' chain ends after them."""
-        chains: dict[tuple[str, int], float] = {}
-        starts = []
-        for item in items:
-            chain = (item.caller, item.priority)
-            end = chains.get(chain, self._chain_end.get(chain, -math.inf)) if item.caller else -math.inf
-            start = self._start(item, now, end, due)
-            starts.append(start)
+            return arrivals
+        others = len({item.caller for item in items}) - 1  # (anonymous items count as one caller)
+        ranks = arrivals[:]
+        chain_end = dict(self._taken_end)  # (caller, priority) -> rank + cost of its last item so far
+        for index in sorted(range(len(items)), key=lambda index: items[index].seq):
+            item = items[index]
+            due_s = item.due_s if due or index < len(self._items) else 0.0
+            rank = arrivals[index] + due_s + self._lead(item, others) - item.priority * PRIORITY_STEP_S
             if item.caller:
-                chains[chain] = start + item.cost_s
-        return starts, chains
+                chain = (item.caller, item.priority)
+                rank = max(rank, chain_end.get(chain, -math.inf))
+                chain_end[chain] = rank + item.cost_s
+            ranks[index] = rank
+        return ranks
 
-    def _wait_before(self, start: float, now: float, running: bool = True) -> float:
-        """The predicted cost of the queued items ranked before `start`, less those that would start at once
-        in free places (they run beside it, not before it), and (running) what is left of the batch running
-        now."""
-        ahead = [((item.start, item.seq), item.cost_s) for item in self._items
-                 if (item.start, item.seq) < (start, math.inf)]
+    def _wait_before(self, ranks: list[float], index: int, now: float, running: bool = True) -> float:
+        """The predicted cost of the queued items ranked before the item at `index` of `ranks` (as _ranks gives
+        them), less those that would start at once in free places (they run beside it, not before it), and
+        (running) what is left of the batch running now."""
+        ahead = [((rank, item.seq), item.cost_s) for rank, item in zip(ranks, self._items) if rank <= ranks[index]]
         joining = heapq.nsmallest(self._joining_now, ahead)
         waited = sum(cost for _, cost in ahead) - sum(cost for _, cost in joining)
         return (max(0.0, self._running_until - now) if running else 0.0) + waited
@@ -182,11 +208,10 @@ class RequestQueue:
         """Seconds until a new item like this one would start, by the queue's present contents (without
         `running`: only what is queued ahead of it)."""
         probe = QueuedItem(EngineInput(np.zeros(max(1, length), dtype=np.int64), ""), key=None, deadline=math.inf,
-                           priority=priority, caller=caller)
+                           priority=priority, caller=caller, cost_s=max(1, length) * self._token_cost_s)
         with self._changed:
-            now = self.clock.now()
-            starts, _ = self._starts([probe], now)
-            return self._wait_before(starts[0], now, running)
+            return self._wait_before(self._ranks(self.clock.now(), [probe]), len(self._items), self.clock.now(),
+                                     running)
 
     def overloaded(self, target: WaitTarget) -> bool:
         """More work was offered over each of its offered windows (queued or refused) than the engine does in
@@ -197,7 +222,21 @@ class RequestQueue:
             self._forget_offers(now)
             offered = all(sum(seconds for when, seconds in self._offered if when >= now - window) > window * factor
                           for window, factor in self._offered_windows.items())
-            return offered and self.predicted_wait(running=False) >= target.overload_s
+            return offered and self._standing_s() >= target.overload_s
+
+    def _standing_s(self) -> float:
+        """The queued work of every caller but the one with the most (one caller's long text or burst of sentences
+        is no queue), less what would start at once in free places."""
+        by_caller: dict[str, float] = {}
+        for item in self._in_order()[self._joining_now:]:
+            by_caller[item.caller] = by_caller.get(item.caller, 0.0) + item.cost_s
+        return sum(by_caller.values()) - max(by_caller.values(), default=0.0)
+
+    def _in_order(self) -> list[QueuedItem]:
+        """The queued items, first to run first (each with its rank)."""
+        for item, rank in zip(self._items, self._ranks(self.clock.now())):
+            item.rank = rank
+        return sorted(self._items, key=lambda item: (item.rank, item.seq))
 
     def _offer(self, seconds: float) -> None:
         """A text's predicted cost, once it is decided (queued or refused): a text is never an overload of
@@ -230,19 +269,15 @@ class RequestQueue:
             try:
                 self._check_room(len(items), items[0].tier, items[0].caller, tier_limit)
                 now = self.clock.now()
-                starts, chains = self._starts(items, now)
-                wait = self._wait_before(starts[0], now)
+                wait = self._wait_before(self._ranks(now, items), len(self._items), now)
                 _refuse_if_late(wait, target, overloaded, items[0].deadline - now,
                                 self._last_wait(items, now) if overloaded else None)
             finally:
                 self._offer(sum(item.cost_s for item in items))
-            for item, start in zip(items, starts):
-                item.enqueued_at, item.start = now, start
-                self._piece_cost_s = item.cost_s if not self._piece_cost_s else \
-                    0.9 * self._piece_cost_s + 0.1 * item.cost_s
-            self._chain_end.update(chains)
-            if len(self._chain_end) > 4 * self.max_size:  # ends in the past no longer hold anyone back
-                self._chain_end = {chain: end for chain, end in self._chain_end.items() if end > now}
+            for item in items:
+                item.enqueued_at = now
+                self._piece_cost_s = _moving_average(self._piece_cost_s, item.cost_s)
+                self._token_cost_s = _moving_average(self._token_cost_s, item.cost_s / max(1, item.length))
             self._items.extend(items)
             self._changed.notify_all()
             return wait
@@ -251,8 +286,8 @@ class RequestQueue:
         """When the last of new items would start, counted in an overload: behind the queued work ranked before
         it and its own earlier pieces, a stream's ranked as if all of it were needed now (its later pieces are
         backlog all the same)."""
-        undue, _ = self._starts(items, now, due=False)
-        return self._wait_before(undue[-1], now) + sum(item.cost_s for item in items[:-1])
+        undue = self._ranks(now, items, due=False)
+        return self._wait_before(undue, len(undue) - 1, now) + sum(item.cost_s for item in items[:-1])
 
     def check(self, count: int, tier: str = "", caller: str = "", priority: int = 0, tier_limit: int | None = None,
               target: WaitTarget = WaitTarget(), deadline_in_s: float = math.inf) -> None:
@@ -338,8 +373,8 @@ class RequestQueue:
                         cancelled += 1
                 else:
                     live.append(item)
-            live.sort(key=lambda item: (item.start, item.seq))
             self._items = live
+            live = self._items = self._in_order()
             candidates = [item for item in live if item.key == live[0].key][:limit] if live else []
         for reason, count in (("cancelled", cancelled), ("deadline", expired)):
             if count:
@@ -348,9 +383,15 @@ class RequestQueue:
 
     def take(self, items: Iterable[QueuedItem], predicted_s: float) -> None:
         """Items leave the queue to run (for about predicted_s seconds); `done` when they have."""
-        taken = {id(item) for item in items}
+        taken = {id(item): item for item in items}
         with self._changed:
             self._items = [item for item in self._items if id(item) not in taken]
+            now = self.clock.now()
+            for item in taken.values():  # a caller's next item ranks after this one's virtual end
+                if item.caller:
+                    self._taken_end[(item.caller, item.priority)] = item.rank + item.cost_s
+            if len(self._taken_end) > 4 * self.max_size:  # ends in the past no longer hold anyone back
+                self._taken_end = {chain: end for chain, end in self._taken_end.items() if end > now}
             self._running += len(taken)
             self._running_until = self.clock.now() + predicted_s
 
