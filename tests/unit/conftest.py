@@ -30,10 +30,11 @@ def start_loop(clock):
     started = []
 
     def start(engine: FakeEngine, policy: str = "adaptive", max_queue: int = 64,
-              aging_horizon_s: float = 2.0, max_batch_size: int = 16, calibration_sizes=(1, 2, 8)):
+              aging_horizon_s: float = 2.0, max_batch_size: int = 16, calibration_sizes=(1, 2, 8), instances: int = 0):
         assert engine.clock is clock, "the engine spends its cost on the loop's clock: FakeEngine(clock=clock)"
         queue = RequestQueue(max_queue, aging_horizon_s, long_tokens=400, clock=clock)
-        loop = make_engine_loop(engine, queue, Metrics(), policy, max_batch_size, 100_000, calibration_sizes)
+        loop = make_engine_loop(engine, queue, Metrics(), policy, max_batch_size, 100_000, calibration_sizes,
+                                instances=instances)
         loop.start()
         assert loop.calibrated.wait(30)
         engine.seen.clear()

@@ -129,3 +129,20 @@ def test_long_texts_are_cut_into_pieces_the_model_can_read(engine):
     assert [tokens.tolist() for tokens, _ in timed] == [piece.tolist() for piece in pieces]
     said_words = [int(word) for _, owners in timed for word in owners if word >= 0]
     assert said_words == sorted(said_words) and set(said_words) == set(range(len(text.split())))
+
+
+def test_with_two_copies_a_batch_is_made_as_each_item_alone_and_the_memory_is_counted_twice(engine):
+    items = [said(engine, "Hello there.", "af_heart"), said(engine, "A second copy makes this one.", "am_adam"),
+             said(engine, "And this.", "bf_emma")]
+    alone = [engine.synthesize([item])[0] for item in items]
+    one_copy_bytes = engine.memory_bytes()
+    assert engine.instance_counts()[:2] == (1, 2)  # (on this CPU: at least two threads)
+    engine.use_instances(2)
+    try:
+        assert engine.instances == 2 and engine.memory_bytes() == 2 * one_copy_bytes
+        for made, expected in zip(engine.synthesize(items), alone, strict=True):
+            assert made.audio.shape == expected.audio.shape
+            assert np.abs(made.audio - expected.audio).max() < 1e-4
+    finally:
+        engine.use_instances(1)
+    assert engine.instances == 1 and engine.memory_bytes() == one_copy_bytes

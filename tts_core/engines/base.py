@@ -175,6 +175,22 @@ class Engine(ABC):
         """Switch to (or back from) a lower precision; False where the engine has none to offer."""
         return False
 
+    def instance_counts(self) -> tuple[int, ...]:
+        """How many copies of its model it could run at once, each with its share of the cores
+        (tts_core.engines.instances): (1,) where it runs one."""
+        return (1,)
+
+    def use_instances(self, count: int) -> None:
+        """Run `count` copies of its model from now on (one of instance_counts), made or dropped here. Called on the
+        engine's thread, between batches."""
+        if count != 1:
+            raise ValueError(f"{self.name} runs one copy of its model")
+
+    @property
+    def instances(self) -> int:
+        """Copies of its model it runs now."""
+        return 1
+
     @abstractmethod
     def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]:
         """One output per input: its audio trimmed to its own length (and, where the engine times words, the

@@ -26,6 +26,7 @@ import threading
 import warnings
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ from ..text.chunks import words
 from ..text.pronunciation import as_text
 from .alignment import unit_words
 from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize, voice_mix
+from .instances import Instances
 from .stepped_torch import model_folder
 from .vits import DeviceMemory, _loading, resolve_device
 
@@ -311,6 +313,21 @@ def _mask_frames(model: nn.Module, batch: _Batch) -> None:
     generator.stft = _ItemSTFT(generator.stft, batch)
 
 
+@dataclass
+class _Copy:
+    """One copy of the model (tts_core.engines.instances), its frame side masked by the batch it is making."""
+
+    model: nn.Module
+    batch: _Batch
+
+    @classmethod
+    def of(cls, model: nn.Module, device: str) -> _Copy:
+        batch = _Batch()
+        model.to(device).eval()
+        _mask_frames(model, batch)
+        return cls(model, batch)
+
+
 def kmodel(source: str, config: Path, weights: Path) -> nn.Module:
     """The kokoro package's KModel from these files, in eval mode (its import reads spaCy: a few seconds, so only
     when a Kokoro model loads). Its warnings (its LSTMs' dropout, torch's old weight_norm) are nothing to act on."""
@@ -337,13 +354,13 @@ class KokoroEngine(DeviceMemory, Engine):
             self.model = kmodel(source, folder / "config.json", weights)
             self._packs = {name: torch.load(path, map_location="cpu", weights_only=True).reshape(MAX_PHONEMES, -1)
                            for name, path in files.items()}
-        self.model.to(self.device).eval()
+        self._another_model = lambda: kmodel(source, folder / "config.json", weights)  # (for more instances)
         self._vocab: dict[str, int] = self.model.vocab
         self._letters = {voice.name: _language_letter(voice.language) for voice in self._voices}
         self._readers = {letter: _phonemizer(letter) for letter in set(self._letters.values())}
         self._reading = threading.Lock()  # (espeak is not reentrant: the text reader and a warm-up may both read)
-        self._batch = _Batch()
-        _mask_frames(self.model, self._batch)
+        self._copies = Instances([_Copy.of(self.model, self.device)])
+        self._torch_threads = torch.get_num_threads()  # the cores' threads (TTS_TORCH_THREADS), shared by the copies
         self.sample_rate = SAMPLE_RATE
 
     def voices(self) -> list[Voice]:
@@ -400,15 +417,38 @@ class KokoroEngine(DeviceMemory, Engine):
         total = sum(weight for _, weight in parts)
         return sum(self._packs[name][row] * (weight / total) for name, weight in parts)
 
-    @torch.inference_mode()
     def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]:
-        audio, durations = self._forward(batch)
+        return self._copies.run(batch, self._synthesize)
+
+    @torch.inference_mode()  # (on the copy's own thread: the mode is a thread's)
+    def _synthesize(self, copy: _Copy, batch: Sequence[EngineInput]) -> list[EngineOutput]:
+        audio, durations = self._forward(copy, batch)
         return [EngineOutput(peak_normalize(made), spans * FRAME_SAMPLES) for made, spans in zip(audio, durations,
                                                                                                    strict=True)]
 
-    def _forward(self, batch: Sequence[EngineInput]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def instance_counts(self) -> tuple[int, ...]:
+        """On a CPU, 1, 2, 4, ... up to its threads; on CUDA one (a batch pays there)."""
+        return (1,) if self.device == "cuda" else tuple(2**k for k in range(self._torch_threads.bit_length()))
+
+    def use_instances(self, count: int) -> None:
+        if count not in self.instance_counts():
+            raise ValueError(f"{self.name} runs one of {self.instance_counts()} copies of its model, not {count}")
+        kept = self._copies.copies[:count]
+        self._copies.close()
+        made = [_Copy.of(self._another_model(), self.device) for _ in range(count - len(kept))]
+        self._copies = Instances(kept + made)
+        torch.set_num_threads(max(1, self._torch_threads // count))  # (torch's threads are the process's)
+
+    @property
+    def instances(self) -> int:
+        return len(self._copies)
+
+    def memory_bytes(self) -> int:
+        return super().memory_bytes() * len(self._copies)
+
+    def _forward(self, copy: _Copy, batch: Sequence[EngineInput]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """KModel.forward_with_tokens for a padded batch: each item's audio and its tokens' frames."""
-        model, device = self.model, self.device
+        model, device = copy.model, self.device
         lengths = torch.tensor([item.length for item in batch])
         ids = torch.zeros((len(batch), int(lengths.max())), dtype=torch.long)
         for row, item in enumerate(batch):
@@ -430,9 +470,9 @@ class KokoroEngine(DeviceMemory, Engine):
             tokens = torch.repeat_interleave(torch.arange(length, device=device), frames_of[row, :length])
             alignment[row, tokens, torch.arange(tokens.shape[0], device=device)] = 1
 
-        self._batch.frames = frames if len(batch) > 1 else None
-        self._batch.total = int(frames.max())
-        self._batch.seeds = [zlib.crc32(item.tokens.tobytes()) for item in batch]
+        copy.batch.frames = frames if len(batch) > 1 else None
+        copy.batch.total = int(frames.max())
+        copy.batch.seeds = [zlib.crc32(item.tokens.tobytes()) for item in batch]
         pitch, energy = model.predictor.F0Ntrain(durations_in.transpose(-1, -2) @ alignment, prosody_style)
         aligned_text = model.text_encoder(ids, lengths, padding) @ alignment
         audio = model.decoder(aligned_text, pitch, energy, style[:, :128]).squeeze(1).float().cpu().numpy()

@@ -24,13 +24,15 @@ from .policy import BatchPolicy, padded_tokens
 log = logging.getLogger(__name__)
 
 CALIBRATION_LENGTHS = (24, 96)  # tokens
+INSTANCES_MARGIN = 1.1  # more copies of a model are chosen only where they make an item this much faster
 
 
 class OneShotStrategy:
     hands_out_pieces = False
 
     def __init__(self, serving: Serving, policy: BatchPolicy, calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16),
-                 empty_cache_every: int = 100, calibration_lengths: Sequence[int] = CALIBRATION_LENGTHS):
+                 empty_cache_every: int = 100, calibration_lengths: Sequence[int] = CALIBRATION_LENGTHS,
+                 instances: int = 0):
         self.serving, self.policy = serving, policy
         self.engine, self.queue, self.metrics = serving.engine, serving.queue, serving.metrics
         self.clock = serving.clock
@@ -39,6 +41,8 @@ class OneShotStrategy:
         self.empty_cache_every = empty_cache_every  # batches between handing cached device memory back
         self._batches_run = 0
         self._candidate_limit = 2 * policy.max_batch_size
+        self.instances = instances  # copies of the engine's model (TTS_ENGINE_INSTANCES); 0: chosen by measurement
+        self.instance_times: dict[int, float] = {}  # copies -> seconds an item took at warm-up, where measured
 
     # --- what the loop asks --------------------------------------------------------------------
 
@@ -52,7 +56,8 @@ class OneShotStrategy:
         return None
 
     def status(self) -> dict:
-        return {"policy": self.policy.describe()}
+        return {"policy": self.policy.describe(), "instances": self.engine.instances,
+                **({"instance_item_s": self.instance_times} if self.instance_times else {})}
 
     def cost_model(self) -> dict:
         model = self.policy.cost_model if self.policy.learns else None
@@ -73,6 +78,7 @@ class OneShotStrategy:
             return seconds
 
         timed(1, self.calibration_lengths[0])  # cold: first runs set up kernels and caches
+        self._choose_instances(timed)
         for length in self.calibration_lengths:  # seed the wait predictions
             self.serving.item_cost.add(1, length, timed(1, length))
         self.engine.measure_memory(tokens[: self.calibration_lengths[-1]])
@@ -85,6 +91,27 @@ class OneShotStrategy:
 
         return [point(size, length) for length in self.calibration_lengths for size in self.calibration_sizes
                 ] if self.policy.learns else []
+
+    def _choose_instances(self, timed: Callable[[int, int], float]) -> None:
+        """TTS_ENGINE_INSTANCES copies of the model (the most the engine runs, at most), or (0) the count whose
+        batch of as many items of the long calibration length takes least time an item (the faster of two runs
+        each, after an untimed one), where that beats one copy by INSTANCES_MARGIN."""
+        counts = self.engine.instance_counts()
+        if self.instances:
+            self.engine.use_instances(max(count for count in counts if count <= self.instances))
+            return
+        if len(counts) == 1:
+            return
+        length = self.calibration_lengths[-1]
+        for count in counts:
+            self.engine.use_instances(count)
+            timed(count, length)
+            self.instance_times[count] = round(min(timed(count, length), timed(count, length)) / count, 4)
+        best = min(self.instance_times, key=self.instance_times.get)
+        pays = self.instance_times[best] * INSTANCES_MARGIN < self.instance_times[1]
+        self.engine.use_instances(best if pays else 1)
+        log.info("%s runs %d copies of its model (seconds an item, by copies: %s)", self.engine.name,
+                 self.engine.instances, self.instance_times)
 
     # --- one turn ----------------------------------------------------------------------------
 
