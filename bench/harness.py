@@ -1,4 +1,5 @@
-"""The batcher against its peers, side by side in one run: `python -m bench [--quick] [--docs]`.
+"""The batcher against its peers, side by side in one run: `python -m bench [--quick] [--docs]`; with the bundled
+voice, its lower precision after them (bench/precision.py).
 
 Every peer is the same server (a separate process on 127.0.0.1) with the same engine; only the
 batching policy and the queue order differ. All peers' servers are up at once and each scenario
@@ -34,6 +35,8 @@ from pathlib import Path
 import httpx
 
 from bench.load import closed_loop, open_loop, summarize
+from bench.precision import print_results as print_precision
+from bench.precision import run as precision_benchmark
 from bench.report import LOWER_IS_BETTER, write_docs, write_html
 from bench.server import ROOT, ServerProcess, start_ray_peer, start_server
 from bench.soak import main as soak
@@ -58,6 +61,7 @@ PLANS = {
               "open_s": 2.0, "streams": 2, "stream_s": 2.0, "stream_workload": "mixed", "idle_requests": 3,
               "max_requests": 400, "ceiling_sizes": [1, 4], "rounds": 2, "calibration_sizes": "1,2"},
 }
+BUNDLED_VOICE = "en_US-joe-medium"
 RAY_PEER = "ray-serve"  # the external peer, run when Ray is installed (bench/ray_peer.py)
 CONTROL = "sequential-again"  # a second sequential server: the A/A control of the mixed rounds
 CEILING = "engine ceiling"  # the engine alone, in this process, taking its turn in the mixed rounds
@@ -479,11 +483,14 @@ def main() -> None:
     parser.add_argument("--upstream", action="store_true",
                         help="instead of the peers, Chorus in front of a second Chorus (engine: upstream) against "
                              "the same clients sent straight to it (bench/upstream.py); writes upstream.json")
+    parser.add_argument("--precision", action="store_true",
+                        help="instead of the peers, the bundled voice at full precision and at int8, its speed and "
+                             "word error rate (bench/precision.py); writes precision.json")
     parser.add_argument("--kokoro", action="store_true",
                         help="instead of the peers, Chorus serving a random-weight Kokoro against Kokoro-FastAPI "
                              "serving the same weights, and the engine ceiling (bench/kokoro.py); writes kokoro.json")
     args = parser.parse_args()
-    args.voice = args.voice or ("pocket-random" if args.upstream else "en_US-joe-medium")
+    args.voice = args.voice or ("pocket-random" if args.upstream else BUNDLED_VOICE)
     if args.soak is not None:
         soak(args.soak, args.out, args.voice)
         return
@@ -493,6 +500,9 @@ def main() -> None:
     out = args.out or ROOT / "bench" / "results" / stamp
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    if args.precision:
+        print_precision(precision_benchmark(args.quick, out))
+        return
     if args.kokoro:
         from bench.kokoro import run as kokoro_benchmark
 
@@ -567,6 +577,8 @@ def main() -> None:
             folder.cleanup()
         engine.close()
 
+    if args.voice == BUNDLED_VOICE and not args.voices_file:  # (after the servers: alone on the machine)
+        results["precision"] = precision_benchmark(args.quick)
     on_gpu = bool(results["machine"]["gpu"])
     results["target_set"] = ("autoregressive, " if stepped else "") + ("GPU" if on_gpu else "CPU")
     results["targets"] = STEPPED_TARGETS if stepped else GPU_TARGETS if on_gpu else CPU_TARGETS
@@ -579,6 +591,8 @@ def main() -> None:
     write_html(results, out / "report.html")
     if "ratios" in results:
         print_table(results)
+    if "precision" in results:
+        print_precision(results["precision"])
     if args.docs:
         write_docs(results, ROOT / "docs", " ".join(["python -m bench", *(["--quick"] if args.quick else [])]))
     print(f"\nwrote {out / 'results.json'} and {out / 'report.html'} in {results['total_s']} s")

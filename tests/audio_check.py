@@ -7,6 +7,8 @@ import io
 import av
 import numpy as np
 
+from bench.recognition import as_heard
+
 
 def decode(data: bytes, response_format: str) -> tuple[np.ndarray, int]:
     """Decode any response format to float32 mono samples and their rate."""
@@ -29,11 +31,5 @@ def duration(data: bytes, response_format: str) -> float:
 
 
 def to_16k_int16(data: bytes) -> np.ndarray:
-    """Resample to what pocketsphinx listens to: 16 kHz mono 16-bit."""
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=16000)
-    pieces = []
-    with av.open(io.BytesIO(data)) as container:
-        for frame in container.decode(audio=0):
-            pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(frame))
-        pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
-    return np.concatenate(pieces).astype(np.int16)
+    """A WAV file as pocketsphinx listens to it."""
+    return as_heard(*decode(data, "wav"))

@@ -46,6 +46,8 @@ def test_quick_benchmark_runs_every_peer_and_writes_complete_results(tmp_path):
     assert set(results["verdicts"]) == set(results["targets"])
     assert (tmp_path / "report.html").stat().st_size > 10_000
     assert "targets (CPU" in run.stdout
+    assert set(results["precision"]["ratios"]) == {"int8_vs_full", "wer_int8_minus_full"}  # the bundled voice's
+    assert "int8_vs_full" in run.stdout and "wer_int8_minus_full" in run.stdout
     write_docs(results, tmp_path / "docs", "python -m bench --quick")  # the docs page renders from the JSON
     page = (tmp_path / "docs" / "benchmarks.md").read_text()
     assert "| engine ceiling (no server) |" in page and "| chorus_vs_ceiling |" in page
@@ -81,3 +83,18 @@ def test_the_kokoro_benchmark_runs_chorus_and_the_ceiling_and_says_when_the_peer
     assert results["served"]["chorus"]["ok"] > 0 and results["ratios"]["chorus_vs_ceiling"] > 0
     assert results["verdicts"] == {"chorus_vs_kokoro_fastapi": "not measured",
                                    "short_p95_vs_kokoro_fastapi": "not measured"}
+
+
+@pytest.mark.timeout(300)
+def test_the_precision_benchmark_measures_both_levels_side_by_side(tmp_path):
+    """`python -m bench --precision --quick`: each level's speed and word error rate, their ratios and verdicts."""
+    run = subprocess.run([sys.executable, "-m", "bench", "--precision", "--quick", "--out", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads((tmp_path / "precision.json").read_text())
+    for level in ("full", "int8"):
+        row = results["levels"][level]
+        assert row["audio_s_per_s"] > 0 and len(row["rounds"]) == 1 and 0 <= row["word_error_rate"] < 0.5, level
+    assert results["ratios"]["int8_vs_full"] > 0 and abs(results["ratios"]["wer_int8_minus_full"]) < 0.5
+    assert set(results["verdicts"]) == set(results["ratios"]) and set(results["verdicts"].values()) <= {"met", "MISSED"}
+    assert "int8_vs_full" in run.stdout and "target >= 1.3" in run.stdout

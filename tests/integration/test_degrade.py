@@ -1,4 +1,5 @@
-"""Degrade mode and overload end to end: a slow fake engine behind the real app and a real HTTP server.
+"""Degrade mode and overload end to end: a slow fake engine (with the bundled Piper voice beside it, where its
+lower precision is checked) behind the real app and a real HTTP server.
 
 The load callers come from distinct addresses (X-Forwarded-For through a trusted proxy), as real
 traffic does: within one caller requests keep their order, so one address alone is not an overload."""
@@ -13,6 +14,7 @@ from app import create_app
 from tests.fakes import FakeEngine
 from tests.serve import serve_in_thread, wait_until
 from tts_core.config import Settings
+from tts_core.engines.piper import PiperEngine, bundled_voice_path
 
 pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
 
@@ -30,19 +32,34 @@ def degrade_state(base: str) -> dict:
     return httpx.get(f"{base}/admin/api/stats", headers=ADMIN).json()["degrade"]
 
 
+def precision(base: str) -> dict:
+    return httpx.get(f"{base}/admin/api/stats", headers=ADMIN).json()["precision"]
+
+
 @pytest.fixture
 def slow_engine():
     return FakeEngine(cost=lambda size, padded: 0.05)
 
 
-@pytest.fixture
-def slow_server(tmp_path, slow_engine):
+def degrade_app(tmp_path, engines):
     settings = Settings(data_dir=tmp_path, admin_token=TOKEN, batch_policy="sequential", max_queue=20,
                         calibration_sizes=[1], model_aliases={}, voice_aliases={}, trusted_proxies=["127.0.0.1"],
                         aging_horizon_s=0.2,
                         operator_defaults={"tiers": {"open": {"rate_limit": None, "sheddable": True}},
                                            "anonymous_tier": "open"})
-    with serve_in_thread(create_app(settings, engines=[slow_engine])) as base:
+    return create_app(settings, engines=engines)
+
+
+@pytest.fixture
+def slow_server(tmp_path, slow_engine):
+    with serve_in_thread(degrade_app(tmp_path, [slow_engine])) as base:
+        yield base
+
+
+@pytest.fixture
+def slow_server_beside_piper(tmp_path, slow_engine):
+    """The slow fake engine with the bundled Piper voice loaded beside it (idle: the load is the fake's)."""
+    with serve_in_thread(degrade_app(tmp_path, [slow_engine, PiperEngine(bundled_voice_path())])) as base:
         yield base
 
 
@@ -68,8 +85,9 @@ class Load:
             thread.join(30)
 
 
-def test_degrade_enters_under_load_caps_text_serves_cache_and_leaves(slow_server):
-    base = slow_server
+def test_degrade_enters_under_load_caps_text_serves_cache_lowers_precision_and_leaves(slow_server_beside_piper):
+    base = slow_server_beside_piper
+    assert precision(base) == {"fake": "full", "en_US-joe-medium": "full"}
     put = httpx.put(f"{base}/admin/api/settings", headers=ADMIN, json={
         "enter_threshold": 0.5, "exit_threshold": 0.2, "queue_wait_target_s": 1.0, "cap_text_chars": 100})
     assert put.status_code == 200, put.text
@@ -90,6 +108,12 @@ def test_degrade_enters_under_load_caps_text_serves_cache_and_leaves(slow_server
         assert hit.status_code == 200 and hit.headers["x-chorus-cache"] == "hit"
         assert "cache_first" in hit.headers["x-chorus-degraded"]
         assert hit.content == first.content
+        # Piper runs its int8 graph (the fake engine has no lower precision) and speaks with it
+        assert wait_until(lambda: precision(base) == {"fake": "low (unsupported: no-op)", "en_US-joe-medium": "low"})
+        piper = httpx.post(f"{base}/v1/audio/speech", timeout=60, headers={"X-Forwarded-For": "10.0.0.2"},
+                           json={"model": "piper", "voice": "en_US-joe-medium", "input": "Spoken in int8.",
+                                 "response_format": "pcm"})
+        assert piper.status_code == 200 and len(piper.content) > 24000  # over half a second of 24 kHz 16-bit
 
         # An operator raises the wait target and the thresholds: the running server leaves degrade mode within
         # a second (the same load is then far under them, however fast this machine runs the queue)
@@ -105,11 +129,11 @@ def test_degrade_enters_under_load_caps_text_serves_cache_and_leaves(slow_server
 
     # it leaves once the score has stayed below exit_threshold for exit_hold_s (5 s)
     assert wait_until(lambda: not degrade_state(base)["active"], 20), "degrade did not end after the load"
+    assert wait_until(lambda: precision(base) == {"fake": "full", "en_US-joe-medium": "full"})
     assert speak(base, LONG_TEXT).status_code == 200
     metrics = httpx.get(f"{base}/metrics").text
-    for action in ("cap_text", "cache_first"):
+    for action in ("cap_text", "cache_first", "lower_precision", "lower_precision_noop"):
         assert f'tts_degrade_actions_total{{action="{action}"}}' in metrics
-    assert 'tts_degrade_actions_total{action="lower_precision_noop"}' in metrics
 
 
 def test_shed_low_priority_answers_503_with_retry_after(slow_server):

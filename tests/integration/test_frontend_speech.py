@@ -2,10 +2,9 @@
 bundled voice and recognised offline (pocketsphinx), come back with their numbers as words."""
 
 import pytest
-from pocketsphinx import Decoder
 
+from bench.recognition import Recogniser
 from tests.audio_check import to_16k_int16
-from tests.integration.test_intelligibility import recognise
 
 # what is written, and number words the recogniser must hear in it
 SENTENCES = [
@@ -19,12 +18,12 @@ SENTENCES = [
 @pytest.fixture(scope="module")
 def heard(speak):
     """The words the recogniser hears in the server's speech of a text (here: "twenty five dollars")."""
-    decoder = Decoder()
+    recogniser = Recogniser()
 
     def heard(text: str, **extra) -> set[str]:
         response = speak(text, "wav", **extra)
         assert response.status_code == 200, response.text
-        return set(recognise(decoder, to_16k_int16(response.content)).lower().split())
+        return set(recogniser.hear(to_16k_int16(response.content)).lower().split())
     return heard
 
 

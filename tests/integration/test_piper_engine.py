@@ -1,10 +1,12 @@
-"""The real bundled voice through the engine alone: batched output equals solo output, and word timing."""
+"""The real bundled voice through the engine alone: batched output equals solo output, word timing, and its
+lower precision (int8)."""
 
 import json
 
 import numpy as np
 import pytest
 
+from bench.recognition import SENTENCES, Recogniser
 from tests.unit.test_word_timing import check_word_ids
 from tts_core.engines.base import word_spans
 from tts_core.engines.piper import PiperEngine, bundled_voice_path, load_piper_engines
@@ -39,6 +41,33 @@ def test_batched_items_equal_solo_items_and_have_no_padded_tail(engine):
 def test_output_is_peak_normalised_float32(engine):
     audio = engine.synthesize(items(engine, ["Normalised audio."]))[0].audio
     assert audio.dtype == np.float32 and np.max(np.abs(audio)) == pytest.approx(1.0)
+
+
+def test_int8_speaks_as_long_and_as_clearly_as_full_precision_and_switches_back(engine):
+    batch = items(engine, SENTENCES[:4])
+    full = engine.synthesize(batch)
+    assert engine.set_low_precision(True)
+    try:
+        low = engine.synthesize(batch)
+    finally:
+        assert engine.set_low_precision(False)
+    again = engine.synthesize(batch)
+    recogniser = Recogniser()
+    errors = {name: np.mean([recogniser.error_rate(text, output.audio, engine.sample_rate)
+                             for text, output in zip(SENTENCES, outputs)]) for name, outputs in
+              (("full", full), ("int8", low))}
+    assert errors["int8"] < 0.35 and errors["int8"] <= errors["full"] + 0.1, errors
+    for item, full_output, low_output, again_output in zip(batch, full, low, again):
+        assert low_output.token_samples.shape == item.tokens.shape
+        assert low_output.token_samples.sum() == low_output.audio.size  # trimmed to its own length
+        assert abs(low_output.audio.size / full_output.audio.size - 1) < 0.05
+        shared = min(low_output.audio.size, full_output.audio.size)
+        assert np.max(np.abs(low_output.audio[:shared] - full_output.audio[:shared])) > 1e-3  # another graph ran
+        assert np.array_equal(again_output.audio, full_output.audio)  # back to full precision
+
+
+def test_memory_counts_both_precisions(engine):
+    assert engine.memory_bytes() > 1.2 * bundled_voice_path().stat().st_size
 
 
 def test_speed_is_part_of_the_batch_key(engine):

@@ -5,12 +5,17 @@ tail is decoder noise, not silence. The graph does compute each phoneme's durati
 (the `Ceil` node), so at load time that tensor is added as a graph output, and each item is
 trimmed to sum(durations) * hop_length samples; those durations are also each token's audio
 (`token_samples`), which word timestamps are read from.
+
+Degrade mode's lower precision is a second session of the same graph with its convolutions int8
+(onnxruntime's dynamic quantization), made at load; the engine switches between the two between batches.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import tempfile
 import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime
+from onnxruntime.quantization import QuantType, quantize_dynamic
 from piper.config import PhonemeType, PiperConfig
 from piper.const import BOS, EOS, PAD
 from piper.voice import PiperVoice
@@ -57,6 +63,43 @@ def _load_with_durations(model_path: Path) -> bytes:
     return model.SerializeToString()
 
 
+def _int8(graph: bytes) -> bytes:
+    """The graph with its spatial convolutions (one group, kernel wider than 1) int8: weights stored as uint8,
+    activations quantized as each batch runs (ConvInteger). On a CPU the voice's time is in its convolutions;
+    measured on the bundled voice (docs/benchmarking.md#lower-precision), pointwise and depthwise ones ran slower
+    quantized (quantizing their input costs more than their cheaper product saves), as did int8 weights (3x slower
+    than uint8: onnxruntime has no fast ConvInteger for them) and MatMuls (no gain)."""
+    model = onnx.load_from_string(graph)
+    weights = {tensor.name: tensor for tensor in model.graph.initializer}
+    spatial = [node.name for node in model.graph.node if _is_spatial_conv(node, weights)]
+    quiet = _QuantizerLogs()
+    logging.getLogger().addFilter(quiet)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "int8.onnx"
+            quantize_dynamic(model, path, op_types_to_quantize=["Conv"], nodes_to_quantize=spatial,
+                             weight_type=QuantType.QUInt8)
+            return path.read_bytes()
+    finally:
+        logging.getLogger().removeFilter(quiet)
+
+
+def _is_spatial_conv(node: onnx.NodeProto, weights: dict[str, onnx.TensorProto]) -> bool:
+    weight = weights.get(node.input[1]) if node.op_type == "Conv" else None
+    groups = next((attribute.i for attribute in node.attribute if attribute.name == "group"), 1)
+    return weight is not None and groups == 1 and math.prod(weight.dims[2:]) > 1
+
+
+class _QuantizerLogs(logging.Filter):
+    """onnxruntime's quantizer logs on the root logger: that the graph had no pre-processing (shape inference, which
+    dynamic quantization does without), and a line for every tensor it leaves in float."""
+
+    folder = str(Path(onnxruntime.quantization.__file__).parent)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.pathname.startswith(self.folder)
+
+
 class PiperEngine(Engine):
     def __init__(self, model_path: Path, intra_op_threads: int = 0, inter_op_threads: int = 1,
                  spinning: bool = False, noise_scale: float | None = None, noise_w: float | None = None,
@@ -73,9 +116,12 @@ class PiperEngine(Engine):
         # front end and the encoders of other requests need between batches.
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         graph = _load_with_durations(model_path)
-        self._model_bytes = len(graph)
+        int8 = _int8(graph)
+        self._model_bytes = len(graph) + len(int8)  # both sessions stay loaded
         session = onnxruntime.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
-        self._session = session
+        self._full, self._int8 = session, onnxruntime.InferenceSession(int8, sess_options=options,
+                                                                        providers=["CPUExecutionProvider"])
+        self._session = session  # the one batches run on
         self._shrink_arena = onnxruntime.RunOptions()
         self._shrink_arena.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self._last_inputs: dict[str, np.ndarray] | None = None  # a one-item input to run release_memory with
@@ -94,6 +140,12 @@ class PiperEngine(Engine):
 
     def memory_bytes(self) -> int:
         return self._model_bytes
+
+    def set_low_precision(self, enabled: bool) -> bool:
+        """The int8 session (or the full one) from the next batch on: only the engine's thread calls it, between
+        batches."""
+        self._session = self._int8 if enabled else self._full
+        return True
 
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
         return [np.asarray(self._front_end.phonemes_to_ids(phonemes), dtype=np.int64)
@@ -173,11 +225,13 @@ class PiperEngine(Engine):
     def release_memory(self) -> None:
         """onnxruntime's CPU arena keeps the memory of the largest batch it ever ran (the warm-up
         sweep's, a 400-character sentence's: hundreds of MB); a one-item run with arena shrinkage
-        gives the unused part back. Called on the engine's thread when it goes idle."""
+        gives the unused part back (in both sessions: the one left by a precision change keeps its arena too). Called
+        on the engine's thread when it goes idle."""
         if self._last_inputs is not None:
             inputs = {**self._last_inputs, "input": self._last_inputs["input"][:, :1],
                       "input_lengths": np.ones(1, dtype=np.int64)}
-            self._session.run(None, inputs, self._shrink_arena)
+            for session in (self._full, self._int8):
+                session.run(None, inputs, self._shrink_arena)
 
 
 def _phoneme_block(pronounced: Pronounced) -> str:
