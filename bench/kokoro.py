@@ -27,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import httpx
 import torch
 
 from bench.harness import OPERATOR, EngineAlone
@@ -106,6 +107,10 @@ def run(quick: bool, out: Path) -> dict:
                 rounds[name].append(summarize(made, elapsed)["audio_s_per_s"])
             print(f"round {number + 1}: " + ", ".join(f"{name} {values[-1]} audio-s/s" for name, values in
                                                        rounds.items()), flush=True)
+        engines = httpx.get(f"{servers['chorus'].base_url}/api/v1/batch/status").json()["engines"]
+        chorus_engine = {name: {key: state.get(key) for key in ("instances", "instance_item_s", "policy")}
+                         for name, state in engines.items()}
+        print(f"Chorus's engine: {json.dumps(chorus_engine)}", flush=True)
     finally:
         for server in servers.values():
             server.stop()
@@ -118,7 +123,7 @@ def run(quick: bool, out: Path) -> dict:
     verdicts = {name: "not measured" if ratios[name] is None else
                 "met" if (ratios[name] >= bound if sense == ">=" else ratios[name] <= bound) else "missed"
                 for name, (sense, bound) in TARGETS.items()}
-    results = {"plan": plan, "clients": CLIENTS, "voice": VOICE, "model": str(model),
+    results = {"plan": plan, "clients": CLIENTS, "voice": VOICE, "model": str(model), "chorus_engine": chorus_engine,
                "peer": {"source": source, "commit": KOKORO_FASTAPI_COMMIT} if source else None,
                "rounds": rounds, "served": served, "ratios": ratios, "targets": TARGETS, "verdicts": verdicts}
     out.mkdir(parents=True, exist_ok=True)
