@@ -89,6 +89,22 @@ def test_copies_are_chosen_where_they_make_an_item_faster(start_loop, clock):
     assert loop.status()["instance_item_s"][2] == pytest.approx(loop.status()["instance_item_s"][1] / 2)
 
 
+def test_with_two_copies_the_policy_sizes_batches_by_one_copys_cost_and_runs_two_at_once(start_loop, clock):
+    engine = Copied(clock, lambda copies, size, padded: linear_cost(size, padded))
+    loop = start_loop(engine)
+    assert loop.strategy.policy.copies == 2
+    engine.gate.clear()  # the first call holds the engine while four more items queue
+    first = make_item(100, tag=1)
+    loop.submit([first])
+    assert engine.calls_started.acquire(timeout=10)
+    queued = [make_item(100, tag=tag) for tag in range(2, 6)]
+    loop.submit(queued)
+    engine.gate.set()
+    for item in [first, *queued]:
+        item.future.result(timeout=10)
+    assert [len(call) for call in engine.seen] == [1, 2, 2]  # a batch of two costs what one item does
+
+
 def test_copies_that_only_share_the_cores_are_not_chosen(start_loop, clock):
     engine = Copied(clock, lambda copies, size, padded: copies * linear_cost(size, padded))  # no faster an item
     loop = start_loop(engine)

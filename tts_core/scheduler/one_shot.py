@@ -99,19 +99,18 @@ class OneShotStrategy:
         counts = self.engine.instance_counts()
         if self.instances:
             self.engine.use_instances(max(count for count in counts if count <= self.instances))
-            return
-        if len(counts) == 1:
-            return
-        length = self.calibration_lengths[-1]
-        for count in counts:
-            self.engine.use_instances(count)
-            timed(count, length)
-            self.instance_times[count] = round(min(timed(count, length), timed(count, length)) / count, 4)
-        best = min(self.instance_times, key=self.instance_times.get)
-        pays = self.instance_times[best] * INSTANCES_MARGIN < self.instance_times[1]
-        self.engine.use_instances(best if pays else 1)
-        log.info("%s runs %d copies of its model (seconds an item, by copies: %s)", self.engine.name,
-                 self.engine.instances, self.instance_times)
+        elif len(counts) > 1:
+            length = self.calibration_lengths[-1]
+            for count in counts:
+                self.engine.use_instances(count)
+                timed(count, length)
+                self.instance_times[count] = round(min(timed(count, length), timed(count, length)) / count, 4)
+            best = min(self.instance_times, key=self.instance_times.get)
+            pays = self.instance_times[best] * INSTANCES_MARGIN < self.instance_times[1]
+            self.engine.use_instances(best if pays else 1)
+            log.info("%s runs %d copies of its model (seconds an item, by copies: %s)", self.engine.name,
+                     self.engine.instances, self.instance_times)
+        self.policy.copies = self.engine.instances  # (its cost model is one copy's)
 
     # --- one turn ----------------------------------------------------------------------------
 

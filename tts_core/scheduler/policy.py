@@ -127,6 +127,7 @@ class BatchPolicy:
     def __init__(self, max_batch_size: int = 1, max_batch_tokens: int = 1 << 30):
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
+        self.copies = 1  # copies of the engine's model a batch is split between (set once they are chosen)
 
     def plan(self, queued: Sequence[Schedulable], now: float, memory_tokens: int | None = None) -> BatchPlan:
         """memory_tokens: the device memory's padded-token budget now (None: no limit but ours)."""
@@ -197,7 +198,14 @@ class AdaptivePolicy(BatchPolicy):
             alone = batch_size * (fixed + per_item) + per_token * real_tokens  # its items, one by one
             if seconds * (1 + self.min_gain) > alone:
                 self.solo_left = SOLO_AFTER_MISS
-        self.cost_model.add(batch_size, padded, seconds, calibration)
+        self.cost_model.add(*self._per_copy(batch_size, padded), seconds, calibration)
+
+    def _per_copy(self, batch_size: int, padded: int) -> tuple[int, int]:
+        """A batch's size and padded tokens as one copy of the model runs them: with copies (the engine's
+        instances), its largest part, the parts running at once (tts_core.engines.instances). The cost model is
+        one copy's."""
+        part = -(-batch_size // self.copies)
+        return part, part * (padded // batch_size)
 
     def describe(self) -> dict:
         fixed, per_item, per_token = self.cost_model.coefficients
@@ -225,7 +233,7 @@ class AdaptivePolicy(BatchPolicy):
             padded = size * longest
             if size > 1 and padded > budget:
                 break
-            seconds = max(self.cost_model.predict(size, padded), 1e-6)
+            seconds = max(self.cost_model.predict(*self._per_copy(size, padded)), 1e-6)
             if size > 1 and now + seconds > earliest_deadline:
                 break
             pays = size == 1 or one_by_one >= seconds * (1 + self.min_gain)
