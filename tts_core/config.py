@@ -75,7 +75,7 @@ class Settings(BaseSettings):
     piper_noise_w: float | None = Field(None, ge=0)
     torch_threads: int = Field(0, ge=0)  # torch's CPU threads for transformers engines; 0: torch's own (one a core)
     onnx_spinning: bool = False  # busy-wait idle onnxruntime threads (faster alone, slower when serving)
-    engine_instances: int = Field(0, ge=0)  # copies of a one-shot model on a CPU; 0: as many as measure fastest
+    engine_instances: int = Field(1, ge=0)  # copies of a one-shot model on a CPU; 0: as many as measure fastest
     voices_file: Path | None = None  # YAML voice registry (transformers VITS models, named Piper voices)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # for transformers models
     dtype: Literal["fp32", "fp16", "bf16"] = "fp32"  # for transformers models; fp16/bf16 need CUDA
