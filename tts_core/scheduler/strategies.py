@@ -29,7 +29,7 @@ STEPPED_CALIBRATION_LENGTHS = (4, 12)
 def make_engine_loop(engine: Engine, queue: RequestQueue, metrics: Metrics, policy: str = "adaptive",
                      max_batch_size: int = 16, max_batch_tokens: int = 8192,
                      calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16), min_free_memory_mb: int = 2048,
-                     empty_cache_every: int = 100, cpu_cache_mb: int = 1024, instances: int = 0) -> EngineLoop:
+                     empty_cache_every: int = 100, cpu_cache_mb: int = 1024, instances: int = 1) -> EngineLoop:
     """The engine's loop, not started. max_batch_size is a one-shot engine's; a stepped engine's is the
     most it runs at once (its max_running). instances: copies of a one-shot engine's model (0: measured)."""
     serving = Serving(engine, queue, metrics, min_free_memory_mb)
