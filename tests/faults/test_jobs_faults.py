@@ -107,7 +107,7 @@ LONG_TEXT = " ".join(f"This is sentence number {number} of a long answer that ke
 @pytest.fixture(scope="module")
 def degrading_server(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("degrade"), calibration_sizes="1", log_level="info",
-                          operator_defaults=json.dumps(DEGRADE_EASILY))
+                          operator_defaults=json.dumps(DEGRADE_EASILY), trusted_proxies="127.0.0.1")
     yield server
     server.stop()
 
@@ -119,9 +119,13 @@ def test_jobs_wait_out_degrade_mode_and_fail_only_at_their_own_deadline(degradin
     def job(job_id: str) -> dict:
         return httpx.get(f"{base}/v1/audio/jobs/{job_id}").json()
 
-    load = threading.Thread(target=lambda: httpx.post(f"{base}/v1/audio/speech", timeout=300,
-                                                      json={**SHORT, "input": LONG_TEXT}))
-    load.start()
+    # three callers' long texts: a load (one caller's long text alone is none: its sentences take turns with
+    # newcomers)
+    loads = [threading.Thread(target=lambda caller=caller: httpx.post(
+        f"{base}/v1/audio/speech", timeout=300, json={**SHORT, "input": LONG_TEXT},
+        headers={"X-Forwarded-For": f"10.3.0.{caller}"})) for caller in range(1, 4)]
+    for load in loads:
+        load.start()
     try:
         assert wait_until(lambda: metric(base, "tts_degrade_active") == 1, 60), "degrade mode never began"
         hurried = httpx.post(f"{base}/v1/audio/jobs", json={**SHORT, "input": job_text, "deadline_s": 2}).json()
@@ -136,7 +140,8 @@ def test_jobs_wait_out_degrade_mode_and_fail_only_at_their_own_deadline(degradin
                                                                                       or ""), 30)
         assert job(waiting["id"])["status"] == "queued"  # put back to wait, not failed
     finally:
-        load.join(300)
+        for load in loads:
+            load.join(300)
     started = time.monotonic()
     assert wait_until(lambda: job(waiting["id"])["status"] == "succeeded", 120)
     done = job(waiting["id"])
