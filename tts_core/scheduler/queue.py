@@ -210,8 +210,8 @@ class RequestQueue:
         probe = QueuedItem(EngineInput(np.zeros(max(1, length), dtype=np.int64), ""), key=None, deadline=math.inf,
                            priority=priority, caller=caller, cost_s=max(1, length) * self._token_cost_s)
         with self._changed:
-            return self._wait_before(self._ranks(self.clock.now(), [probe]), len(self._items), self.clock.now(),
-                                     running)
+            now = self.clock.now()
+            return self._wait_before(self._ranks(now, [probe]), len(self._items), now, running)
 
     def overloaded(self, target: WaitTarget) -> bool:
         """More work was offered over each of its offered windows (queued or refused) than the engine does in
