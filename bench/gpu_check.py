@@ -14,6 +14,10 @@
    sequential and static (request-level), 16 callers of mixed texts; audio seconds per second and
    frames per step, and each engine's ceiling. A model whose part would end past the time budget is
    skipped, and the JSON says so.
+4. Kokoro (bench/kokoro.py, its "gpu" plan): Chorus serving a random-weight Kokoro at the released size over HTTP
+   against Kokoro-FastAPI serving the same weights (when KOKORO_FASTAPI_DIR names its source, else left out and
+   said so), 16 clients, the mixed texts; the target on a GPU is 2x Kokoro-FastAPI. It needs the kokoro package
+   and misaki; without them, or with under KOKORO_NEEDS_S of the budget left, it is skipped and the JSON says why.
 
 Needs torch, transformers 5.23 (for Pocket TTS and VibeVoice: carry its wheel where the machine has an
 older one), numpy, tokenizers, safetensors and prometheus_client; no PyAV and no Piper (the random
@@ -50,6 +54,7 @@ POLICIES = ["sequential", "static", "adaptive"]
 MAX_BATCH_SIZE = 64
 MAX_BATCH_TOKENS = 1 << 20  # the memory budget, not this, bounds batches on the GPU
 VOICE = "random"
+KOKORO_NEEDS_S = 240.0  # the Kokoro part: two servers ready, two rounds of 30 s each way, the ceiling
 BUDGET_S = 470.0  # the whole check on an H200, under 8 minutes: a part that would end later is skipped
 
 
@@ -180,6 +185,22 @@ def check_vits(device: str, quick: bool, plan: dict, result: dict) -> None:
         torch.cuda.empty_cache()
 
 
+def check_kokoro(device: str, quick: bool, started: float, out: Path) -> dict:
+    """Part 4 (see the module's docstring); on the CPU (--device cpu) only with --quick (the tiny model)."""
+    spent = time.perf_counter() - started
+    if device == "cpu" and not quick:
+        return {"skipped": "not run: on the CPU, python -m bench --kokoro is the full comparison"}
+    if not quick and spent + KOKORO_NEEDS_S > BUDGET_S:
+        return {"skipped": f"not started: {spent:.0f} s of the check's {BUDGET_S:.0f} s were spent"}
+    try:
+        from bench.kokoro import run
+
+        return run(quick, out, None if quick else "gpu")
+    except Exception as error:  # (a missing package, a server that did not start): said, and the check goes on
+        print(f"kokoro: skipped ({type(error).__name__}: {error})", flush=True)
+        return {"skipped": f"failed: {type(error).__name__}: {error}"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -196,6 +217,7 @@ def main() -> None:
         result["gpu_memory_gb"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
     check_vits(args.device, args.quick, plan, result)
     result["stepped"] = gpu_stepped.check(args.device, args.quick, started, BUDGET_S)
+    result["kokoro"] = check_kokoro(args.device, args.quick, started, args.out)
     result["total_s"] = round(time.perf_counter() - started, 1)
     (args.out / "gpu_check.json").write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out / 'gpu_check.json'} in {result['total_s']} s", flush=True)

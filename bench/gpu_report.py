@@ -69,6 +69,26 @@ def _stepped_section(kind: str, part: dict) -> list[str]:
     return lines
 
 
+def _kokoro_section(part: dict) -> list[str]:
+    """Chorus serving Kokoro over HTTP against Kokoro-FastAPI (bench/kokoro.py)."""
+    lines = ["## Kokoro against Kokoro-FastAPI", ""]
+    if "skipped" in part:
+        return [*lines, f"Skipped: {part['skipped']}.", ""]
+    plan = part["plan"]
+    lines += [f"{part['clients']} clients of the mixed texts, {plan['rounds']} rounds of {plan['round_s']} s each "
+              f"server, random weights at the {'tiny' if plan['tiny'] else 'released'} size"
+              + ("" if part["peer"] else "; Kokoro-FastAPI was left out (KOKORO_FASTAPI_DIR not set)") + ".", "",
+              "| server | audio-s/s by round | short p95 ms | errors |", "| --- | --- | --- | --- |"]
+    for name, rounds in part["rounds"].items():
+        served = part["served"].get(name, {})
+        lines.append(f"| {name} | {rounds} | {_or_na(served.get('short_p95_ms'))} | {served.get('errors', '')} |")
+    lines += ["", "| ratio | measured | wanted | |", "| --- | --- | --- | --- |"]
+    for name, value in part["ratios"].items():
+        sense, bound = part["targets"].get(name, ("", ""))
+        lines.append(f"| {name} | {value} | {sense} {bound} | {part['verdicts'].get(name, '')} |")
+    return [*lines, ""]
+
+
 def render(result: dict) -> str:
     where = f"{result['gpu']} ({result['gpu_memory_gb']} GiB)" if result.get("gpu") else result["device"]
     model = result["model"]
@@ -120,6 +140,8 @@ def render(result: dict) -> str:
         ]
         for kind, part in result["stepped"].items():
             lines += _stepped_section(kind, part)
+    if "kokoro" in result:
+        lines += _kokoro_section(result["kokoro"])
     return "\n".join(lines)
 
 

@@ -45,6 +45,7 @@ from bench.workload import texts
 from tts_core.config import Settings
 from tts_core.engines import load_voice_engine
 from tts_core.request.records import EngineInput
+from tts_core.scheduler.one_shot import INSTANCES_MARGIN
 
 PEERS = {
     "sequential": {"batch_policy": "sequential", "queue_order": "fifo"},
@@ -67,6 +68,7 @@ CONTROL = "sequential-again"  # a second sequential server: the A/A control of t
 CEILING = "engine ceiling"  # the engine alone, in this process, taking its turn in the mixed rounds
 CPU_TARGETS = {"chorus_vs_sequential": 1.0, "chorus_vs_static": 1.1, "chorus_vs_ceiling": 0.9,
                "short_p95_vs_sequential": 0.5, "idle_ms_over_raw": 10.0}
+COPIES_TARGET = 1.2  # chorus_vs_sequential on a CPU where copies of the model pay (the engine alone measures them)
 GPU_TARGETS = {"chorus_vs_static": 1.4, "chorus_vs_ceiling": 0.8}
 # An autoregressive voice (a stepped engine), continuous batching against request-level batches: the mixed
 # closed loop with 16 clients; time to first audio of a stream that starts while 7 others run (a closed loop
@@ -151,6 +153,38 @@ class EngineAlone:
                 best = {"batch_size": size, "audio_s_per_s": round(audio / seconds, 3),
                         "requests_per_s": round(len(batch) / seconds, 3)}
         return best
+
+
+    def copies(self, workload: str, plan: dict) -> dict:
+        """A one-shot engine that can run several copies of its model (tts_core.engines.instances): the same texts,
+        length-sorted, in batches of as many items as copies (each copy making one item at a time, as a served
+        batch is split between them), at each count it can run, in alternating order over plan["rounds"] rounds.
+        Returns each count's audio-s/s by round and `best_vs_one`, the best count's median ratio over one copy's
+        round by round; leaves the engine with one copy, as the servers run it by default (TTS_ENGINE_INSTANCES):
+        copies that pay here did not pay served (docs/benchmarking.md#copies-of-a-model)."""
+        return self._on_its_thread(self._copies, workload, plan)
+
+    def _copies(self, workload: str, plan: dict) -> dict:
+        counts = self.engine.instance_counts()
+        if self.engine.makes_frames or len(counts) == 1:
+            return {}
+        token_lists = sorted((tokens for text in texts(workload, plan["texts"])
+                              for tokens in self.engine.tokenize(text, self.voice)), key=len)
+        rounds: dict[int, list[float]] = {count: [] for count in counts}
+        for number in range(plan["rounds"]):
+            for count in counts if number % 2 == 0 else counts[::-1]:
+                self.engine.use_instances(count)
+                batches = _batches(token_lists, count, self.max_batch_tokens)
+                self._run_batch(batches[-1])  # untimed: the new sessions' first run
+                started = time.perf_counter()
+                audio = sum(self._run_batch(batch) for batch in batches)
+                rounds[count].append(round(audio / (time.perf_counter() - started), 3))
+        ratios = {count: statistics.median(a / b for a, b in zip(values, rounds[1]))
+                  for count, values in rounds.items()}
+        best = max(ratios, key=ratios.get)
+        self.engine.use_instances(1)
+        return {"audio_s_per_s": rounds, "best": best, "best_vs_one": round(ratios[best], 3),
+                "pays_alone": ratios[best] >= INSTANCES_MARGIN}
 
 
 def idle_latencies(engine: EngineAlone, servers: dict[str, str], plan: dict, voice: str) -> dict[str, dict]:
@@ -390,6 +424,8 @@ def ratios(results: dict) -> tuple[dict, dict]:
     measured["first_audio_p95_vs_idle_p50"] = (round(loaded_first / idle_first, 3)
                                                if idle_first and loaded_first else None)
     ranges = {name: [round(min(values), 3), round(max(values), 3)] for name, values in throughput.items() if values}
+    if results["engine"].get("copies"):
+        measured["copies_alone_vs_one"] = results["engine"]["copies"]["best_vs_one"]
     return measured, ranges
 
 
@@ -524,10 +560,15 @@ def main() -> None:
         plan = {**plan, **STEPPED_PLAN,
                 **({"clients": 4, "streams": 4} if args.quick else STEPPED_FULL_PLAN)}
     workloads = list(dict.fromkeys([*plan["workloads"], "mixed"]))
+    copies = {} if stepped else engine.copies("mixed", plan)
+    if copies:
+        print(f"copies of the model alone, audio-s/s by round: {copies['audio_s_per_s']} (best {copies['best']}: "
+              f"{copies['best_vs_one']}x one copy)", flush=True)
     ceiling = {workload: engine.ceiling(workload, plan, plan["ceiling_sizes"]) for workload in workloads}
     rates = [round(fraction * ceiling["mixed"]["requests_per_s"], 3) for fraction in plan["open_fractions"]]
     results = {"plan": plan_name, "settings": plan, "machine": machine(), "voice": args.voice,
-               "started_at": stamp, "engine": {"ceiling": ceiling}, "offered_rates": rates, "peers": {}}
+               "started_at": stamp, "engine": {"ceiling": ceiling, "copies": copies}, "offered_rates": rates,
+               "peers": {}}
     ray = importlib.util.find_spec("ray") is not None and not args.no_ray
     results["ray_serve"] = (f"run as the peer {RAY_PEER!r}: the same engine, Ray's @serve.batch (16 texts, 10 ms)"
                             if ray else "not run (--no-ray)" if args.no_ray else "not installed")
@@ -582,6 +623,9 @@ def main() -> None:
     on_gpu = bool(results["machine"]["gpu"])
     results["target_set"] = ("autoregressive, " if stepped else "") + ("GPU" if on_gpu else "CPU")
     results["targets"] = STEPPED_TARGETS if stepped else GPU_TARGETS if on_gpu else CPU_TARGETS
+    if copies.get("pays_alone") and not on_gpu and results["peers"].get("chorus", {}).get("status", {}).get(
+            "engines", {}).get(args.voice, {}).get("instances", 1) > 1:  # copies pay alone, and chorus runs them
+        results["targets"] = {**results["targets"], "chorus_vs_sequential": COPIES_TARGET}
     results["engine_shape"] = "stepped (autoregressive)" if stepped else "one-shot"
     if set(PEERS) <= set(results["peers"]):
         results["ratios"], results["ratio_ranges"] = ratios(results)

@@ -266,6 +266,9 @@ def write_docs(results: dict, docs: Path, command: str) -> None:
           f"{target} | {results['verdicts'][name]} |" for name, target in results["targets"].items()],
         f"| control_vs_sequential (A/A) | {results['ratios'].get('control_vs_sequential')} | "
         f"{_range(results, 'control_vs_sequential')} | 1.0 | |",
+        *([f"| copies_alone_vs_one (the engine alone, {results['engine']['copies']['best']} copies) | "
+           f"{results['ratios']['copies_alone_vs_one']} | | (no target) | |"]
+          if "copies_alone_vs_one" in results["ratios"] else []),
         "",
         "## What the numbers mean",
         "",

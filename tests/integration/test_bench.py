@@ -44,6 +44,11 @@ def test_quick_benchmark_runs_every_peer_and_writes_complete_results(tmp_path):
     for name, (low, high) in results["ratio_ranges"].items():
         assert 0 < low <= results["ratios"][name] <= high, name
     assert set(results["verdicts"]) == set(results["targets"])
+    copies = results["engine"]["copies"]  # the bundled voice's copies alone, one against two (this CPU has two cores)
+    assert {"1", "2"} <= set(copies["audio_s_per_s"]) and all(len(values) == 2 and min(values) > 0
+                                                                 for values in copies["audio_s_per_s"].values())
+    assert results["ratios"]["copies_alone_vs_one"] == copies["best_vs_one"] > 0
+    assert results["peers"]["chorus"]["status"]["engines"][results["voice"]]["instances"] >= 1
     assert (tmp_path / "report.html").stat().st_size > 10_000
     assert "targets (CPU" in run.stdout
     assert set(results["precision"]["ratios"]) == {"int8_vs_full", "wer_int8_minus_full"}  # the bundled voice's

@@ -12,9 +12,10 @@ from bench.server import ROOT
 pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
 
 
+@pytest.mark.timeout(600)  # (its Kokoro part starts a server)
 def test_gpu_check_runs_on_the_cpu_and_its_json_renders_the_docs_page(tmp_path):
     run = subprocess.run(["bash", "bench/gpu_check.sh", "--device", "cpu", "--quick", "--out", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=240)
+                         cwd=ROOT, capture_output=True, text=True, timeout=480)
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert [row["batch_size"] for row in result["sweep"]] == [1, 2, 4, 8]
@@ -29,6 +30,9 @@ def test_gpu_check_runs_on_the_cpu_and_its_json_renders_the_docs_page(tmp_path):
         assert [row["frames_per_step"] for row in part["served"]][0] == 1.0  # sequential: one at a time
         assert part["served"][2]["frames_per_step"] > 1 and part["ceiling"]["frames_per_step"] > 1
         assert set(part["ratios"]) == set(part["targets"]) and part["seconds"] > 0
+    kokoro = result["kokoro"]  # the tiny Kokoro over HTTP; Kokoro-FastAPI left out here (no KOKORO_FASTAPI_DIR)
+    assert kokoro["rounds"]["chorus"][0] > 0 and kokoro["ratios"]["chorus_vs_ceiling"] > 0
+    assert kokoro["verdicts"]["chorus_vs_kokoro_fastapi"] == "not measured"
     assert_renders(tmp_path / "gpu_check.json", result, tmp_path / "docs")
 
 
@@ -49,6 +53,7 @@ def assert_renders(path, result, docs):
         assert f"### {kind}" in page and f"{part['ceiling']['audio_s_per_s']} audio-s/s" in page
         for row in part["served"]:
             assert f"| {row['policy']} | {row['audio_s_per_s']} | {row['frames_per_step']} |" in page
+    assert f"| chorus | {result['kokoro']['rounds']['chorus']} |" in page
 
 
 def test_gpu_report_refuses_a_file_that_is_not_a_gpu_check_result(tmp_path):

@@ -70,6 +70,28 @@ def test_memory_counts_both_precisions(engine):
     assert engine.memory_bytes() > 1.2 * bundled_voice_path().stat().st_size
 
 
+def test_with_two_copies_a_batch_is_made_as_each_item_alone_at_either_precision_and_memory_counts_them(engine):
+    batch = items(engine, TEXTS)
+    alone = [engine.synthesize([item])[0].audio for item in batch]
+    one_copy_bytes = engine.memory_bytes()
+    assert engine.instance_counts()[:2] == (1, 2)  # (on this CPU: at least two cores)
+    engine.use_instances(2)
+    try:
+        assert engine.instances == 2 and engine.memory_bytes() == 3 * one_copy_bytes  # and the whole one: a lone item
+        assert np.max(np.abs(engine.synthesize(batch[:1])[0].audio - alone[0])) < 2e-3
+        for made, expected in zip(engine.synthesize(batch), alone, strict=True):
+            assert made.audio.shape == expected.shape and np.max(np.abs(made.audio - expected)) < 2e-3
+        engine.set_low_precision(True)
+        low = engine.synthesize(batch)
+        assert all(abs(made.audio.size / expected.size - 1) < 0.05 for made, expected in zip(low, alone, strict=True))
+    finally:
+        engine.set_low_precision(False)
+        engine.use_instances(1)
+    assert engine.instances == 1 and engine.memory_bytes() == one_copy_bytes
+    with pytest.raises(ValueError, match="copies"):
+        engine.use_instances(3)
+
+
 def test_speed_is_part_of_the_batch_key(engine):
     assert engine.batch_key(engine.name, 1.0) != engine.batch_key(engine.name, 1.5)
     with pytest.raises(ValueError):

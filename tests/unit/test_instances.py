@@ -38,6 +38,12 @@ def test_the_parts_run_at_once_and_the_outputs_keep_the_batchs_order():
         assert copies.run(inputs(7), lambda copy, part: [copy]) == ["first"]  # one item: one copy, no other thread
     finally:
         copies.close()
+    with_whole = Instances(["first", "second"], alone="whole")  # a lone item runs on the copy with every thread
+    try:
+        assert with_whole.run(inputs(7), lambda copy, part: [copy]) == ["whole"]
+        assert with_whole.run(inputs(7, 7), lambda copy, part: [copy]) == ["first", "second"]
+    finally:
+        with_whole.close()
 
 
 def test_a_failing_part_fails_the_batch_once_every_part_has_ended():

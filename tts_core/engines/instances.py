@@ -4,7 +4,9 @@ On a CPU a padded batch does not pay, and one copy of a small model leaves cores
 bursts (Triton's answer is several instances of a model). A batch given to an engine with copies is split
 between them, longest items first to the copy with least work, and the parts run at once, each copy on a
 thread of its own (the first on the engine's thread): so a batch of two costs about what one item does, and the
-batch policy, which sizes batches by their measured cost, chooses how many copies work.
+batch policy, which sizes batches by their measured cost, chooses how many copies work. An engine may also keep a
+copy with all the cores' threads for a batch that does not split (one item), so that a lone request, as on a lightly
+loaded server, is made as fast as with one copy.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ def split(batch: Sequence[EngineInput], parts: int) -> list[list[int]]:
 class Instances(Generic[Copy]):
     """The copies of a model, and the threads their parts of a batch run on."""
 
-    def __init__(self, copies: Sequence[Copy]):
-        self.copies = list(copies)
+    def __init__(self, copies: Sequence[Copy], alone: Copy | None = None):
+        """alone: the copy a batch of one item runs on (default: the first)."""
+        self.copies, self.alone = list(copies), alone if alone is not None else copies[0]
         self._threads = ThreadPoolExecutor(len(self.copies) - 1, thread_name_prefix="engine-copy") \
             if len(self.copies) > 1 else None
 
@@ -57,7 +60,7 @@ class Instances(Generic[Copy]):
         """synthesize(copy, part) for each copy's part of the batch, at once; the outputs in the batch's order."""
         parts = split(batch, len(self.copies))
         if len(parts) == 1:
-            return synthesize(self.copies[0], list(batch))
+            return synthesize(self.alone if len(batch) == 1 else self.copies[0], list(batch))
         others = [self._threads.submit(synthesize, copy, [batch[index] for index in part])
                   for copy, part in zip(self.copies[1:], parts[1:])]
         try:

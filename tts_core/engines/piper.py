@@ -8,6 +8,10 @@ trimmed to sum(durations) * hop_length samples; those durations are also each to
 
 Degrade mode's lower precision is a second session of the same graph with its convolutions int8
 (onnxruntime's dynamic quantization), made at load; the engine switches between the two between batches.
+
+On a CPU it can run several copies of the graph (tts_core.engines.instances), each a pair of sessions with its
+share of the intra-op threads: a batch's items are split between them and run at once; a lone item runs on the
+pair with all the threads, kept beside them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import math
 import tempfile
 import unicodedata
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +38,7 @@ from ..text.chunks import words
 from ..text.pronunciation import OPEN, Pronounced, as_text, split_marked
 from .alignment import unit_words
 from .base import Capabilities, Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
+from .instances import Instances, cpu_cores
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +106,14 @@ class _QuantizerLogs(logging.Filter):
         return not record.pathname.startswith(self.folder)
 
 
+@dataclass
+class _Sessions:
+    """One copy of a voice's graph: the session batches run on at full precision, and its int8 twin."""
+
+    full: onnxruntime.InferenceSession
+    int8: onnxruntime.InferenceSession
+
+
 class PiperEngine(Engine):
     def __init__(self, model_path: Path, intra_op_threads: int = 0, inter_op_threads: int = 1,
                  spinning: bool = False, noise_scale: float | None = None, noise_w: float | None = None,
@@ -109,25 +123,18 @@ class PiperEngine(Engine):
         self.name = name or model_path.name.removesuffix(".onnx")
         with open(model_path.with_name(model_path.name + ".json"), encoding="utf-8") as file:
             self.config = PiperConfig.from_dict(json.load(file))
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = intra_op_threads
-        options.inter_op_num_threads = inter_op_threads
-        # Idle onnxruntime threads spin by default, taking the cores that the event loop, the
-        # front end and the encoders of other requests need between batches.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        graph = _load_with_durations(model_path)
-        int8 = _int8(graph)
-        self._model_bytes = len(graph) + len(int8)  # both sessions stay loaded
-        session = onnxruntime.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
-        self._full, self._int8 = session, onnxruntime.InferenceSession(int8, sess_options=options,
-                                                                        providers=["CPUExecutionProvider"])
-        self._session = session  # the one batches run on
+        self._threads = (intra_op_threads, inter_op_threads, spinning)
+        self._graphs = (graph := _load_with_durations(model_path), _int8(graph))
+        self._model_bytes = sum(map(len, self._graphs))  # both sessions stay loaded
+        self._whole = self._sessions(intra_op_threads)  # all the threads: one copy, or a lone item beside copies
+        self._copies = Instances([self._whole])
+        self._low = False  # batches run on the int8 sessions
         self._shrink_arena = onnxruntime.RunOptions()
         self._shrink_arena.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self._last_inputs: dict[str, np.ndarray] | None = None  # a one-item input to run release_memory with
-        # PiperVoice is used for its front end only (espeak-ng phonemes -> ids); the session
-        # is ours, and synthesis below runs whole batches.
-        self._front_end = PiperVoice(session=session, config=self.config)
+        # PiperVoice is used for its front end only (espeak-ng phonemes -> ids); the sessions
+        # are ours, and synthesis below runs whole batches.
+        self._front_end = PiperVoice(session=self._whole.full, config=self.config)
         self.sample_rate = self.config.sample_rate
         self.noise_scale = self.config.noise_scale if noise_scale is None else noise_scale
         self.noise_w = self.config.noise_w_scale if noise_w is None else noise_w
@@ -139,13 +146,46 @@ class PiperEngine(Engine):
         return list(self._voices)
 
     def memory_bytes(self) -> int:
-        return self._model_bytes
+        """Each copy's sessions, and with copies, the whole one a lone item runs on."""
+        return self._model_bytes * (len(self._copies) + (len(self._copies) > 1))
 
     def set_low_precision(self, enabled: bool) -> bool:
-        """The int8 session (or the full one) from the next batch on: only the engine's thread calls it, between
+        """The int8 sessions (or the full ones) from the next batch on: only the engine's thread calls it, between
         batches."""
-        self._session = self._int8 if enabled else self._full
+        self._low = enabled
         return True
+
+    def _sessions(self, intra_op_threads: int) -> _Sessions:
+        """One copy of the graph: its full and its int8 session, with this many intra-op threads (0: one a core)."""
+        _, inter_op_threads, spinning = self._threads
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads
+        options.inter_op_num_threads = inter_op_threads
+        # Idle onnxruntime threads spin by default, taking the cores that the event loop, the
+        # front end and the encoders of other requests need between batches.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        full, int8 = (onnxruntime.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
+                      for graph in self._graphs)
+        return _Sessions(full, int8)
+
+    def instance_counts(self) -> tuple[int, ...]:
+        """1, 2, 4, ... up to its intra-op threads (TTS_ONNX_INTRA_OP_THREADS, else one a core)."""
+        threads = self._threads[0] or cpu_cores()
+        return tuple(2**k for k in range(threads.bit_length()))
+
+    def use_instances(self, count: int) -> None:
+        if count not in self.instance_counts():
+            raise ValueError(f"{self.name} runs one of {self.instance_counts()} copies of its model, not {count}")
+        self._copies.close()
+        if count == 1:
+            self._copies = Instances([self._whole])
+            return
+        threads = max(1, (self._threads[0] or cpu_cores()) // count)
+        self._copies = Instances([self._sessions(threads) for _ in range(count)], alone=self._whole)
+
+    @property
+    def instances(self) -> int:
+        return len(self._copies)
 
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
         return [np.asarray(self._front_end.phonemes_to_ids(phonemes), dtype=np.int64)
@@ -200,6 +240,10 @@ class PiperEngine(Engine):
         speeds = {item.speed for item in batch}
         if len(speeds) != 1:
             raise ValueError("a Piper batch must share one speed (length scale is batch-wide)")
+        return self._copies.run(batch, self._synthesize)
+
+    def _synthesize(self, sessions: _Sessions, batch: Sequence[EngineInput]) -> list[EngineOutput]:
+        """One copy's part of a batch, as one padded run of its session."""
         lengths = np.array([item.length for item in batch], dtype=np.int64)
         ids = np.zeros((len(batch), int(lengths.max())), dtype=np.int64)
         for row, item in enumerate(batch):
@@ -207,12 +251,12 @@ class PiperEngine(Engine):
         inputs = {
             "input": ids,
             "input_lengths": lengths,
-            "scales": np.array([self.noise_scale, self.config.length_scale / speeds.pop(), self.noise_w],
+            "scales": np.array([self.noise_scale, self.config.length_scale / batch[0].speed, self.noise_w],
                                dtype=np.float32),
         }
         if self._multi_speaker:
             inputs["sid"] = np.array([self._speaker_id(item.voice) for item in batch], dtype=np.int64)
-        audio, durations = self._session.run(None, inputs)
+        audio, durations = (sessions.int8 if self._low else sessions.full).run(None, inputs)
         self._last_inputs = {name: value[:1] if value.ndim and name != "scales" else value
                              for name, value in inputs.items()}
         audio = audio.reshape(len(batch), -1)
@@ -220,7 +264,6 @@ class PiperEngine(Engine):
         spans = [durations[row, : item.length] for row, item in enumerate(batch)]  # padded positions have none
         return [EngineOutput(peak_normalize(audio[row, : int(samples.sum())]), samples)
                 for row, samples in enumerate(spans)]
-
 
     def release_memory(self) -> None:
         """onnxruntime's CPU arena keeps the memory of the largest batch it ever ran (the warm-up
@@ -230,8 +273,9 @@ class PiperEngine(Engine):
         if self._last_inputs is not None:
             inputs = {**self._last_inputs, "input": self._last_inputs["input"][:, :1],
                       "input_lengths": np.ones(1, dtype=np.int64)}
-            for session in (self._full, self._int8):
-                session.run(None, inputs, self._shrink_arena)
+            for sessions in {id(copy): copy for copy in [self._whole, *self._copies.copies]}.values():
+                for session in (sessions.full, sessions.int8):
+                    session.run(None, inputs, self._shrink_arena)
 
 
 def _phoneme_block(pronounced: Pronounced) -> str:
