@@ -123,10 +123,10 @@ class PiperEngine(Engine):
         self.name = name or model_path.name.removesuffix(".onnx")
         with open(model_path.with_name(model_path.name + ".json"), encoding="utf-8") as file:
             self.config = PiperConfig.from_dict(json.load(file))
-        self._threads = (intra_op_threads, inter_op_threads, spinning)
-        self._graphs = (graph := _load_with_durations(model_path), _int8(graph))
-        self._model_bytes = sum(map(len, self._graphs))  # both sessions stay loaded
-        self._whole = self._sessions(intra_op_threads)  # all the threads: one copy, or a lone item beside copies
+        self._model_path, self._threads = model_path, (intra_op_threads, inter_op_threads, spinning)
+        graphs = self._graphs()
+        self._model_bytes = sum(map(len, graphs))  # both sessions stay loaded
+        self._whole = self._sessions(graphs, intra_op_threads)  # every thread: one copy, or a lone item beside copies
         self._copies = Instances([self._whole])
         self._low = False  # batches run on the int8 sessions
         self._shrink_arena = onnxruntime.RunOptions()
@@ -155,7 +155,13 @@ class PiperEngine(Engine):
         self._low = enabled
         return True
 
-    def _sessions(self, intra_op_threads: int) -> _Sessions:
+    def _graphs(self) -> tuple[bytes, bytes]:
+        """The voice's graph with its durations output, and its int8 twin (made again for more copies, rather than
+        kept in memory for them)."""
+        graph = _load_with_durations(self._model_path)
+        return graph, _int8(graph)
+
+    def _sessions(self, graphs: tuple[bytes, bytes], intra_op_threads: int) -> _Sessions:
         """One copy of the graph: its full and its int8 session, with this many intra-op threads (0: one a core)."""
         _, inter_op_threads, spinning = self._threads
         options = onnxruntime.SessionOptions()
@@ -165,7 +171,7 @@ class PiperEngine(Engine):
         # front end and the encoders of other requests need between batches.
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         full, int8 = (onnxruntime.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
-                      for graph in self._graphs)
+                      for graph in graphs)
         return _Sessions(full, int8)
 
     def instance_counts(self) -> tuple[int, ...]:
@@ -180,8 +186,8 @@ class PiperEngine(Engine):
         if count == 1:
             self._copies = Instances([self._whole])
             return
-        threads = max(1, (self._threads[0] or cpu_cores()) // count)
-        self._copies = Instances([self._sessions(threads) for _ in range(count)], alone=self._whole)
+        threads, graphs = max(1, (self._threads[0] or cpu_cores()) // count), self._graphs()
+        self._copies = Instances([self._sessions(graphs, threads) for _ in range(count)], alone=self._whole)
 
     @property
     def instances(self) -> int:
