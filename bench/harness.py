@@ -560,7 +560,7 @@ def main() -> None:
         plan = {**plan, **STEPPED_PLAN,
                 **({"clients": 4, "streams": 4} if args.quick else STEPPED_FULL_PLAN)}
     workloads = list(dict.fromkeys([*plan["workloads"], "mixed"]))
-    copies = {} if stepped else engine.copies("mixed", plan)
+    copies = engine.copies("mixed", plan)  # ({} for an engine that runs one copy, or steps)
     if copies:
         print(f"copies of the model alone, audio-s/s by round: {copies['audio_s_per_s']} (best {copies['best']}: "
               f"{copies['best_vs_one']}x one copy)", flush=True)

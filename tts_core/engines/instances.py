@@ -27,9 +27,14 @@ def cpu_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def threads_per_copy(copies: int) -> int:
-    """Each copy's share of the cores (at least one thread)."""
-    return max(1, cpu_cores() // copies)
+def copy_counts(threads: int) -> tuple[int, ...]:
+    """The counts of copies an engine with this many threads can run: 1, 2, 4, ... up to them."""
+    return tuple(2**k for k in range(threads.bit_length()))
+
+
+def threads_per_copy(threads: int, copies: int) -> int:
+    """Each copy's share of the threads (at least one)."""
+    return max(1, threads // copies)
 
 
 def split(batch: Sequence[EngineInput], parts: int) -> list[list[int]]:

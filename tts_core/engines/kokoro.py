@@ -39,7 +39,7 @@ from ..text.chunks import words
 from ..text.pronunciation import as_text
 from .alignment import unit_words
 from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize, voice_mix
-from .instances import Instances
+from .instances import Instances, copy_counts, threads_per_copy
 from .stepped_torch import model_folder
 from .vits import DeviceMemory, _loading, resolve_device
 
@@ -428,7 +428,7 @@ class KokoroEngine(DeviceMemory, Engine):
 
     def instance_counts(self) -> tuple[int, ...]:
         """On a CPU, 1, 2, 4, ... up to its threads; on CUDA one (a batch pays there)."""
-        return (1,) if self.device == "cuda" else tuple(2**k for k in range(self._torch_threads.bit_length()))
+        return (1,) if self.device == "cuda" else copy_counts(self._torch_threads)
 
     def use_instances(self, count: int) -> None:
         if count not in self.instance_counts():
@@ -437,7 +437,7 @@ class KokoroEngine(DeviceMemory, Engine):
         self._copies.close()
         made = [_Copy.of(self._another_model(), self.device) for _ in range(count - len(kept))]
         self._copies = Instances(kept + made)
-        torch.set_num_threads(max(1, self._torch_threads // count))  # (torch's threads are the process's)
+        torch.set_num_threads(threads_per_copy(self._torch_threads, count))  # (torch's threads are the process's)
 
     @property
     def instances(self) -> int:

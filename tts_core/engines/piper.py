@@ -38,7 +38,7 @@ from ..text.chunks import words
 from ..text.pronunciation import OPEN, Pronounced, as_text, split_marked
 from .alignment import unit_words
 from .base import Capabilities, Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
-from .instances import Instances, cpu_cores
+from .instances import Instances, copy_counts, cpu_cores, threads_per_copy
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +145,12 @@ class PiperEngine(Engine):
     def voices(self) -> list[Voice]:
         return list(self._voices)
 
+    def _pairs(self) -> list[_Sessions]:
+        """Every pair of sessions loaded: the whole one, and the copies' where they are others."""
+        return [self._whole, *(copy for copy in self._copies.copies if copy is not self._whole)]
+
     def memory_bytes(self) -> int:
-        """Each copy's sessions, and with copies, the whole one a lone item runs on."""
-        return self._model_bytes * (len(self._copies) + (len(self._copies) > 1))
+        return self._model_bytes * len(self._pairs())
 
     def set_low_precision(self, enabled: bool) -> bool:
         """The int8 sessions (or the full ones) from the next batch on: only the engine's thread calls it, between
@@ -176,8 +179,7 @@ class PiperEngine(Engine):
 
     def instance_counts(self) -> tuple[int, ...]:
         """1, 2, 4, ... up to its intra-op threads (TTS_ONNX_INTRA_OP_THREADS, else one a core)."""
-        threads = self._threads[0] or cpu_cores()
-        return tuple(2**k for k in range(threads.bit_length()))
+        return copy_counts(self._threads[0] or cpu_cores())
 
     def use_instances(self, count: int) -> None:
         if count not in self.instance_counts():
@@ -186,7 +188,7 @@ class PiperEngine(Engine):
         if count == 1:
             self._copies = Instances([self._whole])
             return
-        threads, graphs = max(1, (self._threads[0] or cpu_cores()) // count), self._graphs()
+        threads, graphs = threads_per_copy(self._threads[0] or cpu_cores(), count), self._graphs()
         self._copies = Instances([self._sessions(graphs, threads) for _ in range(count)], alone=self._whole)
 
     @property
@@ -279,7 +281,7 @@ class PiperEngine(Engine):
         if self._last_inputs is not None:
             inputs = {**self._last_inputs, "input": self._last_inputs["input"][:, :1],
                       "input_lengths": np.ones(1, dtype=np.int64)}
-            for sessions in {id(copy): copy for copy in [self._whole, *self._copies.copies]}.values():
+            for sessions in self._pairs():
                 for session in (sessions.full, sessions.int8):
                     session.run(None, inputs, self._shrink_arena)
 
