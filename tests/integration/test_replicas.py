@@ -113,13 +113,22 @@ def test_replicas_share_the_database_the_jobs_their_results_and_the_keys(tmp_pat
         assert wait_until(lambda: succeeded() == JOBS, timeout_s=300), f"{succeeded()} of {JOBS} succeeded"
 
         # Every job ended once; only a job the killed replica had started ran twice.
-        started, finished, finished_on = defaultdict(list), Counter(), {}
-        for index, replica in enumerate(replicas):
-            starts, ends = attempts_in(replica.log_path.read_text(errors="replace"))
-            for job in starts:
-                started[job].append(index)
-            finished.update(ends)
-            finished_on.update((job, index) for job in ends)
+        def read_logs() -> tuple[dict, Counter, dict]:
+            started, finished, finished_on = defaultdict(list), Counter(), {}
+            for index, replica in enumerate(replicas):
+                starts, ends = attempts_in(replica.log_path.read_text(errors="replace"))
+                for job in starts:
+                    started[job].append(index)
+                finished.update(ends)
+                finished_on.update((job, index) for job in ends)
+            return started, finished, finished_on
+
+        def unlogged_on_survivors() -> set:  # a live replica logs a job's end just after storing it
+            started, finished, _ = read_logs()
+            return {job for job in set(ids) - set(finished) if started[job] != [2]}
+
+        wait_until(lambda: not unlogged_on_survivors(), timeout_s=30)
+        started, finished, finished_on = read_logs()
         # A job the killed replica stored as succeeded in the moment before its log line (the kill came between
         # the two) ended there, once: it was started nowhere else.
         unlogged = set(ids) - set(finished)
