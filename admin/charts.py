@@ -55,6 +55,9 @@ CHARTS = (
                                      Series("frames_per_step", "frames per step"),
                                      Series("steps_per_s", "steps per second", right=True)),
           "requests, frames", right_unit="steps per s", absent="no autoregressive engine loaded"),
+    Chart("Autoregressive stages: busy share", (Series("engine_busy_share", "steps (engine thread)"),
+                                                Series("codec_busy_share", "codec")),
+          "share of the last 10 s", fraction=True, absent="no autoregressive engine loaded"),
 )
 
 

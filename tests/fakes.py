@@ -66,15 +66,18 @@ class FakeSteppedEngine(SteppedEngine):
     so a test can tell whose audio it got). `gate` cleared: steps block until it is set. `events` records, in order,
     ("admit", tag) and ("take", tag) for each item joining and each piece of audio taken (tag: its
     first token); `on_take(item)` runs at each piece taken (with the item's engine input), before it is, and
-    `on_step()` at each step, before it runs."""
+    `on_step()` at each step, before it runs; `on_decode(frames)` at each piece decoded, before it is, and
+    `decode_cost(frames)` is what decoding a piece of that many frames costs. decodes_apart: a codec thread
+    decodes its pieces (as Pocket TTS's)."""
 
     frame_rate = 10.0
     kv_bytes_per_token = 1000.0
 
     def __init__(self, step_cost: Callable[[int], float] = lambda running: 0.0, max_running: int = 8,
                  name: str = "fake-ar", fail_admitting: Callable[[int], bool] = lambda running: False,
-                 clock: Clock = SYSTEM_CLOCK):
+                 clock: Clock = SYSTEM_CLOCK, decodes_apart: bool = False):
         self.name, self.sample_rate, self.max_running, self.clock = name, 1000, max_running, clock
+        self.decodes_apart = decodes_apart
         self.step_cost, self.fail_admitting = step_cost, fail_admitting
         self.gate = threading.Event()
         self.gate.set()
@@ -82,6 +85,8 @@ class FakeSteppedEngine(SteppedEngine):
         self.events: list[tuple[str, int]] = []
         self.on_take: Callable[[EngineInput], None] = lambda item: None
         self.on_step: Callable[[], None] = lambda: None
+        self.on_decode: Callable[[np.ndarray], None] = lambda frames: None
+        self.decode_cost: Callable[[int], float] = lambda frames: 0.0
         self._running: dict[int, EngineInput] = {}  # by id, in the order they joined
         self._made: dict[int, int] = {}  # item id -> frames made
         self._taken: dict[int, int] = {}  # item id -> frames whose audio was taken
@@ -125,14 +130,20 @@ class FakeSteppedEngine(SteppedEngine):
                 finished.append(item_id)
         return finished
 
-    def take_audio(self, item_id: int, final: bool = False) -> np.ndarray:
+    def take_frames(self, item_id: int, final: bool = False) -> np.ndarray | None:
         item = self._running[item_id]
         new = self._made[item_id] - self._taken[item_id]
-        if new:
-            self.on_take(item)
-            self.events.append(("take", int(item.tokens[0])))
         self._taken[item_id] = self._made[item_id]
+        if not new:
+            return None
+        self.on_take(item)
+        self.events.append(("take", int(item.tokens[0])))
         return np.full(new * FRAME, item.tokens[0] / 1000, dtype=np.float32)
+
+    def decode(self, frames: np.ndarray) -> np.ndarray:
+        self.on_decode(frames)
+        self.clock.sleep(self.decode_cost(frames.size // FRAME))
+        return frames
 
     def release(self, item_id: int) -> None:
         del self._running[item_id], self._made[item_id], self._taken[item_id]

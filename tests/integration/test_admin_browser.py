@@ -101,7 +101,8 @@ def test_admin_tab_renders_live_charts(browser, admin_server, served):
     assert {"Batch size", "Queue length", "Throughput", "Latency", "Streams: time to first audio", "Cache hit rate",
             "Job backlog", COST_TITLE, "Load score by replica", "Queue length by replica"} == set(drawn)
     assert browser.find_element(By.ID, "absent-charts").text == (
-        "Not drawn: GPU: no GPU (NVML not available); Autoregressive engines: no autoregressive engine loaded")
+        "Not drawn: GPU: no GPU (NVML not available); Autoregressive engines: no autoregressive engine loaded; "
+        "Autoregressive stages: busy share: no autoregressive engine loaded")
     # one replica here (its own database): one line each
     wait.until(lambda driver: len(charts(driver)["Load score by replica"]["traces"]) == 1)
     assert all(chart["range"][0] == 0 and chart["buttons"] == 0 and chart["unit"] for chart in drawn.values()), drawn

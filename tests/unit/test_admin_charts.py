@@ -27,7 +27,8 @@ def flat_points(count: int = 5) -> list[dict]:
     return [{"t": 1_700_000_000 + second, "batch_size": 1.0, "queue_length": 0, "throughput_audio_s": 0.0,
              "p50_ms": 7945.0, "p95_ms": 7945.0, "first_audio_p50_ms": None, "first_audio_p95_ms": None,
              "cache_hit_rate": 0.0, "jobs_queued": 0, "jobs_oldest_s": None, "gpu_used_fraction": None,
-             "gpu_utilization_pct": None, "running_requests": None, "steps_per_s": None, "frames_per_step": None}
+             "gpu_utilization_pct": None, "running_requests": None, "steps_per_s": None, "frames_per_step": None,
+             "engine_busy_share": None, "codec_busy_share": None}
             for second in range(count)]
 
 
@@ -41,11 +42,12 @@ def test_flat_series_get_axes_from_zero_with_units():
 
 
 def test_charts_of_what_is_not_here_are_one_line_instead():
-    """No GPU, no autoregressive engine: those two charts are not drawn, and say why in a line; every other
+    """No GPU, no autoregressive engine: those three charts are not drawn, and say why in a line; every other
     chart is drawn, flat or not (a queue that stays at 0 is a measurement)."""
     reasons = {chart.title: absent(flat_points(), chart) for chart in CHARTS}
     assert reasons.pop("GPU") == "no GPU (NVML not available)"
     assert reasons.pop("Autoregressive engines") == "no autoregressive engine loaded"
+    assert reasons.pop("Autoregressive stages: busy share") == "no autoregressive engine loaded"
     assert set(reasons.values()) == {None}
     with_gpu = [{**point, "gpu_used_fraction": 0.5} for point in flat_points()]
     assert absent(with_gpu, next(chart for chart in CHARTS if chart.title == "GPU")) is None

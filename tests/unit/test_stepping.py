@@ -58,8 +58,9 @@ def hold(engine: FakeSteppedEngine, loop: EngineLoop, first: QueuedItem) -> None
     assert wait_until(lambda: engine.running(), every_s=0.01)
 
 
-def test_a_short_request_joins_a_running_long_one_and_leaves_first(start, clock):
-    engine = FakeSteppedEngine(clock=clock)
+@pytest.mark.parametrize("apart", [False, True], ids=["inline", "codec-stage"])
+def test_a_short_request_joins_a_running_long_one_and_leaves_first(start, clock, apart):
+    engine = FakeSteppedEngine(clock=clock, decodes_apart=apart)
     loop = start(engine)
     long, short = item(60, tag=1), item(5, tag=2)
     long_done_when_short_came = []
@@ -74,8 +75,9 @@ def test_a_short_request_joins_a_running_long_one_and_leaves_first(start, clock)
     assert max(engine.steps_run) == 2  # the two ran in the same steps
 
 
-def test_a_stream_gets_its_audio_while_it_is_still_being_made(start, clock):
-    engine = FakeSteppedEngine(clock=clock)
+@pytest.mark.parametrize("apart", [False, True], ids=["inline", "codec-stage"])
+def test_a_stream_gets_its_audio_while_it_is_still_being_made(start, clock, apart):
+    engine = FakeSteppedEngine(clock=clock, decodes_apart=apart)
     loop = start(engine)
     streamed = item(40, tag=3, stream=True)
     order = []
@@ -94,8 +96,9 @@ def test_a_stream_gets_its_audio_while_it_is_still_being_made(start, clock):
     assert order == ["first piece", "whole audio"]
 
 
-def test_a_caller_that_leaves_frees_its_place_at_the_next_step(start, clock):
-    engine = FakeSteppedEngine(clock=clock)
+@pytest.mark.parametrize("apart", [False, True], ids=["inline", "codec-stage"])
+def test_a_caller_that_leaves_frees_its_place_at_the_next_step(start, clock, apart):
+    engine = FakeSteppedEngine(clock=clock, decodes_apart=apart)
     loop = start(engine)
     gone = item(100, tag=4)
     hold(engine, loop, gone)
@@ -138,14 +141,15 @@ def test_a_request_the_engine_has_no_memory_for_goes_back_to_the_queue(start, cl
     assert loop.metrics.out_of_memory.labels("fake-ar")._value.get() >= 1
 
 
-def test_a_failing_step_fails_only_the_newest_request(start, clock):
+@pytest.mark.parametrize("apart", [False, True], ids=["inline", "codec-stage"])
+def test_a_failing_step_fails_only_the_newest_request(start, clock, apart):
     class Flaky(FakeSteppedEngine):
         def step(self):
             if any(each.tokens[0] == 99 for each in self._running.values()):
                 raise RuntimeError("bad input")
             return super().step()
 
-    engine = Flaky(clock=clock)
+    engine = Flaky(clock=clock, decodes_apart=apart)
     loop = start(engine)
     good, bad = item(30, tag=1), item(10, tag=99)
     hold(engine, loop, good)
@@ -156,8 +160,9 @@ def test_a_failing_step_fails_only_the_newest_request(start, clock):
     assert good.future.result(timeout=10).audio.size == 30 * FRAME
 
 
-def test_stopping_ends_what_is_running_and_queued_with_a_clear_error(start, clock):
-    engine = FakeSteppedEngine(clock=clock, max_running=1)
+@pytest.mark.parametrize("apart", [False, True], ids=["inline", "codec-stage"])
+def test_stopping_ends_what_is_running_and_queued_with_a_clear_error(start, clock, apart):
+    engine = FakeSteppedEngine(clock=clock, max_running=1, decodes_apart=apart)
     loop = start(engine)
     running, queued = item(50, tag=1), item(5, tag=2)
     hold(engine, loop, running)
@@ -338,10 +343,10 @@ def test_one_shot_synthesize_joins_late_items_and_decodes_whole_files_in_pieces(
     class Counting(FakeSteppedEngine):
         takes: list[int] = []
 
-        def take_audio(self, item, final=False):
-            audio = super().take_audio(item, final)
-            self.takes.append(audio.size // FRAME)
-            return audio
+        def take_frames(self, item, final=False):
+            frames = super().take_frames(item, final)
+            self.takes.append(0 if frames is None else frames.size // FRAME)
+            return frames
 
     engine = Counting(max_running=2)
     batch = [item(40, tag=1).input, item(5, tag=2).input, item(30, tag=3).input]

@@ -8,6 +8,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -254,6 +255,9 @@ class SteppedEngine(Engine):
     frame_rate: float  # frames per second of audio
     max_running: int  # the most requests that can run at once (cache slots)
     kv_bytes_per_token: float = 0.0  # cache memory one context position of one request takes
+    # Its decoding is a stage of its own: a codec thread decodes beside the steps (Pocket TTS's codec costs
+    # about as much per frame as a step). False where `decode` only hands out audio the steps made.
+    decodes_apart: bool = False
 
     @abstractmethod
     def frames_needed(self, item: EngineInput) -> int:
@@ -282,9 +286,20 @@ class SteppedEngine(Engine):
         """Context positions a running input holds now (its step cost grows with the longest)."""
 
     @abstractmethod
+    def take_frames(self, item_id: int, final: bool = False) -> Any:
+        """The input's frames not taken yet, as `decode` turns them into audio; None when there is nothing
+        new. `final`: its last piece (the decoder flushes what it holds)."""
+
+    @abstractmethod
+    def decode(self, frames: Any) -> np.ndarray:
+        """Taken frames -> their audio, decoded as a stream (a request's pieces, decoded in the order they
+        were taken, join seamlessly). Safe beside `step` and `release`: it reads only what `take_frames`
+        gave it. With `decodes_apart`, it runs on a codec thread of its own, one piece at a time."""
+
     def take_audio(self, item_id: int, final: bool = False) -> np.ndarray:
-        """The audio of the input's frames not taken yet (decoded as a stream: pieces join seamlessly);
-        `final` flushes what the decoder still holds. Empty when there is nothing new."""
+        """The audio of the input's frames not taken yet; empty when there is nothing new."""
+        frames = self.take_frames(item_id, final)
+        return np.zeros(0, dtype=np.float32) if frames is None else self.decode(frames)
 
     @abstractmethod
     def release(self, item_id: int) -> None:

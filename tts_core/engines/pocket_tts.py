@@ -103,8 +103,18 @@ class _Running:
     done: bool = False
 
 
+@dataclass(eq=False)
+class _Piece:
+    """Frames taken from a running request, for `decode`: its latents (normalised) and its decoder's state."""
+
+    latents: torch.Tensor  # (frames, latent_dim)
+    decoder: DecoderState
+    first: bool  # its stream's first piece: it fades in
+
+
 class PocketTTSEngine(TorchSteppedEngine):
     model_kind, model_language, prompt_key = MODEL_KIND, MODEL_LANGUAGE, PROMPT_KEY
+    decodes_apart = True
 
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
                  name: str | None = None, max_running: int = DEFAULT_MAX_RUNNING, fixed_length: bool = False,
@@ -323,16 +333,20 @@ class PocketTTSEngine(TorchSteppedEngine):
         return False
 
     @torch.inference_mode()
-    def take_audio(self, item_id: int, final: bool = False) -> np.ndarray:
+    def take_frames(self, item_id: int, final: bool = False) -> _Piece | None:
         """Nothing is held back by the streaming decoder, so `final` needs no flush."""
         run = self._running.get(item_id)
         if run is None or run.taken == len(run.latents):
-            return np.zeros(0, dtype=np.float32)
-        first = run.taken == 0
-        latents = self.model.denormalize_latents(torch.cat(run.latents[run.taken:]))
+            return None
+        piece = _Piece(torch.cat(run.latents[run.taken:]), run.decoder, first=run.taken == 0)
         run.taken = len(run.latents)
-        audio = self._decoder.decode(latents[None].to(self.codec.dtype), run.decoder)[0].float().cpu().numpy()
-        if first:
+        return piece
+
+    @torch.inference_mode()
+    def decode(self, frames: _Piece) -> np.ndarray:
+        latents = self.model.denormalize_latents(frames.latents)
+        audio = self._decoder.decode(latents[None].to(self.codec.dtype), frames.decoder)[0].float().cpu().numpy()
+        if frames.first:
             audio[: self._fade_in.size] *= self._fade_in[: audio.size]
         return np.clip(audio, -1.0, 1.0)
 

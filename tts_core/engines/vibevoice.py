@@ -18,7 +18,7 @@ BOS as another. A step is what `generate` does for each request, for all of them
   encoder reads that audio back: both as streams, with caches kept per request (`StreamCaches`), so a
   request's pieces join seamlessly; the next input embedding is the projected latent plus the
   projected semantic features.
-So audio is decoded as it is made, and `take_audio` only hands it out.
+So audio is decoded as it is made, and `decode` only hands it out (no codec stage).
 
 Frame budget (VibeVoice has none of its own but `max_new_tokens`): Pocket TTS's rule on the request's
 script line, `ceil((line tokens / 3 + 2) * 7.5)` frames: about 3 tokens a second of speech, plus 2 s.
@@ -303,15 +303,18 @@ class VibeVoiceEngine(TorchSteppedEngine):
         embeddings = model.multi_modal_projector(latents) + model.semantic_connector(semantic[:, 0])
         return audio[:, 0], embeddings
 
-    @torch.inference_mode()
-    def take_audio(self, item_id: int, final: bool = False) -> np.ndarray:
-        """Audio is decoded as it is made (the semantic encoder needs it), so this only hands it out, and
-        `final` has nothing to flush."""
+    def take_frames(self, item_id: int, final: bool = False) -> list[torch.Tensor] | None:
+        """Audio is decoded as it is made (the semantic encoder needs it), so its frames are already audio,
+        and `final` has nothing to flush."""
         run = self._running.get(item_id)
         if run is None or not run.audio:
-            return np.zeros(0, dtype=np.float32)
+            return None
         pieces, run.audio = run.audio, []
-        return np.clip(torch.cat(pieces).float().cpu().numpy(), -1.0, 1.0)
+        return pieces
+
+    @torch.inference_mode()
+    def decode(self, frames: list[torch.Tensor]) -> np.ndarray:
+        return np.clip(torch.cat(frames).float().cpu().numpy(), -1.0, 1.0)
 
     @torch.inference_mode()  # the cache rows are inference tensors
     def release(self, item_id: int) -> None:

@@ -90,6 +90,9 @@ class Monitor:
         # autoregressive engines and upstreams: requests running (in flight); steps a second, frames a step (the
         # autoregressive ones'); None without one
         stepping = [loop.status() for loop in service.loops.values() if loop.running_count() is not None]
+
+        def busiest(key: str) -> float | None:
+            return max((status[key] for status in stepping if key in status), default=None)
         point = {
             "t": time.time(),
             "queue_length": service.queue_length(),
@@ -108,8 +111,10 @@ class Monitor:
             "gpu_utilization_pct": device["utilization_pct"] if device else None,
             "running_requests": sum(status["running"] for status in stepping) if stepping else None,
             "steps_per_s": sum(status.get("steps_per_s", 0.0) for status in stepping) if stepping else None,
-            "frames_per_step": max((status["frames_per_step"] for status in stepping if "frames_per_step" in status),
-                                   default=None),
+            "frames_per_step": busiest("frames_per_step"),
+            # its stages' busy shares: the steps, the codec (tts_core.scheduler.codec_stage)
+            "engine_busy_share": busiest("engine_busy_share"),
+            "codec_busy_share": busiest("codec_busy_share"),
         }
         metrics.series.append(point)
         return point

@@ -48,12 +48,14 @@ class StepView:
 class StepCostModel:
     """Seconds per step, t = a + b*running + c*padded context (running x the longest context),
     fitted as CostModel fits batches; and the codec's seconds per decoded frame and the prefill's
-    seconds per prompt position, as moving averages."""
+    seconds per prompt position, as moving averages (the steps and the codec timed as they run, so where
+    they run beside each other each time counts what the other takes of the cores)."""
 
     def __init__(self) -> None:
         self.steps = CostModel()
         self.decode_s_per_frame = 0.0
         self.prefill_s_per_token = 0.0
+        self.pipelined = False  # the codec decodes on a stage of its own, beside the steps
 
     @property
     def fitted(self) -> bool:
@@ -63,8 +65,10 @@ class StepCostModel:
         return max(self.steps.predict(running, running * longest), 1e-6)
 
     def frame_s(self, running: int, longest: int) -> float:
-        """Each running request's time per frame: the whole step, plus the decoding of every request's frame."""
-        return self.step_s(running, longest) + running * self.decode_s_per_frame
+        """Each running request's time per frame: the whole step and the decoding of every request's frame, one
+        after the other on one thread, or the slower of the two where the codec is a stage of its own."""
+        step_s, decode_s = self.step_s(running, longest), running * self.decode_s_per_frame
+        return max(step_s, decode_s) if self.pipelined else step_s + decode_s
 
     def observe_step(self, running: int, longest: int, seconds: float, calibration: bool = False) -> None:
         self.steps.add(running, running * longest, seconds, calibration)
@@ -130,7 +134,9 @@ class ContinuousPolicy(StepPolicy):
         with_it = max(longest, candidate.context)
         before = count / self.cost.frame_s(count, longest)
         after = (count + 1) / self.cost.frame_s(count + 1, with_it)
-        return after > before
+        # Not lower: where the codec is a stage of its own and the slower one, frames per second stay as they are
+        # with one more running, and a request that joins shares them rather than waiting for a place.
+        return after > before if not self.cost.pipelined else after >= before * (1 - 1e-9)
 
 
 class FillPolicy(ContinuousPolicy):

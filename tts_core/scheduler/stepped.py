@@ -43,6 +43,7 @@ from ..engines.base import FILE_PIECE_S, STREAM_PIECE_S, SteppedEngine
 from ..errors import ChorusError, ClientGone, ErrorCode, Overloaded, SynthesisError
 from ..ops.metrics import Metrics
 from ..request.records import EngineInput, EngineOutput, QueuedItem
+from .codec_stage import BusyMeter, CodecStage
 from .engine_loop import CALIBRATION_TEXT, Serving
 from .queue import RequestQueue
 from .step_policy import FillPolicy, StepPolicy, StepView
@@ -61,22 +62,24 @@ class Progress:
     running_with: int  # requests running once it had joined
     decode_every: int  # frames
     frames: int = 1  # frames made (its first comes with the prefill)
-    decoded: int = 0  # frames made when its audio was last taken
-    pieces: list[np.ndarray] = field(default_factory=list)
+    taken: int = 0  # frames made when its frames were last taken for decoding
     engine_s: float = 0.0  # its share of the engine's time: the queue's wait predictions learn from it
     streaming: bool = False  # its pieces are handed out as they are made
     opens: bool = False  # the first sentence of a stream: its listener has nothing to play until its first piece
-    handed_out: bool = False  # a piece is out
+    # Written by the codec stage (tts_core.scheduler.codec_stage), once the engine's thread has handed a piece over:
+    pieces: list[np.ndarray] = field(default_factory=list)
+    decode_s: float = 0.0  # its pieces' decoding
+    error: ChorusError | None = None  # a piece failed to decode: it ends with this
 
     @property
     def starting(self) -> bool:
-        """A stream's first sentence, waiting for its first piece."""
-        return self.opens and not self.handed_out
+        """A stream's first sentence, none of whose frames were taken yet."""
+        return self.opens and not self.taken
 
     @property
     def behind(self) -> int:
-        """Frames made and not yet decoded."""
-        return self.frames - self.decoded
+        """Frames made and not yet taken."""
+        return self.frames - self.taken
 
     @property
     def overdue(self) -> bool:
@@ -89,10 +92,16 @@ class SteppedStrategy:
     engine: SteppedEngine
 
     def __init__(self, serving: Serving, policy: StepPolicy, calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16),
-                 cpu_cache_mb: int | None = 1024):
+                 cpu_cache_mb: int | None = 1024, codec_thread: bool = True):
+        """codec_thread: an engine that `decodes_apart` decodes on a thread of its own (False: all on the
+        calling thread, as one whole batch runs)."""
         self.serving, self.policy = serving, policy
         self.engine, self.queue, self.metrics = serving.engine, serving.queue, serving.metrics
         self.clock = serving.clock
+        staged = codec_thread and self.engine.decodes_apart
+        self.codec = CodecStage(self.engine.name, self.clock, staged, max_waiting=max(1, policy.max_running))
+        self.policy.cost.pipelined = staged
+        self.engine_busy = BusyMeter(self.clock)  # prefills and steps
         self.calibration_sizes = [s for s in calibration_sizes if 1 <= s <= policy.max_running]
         # the cache's budget where no device memory says otherwise (None: none, as for one whole batch)
         self.cpu_cache_bytes = None if cpu_cache_mb is None else cpu_cache_mb * 2**20
@@ -102,14 +111,16 @@ class SteppedStrategy:
     # --- what the loop asks --------------------------------------------------------------------------
 
     def idle(self) -> bool:
-        return not len(self.queue) and not self.engine.running()
+        return not len(self.queue) and not self.engine.running() and self.codec.idle()
 
     def running_count(self) -> int | None:
         return len(self.engine.running())
 
     def status(self) -> dict:
         return {"policy": self.policy.describe(), "running": len(self.engine.running()),
-                **self.metrics.step_rate(self.engine.name)}
+                **self.metrics.step_rate(self.engine.name), "codec_thread": self.codec.threaded,
+                "engine_busy_share": self.engine_busy.share(), "codec_busy_share": self.codec.busy.share(),
+                "codec_waiting": self.codec.waiting()}
 
     def cost_model(self) -> dict:
         """Seconds a step, its size the requests running."""
@@ -239,6 +250,7 @@ class SteppedStrategy:
                 self._end(item, SynthesisError(f"synthesis failed: {error}"), running=False)
             return
         seconds = self.clock.timer() - started
+        self.engine_busy.add(seconds)
         self.serving.worked = True
         self.policy.cost.observe_prefill(sum(self.engine.context_length(item.input.id) for item in live), seconds)
         for item in live:
@@ -265,6 +277,7 @@ class SteppedStrategy:
             self._end(self._progress[running[-1]].item, SynthesisError(f"synthesis failed: {error}"))
             return
         seconds = self.clock.timer() - started
+        self.engine_busy.add(seconds)
         self.policy.cost.observe_step(len(running), longest, seconds)
         self.metrics.step_finished(self.engine.name, len(running), longest, seconds, self.policy.max_running)
         for item_id in running:
@@ -273,12 +286,13 @@ class SteppedStrategy:
             progress.engine_s += seconds / len(running)
         due = [item_id for item_id in running if item_id not in finished
                and self._progress[item_id].behind >= self._progress[item_id].decode_every]
-        for item_id in self._first_audio_first(due):
-            self._decode([item_id], final=False)
+        for item_id in due if self.codec.threaded else self._first_audio_first(due):
+            self._take([item_id], final=False)
         self._finish(finished)
 
     def _first_audio_first(self, due: list[int]) -> Iterator[int]:
-        """The due pieces to decode at this turn (see the module's docstring): first pieces first, then
+        """The due pieces to decode at this turn, when they are decoded on the engine's thread (see the module's
+        docstring; a codec stage puts first pieces first on its own): first pieces first, then
         the furthest behind, while no stream waits for its first piece and no request waits to join
         (asked before each piece), and those DEFER_CAP pieces behind."""
         progress = self._progress
@@ -291,47 +305,73 @@ class SteppedStrategy:
         """A request was queued since the policy last declined one, and a place is free."""
         return not self._declined and len(self.queue) > 0 and len(self.engine.running()) < self.policy.max_running
 
-    def _decode(self, item_ids: list[int], final: bool) -> None:
+    def _take(self, item_ids: list[int], final: bool) -> None:
+        """The items' new frames go to the codec stage, to be decoded and handed out there."""
         for item_id in item_ids:
-            started = self.clock.timer()
-            audio = self.engine.take_audio(item_id, final)
-            seconds = self.clock.timer() - started
             progress = self._progress[item_id]
-            progress.engine_s += seconds
-            progress.decoded = progress.frames
-            if not audio.size:
-                continue
-            progress.pieces.append(audio)
-            frames = max(1, round(audio.size / self.engine.sample_rate * self.engine.frame_rate))
-            self.policy.cost.observe_decode(frames, seconds)
-            if progress.streaming:
-                progress.handed_out = True
-                progress.item.pieces.push(audio)
+            started = self.clock.timer()
+            frames = self.engine.take_frames(item_id, final)
+            progress.engine_s += self.clock.timer() - started
+            first = progress.starting
+            progress.taken = progress.frames
+            if frames is not None:
+                self.codec.submit(lambda progress=progress, frames=frames: self._decode(progress, frames), first)
+
+    def _decode(self, progress: Progress, frames: object) -> None:
+        """On the codec stage: a piece's audio, handed out to a stream."""
+        if progress.error or _gone(progress.item):
+            return
+        started = self.clock.timer()
+        try:
+            audio = self.engine.decode(frames)
+        except Exception as error:
+            log.warning("%s: decoding a piece failed (%s)", self.engine.name, error)
+            progress.error = SynthesisError(f"synthesis failed: {error}")
+            return
+        seconds = self.clock.timer() - started
+        progress.decode_s += seconds
+        if not audio.size:
+            return
+        progress.pieces.append(audio)
+        self.policy.cost.observe_decode(max(1, round(audio.size / self.engine.sample_rate * self.engine.frame_rate)),
+                                        seconds)
+        if progress.streaming:
+            progress.item.pieces.push(audio)
 
     def _finish(self, finished: list[int]) -> None:
-        self._decode(finished, final=True)
+        self._take(finished, final=True)
         for item_id in finished:
             self.engine.release(item_id)
         running = set(self.engine.running())
         for item_id in [item_id for item_id in self._progress if item_id not in running]:
-            self._deliver(self._progress.pop(item_id))
+            self.codec.submit(lambda progress=self._progress.pop(item_id): self._deliver(progress))
 
     def _deliver(self, progress: Progress) -> None:
+        """On the codec stage, after the item's last piece."""
         item = progress.item
+        if progress.error:
+            self._close(item, progress.error)
+            return
         output = EngineOutput(np.concatenate(progress.pieces) if progress.pieces else np.zeros(0, dtype=np.float32))
-        item.batch_s, item.batch_size = progress.engine_s, progress.running_with  # before a reader sees the end
+        # its time as the queue's predictions count it: the two stages overlap, one after the other on one thread
+        engine_s = (max if self.codec.threaded else sum)((progress.engine_s, progress.decode_s))
+        item.batch_s, item.batch_size = engine_s, progress.running_with  # before a reader sees the end
         if item.pieces is not None:
             item.pieces.end()
-        self.serving.item_cost.add(1, item.length, progress.engine_s)
+        self.serving.item_cost.add(1, item.length, engine_s)
         self.serving.learn_audio_rate([item.input], [output])
         self.queue.done(1)
         item.resolve(output)
 
     def _end(self, item: QueuedItem, error: ChorusError, running: bool = True) -> None:
-        """The item stops without its audio: released, counted, its caller told."""
+        """The item stops without its audio: released at once, and (after its pieces handed over before) counted
+        and its caller told."""
         if running:
             self.engine.release(item.input.id)
         self._progress.pop(item.input.id, None)
+        self.codec.submit(lambda: self._close(item, error))
+
+    def _close(self, item: QueuedItem, error: ChorusError) -> None:
         if not isinstance(error, ClientGone):
             self.metrics.item_errors.labels(self.engine.name).inc()
         if item.pieces is not None:
@@ -343,6 +383,7 @@ class SteppedStrategy:
         for item in self._running_items():
             self._end(item, Overloaded(f"model {self.engine.name} was stopped before this was synthesized; "
                                                 "retry", 1, ErrorCode.MODEL_STOPPED))
+        self.codec.close()
 
     def _stop_abandoned(self) -> None:
         for item in [item for item in self._running_items() if _gone(item)]:
@@ -362,7 +403,7 @@ class SteppedStrategy:
             if item_id in running:
                 self.engine.release(item_id)
             progress = self._progress.pop(item_id, None)
-            if (progress and progress.pieces) or (not running and len(items) == 1):
+            if (progress and progress.taken) or (not running and len(items) == 1):
                 self._end(item, SynthesisError("synthesis failed: the request does not fit in device memory"),
                           running=False)
             else:
@@ -384,7 +425,8 @@ def synthesize_whole(engine: SteppedEngine, batch: Sequence[EngineInput]) -> lis
     if not runs:
         return []
     queue = RequestQueue(max_size=len(runs))
-    strategy = SteppedStrategy(Serving(engine, queue, Metrics()), FillPolicy(engine.max_running), cpu_cache_mb=None)
+    strategy = SteppedStrategy(Serving(engine, queue, Metrics()), FillPolicy(engine.max_running), cpu_cache_mb=None,
+                               codec_thread=False)
     queue.put_many(runs)
     while not all(run.future.done() for run in runs):
         strategy.step()
