@@ -81,6 +81,7 @@ class Settings(BaseSettings):
     dtype: Literal["fp32", "fp16", "bf16"] = "fp32"  # for transformers models; fp16/bf16 need CUDA
     min_free_mem_mb: int = Field(2048, ge=0)  # device memory batches leave free
     cpu_cache_mb: int = Field(1024, ge=16)  # memory the running requests' caches may take on a CPU (stepped engines)
+    codec_stage: Literal["auto", "on", "off"] = "auto"  # a stepped engine's codec on a thread of its own; auto: on CUDA
     max_loaded_models: int = Field(4, ge=0)  # models kept loaded at once (pinned ones count); 0: no limit
     model_memory_mb: int = Field(0, ge=0)  # memory the loaded models' weights may take; 0: no limit
     empty_cache_every: int = Field(100, ge=0)  # batches between releases of cached device memory; 0: never

@@ -130,7 +130,8 @@ class SpeechService:
                              order=settings.queue_order, max_per_caller=settings.max_queue_per_caller)
         return make_engine_loop(engine, queue, metrics, settings.batch_policy, settings.max_batch_size,
                                 settings.max_batch_tokens, settings.calibration_sizes, settings.min_free_mem_mb,
-                                settings.empty_cache_every, settings.cpu_cache_mb, settings.engine_instances)
+                                settings.empty_cache_every, settings.cpu_cache_mb, settings.engine_instances,
+                                settings.codec_stage)
 
     # --- lifecycle -----------------------------------------------------------------------------
 

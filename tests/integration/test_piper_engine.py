@@ -4,10 +4,12 @@ lower precision (int8)."""
 import json
 
 import numpy as np
+import onnx
 import pytest
 
 from bench.recognition import SENTENCES, Recogniser
 from tests.unit.test_word_timing import check_word_ids
+from tts_core.engines import piper
 from tts_core.engines.base import word_spans
 from tts_core.engines.piper import PiperEngine, bundled_voice_path, load_piper_engines
 from tts_core.request.records import EngineInput
@@ -64,6 +66,27 @@ def test_int8_speaks_as_long_and_as_clearly_as_full_precision_and_switches_back(
         shared = min(low_output.audio.size, full_output.audio.size)
         assert np.max(np.abs(low_output.audio[:shared] - full_output.audio[:shared])) > 1e-3  # another graph ran
         assert np.array_equal(again_output.audio, full_output.audio)  # back to full precision
+
+
+def test_the_int8_graph_quantizes_the_decoders_convolutions_and_is_made_once_per_machine(tmp_path, monkeypatch):
+    """Static quantization: the decoder's 20 convolutions run as QLinearConv, calibrated on the voice's own speech;
+    the graph is kept in the cache folder, and the next load reads it instead of calibrating again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    made = []
+    real = piper._int8
+    monkeypatch.setattr(piper, "_int8", lambda *args: made.append(1) or real(*args))
+    first = PiperEngine(bundled_voice_path())
+    [kept] = (tmp_path / "chorus" / "piper-int8").glob("*.onnx")
+    graph = onnx.load(str(kept))
+    quantized = [node.name for node in graph.graph.node if node.op_type == "QLinearConv"]
+    assert len(quantized) == 20 and all(name.startswith("/dec/") for name in quantized), quantized
+    assert sum(node.op_type == "Conv" for node in graph.graph.node) > 0  # the rest stay float
+    second = PiperEngine(bundled_voice_path())
+    assert made == [1]  # the second load read the kept graph
+    second.set_low_precision(True)
+    [item] = items(second, ["Made once, read after."])
+    assert second.synthesize([item])[0].audio.size > 0.5 * second.sample_rate
+    del first
 
 
 def test_memory_counts_both_precisions(engine):

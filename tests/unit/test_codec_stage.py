@@ -13,7 +13,10 @@ from tests.fakes import FRAME, FakeSteppedEngine
 from tests.serve import wait_until
 from tests.unit.test_stepping import hold, item, start  # noqa: F401 (start: the loop fixture)
 from tts_core.errors import Overloaded, SynthesisError
+from tts_core.ops.metrics import Metrics
+from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.step_policy import ContinuousPolicy, StepCostModel, StepView
+from tts_core.scheduler.strategies import make_engine_loop
 
 
 def staged(clock, **settings) -> tuple[FakeSteppedEngine, threading.Event, list[int]]:
@@ -165,3 +168,16 @@ def test_where_the_codec_is_the_slower_stage_a_request_still_joins():
     policy.cost.pipelined = True
     running = [StepView(10, 40)] * 6  # 6 x 10 ms of decoding a frame: the codec is slower than a step
     assert policy.plan(running, [StepView(10, 40), StepView(10, 40)], now=0.0).take == (0, 1)
+
+
+def test_the_codec_stage_is_on_where_the_engine_runs_on_cuda_unless_the_setting_says():
+    """TTS_CODEC_STAGE: auto puts it on a thread of its own on CUDA only (on a CPU it made a lone request slower)."""
+    def threaded(device: str, setting: str, apart: bool = True) -> bool:
+        engine = FakeSteppedEngine(decodes_apart=apart)
+        engine.device = device
+        loop = make_engine_loop(engine, RequestQueue(8), Metrics(), "adaptive", codec_stage=setting)
+        return loop.strategy.codec.threaded
+
+    assert threaded("cuda", "auto") and not threaded("cpu", "auto")
+    assert threaded("cpu", "on") and not threaded("cuda", "off")
+    assert not threaded("cuda", "on", apart=False)  # an engine whose steps already decode keeps it inline

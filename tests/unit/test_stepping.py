@@ -38,7 +38,7 @@ def start(clock):
     def start(engine: FakeSteppedEngine, policy: str = "adaptive", cpu_cache_mb: int = 1024) -> EngineLoop:
         assert engine.clock is clock, "the engine spends its cost on the loop's clock: FakeSteppedEngine(clock=clock)"
         loop = make_engine_loop(engine, RequestQueue(64, clock=clock), Metrics(), policy, calibration_sizes=(1, 2),
-                                cpu_cache_mb=cpu_cache_mb)
+                                cpu_cache_mb=cpu_cache_mb, codec_stage="on")  # (for a fake that decodes apart)
         loop.start()
         assert loop.calibrated.wait(30)
         engine.steps_run.clear()

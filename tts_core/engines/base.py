@@ -242,8 +242,9 @@ FILE_PIECE_S = 1.2
 
 class SteppedEngine(Engine):
     """An autoregressive model. Inputs join the running set (`admit`: their prompts are prefilled
-    and each makes its first frame), advance one frame per `step` together, hand out their audio as
-    it is decoded (`take_audio`), and leave when done or abandoned (`release`), so nobody waits for
+    and each makes its first frame), advance one frame per `step` together, hand out their frames as they
+    are made (`take_frames`) to be decoded (`decode`: on a codec stage of its own where the engine
+    `decodes_apart`), and leave when done or abandoned (`release`), so nobody waits for
     the longest member of a batch. The engine owns its cache and keeps each running input's state under
     the input's id; its engine loop's strategy decides who runs.
 
@@ -255,9 +256,10 @@ class SteppedEngine(Engine):
     frame_rate: float  # frames per second of audio
     max_running: int  # the most requests that can run at once (cache slots)
     kv_bytes_per_token: float = 0.0  # cache memory one context position of one request takes
-    # Its decoding is a stage of its own: a codec thread decodes beside the steps (Pocket TTS's codec costs
-    # about as much per frame as a step). False where `decode` only hands out audio the steps made.
+    # Its decoding can be a stage of its own: a codec thread decodes beside the steps (Pocket TTS's codec costs
+    # about as much per frame as a step; TTS_CODEC_STAGE). False where `decode` only hands out audio the steps made.
     decodes_apart: bool = False
+    device: str = "cpu"  # where it runs ("cuda": a GPU)
 
     @abstractmethod
     def frames_needed(self, item: EngineInput) -> int:

@@ -6,8 +6,9 @@ tail is decoder noise, not silence. The graph does compute each phoneme's durati
 trimmed to sum(durations) * hop_length samples; those durations are also each token's audio
 (`token_samples`), which word timestamps are read from.
 
-Degrade mode's lower precision is a second session of the same graph with its convolutions int8
-(onnxruntime's dynamic quantization), made at load; the engine switches between the two between batches.
+Degrade mode's lower precision is a second session of the same graph with its decoder's convolutions int8
+(onnxruntime's static quantization, calibrated on the voice's own speech), made at load (and kept on disk: a
+voice is calibrated once per machine); the engine switches between the two between batches.
 
 On a CPU it can run several copies of the graph (tts_core.engines.instances), each a pair of sessions with its
 share of the intra-op threads: a batch's items are split between them and run at once; a lone item runs on the
@@ -16,19 +17,21 @@ pair with all the threads, kept beside them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
+import os
 import tempfile
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime
-from onnxruntime.quantization import QuantType, quantize_dynamic
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 from piper.config import PhonemeType, PiperConfig
 from piper.const import BOS, EOS, PAD
 from piper.voice import PiperVoice
@@ -41,6 +44,20 @@ from .base import Capabilities, Engine, EngineUnavailable, Voice, VoiceSpec, pea
 from .instances import Instances, copy_counts, cpu_cores, threads_per_copy
 
 log = logging.getLogger(__name__)
+
+# The int8 graph: how it is made (a new recipe makes the kept ones stale), and the sentences its activations'
+# ranges are calibrated on, spoken by the voice itself.
+INT8_RECIPE = "static QOperator, decoder Conv, per-channel int8 weights, uint8 activations, MinMax"
+CALIBRATION_SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Please call Stella and ask her to bring these things with her from the store.",
+    "On Tuesday, the meeting starts at half past nine in the second room on the left.",
+    "How much wood would a woodchuck chuck if a woodchuck could chuck wood?",
+    "Wait! Did you hear that? It sounded like thunder, far away over the hills.",
+    "Numbers such as one hundred and twenty three are read out in full.",
+    "The results were clear: the speed doubled, while the quality stayed the same.",
+    "She said, quietly, that she would be back before the end of the summer.",
+)
 
 
 def bundled_voice_path() -> Path:
@@ -69,25 +86,58 @@ def _load_with_durations(model_path: Path) -> bytes:
     return model.SerializeToString()
 
 
-def _int8(graph: bytes) -> bytes:
-    """The graph with its spatial convolutions (one group, kernel wider than 1) int8: weights stored as uint8,
-    activations quantized as each batch runs (ConvInteger). On a CPU the voice's time is in its convolutions;
-    measured on the bundled voice (docs/benchmarking.md#lower-precision), pointwise and depthwise ones ran slower
-    quantized (quantizing their input costs more than their cheaper product saves), as did int8 weights (3x slower
-    than uint8: onnxruntime has no fast ConvInteger for them) and MatMuls (no gain)."""
+def _int8(graph: bytes, calibration: Sequence[dict[str, np.ndarray]]) -> bytes:
+    """The graph with its decoder's convolutions int8, by onnxruntime's static quantization: QLinearConv with
+    per-channel int8 weights, the activations' ranges calibrated on `calibration` (the voice's inputs for
+    CALIBRATION_SENTENCES). The decoder is where Piper's export names it (`/dec/`); a graph that names no decoder
+    has its spatial convolutions (one group, kernel wider than 1) quantized. Measured on the bundled voice
+    (docs/benchmarking.md#lower-precision): the decoder's 20 convolutions made it 1.37x to 1.45x as fast with a
+    word error rate 0.04 higher; every convolution 1.75x with 0.09 higher; dynamic quantization (activations
+    quantized as each batch runs, ConvInteger) only 1.1x, onnxruntime's ConvInteger being little faster than its
+    float Conv here."""
     model = onnx.load_from_string(graph)
     weights = {tensor.name: tensor for tensor in model.graph.initializer}
     spatial = [node.name for node in model.graph.node if _is_spatial_conv(node, weights)]
+    decoder = [name for name in spatial if name.startswith("/dec/")] or spatial
     quiet = _QuantizerLogs()
     logging.getLogger().addFilter(quiet)
     try:
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "int8.onnx"
-            quantize_dynamic(model, path, op_types_to_quantize=["Conv"], nodes_to_quantize=spatial,
-                             weight_type=QuantType.QUInt8)
+            quantize_static(model, path, _Calibration(calibration), quant_format=QuantFormat.QOperator,
+                            op_types_to_quantize=["Conv"], nodes_to_quantize=decoder, per_channel=True,
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
             return path.read_bytes()
     finally:
         logging.getLogger().removeFilter(quiet)
+
+
+class _Calibration(CalibrationDataReader):
+    def __init__(self, inputs: Sequence[dict[str, np.ndarray]]):
+        self._inputs = iter(inputs)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._inputs, None)
+
+
+def _cached_int8(graph: bytes, calibration: Callable[[], list[dict[str, np.ndarray]]]) -> bytes:
+    """`_int8`'s graph, kept in $XDG_CACHE_HOME/chorus/piper-int8 (default ~/.cache) under a hash of the graph and
+    what made it: a voice is calibrated once per machine (about 5 s for a medium voice), not at each load. A folder
+    that cannot be written only loses the keeping."""
+    recipe = f"{INT8_RECIPE} onnxruntime {onnxruntime.__version__} {CALIBRATION_SENTENCES}".encode()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    path = cache / "chorus" / "piper-int8" / f"{hashlib.sha256(graph + recipe).hexdigest()[:32]}.onnx"
+    if path.is_file():
+        return path.read_bytes()
+    made = _int8(graph, calibration())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as file:
+            file.write(made)
+        Path(file.name).replace(path)  # whole or not at all, for the other processes that read it
+    except OSError as error:
+        log.warning("the int8 graph could not be kept in %s: %s", path.parent, error)
+    return made
 
 
 def _is_spatial_conv(node: onnx.NodeProto, weights: dict[str, onnx.TensorProto]) -> bool:
@@ -124,6 +174,13 @@ class PiperEngine(Engine):
         with open(model_path.with_name(model_path.name + ".json"), encoding="utf-8") as file:
             self.config = PiperConfig.from_dict(json.load(file))
         self._model_path, self._threads = model_path, (intra_op_threads, inter_op_threads, spinning)
+        # PiperVoice is used for its front end only (espeak-ng phonemes -> ids); the sessions
+        # are ours, and synthesis below runs whole batches.
+        self._front_end = PiperVoice(session=None, config=self.config)
+        self.noise_scale = self.config.noise_scale if noise_scale is None else noise_scale
+        self.noise_w = self.config.noise_w_scale if noise_w is None else noise_w
+        self._multi_speaker = self.config.num_speakers > 1
+        self._voices, self._speaker_ids = _piper_voices(self.name, self.config, named_voices)
         graphs = self._graphs()
         self._model_bytes = sum(map(len, graphs))  # both sessions stay loaded
         self._whole = self._sessions(graphs, intra_op_threads)  # every thread: one copy, or a lone item beside copies
@@ -132,14 +189,7 @@ class PiperEngine(Engine):
         self._shrink_arena = onnxruntime.RunOptions()
         self._shrink_arena.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self._last_inputs: dict[str, np.ndarray] | None = None  # a one-item input to run release_memory with
-        # PiperVoice is used for its front end only (espeak-ng phonemes -> ids); the sessions
-        # are ours, and synthesis below runs whole batches.
-        self._front_end = PiperVoice(session=self._whole.full, config=self.config)
         self.sample_rate = self.config.sample_rate
-        self.noise_scale = self.config.noise_scale if noise_scale is None else noise_scale
-        self.noise_w = self.config.noise_w_scale if noise_w is None else noise_w
-        self._multi_speaker = self.config.num_speakers > 1
-        self._voices, self._speaker_ids = _piper_voices(self.name, self.config, named_voices)
         self.times_words = _times_words(self.config)
 
     def voices(self) -> list[Voice]:
@@ -162,7 +212,9 @@ class PiperEngine(Engine):
         """The voice's graph with its durations output, and its int8 twin (made again for more copies, rather than
         kept in memory for them)."""
         graph = _load_with_durations(self._model_path)
-        return graph, _int8(graph)
+        return graph, _cached_int8(graph, lambda: [self._inputs([EngineInput(tokens, "")], 1.0)
+                                                   for text in CALIBRATION_SENTENCES
+                                                   for tokens in self.tokenize(text, "")])
 
     def _sessions(self, graphs: tuple[bytes, bytes], intra_op_threads: int) -> _Sessions:
         """One copy of the graph: its full and its int8 session, with this many intra-op threads (0: one a core)."""
@@ -252,18 +304,7 @@ class PiperEngine(Engine):
 
     def _synthesize(self, sessions: _Sessions, batch: Sequence[EngineInput]) -> list[EngineOutput]:
         """One copy's part of a batch, as one padded run of its session."""
-        lengths = np.array([item.length for item in batch], dtype=np.int64)
-        ids = np.zeros((len(batch), int(lengths.max())), dtype=np.int64)
-        for row, item in enumerate(batch):
-            ids[row, : item.length] = item.tokens
-        inputs = {
-            "input": ids,
-            "input_lengths": lengths,
-            "scales": np.array([self.noise_scale, self.config.length_scale / batch[0].speed, self.noise_w],
-                               dtype=np.float32),
-        }
-        if self._multi_speaker:
-            inputs["sid"] = np.array([self._speaker_id(item.voice) for item in batch], dtype=np.int64)
+        inputs = self._inputs(batch, batch[0].speed)
         audio, durations = (sessions.int8 if self._low else sessions.full).run(None, inputs)
         self._last_inputs = {name: value[:1] if value.ndim and name != "scales" else value
                              for name, value in inputs.items()}
@@ -272,6 +313,21 @@ class PiperEngine(Engine):
         spans = [durations[row, : item.length] for row, item in enumerate(batch)]  # padded positions have none
         return [EngineOutput(peak_normalize(audio[row, : int(samples.sum())]), samples)
                 for row, samples in enumerate(spans)]
+
+    def _inputs(self, batch: Sequence[EngineInput], speed: float) -> dict[str, np.ndarray]:
+        """The graph's inputs for a padded batch."""
+        lengths = np.array([item.length for item in batch], dtype=np.int64)
+        ids = np.zeros((len(batch), int(lengths.max())), dtype=np.int64)
+        for row, item in enumerate(batch):
+            ids[row, : item.length] = item.tokens
+        inputs = {
+            "input": ids,
+            "input_lengths": lengths,
+            "scales": np.array([self.noise_scale, self.config.length_scale / speed, self.noise_w], dtype=np.float32),
+        }
+        if self._multi_speaker:
+            inputs["sid"] = np.array([self._speaker_id(item.voice) for item in batch], dtype=np.int64)
+        return inputs
 
     def release_memory(self) -> None:
         """onnxruntime's CPU arena keeps the memory of the largest batch it ever ran (the warm-up

@@ -52,7 +52,8 @@ CALIBRATION_TEXT = (
 
 class Serving:
     """What a loop and its strategy share: the engine, its queue and metrics, the device-memory budget, and
-    what the queue's wait predictions learn from the work done. Only the engine's thread writes to it."""
+    what the queue's wait predictions learn from the work done. Only the engine's thread writes to it, and a
+    stepped engine's codec stage, which delivers its requests (the item cost and the audio rate)."""
 
     def __init__(self, engine: Engine, queue: RequestQueue, metrics: Metrics, min_free_memory_mb: int = 2048):
         self.engine, self.queue, self.metrics = engine, queue, metrics

@@ -2,11 +2,14 @@
 
 Each turn of its engine loop, on the one thread that owns the engine: running requests whose caller has
 gone are stopped; the policy picks which queued requests join, and their prompts are prefilled
-together; every running request makes one frame; each request's new frames are decoded every
-STREAM_PIECE_S of audio (a stream) or FILE_PIECE_S (a whole file), and when it finishes, and
-handed out (a stream plays them as they come); a finished request leaves at once and its future
-resolves with its whole audio. So a request joins at the next step and nobody waits for the
-longest member of a batch.
+together; every running request makes one frame; each request's new frames are taken every
+STREAM_PIECE_S of audio (a stream) or FILE_PIECE_S (a whole file), and when it finishes, and its
+codec stage (tts_core.scheduler.codec_stage) decodes them and hands them out (a stream plays them as
+they come); a finished request leaves the steps at once, and its future resolves with its whole audio
+after its last piece. So a request joins at the next step and nobody waits for the longest member of a
+batch. Where the engine `decodes_apart` (Pocket TTS) and TTS_CODEC_STAGE puts it there (by default on CUDA),
+the stage is a codec thread beside the steps, which puts a stream's first piece first; else, and for a whole
+batch run on one thread (`synthesize_whole`), it decodes at once on this thread, as follows.
 
 First audio first. The codec does not batch on a CPU and costs about as much per frame as a step,
 so decoding is half the work of a turn; while a stream's first sentence waits for its first piece,

@@ -29,9 +29,13 @@ STEPPED_CALIBRATION_LENGTHS = (4, 12)
 def make_engine_loop(engine: Engine, queue: RequestQueue, metrics: Metrics, policy: str = "adaptive",
                      max_batch_size: int = 16, max_batch_tokens: int = 8192,
                      calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16), min_free_memory_mb: int = 2048,
-                     empty_cache_every: int = 100, cpu_cache_mb: int = 1024, instances: int = 1) -> EngineLoop:
+                     empty_cache_every: int = 100, cpu_cache_mb: int = 1024, instances: int = 1,
+                     codec_stage: str = "auto") -> EngineLoop:
     """The engine's loop, not started. max_batch_size is a one-shot engine's; a stepped engine's is the
-    most it runs at once (its max_running). instances: copies of a one-shot engine's model (0: measured)."""
+    most it runs at once (its max_running). instances: copies of a one-shot engine's model (0: measured).
+    codec_stage (TTS_CODEC_STAGE): whether a stepped engine that decodes apart does so on a thread of its own:
+    "on", "off", or "auto": where it runs on CUDA. On a CPU the codec's torch work beside the steps' made a second
+    OpenMP team in the process, and a lone request 20% slower (docs/batching.md#the-codec-as-a-stage)."""
     serving = Serving(engine, queue, metrics, min_free_memory_mb)
     if isinstance(engine, UpstreamEngine):  # another server batches: only how many are in flight is ours
         strategy = UpstreamStrategy(serving)
@@ -39,7 +43,9 @@ def make_engine_loop(engine: Engine, queue: RequestQueue, metrics: Metrics, poli
         strategy = OneShotStrategy(serving, make_policy(policy, max_batch_size, max_batch_tokens), calibration_sizes,
                                    empty_cache_every, instances=instances)
     elif policy == "adaptive":
-        strategy = SteppedStrategy(serving, ContinuousPolicy(engine.max_running), calibration_sizes, cpu_cache_mb)
+        codec_thread = codec_stage == "on" or (codec_stage == "auto" and engine.device == "cuda")
+        strategy = SteppedStrategy(serving, ContinuousPolicy(engine.max_running), calibration_sizes, cpu_cache_mb,
+                                   codec_thread)
     else:
         strategy = OneShotStrategy(serving, make_policy(policy, engine.max_running, max_batch_tokens),
                                    calibration_sizes, empty_cache_every, STEPPED_CALIBRATION_LENGTHS)
