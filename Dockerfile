@@ -38,6 +38,9 @@ RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0 && pip install -r requi
 
 COPY --chown=user . .
 USER 1000
+# The bundled voice's int8 graph (degrade mode's lower precision), calibrated once here into ~/.cache/chorus rather
+# than at every start.
+RUN python -c "from tts_core.engines.piper import PiperEngine, bundled_voice_path; PiperEngine(bundled_voice_path())"
 VOLUME /data
 
 EXPOSE 7860 10200

@@ -59,6 +59,7 @@ def test_the_image_keeps_its_data_under_a_volume_as_a_user_and_builds_cpu_or_cud
     assert parsed.args["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
     runs = " ".join(each["value"] for each in parsed.structure if each["instruction"] == "RUN")
     assert re.search(r'pip install --index-url "\$TORCH_INDEX" torch==', runs)
+    assert "PiperEngine(bundled_voice_path())" in runs  # its int8 graph made at build, not at every start
     assert not not_settings(parsed.envs)
 
 
