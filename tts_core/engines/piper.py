@@ -209,10 +209,10 @@ class PiperEngine(Engine):
         return True
 
     def _graphs(self) -> tuple[bytes, bytes]:
-        """The voice's graph with its durations output, and its int8 twin (made again for more copies, rather than
-        kept in memory for them)."""
+        """The voice's graph with its durations output, and its int8 twin (read again for more copies, from the
+        cache folder, rather than kept in memory for them)."""
         graph = _load_with_durations(self._model_path)
-        return graph, _cached_int8(graph, lambda: [self._inputs([EngineInput(tokens, "")], 1.0)
+        return graph, _cached_int8(graph, lambda: [self._inputs([EngineInput(tokens, "")])
                                                    for text in CALIBRATION_SENTENCES
                                                    for tokens in self.tokenize(text, "")])
 
@@ -304,7 +304,7 @@ class PiperEngine(Engine):
 
     def _synthesize(self, sessions: _Sessions, batch: Sequence[EngineInput]) -> list[EngineOutput]:
         """One copy's part of a batch, as one padded run of its session."""
-        inputs = self._inputs(batch, batch[0].speed)
+        inputs = self._inputs(batch)
         audio, durations = (sessions.int8 if self._low else sessions.full).run(None, inputs)
         self._last_inputs = {name: value[:1] if value.ndim and name != "scales" else value
                              for name, value in inputs.items()}
@@ -314,8 +314,8 @@ class PiperEngine(Engine):
         return [EngineOutput(peak_normalize(audio[row, : int(samples.sum())]), samples)
                 for row, samples in enumerate(spans)]
 
-    def _inputs(self, batch: Sequence[EngineInput], speed: float) -> dict[str, np.ndarray]:
-        """The graph's inputs for a padded batch."""
+    def _inputs(self, batch: Sequence[EngineInput]) -> dict[str, np.ndarray]:
+        """The graph's inputs for a padded batch (of one speed: the length scale is batch-wide)."""
         lengths = np.array([item.length for item in batch], dtype=np.int64)
         ids = np.zeros((len(batch), int(lengths.max())), dtype=np.int64)
         for row, item in enumerate(batch):
@@ -323,7 +323,8 @@ class PiperEngine(Engine):
         inputs = {
             "input": ids,
             "input_lengths": lengths,
-            "scales": np.array([self.noise_scale, self.config.length_scale / speed, self.noise_w], dtype=np.float32),
+            "scales": np.array([self.noise_scale, self.config.length_scale / batch[0].speed, self.noise_w],
+                               dtype=np.float32),
         }
         if self._multi_speaker:
             inputs["sid"] = np.array([self._speaker_id(item.voice) for item in batch], dtype=np.int64)
