@@ -19,15 +19,32 @@ from tts_core.scheduler.step_policy import ContinuousPolicy, StepCostModel, Step
 from tts_core.scheduler.strategies import make_engine_loop
 
 
-def staged(clock, **settings) -> tuple[FakeSteppedEngine, threading.Event, list[int]]:
+class Gate(threading.Event):
+    """An event the codec waits on at each piece; `holding` is set once the codec waits at it (closed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding = threading.Event()
+
+    def clear(self) -> None:
+        self.holding.clear()
+        super().clear()
+
+    def pass_through(self) -> None:
+        if not self.is_set():
+            self.holding.set()
+        self.wait()
+
+
+def staged(clock, **settings) -> tuple[FakeSteppedEngine, Gate, list[int]]:
     """A fake engine whose codec stage waits at each piece until `gate` is set; `decoded` lists each decoded
     piece's tag, in order."""
     engine = FakeSteppedEngine(clock=clock, decodes_apart=True, **settings)
-    gate, decoded = threading.Event(), []
+    gate, decoded = Gate(), []
     gate.set()
 
     def decoding(frames: np.ndarray) -> None:
-        gate.wait()
+        gate.pass_through()
         decoded.append(round(float(frames[0]) * 1000))
     engine.on_decode = decoding
     return engine, gate, decoded
@@ -68,10 +85,18 @@ def test_a_streams_first_piece_goes_ahead_of_the_pieces_waiting(start, clock):  
     running = item(200, tag=1)
     hold(engine, loop, running)
     gate.clear()  # the codec holds running's first piece; its next ones wait behind it
+    paused = threading.Event()
+
+    def pausing() -> None:  # the steps stop once 3 pieces wait, well short of max_waiting
+        if not paused.is_set() and loop.strategy.codec.waiting() >= 3:
+            paused.set()
+            engine.gate.clear()
+    engine.on_step = pausing
     engine.gate.set()
-    assert wait_until(lambda: loop.strategy.codec.waiting() >= 3, every_s=0.01)
+    assert gate.holding.wait(10) and paused.wait(10)
     joining = item(30, tag=2, stream=True)
     loop.submit([joining])
+    engine.gate.set()
     assert wait_until(lambda: engine.events.count(("take", 2)) >= 1, every_s=0.01)
     gate.set()
     assert joining.pieces.head.result(timeout=10)[0].size > 0
@@ -121,7 +146,7 @@ def test_a_caller_gone_while_its_pieces_wait_is_ended_without_decoding_them(star
     gone = item(200, tag=4, stream=True)
     gate.clear()
     loop.submit([gone])
-    assert wait_until(lambda: loop.strategy.codec.waiting() >= 2, every_s=0.01)
+    assert gate.holding.wait(10) and wait_until(lambda: loop.strategy.codec.waiting() >= 2, every_s=0.01)
     gone.abandon()
     gate.set()
     assert wait_until(lambda: not loop.busy and loop.strategy.codec.idle(), every_s=0.01)
