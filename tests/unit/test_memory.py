@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from tests.fakes import FakeEngine
+from tests.serve import wait_until
 from tests.unit.conftest import make_item
 from tts_core.config import Settings
 from tts_core.ops.metrics import Metrics
+from tts_core.scheduler.engine_loop import RELEASE_AFTER_IDLE_S
 from tts_core.scheduler.memory import MemoryBudget
 from tts_core.scheduler.policy import make_policy
 from tts_core.service import SpeechService
@@ -51,6 +53,38 @@ def test_out_of_memory_splits_the_batch_lowers_the_budget_and_loses_nothing(star
     for item in later:
         item.future.result(timeout=10)
     assert all(len(batch) * 100 <= LIMIT for batch in engine.seen[-2:])  # planned within the budget now
+
+
+class ReleasingEngine(FakeEngine):
+    """Notes the (simulated) moment of each release of its memory."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.releases: list[float] = []
+
+    def release_memory(self):
+        self.releases.append(self.clock.now())
+
+
+def test_memory_goes_back_once_the_engine_was_idle_a_while_not_between_one_callers_requests(start_loop, clock):
+    """A caller that sends its sentences one after another does not pay a release (and the arena's regrowth)
+    at each."""
+    engine = ReleasingEngine(clock=clock)
+    loop = start_loop(engine, policy="sequential")
+
+    def idle_until_released(count: int) -> bool:  # simulated time passes while the engine waits
+        return wait_until(lambda: clock.sleep(0.25) or len(engine.releases) >= count, every_s=0.01)
+
+    assert idle_until_released(1)  # the calibration's
+    for index in range(3):
+        item = make_item(50, tag=index + 1)
+        loop.submit([item])
+        item.future.result(timeout=10)
+        clock.sleep(RELEASE_AFTER_IDLE_S / 2)  # the next sentence comes a moment later
+    assert len(engine.releases) == 1
+    last_done = clock.now() - RELEASE_AFTER_IDLE_S / 2
+    assert idle_until_released(2)
+    assert engine.releases[1] >= last_done + RELEASE_AFTER_IDLE_S
 
 
 def test_an_item_too_large_even_alone_fails_alone_with_a_clear_error(start_loop, clock):

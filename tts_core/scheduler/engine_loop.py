@@ -43,6 +43,8 @@ class Precision(StrEnum):
     LOW = "low"
     LOW_UNSUPPORTED = "low (unsupported: no-op)"  # asked for, but the engine has no lower precision
 
+RELEASE_AFTER_IDLE_S = 2.0  # idle this long after work before its memory is handed back
+
 CALIBRATION_TEXT = (
     "The calibration sweep measures how long this engine takes for batches of several sizes, "
     "at a short and at a long length, so that the batch policy starts from real timings. "
@@ -68,16 +70,23 @@ class Serving:
         rate = audio_s / max(1, sum(item.length for item in batch))
         self.audio_s_per_token = rate if not self.audio_s_per_token else 0.8 * self.audio_s_per_token + 0.2 * rate
 
-    def release_memory_once_idle(self) -> None:
-        """Work stopped: hand back what it used (the engine's caches and arenas, the heap's free pages),
-        or a burst of long texts keeps its memory for good. Once per busy spell, on the engine's thread."""
+    def wait_for_work(self) -> None:
+        """Nothing to do (on the engine's thread): wait for work. A busy spell that ended RELEASE_AFTER_IDLE_S ago
+        hands back what it used (the engine's caches and arenas, the heap's free pages), or a burst of long texts
+        keeps its memory for good; not at once, or a caller that sends its sentences one after another pays the
+        release (about 25 ms for Piper) and the arena's regrowth at each."""
         if self.worked:
+            until = self.clock.now() + RELEASE_AFTER_IDLE_S
+            self.queue.wait_until(until)
+            if self.clock.now() < until or len(self.queue):
+                return  # work came, or the loop was woken: the spell goes on
             self.worked = False
             try:
                 self.engine.release_memory()
             except Exception:
                 log.exception("%s: releasing memory failed", self.engine.name)
             release_heap()
+        self.queue.wait_for_items()
 
 
 class Strategy(Protocol):
@@ -247,7 +256,7 @@ class EngineLoop:
         except Exception:
             log.exception("warm-up of %s failed; serving without calibration", self.engine.name)
         finally:
-            self.serving.worked = True  # the calibration sweep's memory goes back at the first idle moment
+            self.serving.worked = True  # the calibration sweep's memory goes back once idle
             self.ready.set()
         while not self.queue.closed:
             try:

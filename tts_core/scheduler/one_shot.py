@@ -119,8 +119,7 @@ class OneShotStrategy:
         candidates = self.queue.next_candidates(self._candidate_limit)
         self.metrics.queue_length.labels(self.engine.name).set(len(self.queue))
         if not candidates:
-            self.serving.release_memory_once_idle()
-            self.queue.wait_for_items()
+            self.serving.wait_for_work()
             return
         now = self.clock.now()
         plan = self.policy.plan(candidates, now, self.serving.memory.tokens())

@@ -178,9 +178,8 @@ class SteppedStrategy:
         self.metrics.queue_length.labels(self.engine.name).set(len(self.queue))
         self.metrics.running_requests.labels(self.engine.name).set(len(running))
         if not running and not candidates:
-            self.serving.release_memory_once_idle()
             self._tell_queue()
-            self.queue.wait_for_items()
+            self.serving.wait_for_work()
             return
         self._declined = False
         if candidates:

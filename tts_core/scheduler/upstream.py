@@ -129,8 +129,7 @@ class UpstreamStrategy:
         if self._ended:  # settled at the next turn, at once
             return
         if not self._flights and not len(self.queue):
-            self.serving.release_memory_once_idle()
-            self.queue.wait_for_items()
+            self.serving.wait_for_work()
         else:  # an ended request, an arrival or the breaker's cool-down wakes it; deadlines are checked each turn
             self.queue.wait_until(now + MOST_WAIT_S)
 
