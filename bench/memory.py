@@ -3,7 +3,7 @@
 One server (a process on 127.0.0.1, the bundled voice) streams long texts (5,000 characters of
 long clauses: the 400-character pieces that grow onnxruntime's arena the most), one after the
 other. Its resident memory is read, idle, after the first 2 and after all of them: an engine hands
-its working memory back when it goes idle, so the two readings should match (target: within 10%).
+its working memory back once idle 2 s, so the two readings should match (target: within 10%).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ any other), or a loss: "timeout" (no answer within REQUEST_TIMEOUT_S), "connecti
 no WebSocket `done`). Once a second the server's resident memory, open files, queue length and
 degrade state are sampled. Memory growth compares two idle moments: after the warm-up and after
 the last answer, each read once the server has nothing queued or running (an engine hands its
-working memory back when it goes idle); the peak under load is printed beside it. (Measured from
+working memory back once idle 2 s); the peak under load is printed beside it. (Measured from
 after the capacity run alone, the first overload's one-time allocations would read as growth.)
 
 A 503 to a request sent within EDGE_S of the overload's end counts as the overload's, and is
@@ -61,6 +61,7 @@ from bench.server import ROOT, ServerProcess, start_server
 from bench.workload import MIXES, sentence
 from tts_core.errors import ERROR_TYPES
 from tts_core.ops.degrade import OperatorSettings
+from tts_core.scheduler.engine_loop import RELEASE_AFTER_IDLE_S
 from tts_core.scheduler.queue import OFFERED_WINDOWS_S
 
 KINDS = ("plain", "stream", "sse", "ws")
@@ -361,17 +362,19 @@ async def sample(traffic: Traffic, pid: int, stop: asyncio.Event, samples: list[
 
 
 async def idle_reading(base_url: str, pid: int, timeout_s: float = 60.0) -> dict:
-    """process_reading once the server has nothing queued or running (an engine hands its working
-    memory back when it goes idle): growth is then measured between two like moments, not against
-    whatever was in flight. Read anyway after timeout_s."""
+    """process_reading once the server has had nothing queued or running for a while (an engine hands its
+    working memory back RELEASE_AFTER_IDLE_S after it goes idle): growth is then measured between two like
+    moments, not against whatever was in flight. Read anyway after timeout_s."""
     async with httpx.AsyncClient(base_url=base_url, timeout=5, trust_env=False) as client:
-        deadline, idle_polls = time.monotonic() + timeout_s, 0
-        while idle_polls < 2 and time.monotonic() < deadline:  # two in a row: the release has run
+        deadline, idle_since = time.monotonic() + timeout_s, None
+        while time.monotonic() < deadline:
             try:
                 idle = (await client.get("/api/v1/batch/status")).json()["pending_requests"] == 0
             except (httpx.HTTPError, ValueError, KeyError):
                 idle = False
-            idle_polls = idle_polls + 1 if idle else 0
+            idle_since = (idle_since or time.monotonic()) if idle else None
+            if idle_since is not None and time.monotonic() - idle_since > RELEASE_AFTER_IDLE_S + 0.5:
+                break  # the release has run
             await asyncio.sleep(0.25)
     return process_reading(pid)
 

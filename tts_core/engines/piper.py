@@ -334,7 +334,7 @@ class PiperEngine(Engine):
         """onnxruntime's CPU arena keeps the memory of the largest batch it ever ran (the warm-up
         sweep's, a 400-character sentence's: hundreds of MB); a one-item run with arena shrinkage
         gives the unused part back (in both sessions: the one left by a precision change keeps its arena too). Called
-        on the engine's thread when it goes idle."""
+        on the engine's thread once it has been idle a while."""
         if self._last_inputs is not None:
             inputs = {**self._last_inputs, "input": self._last_inputs["input"][:, :1],
                       "input_lengths": np.ones(1, dtype=np.int64)}
