@@ -6,6 +6,9 @@
   error shape with its message; failures in a row open the breaker, whose 503 upstream_unavailable comes at once
   with a Retry-After and without a request upstream; a half-open probe closes it; a hung upstream ends at the
   caller's deadline; a cut stream fails its request; nothing is left in flight.
+- With a hostile listener (tests/faults/hostile_upstream.py): a Retry-After of infinity, nonsense or a year is
+  answered with a bounded one (and the breaker opens for a minute at most); an answer that never ends is read only
+  as far as the text can use; an answer with no whole sample is a 503; a WAV's header is not played.
 - Real upstreams (slow): a second Chorus serving the bundled Piper voice (speech, streams, jobs and Wyoming
   through the upstream engine; the learned limit stays at one or two for a server that runs one at a time), and
   one serving a tiny random Pocket TTS (continuous batching: the limit climbs well above one).
@@ -34,6 +37,7 @@ from wyoming.tts import Synthesize, SynthesizeVoice
 from admin.state import state_markdown
 from app import create_app
 from bench.server import free_port, start_server
+from tests.faults.hostile_upstream import HostileUpstream, wav_of
 from tests.listener import TONE, Answer, Listener
 from tests.pocket_models import build_tiny_pocket
 from tests.serve import metric, serve_in_thread, wait_until
@@ -74,7 +78,7 @@ def upstream_status(base: str, model: str = "far") -> dict:
 def fronted(tmp_path_factory):
     """(Chorus's base URL, the listener it fronts)."""
     folder = tmp_path_factory.mktemp("upstream")
-    listener = Listener(voices={"voices": [{"id": name, "name": name} for name in ("af_heart", "am_adam")]})
+    listener = HostileUpstream(voices={"voices": [{"id": name, "name": name} for name in ("af_heart", "am_adam")]})
     voices = registry(folder, listener.url, clones=True)
     with open(voices, "a") as file:  # a second model on it that reads text its own way, a third whose voices it lists
         file.write(f"  raw-voice: {{engine: upstream, model: raw, url: '{listener.url}', normalize: false, "
@@ -246,6 +250,121 @@ def test_failures_in_a_row_open_the_breaker_which_answers_at_once_then_probes_an
     assert upstream_status(base)["breaker"]["state"] == "closed"
     assert upstream_status(base)["in_flight"] == 0 and listener.hanging == 0  # nothing left running
     assert metric(base, r'tts_upstream_errors_total\{engine="far",kind="failed"\}') >= 3
+
+
+# --- a hostile upstream ------------------------------------------------------------------------------------------
+
+
+def refused_for_now(answer: httpx.Response) -> int:
+    """A 503 upstream_unavailable in our error shape; its Retry-After."""
+    assert answer.status_code == 503, answer.text
+    assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
+    assert answer.json()["error"]["code"] == "upstream_unavailable"
+    return int(answer.headers["Retry-After"])
+
+
+@pytest.mark.parametrize("status", [500, 429])
+@pytest.mark.parametrize("said", ["inf", "-inf", "nan", "-5", "soon", "Wed, 21 Oct 2015 07:28:00 GMT", "1e9"])
+def test_an_upstreams_retry_after_of_infinity_or_nonsense_is_answered_with_a_bounded_one(fronted, status, said):
+    base, listener = fronted
+    listener.answer = Answer("status", status, b'{"error": {"message": "not now"}}', headers={"Retry-After": said})
+    started = time.monotonic()
+    assert 1 <= refused_for_now(speak(base)) <= 60  # at once, not after the deadline (an unsettled request)
+    assert time.monotonic() - started < 2.5
+    listener.answer = Answer()
+    assert speak(base).status_code == 200  # (a success: the failures in a row start again)
+
+
+def test_a_retry_after_of_a_year_opens_the_breaker_for_a_minute_at_most(tmp_path):
+    """(A server of its own: its breaker stays open for that minute.)"""
+    listener = HostileUpstream()
+    settings = Settings(data_dir=tmp_path / "data", calibration_sizes=[1], voices_file=registry(tmp_path, listener.url),
+                        operator_defaults={"anonymous_tier": "enterprise", "degrade_enabled": False})
+    try:
+        with serve_in_thread(create_app(settings)) as base:
+            listener.answer = Answer("status", 503, b"{}", headers={"Retry-After": "1e9"})  # full for 30 years
+            assert refused_for_now(speak(base)) == 60
+            listener.answer = Answer("status", 500, b"{}", headers={"Retry-After": "31536000"})
+            for _ in range(3):
+                assert refused_for_now(speak(base)) == 60
+            breaker = upstream_status(base)["breaker"]
+            assert breaker["state"] == "open" and breaker["retry_after_s"] <= 60
+            assert 1 <= refused_for_now(speak(base)) <= 60  # refused at once by the open breaker
+    finally:
+        listener.close()
+
+
+def test_an_upstream_that_never_stops_sending_is_read_only_as_far_as_the_text_can_use(fronted):
+    base, listener = fronted
+    listener.answer, listener.sent = Answer("endless"), 0
+    text = "Endless, endless."  # 17 characters: at most 10.7 s of audio, 0.5 MB of PCM
+    refused = speak(base, text)
+    assert "more than the 11 s of audio that 17 characters can make" in refused.json()["error"]["message"]
+    refused_for_now(refused)
+    with httpx.stream("POST", f"{base}/v1/audio/speech", timeout=30,
+                      json={**SPEECH, "input": "Streamed, endless.", "stream": True, "response_format": "pcm"}
+                      ) as streamed:
+        with pytest.raises(httpx.RemoteProtocolError):  # its audio up to the bound, then a cut answer
+            b"".join(streamed.iter_bytes())
+    assert wait_until(lambda: listener.streaming == 0, 10)  # both connections closed: it stopped sending
+    assert listener.sent < 64 * 2**20  # two answers of 0.5 MB read, and what the sockets' buffers held
+    listener.answer = Answer()
+    assert speak(base, text).status_code == 200
+    assert upstream_status(base)["in_flight"] == 0
+
+
+def test_an_error_whose_body_never_ends_is_answered_at_once(fronted):
+    base, listener = fronted
+    listener.answer, listener.sent = Answer("endless_error", 500), 0
+    started = time.monotonic()
+    refused = speak(base)
+    assert "500: xxxx" in refused.json()["error"]["message"]
+    refused_for_now(refused)
+    assert time.monotonic() - started < 2.5  # not read until the deadline
+    assert wait_until(lambda: listener.streaming == 0, 10) and listener.sent < 32 * 2**20
+    listener.answer = Answer()
+    assert speak(base).status_code == 200
+
+
+def one_byte_then_served(base: str, listener: HostileUpstream, asked: dict) -> tuple[httpx.Response, bool]:
+    """The answer to `asked` from an upstream that answers a byte, and whether it was cut; then a request served
+    (so that the breaker stays closed)."""
+    listener.answer, cut = Answer("body", 200, b"\x01", {"content-type": "audio/pcm"}), False
+    with httpx.stream("POST", f"{base}/v1/audio/speech", json=asked, timeout=30) as answer:
+        try:
+            answer.read()
+        except httpx.RemoteProtocolError:
+            cut = True
+    listener.answer = Answer()
+    assert speak(base).status_code == 200
+    return answer, cut
+
+
+@pytest.mark.parametrize("response_format", ["wav", "mp3", "pcm"])
+def test_an_answer_with_no_whole_sample_is_an_upstream_error_in_every_format(fronted, response_format):
+    """A whole file is a 503; a stream, whose status line is sent before its audio, ends as a failed one: cut (not a
+    200 of no bytes that reads as a success), or with an error event in server-sent events."""
+    base, listener = fronted
+    asked = {**SPEECH, "input": f"One byte, {response_format}.", "response_format": response_format}
+    refused_for_now(one_byte_then_served(base, listener, asked)[0])
+    assert one_byte_then_served(base, listener, {**asked, "stream": True})[1]
+    events, _ = one_byte_then_served(base, listener, {**asked, "stream": True, "stream_format": "sse"})
+    last = json.loads(events.text.strip().split("\n\n")[-1].removeprefix("data: "))
+    assert "no audio" in last["error"]["message"], events.text
+
+
+def test_an_upstream_answering_wav_has_its_header_read_not_played(fronted):
+    base, listener = fronted
+    asked = {**SPEECH, "response_format": "pcm"}
+    listener.answer = Answer()
+    raw = httpx.post(f"{base}/v1/audio/speech", json={**asked, "input": "A tone, raw."}, timeout=30)
+    listener.answer = Answer("body", 200, wav_of(np.frombuffer(TONE, "<i2"), 24000), {"content-type": "audio/wav"})
+    wav = httpx.post(f"{base}/v1/audio/speech", json={**asked, "input": "A tone, in a WAV."}, timeout=30)
+    assert raw.status_code == wav.status_code == 200
+    assert wav.content == raw.content  # the same samples: no click of 22 samples from its header
+    listener.answer = Answer("body", 200, wav_of(np.zeros(2400), 24000, "PCM_U8"), {"content-type": "audio/wav"})
+    assert "cannot be read" in speak(base).json()["error"]["message"]
+    listener.answer = Answer()
 
 
 # --- a real upstream: another Chorus -------------------------------------------------------------------------

@@ -1,27 +1,41 @@
 """The upstream engine's parts: the learned in-flight limit and the circuit breaker (pure, on given times), and
-the engine against a plain listener on loopback (the body it sends, the audio it reads, what failures mean)."""
+the engine against a plain listener on loopback (the body it sends, the audio it reads, what failures mean) and a
+hostile one (an absurd Retry-After, an answer that never ends, a byte of audio, a WAV)."""
 
 from __future__ import annotations
 
 import base64
 import io
 import json
+import time
+from email.utils import formatdate
 
 import numpy as np
 import pytest
 import soundfile
 
+from tests.faults.hostile_upstream import HostileUpstream, wav_of
 from tests.listener import TONE, Answer, Listener
+from tests.serve import wait_until
+from tts_core.audio.playable import resample
 from tts_core.engines.base import EngineUnavailable, UpstreamOptions, VoiceSpec
-from tts_core.engines.upstream import UpstreamEngine, UpstreamFailed, UpstreamRejected, listed_voices
+from tts_core.engines.upstream import (
+    ERROR_BYTES,
+    UpstreamEngine,
+    UpstreamFailed,
+    UpstreamRejected,
+    listed_voices,
+)
 from tts_core.request.records import EngineInput
 from tts_core.scheduler.in_flight import (
     FAILURES,
+    MOST_COOL_DOWN_S,
     REPROBE_AFTER,
     SAMPLES,
     BreakerState,
     CircuitBreaker,
     InFlightLimit,
+    bounded_retry_after,
 )
 
 # of the last 100 windows, those at the settled limit: all but the measurements of twice as many (each after
@@ -100,6 +114,25 @@ def test_the_upstreams_retry_after_lengthens_the_cool_down():
     for _ in range(FAILURES):
         breaker.failed(0.0, retry_after_s=30)
     assert breaker.retry_after_s(0.0) == 30
+
+
+@pytest.mark.parametrize("retry_after_s", [float("inf"), 31_536_000, 1e9])
+def test_an_absurd_retry_after_opens_the_breaker_for_a_minute_at_most_and_a_healthy_upstream_is_used_again(
+        retry_after_s):
+    breaker = CircuitBreaker()
+    for _ in range(FAILURES):
+        breaker.failed(0.0, retry_after_s)
+    assert breaker.retry_after_s(0.0) == MOST_COOL_DOWN_S
+    assert not breaker.allows(MOST_COOL_DOWN_S - 0.1)
+    assert breaker.allows(MOST_COOL_DOWN_S)  # the probe
+    breaker.succeeded()
+    assert breaker.state_now(MOST_COOL_DOWN_S) is BreakerState.CLOSED
+
+
+@pytest.mark.parametrize("seconds, bounded", [(float("inf"), MOST_COOL_DOWN_S), (1e9, MOST_COOL_DOWN_S),
+                                              (float("nan"), 0.0), (-5.0, 0.0), (None, 0.0), (7.5, 7.5)])
+def test_what_an_upstreams_retry_after_can_make_callers_wait_is_bounded(seconds, bounded):
+    assert bounded_retry_after(seconds) == bounded
 
 
 @pytest.fixture
@@ -229,3 +262,79 @@ def test_a_voice_list_that_cannot_be_read_says_why():
         listener.close()
     with pytest.raises(EngineUnavailable, match="its voice list could not be read"):
         listed_voices(UpstreamOptions(listener.url), "kokoro")  # nothing listens there now
+
+
+@pytest.fixture
+def hostile():
+    upstream = HostileUpstream()
+    yield upstream
+    upstream.close()
+
+
+@pytest.mark.parametrize("said, seconds", [("inf", float("inf")), ("1e9", 1e9), ("nan", None), ("-3", 0.0),
+                                           ("soon", None), ("http-date", 30)])
+def test_each_form_of_retry_after_is_read_as_seconds_or_none(hostile, said, seconds):
+    if said == "http-date":
+        said = formatdate(time.time() + 30, usegmt=True)
+    hostile.answer = Answer("status", 429, b"{}", headers={"Retry-After": said})
+    with pytest.raises(UpstreamFailed) as raised:
+        speak(engine_for(hostile.url))
+    assert raised.value.busy
+    assert raised.value.retry_after_s == (pytest.approx(seconds, abs=2) if seconds is not None else None)
+
+
+def test_an_upstream_that_never_stops_sending_is_cut_off_at_what_the_text_can_make(hostile):
+    engine = engine_for(hostile.url)
+    text = "Hello there."  # 12 characters: at most 9 s of audio
+    most = engine.most_samples(EngineInput(engine.tokenize(text, "vivian")[0], "vivian"))
+    assert most == 9 * 24000
+    hostile.answer = Answer("endless")
+    with pytest.raises(UpstreamFailed, match="more than the 9 s of audio that 12 characters can make"):
+        speak(engine, text)
+    assert wait_until(lambda: hostile.streaming == 0, 10)  # the connection was closed: it stopped
+    assert hostile.sent < 2 * most + 32 * 2**20  # what it read, and what the sockets' buffers held
+    hostile.answer = Answer()
+    assert speak(engine, text).size == 24000
+
+
+def test_an_error_whose_body_never_ends_is_read_only_as_far_as_its_message(hostile):
+    hostile.answer = Answer("endless_error", 500)
+    with pytest.raises(UpstreamFailed, match="upstream answered 500: xxx") as raised:
+        speak(engine_for(hostile.url))
+    assert len(str(raised.value)) < ERROR_BYTES
+    assert wait_until(lambda: hostile.streaming == 0, 10)
+    assert hostile.sent < 32 * 2**20
+
+
+def answering(body: bytes, kind: str = "audio/wav") -> Answer:
+    return Answer("body", 200, body, {"content-type": kind})
+
+
+@pytest.mark.parametrize("body", [b"", b"\x01", wav_of(np.zeros(0, np.int16), 24000)])
+def test_an_answer_with_no_whole_sample_is_an_upstream_failure(hostile, body):
+    hostile.answer = answering(body, "audio/wav" if body[:4] == b"RIFF" else "audio/pcm")
+    with pytest.raises(UpstreamFailed, match="no audio"):
+        speak(engine_for(hostile.url))
+
+
+def test_a_wav_answer_has_its_header_read_as_a_header(hostile):
+    tone = np.frombuffer(TONE, "<i2")
+    expected = tone.astype(np.float32) / 32768
+    engine = engine_for(hostile.url)
+    hostile.answer = answering(wav_of(tone, 24000))
+    np.testing.assert_array_equal(speak(engine), expected)  # no 44 bytes of header played as 22 samples
+    hostile.answer = answering(wav_of(tone, 24000, streamed=False), "application/octet-stream")
+    np.testing.assert_array_equal(speak(engine), expected)  # known by its first bytes
+    at_16k = resample(expected, 24000, 16000)
+    hostile.answer = answering(wav_of(at_16k, 16000, "FLOAT"))
+    audio = speak(engine)  # float samples at the WAV's own rate, read at the registry's
+    assert abs(audio.size - 24000) <= 32 and np.abs(audio[1000:20000] - expected[1000:20000]).max() < 0.05
+    hostile.answer = answering(wav_of(tone.reshape(-1, 2), 24000))
+    assert speak(engine).size == 12000  # two channels, read as one
+
+
+@pytest.mark.parametrize("subtype", ["PCM_U8", "PCM_24", "ULAW"])
+def test_a_wav_in_a_format_that_cannot_be_read_is_refused(hostile, subtype):
+    hostile.answer = answering(wav_of(np.zeros(2400, np.float32), 24000, subtype))
+    with pytest.raises(UpstreamFailed, match="cannot be read"):
+        speak(engine_for(hostile.url))

@@ -18,14 +18,18 @@ import asyncio
 import base64
 import io
 import json
+import math
 import os
+import time
 from collections.abc import AsyncIterator, Sequence
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
 import numpy as np
 import soundfile
 
+from ..audio.pcm_stream import PcmStream, UnreadableAudio, is_wav
 from ..audio.playable import resample
 from ..request.records import EngineInput, EngineOutput
 from .base import Capabilities, Engine, EngineUnavailable, UpstreamOptions, Voice, VoiceSpec
@@ -35,6 +39,11 @@ VOICES_PATH = "/v1/audio/voices"
 CONNECT_TIMEOUT_S = 5.0
 LIST_TIMEOUT_S = 10.0  # the voice list, read once at start-up
 MESSAGE_CHARS = 300  # of an upstream's error text, as it is passed on
+ERROR_BYTES = 4096  # of an error's body, read (one that never ends is not read whole)
+# The most audio a piece may bring: a third of a second a character and 5 s more, at speed 1 (speech is about
+# 15 characters a second; stepped engines allow their models as much)
+MOST_S_PER_CHARACTER = 1 / 3
+MOST_S_MORE = 5.0
 
 
 class UpstreamFailed(RuntimeError):
@@ -146,31 +155,44 @@ class UpstreamEngine(Engine):
         limits = httpx.Limits(max_connections=self.options.max_in_flight, max_keepalive_connections=8)
         return httpx.AsyncClient(base_url=self.options.url, headers=self._headers, timeout=timeout, limits=limits)
 
+    def most_samples(self, item: EngineInput) -> int:
+        """The most audio the input can make, as stepped engines bound theirs: an upstream that sends more (one that
+        never stops) is cut off there rather than fill memory."""
+        return math.ceil((item.length * MOST_S_PER_CHARACTER + MOST_S_MORE) / item.speed * self.sample_rate)
+
     async def audio(self, client: httpx.AsyncClient, item: EngineInput) -> AsyncIterator[np.ndarray]:
         """The input's audio as it arrives (float32 pieces); raises UpstreamFailed or UpstreamRejected."""
-        carry = b""  # an odd byte: a sample split between two reads
-        received = 0
+        most, received = self.most_samples(item), 0
         try:
             async with client.stream("POST", SPEECH_PATH, json=self.request_body(item)) as response:
                 if response.status_code != 200:
-                    raise _failure(response.status_code, await response.aread(), response.headers)
+                    raise _failure(response.status_code, await _error_body(response), response.headers)
                 kind = response.headers.get("content-type", "")
                 if kind.startswith(("application/json", "text/")):
                     raise UpstreamFailed(f"upstream answered {kind!r}, not audio")
+                stream = None
                 async for data in response.aiter_bytes():
-                    data, received = carry + data, received + len(data)
-                    whole = len(data) - len(data) % 2
-                    carry = data[whole:]
-                    if whole:
-                        yield np.frombuffer(data[:whole], dtype="<i2").astype(np.float32) / 32768.0
+                    received += len(data)
+                    if stream is None:  # (a WAV is known by its type, or by its first bytes)
+                        stream = PcmStream(self.sample_rate, wav="wav" in kind or is_wav(data))
+                    if (piece := stream.read(data)).size:
+                        yield piece
+                    if stream.samples > most:  # leaving the block closes the connection: the upstream stops
+                        raise UpstreamFailed(f"upstream sent more than the {most / self.sample_rate:.0f} s of audio "
+                                             f"that {item.length} characters can make; stopped there")
+                if stream is not None and (piece := stream.finish()).size:
+                    yield piece
         except httpx.TimeoutException as error:
             raise UpstreamFailed(f"upstream did not answer within {self.options.timeout_s:g} s "
                                  f"({type(error).__name__})") from None
         except (httpx.TransportError, httpx.StreamError) as error:
             where = "cut the audio halfway" if received else "could not be reached"
             raise UpstreamFailed(f"upstream {where}: {type(error).__name__}: {error}") from None
-        if not received:
-            raise UpstreamFailed("upstream answered with no audio")
+        except UnreadableAudio as error:
+            raise UpstreamFailed(f"upstream answered audio that cannot be read: {error}") from None
+        if stream is None or not stream.samples:
+            raise UpstreamFailed(f"upstream answered with no audio ({received} bytes, not one whole sample)"
+                                 if received else "upstream answered with no audio")
 
     async def whole(self, client: httpx.AsyncClient, item: EngineInput) -> EngineOutput:
         """The input's audio, once all of it has arrived."""
@@ -260,8 +282,26 @@ def _message(body: bytes) -> str:
     return json.dumps(data)[:MESSAGE_CHARS]
 
 
+async def _error_body(response: httpx.Response) -> bytes:
+    """The first ERROR_BYTES of an error's body: enough for its message, and an endless one is not read whole."""
+    body = b""
+    async for data in response.aiter_bytes():
+        body += data
+        if len(body) >= ERROR_BYTES:
+            break
+    return body[:ERROR_BYTES]
+
+
 def _seconds(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:  # an HTTP date: not worth parsing, the breaker's own cool-down applies
+    """A Retry-After's seconds (a number, or an HTTP date); None when it says none. Not bounded here: the strategy
+    bounds what the breaker and callers make of it."""
+    if value is None:
         return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None  # neither: the breaker's own cool-down applies
+    return None if math.isnan(seconds) else max(0.0, seconds)

@@ -29,7 +29,14 @@ from ..engines.upstream import UpstreamEngine, UpstreamFailed, UpstreamRejected
 from ..errors import ChorusError, ClientGone, DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
 from ..request.records import EngineInput, EngineOutput, QueuedItem
 from .engine_loop import Serving
-from .in_flight import WINDOW_S, BreakerState, CircuitBreaker, InFlightLimit
+from .in_flight import (
+    MOST_COOL_DOWN_S,
+    WINDOW_S,
+    BreakerState,
+    CircuitBreaker,
+    InFlightLimit,
+    bounded_retry_after,
+)
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +194,15 @@ class UpstreamStrategy:
     def _settle_ended(self) -> None:
         while self._ended:
             flight = self._ended.popleft()
-            if not flight.settled:
-                self._settle(flight, self._outcome(flight))
+            if flight.settled:
+                continue
+            try:
+                outcome = self._outcome(flight)
+            except Exception as error:  # a bug in reading its end must not leave its caller waiting for good
+                log.exception("upstream %s: settling a request failed", self.engine.name)
+                outcome = Overloaded(f"the upstream of model {self.engine.name} answered in a way that could not "
+                                     f"be read: {type(error).__name__}", 1, ErrorCode.UPSTREAM_UNAVAILABLE)
+            self._settle(flight, outcome)
 
     def _outcome(self, flight: Flight) -> EngineOutput | ChorusError:
         """What the request's end means for its caller, the breaker and the limit."""
@@ -219,7 +233,9 @@ class UpstreamStrategy:
         self.metrics.upstream_errors.labels(self.engine.name, kind).inc()
 
     def _unavailable(self, why: str, now: float, retry_after_s: float | None = None) -> Overloaded:
-        wait = max(self.breaker.retry_after_s(now), retry_after_s or 0.0, 1.0)
+        """A 503 whose Retry-After is the breaker's cool-down or the upstream's own, bounded (an upstream's "inf" or
+        "1e9" is not what a caller is told)."""
+        wait = min(MOST_COOL_DOWN_S, max(self.breaker.retry_after_s(now), bounded_retry_after(retry_after_s), 1.0))
         return Overloaded(f"the upstream of model {self.engine.name} is unavailable: {why}", math.ceil(wait),
                           ErrorCode.UPSTREAM_UNAVAILABLE)
 
