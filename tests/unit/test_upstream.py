@@ -288,6 +288,9 @@ def test_an_upstream_that_never_stops_sending_is_cut_off_at_what_the_text_can_ma
     text = "Hello there."  # 12 characters: at most 9 s of audio
     most = engine.most_samples(EngineInput(engine.tokenize(text, "vivian")[0], "vivian"))
     assert most == 9 * 24000
+    slow, fast = (engine.most_samples(EngineInput(engine.tokenize(text, "vivian")[0], "vivian", speed))
+                  for speed in (0.5, 2.0))
+    assert (slow, fast) == (2 * most, most)  # (an upstream may ignore a faster speed)
     hostile.answer = Answer("endless")
     with pytest.raises(UpstreamFailed, match="more than the 9 s of audio that 12 characters can make"):
         speak(engine, text)

@@ -40,8 +40,8 @@ CONNECT_TIMEOUT_S = 5.0
 LIST_TIMEOUT_S = 10.0  # the voice list, read once at start-up
 MESSAGE_CHARS = 300  # of an upstream's error text, as it is passed on
 ERROR_BYTES = 4096  # of an error's body, read (one that never ends is not read whole)
-# The most audio a piece may bring: a third of a second a character and 5 s more, at speed 1 (speech is about
-# 15 characters a second; stepped engines allow their models as much)
+# The most audio a piece may bring: a third of a second a character and 5 s more, at speed 1 (speech takes about
+# a fifteenth of a second a character: five times that, and room for a short text's pauses)
 MOST_S_PER_CHARACTER = 1 / 3
 MOST_S_MORE = 5.0
 
@@ -156,9 +156,11 @@ class UpstreamEngine(Engine):
         return httpx.AsyncClient(base_url=self.options.url, headers=self._headers, timeout=timeout, limits=limits)
 
     def most_samples(self, item: EngineInput) -> int:
-        """The most audio the input can make, as stepped engines bound theirs: an upstream that sends more (one that
-        never stops) is cut off there rather than fill memory."""
-        return math.ceil((item.length * MOST_S_PER_CHARACTER + MOST_S_MORE) / item.speed * self.sample_rate)
+        """The most audio the input can make: an upstream that sends more (one that never stops) is cut off there
+        rather than fill memory. A speed below 1 asks for longer audio; one above may be ignored by the upstream,
+        so it does not shorten the bound."""
+        seconds = (item.length * MOST_S_PER_CHARACTER + MOST_S_MORE) / min(1.0, item.speed)
+        return math.ceil(seconds * self.sample_rate)
 
     async def audio(self, client: httpx.AsyncClient, item: EngineInput) -> AsyncIterator[np.ndarray]:
         """The input's audio as it arrives (float32 pieces); raises UpstreamFailed or UpstreamRejected."""
