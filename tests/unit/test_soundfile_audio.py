@@ -39,6 +39,14 @@ def test_a_wav_file_is_a_plain_header_and_the_samples_its_stream_and_pcm_carry()
     assert whole[44:] == streamed[44:] == encode(audio, RATE, "pcm", RATE)
 
 
+@pytest.mark.parametrize("format_name", ["wav", "mp3", "opus", "aac", "flac", "pcm"])
+def test_no_samples_encode_as_a_file_of_no_audio(format_name):
+    """(Each codec is flushed once: flushed twice, every format raised EOFError, a 500 for the caller.)"""
+    data = encode(np.zeros(0, np.float32), RATE, format_name)
+    if format_name == "wav":
+        assert soundfile.read(io.BytesIO(data))[0].size == 0  # a file, of no samples
+
+
 def test_a_wav_file_at_another_rate_is_resampled():
     data = encode(speech_like(1.0), RATE, "wav", 16000)
     info = soundfile.info(io.BytesIO(data))

@@ -4,6 +4,7 @@ hostile one (an absurd Retry-After, an answer that never ends, a byte of audio, 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -292,8 +293,16 @@ def test_an_upstream_that_never_stops_sending_is_cut_off_at_what_the_text_can_ma
                   for speed in (0.5, 2.0))
     assert (slow, fast) == (2 * most, most)  # (an upstream may ignore a faster speed)
     hostile.answer = Answer("endless")
-    with pytest.raises(UpstreamFailed, match="more than the 9 s of audio that 12 characters can make"):
-        speak(engine, text)
+
+    async def passed_on() -> int:
+        samples = 0
+        async with engine.client() as client:
+            with pytest.raises(UpstreamFailed, match="more than the 9 s of audio that 12 characters can make"):
+                async for piece in engine.audio(client, EngineInput(engine.tokenize(text, "vivian")[0], "vivian")):
+                    samples += piece.size
+        return samples
+
+    assert asyncio.run(passed_on()) == most  # the bound, and not a sample more
     assert wait_until(lambda: hostile.streaming == 0, 10)  # the connection was closed: it stopped
     assert hostile.sent < 2 * most + 32 * 2**20  # what it read, and what the sockets' buffers held
     hostile.answer = Answer()

@@ -57,7 +57,8 @@ def encode(audio: np.ndarray, sample_rate: int, format_name: str, out_rate: int 
     FLAC with soundfile, the others with PyAV; PyAV's resampler converts the rate."""
     spec = FORMATS[format_name]
     buffer = io.BytesIO()
-    if format_name in SOUNDFILE_FORMATS and audio.size:  # of no samples libsndfile writes no FLAC header at all
+    if format_name in SOUNDFILE_FORMATS and (audio.size or format_name == "wav"):  # (of no samples libsndfile
+        # writes no FLAC header at all: PyAV writes that one)
         rate = spec.rate(sample_rate, out_rate)
         soundfile.write(buffer, int16(resample(audio, sample_rate, rate)), rate,
                         format=SOUNDFILE_FORMATS[format_name], subtype="PCM_16")
@@ -67,7 +68,7 @@ def encode(audio: np.ndarray, sample_rate: int, format_name: str, out_rate: int 
     frame.sample_rate = sample_rate
     with av.open(buffer, "w", format=spec.container) as container:
         stream = container.add_stream(spec.codec, rate=spec.rate(sample_rate, out_rate), layout="mono")
-        for packet in stream.encode(frame if audio.size else None):
+        for packet in stream.encode(frame) if audio.size else ():  # (the codec is flushed once, below)
             container.mux(packet)
         for packet in stream.encode(None):
             container.mux(packet)

@@ -177,9 +177,10 @@ class UpstreamEngine(Engine):
                     received += len(data)
                     if stream is None:  # (a WAV is known by its type, or by its first bytes)
                         stream = PcmStream(self.sample_rate, wav="wav" in kind or is_wav(data))
-                    if (piece := stream.read(data)).size:
-                        yield piece
-                    if stream.samples > most:  # leaving the block closes the connection: the upstream stops
+                    piece, over = stream.read(data), stream.samples - most
+                    if piece.size > max(0, over):  # (no more than the bound is passed on)
+                        yield piece[:piece.size - max(0, over)]
+                    if over > 0:  # leaving the block closes the connection: the upstream stops
                         raise UpstreamFailed(f"upstream sent more than the {most / self.sample_rate:.0f} s of audio "
                                              f"that {item.length} characters can make; stopped there")
                 if stream is not None and (piece := stream.finish()).size:
