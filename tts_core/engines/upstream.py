@@ -5,7 +5,9 @@ speak `POST /v1/audio/speech`. Chorus keeps its queue, tiers, limits, front end,
 each piece of text there, one request a piece, as raw 16-bit PCM streamed as it is made
 (`{"response_format": "pcm", "stream": true, "stream_format": "audio"}`: raw PCM from every version of
 vLLM-Omni's API, from Kokoro-FastAPI, Speaches and Chorus). Raw PCM carries no rate: the registry's
-`sample_rate` says it (24 kHz for most; 44.1 kHz for Fish S2 Pro).
+`sample_rate` says it (24 kHz for most; 44.1 kHz for Fish S2 Pro). An upstream that answers a WAV instead has its
+header read as one (tts_core.audio.pcm_stream). What an answer brings is bounded: audio by what its text can make,
+an error's body by a few KB (docs/upstream.md#what-an-upstreams-answer-may-bring).
 
 The engine says how to talk to the upstream (the body, the audio, what an answer's failure means); the upstream
 strategy (tts_core.scheduler.upstream) decides how many requests are in flight and runs them. `audio` reads only
