@@ -124,7 +124,7 @@ def fate(tally: Tally) -> dict:
 
 def latency_ms(tally: Tally) -> dict:
     done = sorted(tally.latencies)
-    return {"p50_ms": round(1000 * done[len(done) // 2], 1) if done else None,
+    return {"p50_ms": round(1000 * done[int(0.5 * (len(done) - 1))], 1) if done else None,
             "p95_ms": round(1000 * done[int(0.95 * (len(done) - 1))], 1) if done else None}
 
 

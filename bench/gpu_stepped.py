@@ -56,11 +56,12 @@ from tts_core.request.records import EngineInput, QueuedItem
 from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.strategies import make_engine_loop
 
-# max_tokens: texts cut to this many tokens (the quick plan's requests end within its short runs on a busy CPU)
+# max_tokens: texts cut to this many tokens (the quick plan's requests, 2 s of audio, end well within its short runs
+# on a busy CPU)
 FULL = {"clients": 16, "served_s": 10.0, "texts": 64, "workload": "mixed", "calibration_sizes": [1, 2, 4, 8, 16],
         "max_tokens": None, "timed_steps": 10}
-QUICK = {"clients": 8, "served_s": 3.0, "texts": 16, "workload": "short", "calibration_sizes": [1, 2],
-         "max_tokens": 8, "timed_steps": 5}
+QUICK = {"clients": 4, "served_s": 5.0, "texts": 16, "workload": "short", "calibration_sizes": [1, 2],
+         "max_tokens": 3, "timed_steps": 5}
 MODELS = {"pocket_tts": "Pocket TTS, released size", "vibevoice": "VibeVoice, the released 1.5 B layout"}
 # A served run's time beyond its callers' (loading the engine, its warm-up and calibration, the stop), as first
 # guessed on an H200 (not yet measured there); after a part's first run, what it took.
@@ -68,13 +69,14 @@ RUN_OVERHEAD_S = {"pocket_tts": 10.0, "vibevoice": 20.0}
 STEP_SIZES = (1, 4, 16)  # requests running while steps are timed
 WARM_STEPS = 3
 CALIBRATION_WAIT_S = 300.0
-# Issue #43's targets for a GPU (the first H200 run: Pocket TTS served 21.3 audio-s/s, VibeVoice adaptive 18.7),
-# and the stepped voices' targets of bench's harness (continuous batching against request-level batches).
+# Issue #43's targets for a GPU (the first H200 run: Pocket TTS served 21.3 audio-s/s, wanted 5x that; VibeVoice
+# adaptive 18.7, wanted 3x), and the stepped voices' targets of bench's harness (continuous batching against
+# request-level batches).
 HARNESS_TARGETS = {"adaptive_vs_sequential": (">=", 2.0), "adaptive_vs_static": (">=", 1.6),
                    "adaptive_vs_ceiling": (">=", 1.2)}
-TARGETS = {"pocket_tts": {"step_wall_vs_busy_at_16": ("<=", 3.0), "adaptive_audio_s_per_s": (">=", 5 * 21.3),
+TARGETS = {"pocket_tts": {"step_wall_vs_busy_at_16": ("<=", 3.0), "adaptive_audio_s_per_s": (">=", 106.5),
                           "codec_stage_vs_inline": (">=", 1.0), **HARNESS_TARGETS},
-           "vibevoice": {"adaptive_audio_s_per_s": (">=", 3 * 18.7), **HARNESS_TARGETS}}
+           "vibevoice": {"adaptive_audio_s_per_s": (">=", 56.1), **HARNESS_TARGETS}}
 
 
 def voice_clip(sample_rate: int, seconds: float = 3.0) -> np.ndarray:
@@ -153,6 +155,7 @@ def step_times(engine: SteppedEngine, tokens: np.ndarray, timed_steps: int) -> l
 
 
 def _timed(engine: SteppedEngine, steps: int) -> dict:
+    """`steps` steps of the running set: the wall milliseconds of one (the median), and the device's part."""
     walls = []
     for _ in range(steps):
         synchronize(engine.device)
@@ -163,15 +166,19 @@ def _timed(engine: SteppedEngine, steps: int) -> dict:
     wall_ms = 1000 * statistics.median(walls)
     if engine.device != "cuda":
         return {"wall_ms": round(wall_ms, 2), "busy_ms": None, "busy_share": None,
-                "busy": "not measured (no CUDA device: the wall time is the step)"}
-    span_ms, busy_ms = _device_ms(engine, steps)
-    return {"wall_ms": round(wall_ms, 2), "device_span_ms": round(span_ms, 3), "busy_ms": round(busy_ms, 3),
-            "busy_share": round(busy_ms / wall_ms, 4), "wall_vs_busy": round(wall_ms / busy_ms, 2) if busy_ms else None}
+                "busy": "not measured (no CUDA device)"}
+    row = {"wall_ms": round(wall_ms, 2), "device_span_ms": round(_device_span_ms(engine, steps), 3)}
+    try:
+        busy_ms = _device_busy_ms(engine, steps)
+    except Exception as error:  # (a profiler without CUPTI, say): the wall time and span still count
+        return {**row, "busy_ms": None, "busy_share": None, "busy": f"not measured: {type(error).__name__}: {error}"}
+    return {**row, "busy_ms": round(busy_ms, 3), "busy_share": round(busy_ms / wall_ms, 4),
+            "wall_vs_busy": round(wall_ms / busy_ms, 2) if busy_ms else None}
 
 
-def _device_ms(engine: SteppedEngine, steps: int) -> tuple[float, float]:
-    """A step's span on the device (CUDA events before and after it: its kernels and the gaps between them,
-    the median) and the device's busy time in it (the profiler's kernel and copy time, the mean)."""
+def _device_span_ms(engine: SteppedEngine, steps: int) -> float:
+    """A step's span on the device, the median: CUDA events before and after it, so its kernels and the gaps
+    between them (the host's time launching them) alike."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     spans = []
     for _ in range(steps):
@@ -180,14 +187,21 @@ def _device_ms(engine: SteppedEngine, steps: int) -> tuple[float, float]:
         end.record()
         end.synchronize()
         spans.append(start.elapsed_time(end))
+    return statistics.median(spans)
+
+
+def _device_busy_ms(engine: SteppedEngine, steps: int) -> float:
+    """The device's busy time in a step, the mean: the profiler's kernel and copy time (as its table's
+    "Self CUDA time total")."""
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as profile:
         for _ in range(steps):
             engine.step()
         torch.cuda.synchronize()
     device_us = sum(event.self_device_time_total for event in profile.key_averages()
-                    if event.device_type == torch.autograd.DeviceType.CUDA and not event.is_user_annotation)
-    return statistics.median(spans), device_us / 1000 / steps
+                    if event.device_type == torch.autograd.DeviceType.CUDA
+                    and not getattr(event, "is_user_annotation", False))
+    return device_us / 1000 / steps
 
 
 def ceiling(engine: SteppedEngine, token_lists: list) -> dict:

@@ -10,7 +10,8 @@ import pytest
 
 from bench.gpu_report import render
 from bench.gpu_runs import Budget, Tally, closed_loop, fate, loop_threads, stop_and_wait, summary, verdicts
-from tests.fakes import FakeEngine
+from bench.gpu_stepped import step_times
+from tests.fakes import FakeEngine, FakeSteppedEngine
 from tts_core.ops.metrics import Metrics
 from tts_core.request.records import EngineInput, QueuedItem
 from tts_core.scheduler.queue import RequestQueue
@@ -88,6 +89,19 @@ def test_a_stopped_loop_still_inside_a_batch_is_waited_for_and_what_still_runs_i
     assert row["threads_left"] == ["engine-fake"]
     engine.gate.set()  # the batch ends: the loop's thread ends with it
     assert stop_and_wait(loop, threads)["stop_s"] < 30 and not any(thread.is_alive() for thread in threads)
+
+
+def test_steps_are_timed_at_each_running_size_the_engine_holds_and_never_past_a_requests_end():
+    engine = FakeSteppedEngine(max_running=8)
+    rows = step_times(engine, np.full(40, 7, dtype=np.int64), timed_steps=5)
+    assert rows[2] == {"running": 16, "skipped": "the engine runs at most 8"}
+    assert [(row["running"], row["steps"], row["busy_share"], row["busy"]) for row in rows[:2]] == [
+        (1, 5, None, "not measured (no CUDA device)"), (4, 5, None, "not measured (no CUDA device)")]
+    assert all(row["wall_ms"] >= 0 for row in rows[:2]) and engine.steps_run == [1] * 8 + [4] * 8  # 3 warm, 5 timed
+    assert engine.running() == []  # released, for the ceiling next
+    engine.steps_run.clear()
+    short = step_times(engine, np.full(6, 7, dtype=np.int64), timed_steps=5)  # 6 frames: its first, 3 warm, 2 timed
+    assert [row["steps"] for row in short[:2]] == [2, 2] and engine.steps_run == [1] * 5 + [4] * 5
 
 
 def small_result(failed_run: bool = True) -> dict:
