@@ -185,6 +185,7 @@ def served(model_dir: Path, device: str, policy_name: str, token_lists: list, pl
 
 def served_runs(model_dir: Path, device: str, token_lists: list, plan: dict, budget: Budget
                 ) -> tuple[list[dict], list[dict]]:
+    """Each policy's run while the part's time holds: (rows, those skipped)."""
     rows, skipped, overhead = [], [], plan["run_overhead_s"]
     for policy in POLICIES:
         why = budget.refuses("vits", plan["served_s"] + overhead)
