@@ -145,9 +145,11 @@ class OneShotStrategy:
             return
         except Exception as error:
             if len(batch) == 1:
-                self._fail(batch[0], f"synthesis failed: {error}")
+                self._fail(batch[0], SynthesisError.in_engine(self.engine.name, error), error)
                 return
-            # One bad item must fail alone: retry every item by itself.
+            # One bad item must fail alone: retry every item by itself (each failure is logged in full alone).
+            log.warning("%s failed on a batch of %d (%s); each item runs again alone", self.engine.name, len(batch),
+                        type(error).__name__)
             self.metrics.batch_retries.labels(self.engine.name).inc()
             for item in batch:
                 self._execute([item])
@@ -175,12 +177,13 @@ class OneShotStrategy:
         elif not retried_alone:
             self._execute(batch, retried_alone=True)
         else:
-            self._fail(batch[0], "synthesis failed: the item does not fit in device memory even alone")
+            self._fail(batch[0], SynthesisError("synthesis failed: the item does not fit in device memory even alone"))
 
-    def _fail(self, item: QueuedItem, message: str) -> None:
-        log.warning("%s failed on one item: %s", self.engine.name, message)
+    def _fail(self, item: QueuedItem, answer: SynthesisError, cause: BaseException | None = None) -> None:
+        """The item's caller gets our message; the log gets the whole exception, traceback and text, once."""
+        log.warning("%s failed on one item: %s", self.engine.name, answer.message, exc_info=cause)
         self.metrics.item_errors.labels(self.engine.name).inc()
-        item.future.set_exception(SynthesisError(message))
+        item.future.set_exception(answer)
 
     def _run_batch(self, batch: list[QueuedItem]) -> list[EngineOutput]:
         name = self.engine.name
