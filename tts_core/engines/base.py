@@ -152,6 +152,7 @@ class Engine(ABC):
     can_clone: bool | None = None  # False: it has the clone hooks, but this model cannot (an upstream's declaration)
     front_end: FrontEnd = FrontEnd()  # what of Chorus's text front end runs before it reads the text
     mixes_voices: bool = False  # a mix of its voices (voice_mix) is a voice its `synthesize` takes
+    lower_precision_parts: tuple[str, ...] = ()  # the parts of its model set_low_precision lowers (the rest stays)
 
     @abstractmethod
     def voices(self) -> list[Voice]: ...
@@ -173,7 +174,9 @@ class Engine(ABC):
         return (self.name, speed)
 
     def set_low_precision(self, enabled: bool) -> bool:
-        """Switch to (or back from) a lower precision; False where the engine has none to offer."""
+        """Switch to (or back from) a lower precision (degrade mode's action), from the next batch on; False where the
+        engine has none to offer. Only the parts in lower_precision_parts run lower. A batch that raises (or makes
+        audio that is not finite) at the lower precision is run again at full, and the model stays there."""
         return False
 
     def instance_counts(self) -> tuple[int, ...]:

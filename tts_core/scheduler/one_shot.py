@@ -4,7 +4,8 @@ stepped engine, whose `synthesize` runs a batch through to its last member, as o
 Each turn plans a batch from the queue with the batch policy (same batch key, similar length, the size that
 pays), synthesizes it and resolves each item's future with its own audio. A failing batch is retried item by
 item, so one bad item fails alone; one that runs out of device memory lowers the memory budget and is run
-again in halves.
+again in halves; one that fails at degrade mode's lower precision is run again at full precision, and lower
+precision stays off for that model (tts_core.scheduler.precision).
 """
 
 from __future__ import annotations
@@ -144,6 +145,10 @@ class OneShotStrategy:
             self._out_of_memory(batch, retried_alone)
             return
         except Exception as error:
+            if self.serving.precision.lowered:  # again at full precision, where it stays (scheduler/precision.py)
+                self.serving.precision.failed(error)
+                self._execute(batch, retried_alone)
+                return
             if len(batch) == 1:
                 self._fail(batch[0], SynthesisError.in_engine(self.engine.name, error), error)
                 return
