@@ -200,6 +200,29 @@ class Engine(ABC):
         """One output per input: its audio trimmed to its own length (and, where the engine times words, the
         samples each of its tokens spans)."""
 
+    # A one-shot engine whose device runs a batch while the host goes on (CUDA) can split `synthesize` in three, so
+    # that its loop prepares and starts the next batch before it waits for this one, and trims and delivers this
+    # one while the device runs the next (tts_core.scheduler.one_shot). finish(run(prepare(batch))) is
+    # synthesize(batch); only the engine's thread calls them, one batch in flight behind the one being prepared.
+
+    @property
+    def pipelines(self) -> bool:
+        """The loop runs batches back to back through prepare, run and finish (else through synthesize)."""
+        return False
+
+    def prepare(self, batch: Sequence[EngineInput]) -> Any:
+        """The batch's model inputs made ready (padded, pinned, copies to the device started): called while
+        the device still runs the batch before."""
+        return batch
+
+    def run(self, prepared: Any) -> Any:
+        """Start the prepared batch on the device, behind the one before (without waiting for it to end)."""
+        return self.synthesize(prepared)
+
+    def finish(self, running: Any) -> list[EngineOutput]:
+        """Wait for a batch `run` started, and hand its outputs as synthesize does."""
+        return running
+
     # Device memory: engines on a device with memory to manage override these.
 
     def measure_memory(self, tokens: np.ndarray) -> None:

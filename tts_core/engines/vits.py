@@ -9,7 +9,9 @@ The model's duration predictor is hooked to keep each token's duration, so every
 its `token_samples` (for word timestamps) and is trimmed by exactly those.
 `speaking_rate` is one number per forward call and the speaker one id, so both are part of the
 batch key. On CUDA the engine keeps a memory model (peak bytes per padded token, measured at
-warm-up) that the batcher asks for a token budget.
+warm-up) that the batcher asks for a token budget, and pipelines: its loop pads the next batch into pinned memory
+and starts it while the device still runs this one, whose audio comes back by a copy that waits for nothing
+(`prepare`, `run`, `finish`: tts_core.engines.base).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import os
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -149,6 +152,22 @@ class _PartPrecision:
         return _cast(output, torch.float32)
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    batch: Sequence[EngineInput]
+    input_ids: torch.Tensor  # on the device (its copy may still run)
+    attention_mask: torch.Tensor
+
+
+@dataclass(frozen=True)
+class _Running:
+    batch: Sequence[EngineInput]
+    waveform: torch.Tensor  # on the host (on CUDA, pinned and filled once `done`)
+    frames: torch.Tensor  # each token's frames, on the host likewise
+    done: torch.cuda.Event | None  # recorded after the copies (CUDA)
+    dtype: torch.dtype  # the lowered parts' precision it ran at
+
+
 class DeviceMemory:
     """Device memory of a torch one-shot engine (VITS, Kokoro) with `device`, `model`, `_voices` and `synthesize`:
     on CUDA a memory model (peak bytes per padded token, measured at warm-up) that the batcher asks for a token
@@ -261,33 +280,62 @@ class VitsEngine(DeviceMemory, Engine):
         self._wanted_dtype = self.low_dtype if enabled else self.dtype
         return True
 
-    @torch.inference_mode()
+    @property
+    def pipelines(self) -> bool:
+        return self.device == "cuda"  # (on a CPU nothing runs while the host goes on)
+
     def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]:
-        for part in self._parts:
-            part.use(self._wanted_dtype)
-        longest = max(item.length for item in batch)
-        input_ids = torch.full((len(batch), longest), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        return self.finish(self.run(self.prepare(batch)))
+
+    def prepare(self, batch: Sequence[EngineInput]) -> _Prepared:
+        """Ids padded with the pad id, and the attention mask, in pinned memory on CUDA, their copies started."""
+        longest, pinned = max(item.length for item in batch), self.device == "cuda"
+        input_ids = torch.full((len(batch), longest), self.pad_id, dtype=torch.long, pin_memory=pinned)
+        attention_mask = torch.zeros((len(batch), longest), dtype=torch.long, pin_memory=pinned)
         for row, item in enumerate(batch):
             input_ids[row, : item.length] = torch.from_numpy(item.tokens)
             attention_mask[row, : item.length] = 1
-        output = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
-                            speaker_id=self._speakers.get(batch[0].voice), speaking_rate=batch[0].speed)
-        waveform = output.waveform.float().cpu().numpy()
-        if self._wanted_dtype != torch.float32 and not np.isfinite(waveform).all():
-            raise FloatingPointError(f"{self.name} made audio that is not finite at {self._wanted_dtype}")
-        durations = self._durations(batch[0].speed)
-        spans = [durations[row, : item.length] for row, item in enumerate(batch)]
+        return _Prepared(batch, input_ids.to(self.device, non_blocking=True),
+                         attention_mask.to(self.device, non_blocking=True))
+
+    @torch.inference_mode()
+    def run(self, prepared: _Prepared) -> _Running:
+        """The model on the batch; its audio and durations copied back without waiting (on CUDA)."""
+        for part in self._parts:
+            part.use(self._wanted_dtype)
+        first = prepared.batch[0]
+        output = self.model(input_ids=prepared.input_ids, attention_mask=prepared.attention_mask,
+                            speaker_id=self._speakers.get(first.voice), speaking_rate=first.speed)
+        waveform, frames = self._to_host(output.waveform.float()), self._to_host(self._frames(first.speed))
+        done = torch.cuda.Event() if self.device == "cuda" else None
+        if done is not None:
+            done.record()
+        return _Running(prepared.batch, waveform, frames, done, self._wanted_dtype)
+
+    def finish(self, running: _Running) -> list[EngineOutput]:
+        """Each item trimmed to exactly its tokens' samples, and peak-normalized."""
+        if running.done is not None:
+            running.done.synchronize()
+        waveform = running.waveform.numpy()
+        if running.dtype != torch.float32 and not np.isfinite(waveform).all():
+            raise FloatingPointError(f"{self.name} made audio that is not finite at {running.dtype}")
+        durations = running.frames.numpy() * self.hop_length
+        spans = [durations[row, : item.length] for row, item in enumerate(running.batch)]
         return [EngineOutput(peak_normalize(waveform[row, : int(samples.sum())]), samples)
                 for row, samples in enumerate(spans)]
+
+    def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.device != "cuda":
+            return tensor
+        return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor, non_blocking=True)
 
     def _keep_log_durations(self, _module: nn.Module, args: tuple, log_durations: torch.Tensor) -> None:
         self._log_durations = (log_durations, args[1])
 
-    def _durations(self, speed: float) -> np.ndarray:
-        """Audio samples of each token of the last batch: VitsModel.forward's own durations in frames,
-        recomputed from its duration predictor's output with the same operations (so they are equal,
-        as are their sums and the model's sequence_lengths), times the vocoder's hop."""
+    def _frames(self, speed: float) -> torch.Tensor:
+        """Frames of each token of the last batch (times the vocoder's hop: its samples): VitsModel.forward's own
+        durations, recomputed from its duration predictor's output with the same operations (so they are equal,
+        as are their sums and the model's sequence_lengths)."""
         log_durations, padding_mask = self._log_durations
         frames = torch.ceil(torch.exp(log_durations) * padding_mask * (1.0 / speed))  # as VitsModel.forward
-        return frames[:, 0].long().cpu().numpy() * self.hop_length
+        return frames[:, 0].long()
