@@ -153,3 +153,39 @@ def test_the_vits_engine_pipelined_gives_each_item_the_audio_it_gives_alone(tmp_
         assert order == [[id(item) for item in inputs].index(started) for started in engine.started[-4:]]
     finally:
         loop.stop()
+
+
+class FailsLowOnLanding(DeviceFake):
+    """Its lower precision makes audio that is not finite, found when a batch lands (as VITS's `finish` finds it)."""
+
+    low = False
+
+    def set_low_precision(self, enabled: bool) -> bool:
+        self.low = enabled
+        return True
+
+    def run(self, prepared):
+        return super().run(prepared), self.low
+
+    def finish(self, running):
+        batch, ran_low = running
+        outputs = super().finish(batch)
+        if ran_low:
+            raise FloatingPointError("audio that is not finite at torch.float16")
+        return outputs
+
+
+def test_batches_failing_at_lower_precision_on_landing_run_again_at_full_and_it_stays_off(start_loop, clock):
+    engine = FailsLowOnLanding(clock=clock)
+    loop = start_loop(engine, policy="sequential")
+    assert loop.set_low_precision(True).result(timeout=5) is True
+    engine.hold(1)  # 2 is started (lowered) before 1 lands and fails
+    items = [make_item(10, tag=tag) for tag in (1, 2, 3)]
+    loop.submit(items)
+    assert engine.called["run", 2].wait(10)
+    engine.held[1].set()
+    assert [item.future.result(timeout=10).audio[0] for item in items] == [np.float32(t / 1000) for t in (1, 2, 3)]
+    assert not engine.low and "FloatingPointError" in loop.precision
+    assert engine.seen[-2:] == [[1], [2]]  # both lowered batches ran again whole at full (synthesize); 3 ran full
+    assert ("run", [3]) in engine.log and loop.set_low_precision(False).result(timeout=5)
+    assert loop.set_low_precision(True).result(timeout=5) is False and not engine.low
