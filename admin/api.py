@@ -170,16 +170,17 @@ async def reload_voices(request: Request, actor: str = Depends(require_admin)):
 async def reset_precision(request: Request, model: str = Path(max_length=128), actor: str = Depends(require_admin)):
     """After a batch failed at degrade mode's lower precision, the model stays at full; this lets degrade mode lower
     it again (tts_core.scheduler.precision)."""
-    loop = request.app.state.service.loops.get(model)
-    if loop is None:
-        raise NotFound(f"model {model!r} is not loaded", "model")
-    was_off = loop.reset_precision()
+    service = request.app.state.service
+    if model not in service.pool.slots():
+        raise NotFound(f"model {model!r} does not exist", "model")
+    loop = service.loops.get(model)
+    was_off = loop.reset_precision() if loop else service.degrade.precision_off.pop(model, None) is not None
     try:
         await asyncio.to_thread(request.app.state.access.storage.audit.add, actor, "precision.reset", model,
                                 {"was_off": was_off})
     except StorageError:  # the reset happened; a failing audit write must not hide that
         pass
-    return {"model": model, "was_off": was_off, "precision": loop.precision}
+    return {"model": model, "was_off": was_off, "precision": loop.precision if loop else None}
 
 
 # --- cloned voices --------------------------------------------------------------------------------

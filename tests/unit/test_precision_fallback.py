@@ -1,10 +1,14 @@
 """A batch that fails at degrade mode's lower precision runs again at full, and lower precision stays off for that
 model until the operator resets it (issue 43 item 3, issue 44 case 7)."""
 
+import asyncio
+
 import numpy as np
 
 from tests.fakes import SAMPLES_PER_TOKEN, FakeEngine
 from tests.unit.conftest import make_item
+from tests.unit.test_pool import make_service, spec
+from tts_core.engines import ModelSpec
 
 
 class FailsLow(FakeEngine):
@@ -61,3 +65,30 @@ def test_a_failure_at_full_precision_is_retried_item_by_item_as_before(start_loo
     for item in items:
         assert "in model fake (ValueError)" in str(item.future.exception(timeout=5))
     assert engine.seen == [[-1, -1], [-1], [-1]] and loop.precision == "full"
+
+
+def test_lower_precision_stays_off_for_the_model_when_it_is_loaded_again():
+    engines = []
+
+    def load():
+        engines.append(FailsLow(name="low"))
+        return engines[-1]
+
+    low = ModelSpec("low", FailsLow(name="low").voices(), load, pinned=False, source=("low",))
+    service = make_service([spec("pin", pinned=True), low, spec("b")], max_loaded_models=2)
+    try:
+        first = asyncio.run(service.pool.loop("low"))
+        assert first.set_low_precision(True).result(timeout=10)
+        item = make_item(20, key=engines[0].batch_key("fake-voice", 1.0))
+        first.submit([item])
+        assert item.future.result(timeout=10).audio.size == 20 * SAMPLES_PER_TOKEN  # again at full
+        off = first.precision
+        assert service.degrade.precision_off == {"low": "a batch failed in it (ValueError)"}
+        assert off == "full (lower precision off: a batch failed in it (ValueError); reset by the operator)"
+        asyncio.run(service.pool.loop("b"))  # unloads the idle "low" ...
+        again = asyncio.run(service.pool.loop("low"))  # ... and loads it again
+        assert again is not first and again.precision == off
+        assert again.set_low_precision(True).result(timeout=10) is False and not engines[1].low
+        assert again.reset_precision() and service.degrade.precision_off == {} and again.precision == "full"
+    finally:
+        service.stop()

@@ -50,14 +50,15 @@ class Serving:
     what the queue's wait predictions learn from the work done. Only the engine's thread writes to it, and a
     stepped engine's codec stage, which delivers its requests (the item cost and the audio rate)."""
 
-    def __init__(self, engine: Engine, queue: RequestQueue, metrics: Metrics, min_free_memory_mb: int = 2048):
+    def __init__(self, engine: Engine, queue: RequestQueue, metrics: Metrics, min_free_memory_mb: int = 2048,
+                 precision_off: dict[str, str] | None = None):
         self.engine, self.queue, self.metrics = engine, queue, metrics
         self.clock = queue.clock  # plans, batch and step times, on the clock the queue's items were timed by
         self.memory = MemoryBudget(engine, min_free_memory_mb * 2**20)
         self.item_cost = ItemCost()  # engine time per item as the work runs now, for the queue's predictions
         self.audio_s_per_token = 0.0  # moving estimate of audio produced per input token (at speed 1)
         self.worked = False  # work ran since memory was last released
-        self.precision = PrecisionState(engine)  # degrade mode's lower precision, and its fuse
+        self.precision = PrecisionState(engine, precision_off)  # degrade mode's lower precision, and its fuse
 
     def learn_audio_rate(self, batch: Sequence[EngineInput], outputs: Sequence[EngineOutput]) -> None:
         audio_s = sum(output.audio.size * item.speed for item, output in zip(batch, outputs)) / self.engine.sample_rate

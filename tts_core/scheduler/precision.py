@@ -3,8 +3,9 @@ full precision once a batch failed at the lower one.
 
 A batch that fails while its engine runs lower is run again at full precision, and the action stays off for that
 model (a crash, or audio that is not finite, at a lower precision repeats under the same load: the VITS flow's
-"Discriminant has negative values" in fp16 did on every batch) until the operator resets it (POST
-/admin/api/models/{model}/precision/reset) or the model is loaded again. The Admin tab and the status say so.
+"Discriminant has negative values" in fp16 did on every batch), across its reloads, until the operator resets it
+(POST /admin/api/models/{model}/precision/reset) or the server restarts: the models it is off for are kept in a
+table the service holds (DegradeController.precision_off), not on the loop. The Admin tab and the status say so.
 The engine is switched on the engine's thread only (EngineLoop's errands, and the strategy between batches).
 """
 
@@ -25,10 +26,16 @@ class Precision(StrEnum):
 
 
 class PrecisionState:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, off: dict[str, str] | None = None):
+        """off: model -> why lower precision is off for it, shared by the loops of one service."""
         self.engine = engine
         self.level = Precision.FULL  # a new loop starts at full
-        self.failure: str | None = None  # why lower precision is off for this model: a batch failed in it
+        self._off = {} if off is None else off
+
+    @property
+    def failure(self) -> str | None:
+        """Why lower precision is off for this model (a batch failed in it); None where it is not."""
+        return self._off.get(self.engine.name)
 
     @property
     def lowered(self) -> bool:
@@ -52,12 +59,11 @@ class PrecisionState:
         """A batch failed at the lower precision (on the engine's thread): back to full, and kept there."""
         self.engine.set_low_precision(False)
         self.level = Precision.FULL
-        self.failure = f"a batch failed in it ({type(error).__name__})"
+        self._off[self.engine.name] = f"a batch failed in it ({type(error).__name__})"
         log.warning("%s: a batch failed at lower precision (%s: %s); it runs again at full precision, and lower "
                     "precision stays off for this model until the operator resets it", self.engine.name,
                     type(error).__name__, error)
 
     def reset(self) -> bool:
         """The operator's reset: degrade mode may lower the model again. False where nothing was off."""
-        was_off, self.failure = self.failure is not None, None
-        return was_off
+        return self._off.pop(self.engine.name, None) is not None
