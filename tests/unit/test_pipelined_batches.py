@@ -94,6 +94,15 @@ def test_the_next_batch_is_prepared_and_started_while_the_device_runs_this_one(s
     # 3 was started before 2 landed; with nothing queued after it, 3 landed at once
     assert engine.log.index(("run", [3])) < engine.log.index(("finish", [2]))
     assert not loop.busy and loop.status()["queue_length"] == 0
+    # each item is counted running until it lands, once: a later one on the device keeps the model busy (unloadable
+    # only when idle)
+    held = engine.hold(4)
+    later = make_item(10, tag=4)
+    loop.submit([later])
+    assert engine.called["run", 4].wait(10)
+    assert loop.busy and not loop.close_if_idle()
+    held.set()
+    assert later.future.result(timeout=10).audio[0] == np.float32(0.004)
 
 
 def test_a_batch_that_fails_on_landing_is_retried_item_by_item(start_loop, clock):

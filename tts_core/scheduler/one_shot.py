@@ -139,19 +139,18 @@ class OneShotStrategy:
 
     def _dispatch(self, batch: list[QueuedItem]) -> None:
         self.queue.take(batch, sum(item.cost_s for item in batch))
-        live: list[QueuedItem] = []
+        in_flight = 0  # items left on the device: done once landed
         try:
             live = [item for item in batch if item.future.set_running_or_notify_cancel()]
             self.metrics.dropped.labels("cancelled").inc(len(batch) - len(live))
             if live:
                 self.serving.worked = True
-                if self.engine.pipelines:
-                    self._launch(live)
-                    live = []  # done once landed
-                else:
+                if not self.engine.pipelines:
                     self._execute(live)
+                elif self._launch(live):
+                    in_flight = len(live)
         finally:
-            self.queue.done(len(batch) - len(live) if self.engine.pipelines else len(batch))
+            self.queue.done(len(batch) - in_flight)
 
     def _execute(self, batch: list[QueuedItem], retried_alone: bool = False) -> None:
         """Run a batch through and deliver it (the engine's one call), or end its items as _failed says."""
@@ -248,10 +247,10 @@ class OneShotStrategy:
 
     # --- batches back to back (an engine that pipelines: on CUDA) ----------------------------------
 
-    def _launch(self, batch: list[QueuedItem]) -> None:
+    def _launch(self, batch: list[QueuedItem]) -> bool:
         """Prepare the batch while the device still runs the one in flight, start it behind that one, then land
         that one (wait for it, trim and deliver its audio) while the device runs this one. What fails to start
-        runs the one-call way, once the one in flight has landed."""
+        runs the one-call way, once the one in flight has landed (False: it is not left in flight)."""
         lowered = self.serving.precision.lowered
         waits = self._batch_started(batch)
         try:
@@ -263,10 +262,11 @@ class OneShotStrategy:
             if self._in_flight is not None:
                 self._land()
             self._after_failure(batch, error, lowered)
-            return
+            return False
         landing, self._in_flight = self._in_flight, _InFlight(batch, waits, running, started, lowered)
         if landing is not None:
             self._land(landing)
+        return True
 
     def _land(self, flight: _InFlight | None = None) -> None:
         """Wait for a batch launched before (the one in flight unless named), and deliver it; its time on the
