@@ -126,23 +126,25 @@ class _PartPrecision:
     """A part of the model at a precision of its own: its floating inputs are cast to its weights' dtype, its
     outputs back to fp32, so the parts around it never see the lower precision."""
 
-    def __init__(self, part: nn.Module):
-        self.part = part
-        self.dtype = torch.float32
-        self._full: dict[str, torch.Tensor] | None = None  # its fp32 weights while it runs lower
+    def __init__(self, part: nn.Module, full: torch.dtype):
+        """full: its precision outside degrade mode (TTS_DTYPE)."""
+        self.part, self.full = part, full
+        self.dtype = full
+        part.to(dtype=full)
+        self._full_weights: dict[str, torch.Tensor] | None = None  # its weights at full while it runs lower
         part.register_forward_pre_hook(self._inputs, with_kwargs=True)
         part.register_forward_hook(self._outputs)
 
     def use(self, dtype: torch.dtype) -> None:
-        """Its weights at dtype; back at fp32, the very weights it had (not the lower ones widened)."""
+        """Its weights at dtype; back at full, the very weights it had (not the lower ones widened)."""
         if dtype == self.dtype:
             return
-        if self._full is None:
-            self._full = self.part.state_dict()  # the fp32 tensors themselves: `to` swaps new ones in
+        if self._full_weights is None:
+            self._full_weights = self.part.state_dict()  # the tensors themselves: `to` swaps new ones in
         self.part.to(dtype=dtype)
-        if dtype == torch.float32:
-            self.part.load_state_dict(self._full)
-            self._full = None
+        if dtype == self.full:
+            self.part.load_state_dict(self._full_weights)
+            self._full_weights = None
         self.dtype = dtype
 
     def _inputs(self, _module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -231,7 +233,7 @@ class VitsEngine(DeviceMemory, Engine):
             self.model = VitsModel.from_pretrained(source, local_files_only=_offline())
         self.model.to(self.device).eval()
         _VocoderMask(self.model.decoder)
-        self._parts = [_PartPrecision(self.model.get_submodule(path)) for path in LOWER_PARTS]
+        self._parts = [_PartPrecision(self.model.get_submodule(path), self.dtype) for path in LOWER_PARTS]
         self._wanted_dtype = self.dtype
         self._log_durations: tuple[torch.Tensor, torch.Tensor] | None = None  # the last call's, with its mask
         self.model.duration_predictor.register_forward_hook(self._keep_log_durations)
