@@ -63,3 +63,19 @@ def test_a_cpu_offers_no_lower_precision_unless_asked(model_dir):
     engine = VitsEngine(str(model_dir), [VoiceSpec("tiny", "en")], device="cpu")
     assert engine.low_dtype is None and engine.set_low_precision(True) is False
     assert engine.lower_precision_parts == LOWER_PARTS
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_fp16_is_the_lower_precision_and_batches_pipeline(model_dir):
+    engine = VitsEngine(str(model_dir), [VoiceSpec("tiny", "en")], device="cuda", noise_scale=0.0,
+                        noise_scale_duration=0.0)
+    assert engine.pipelines and engine.low_dtype == torch.float16
+    batch = [EngineInput(engine.tokenize(text, "tiny")[0], "tiny") for text in TEXTS]
+    full = engine.synthesize(batch)
+    started = [engine.run(engine.prepare(batch[:2])), engine.run(engine.prepare(batch[2:]))]  # back to back
+    landed = engine.finish(started[0]) + engine.finish(started[1])
+    assert all(a.audio.size == b.audio.size and np.abs(a.audio - b.audio).max() < 1e-3 for a, b in zip(full, landed))
+    assert engine.set_low_precision(True)
+    for at_full, lowered in zip(full, engine.synthesize(batch)):
+        assert np.isfinite(lowered.audio).all() and lowered.audio.size == at_full.audio.size
+        assert np.linalg.norm(lowered.audio - at_full.audio) / np.linalg.norm(at_full.audio) < 0.05
