@@ -221,8 +221,9 @@ class EngineLoop:
 
     def set_low_precision(self, low: bool) -> Future[bool] | None:
         """Degrade mode's lower_precision action (or its end), run as an errand: only the engine's thread
-        calls the engine. The Future says whether the engine runs lower now; None when this was already asked
-        for. Raises QueueClosed once the loop has ended."""
+        calls the engine. The Future says whether the engine had a lower precision to offer (False while it is off
+        for the model after a failed batch); None when this was already asked for. Raises QueueClosed once the loop
+        has ended."""
         wanted = Precision.LOW if low else Precision.FULL
         if self._precision_asked == wanted:
             return None
