@@ -1,5 +1,5 @@
-"""Admin REST API: /admin/api/settings, audit, stats, keys, voices/reload, cloned voices and the pronunciation
-lexicon, behind a bearer token."""
+"""Admin REST API: /admin/api/settings, audit, stats, keys, voices/reload, a model's precision reset, cloned voices and
+the pronunciation lexicon, behind a bearer token."""
 
 from __future__ import annotations
 
@@ -164,6 +164,23 @@ async def reload_voices(request: Request, actor: str = Depends(require_admin)):
     except StorageError:  # the reload happened; a failing audit write must not hide that
         summary = {**summary, "audit_error": StorageUnavailable().message}
     return {**summary, "voices": [voice.name for voice in service.catalogue.voice_list()]}
+
+
+@router.post("/models/{model}/precision/reset", responses=error_responses(404))
+async def reset_precision(request: Request, model: str = Path(max_length=128), actor: str = Depends(require_admin)):
+    """After a batch failed at degrade mode's lower precision, the model stays at full; this lets degrade mode lower
+    it again (tts_core.scheduler.precision)."""
+    service = request.app.state.service
+    if model not in service.pool.slots():
+        raise NotFound(f"model {model!r} does not exist", "model")
+    loop = service.loops.get(model)
+    was_off = loop.reset_precision() if loop else service.degrade.precision_off.pop(model, None) is not None
+    try:
+        await asyncio.to_thread(request.app.state.access.storage.audit.add, actor, "precision.reset", model,
+                                {"was_off": was_off})
+    except StorageError:  # the reset happened; a failing audit write must not hide that
+        pass
+    return {"model": model, "was_off": was_off, "precision": loop.precision if loop else None}
 
 
 # --- cloned voices --------------------------------------------------------------------------------

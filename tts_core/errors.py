@@ -195,6 +195,12 @@ class SynthesisError(ChorusError):
 
     status, default_code, retryable = 500, ErrorCode.SYNTHESIS_FAILED, True
 
+    @classmethod
+    def in_engine(cls, model: str, error: BaseException) -> SynthesisError:
+        """What a caller is told of an exception raised inside a model: the model and the exception's class. Its
+        text stays in the server's log (it can hold raw tensors, `tensor([nan, nan, ...])`, paths, internals)."""
+        return cls(f"synthesis failed in model {model} ({type(error).__name__}); retry, or report it if it repeats")
+
 
 class Overloaded(ChorusError):
     """Refused for now: the queue, the models or the storage cannot take it; Retry-After says when."""

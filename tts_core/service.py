@@ -131,7 +131,7 @@ class SpeechService:
         return make_engine_loop(engine, queue, metrics, settings.batch_policy, settings.max_batch_size,
                                 settings.max_batch_tokens, settings.calibration_sizes, settings.min_free_mem_mb,
                                 settings.empty_cache_every, settings.cpu_cache_mb, settings.engine_instances,
-                                settings.codec_stage)
+                                settings.codec_stage, self.degrade.precision_off)
 
     # --- lifecycle -----------------------------------------------------------------------------
 

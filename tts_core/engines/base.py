@@ -152,6 +152,7 @@ class Engine(ABC):
     can_clone: bool | None = None  # False: it has the clone hooks, but this model cannot (an upstream's declaration)
     front_end: FrontEnd = FrontEnd()  # what of Chorus's text front end runs before it reads the text
     mixes_voices: bool = False  # a mix of its voices (voice_mix) is a voice its `synthesize` takes
+    lower_precision_parts: tuple[str, ...] = ()  # the parts of its model set_low_precision lowers (the rest stays)
 
     @abstractmethod
     def voices(self) -> list[Voice]: ...
@@ -173,7 +174,9 @@ class Engine(ABC):
         return (self.name, speed)
 
     def set_low_precision(self, enabled: bool) -> bool:
-        """Switch to (or back from) a lower precision; False where the engine has none to offer."""
+        """Switch to (or back from) a lower precision (degrade mode's action), from the next batch on; False where the
+        engine has none to offer. Only the parts in lower_precision_parts run lower. A batch that raises (or makes
+        audio that is not finite) at the lower precision is run again at full, and the model stays there."""
         return False
 
     def instance_counts(self) -> tuple[int, ...]:
@@ -196,6 +199,29 @@ class Engine(ABC):
     def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]:
         """One output per input: its audio trimmed to its own length (and, where the engine times words, the
         samples each of its tokens spans)."""
+
+    # A one-shot engine whose device runs a batch while the host goes on (CUDA) can split `synthesize` in three, so
+    # that its loop prepares and starts the next batch before it waits for this one, and trims and delivers this
+    # one while the device runs the next (tts_core.scheduler.one_shot). finish(run(prepare(batch))) is
+    # synthesize(batch); only the engine's thread calls them, one batch in flight behind the one being prepared.
+
+    @property
+    def pipelines(self) -> bool:
+        """The loop runs batches back to back through prepare, run and finish (else through synthesize)."""
+        return False
+
+    def prepare(self, batch: Sequence[EngineInput]) -> Any:
+        """The batch's model inputs made ready (padded, pinned, copies to the device started): called while
+        the device still runs the batch before."""
+        return batch
+
+    def run(self, prepared: Any) -> Any:
+        """Start the prepared batch on the device, behind the one before (without waiting for it to end)."""
+        return self.synthesize(prepared)
+
+    def finish(self, running: Any) -> list[EngineOutput]:
+        """Wait for a batch `run` started, and hand its outputs as synthesize does."""
+        return running
 
     # Device memory: engines on a device with memory to manage override these.
 

@@ -165,6 +165,9 @@ class DegradeController:
         self._calm_since: float | None = None  # when the score last went to or below exit_threshold
         self.settings = settings or OperatorSettings()
         self.state = DegradeState()
+        # model -> why its lower precision is off: a batch failed in it (tts_core.scheduler.precision); kept across the
+        # model's reloads, until the operator resets it
+        self.precision_off: dict[str, str] = {}
 
     def configure(self, settings: OperatorSettings) -> None:
         with self._lock:

@@ -21,7 +21,6 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 from ..engines.base import Engine
@@ -30,18 +29,12 @@ from ..ops.metrics import Metrics
 from ..request.records import EngineInput, EngineOutput, QueuedItem
 from .memory import MemoryBudget, release_heap
 from .policy import ItemCost
+from .precision import Precision, PrecisionState
 from .queue import QueueClosed, RequestQueue, WaitTarget
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-
-class Precision(StrEnum):
-    """An engine's precision, as degrade mode's lower_precision action leaves it."""
-
-    FULL = "full"
-    LOW = "low"
-    LOW_UNSUPPORTED = "low (unsupported: no-op)"  # asked for, but the engine has no lower precision
 
 RELEASE_AFTER_IDLE_S = 2.0  # idle this long after work before its memory is handed back
 
@@ -57,13 +50,15 @@ class Serving:
     what the queue's wait predictions learn from the work done. Only the engine's thread writes to it, and a
     stepped engine's codec stage, which delivers its requests (the item cost and the audio rate)."""
 
-    def __init__(self, engine: Engine, queue: RequestQueue, metrics: Metrics, min_free_memory_mb: int = 2048):
+    def __init__(self, engine: Engine, queue: RequestQueue, metrics: Metrics, min_free_memory_mb: int = 2048,
+                 precision_off: dict[str, str] | None = None):
         self.engine, self.queue, self.metrics = engine, queue, metrics
         self.clock = queue.clock  # plans, batch and step times, on the clock the queue's items were timed by
         self.memory = MemoryBudget(engine, min_free_memory_mb * 2**20)
         self.item_cost = ItemCost()  # engine time per item as the work runs now, for the queue's predictions
         self.audio_s_per_token = 0.0  # moving estimate of audio produced per input token (at speed 1)
         self.worked = False  # work ran since memory was last released
+        self.precision = PrecisionState(engine, precision_off)  # degrade mode's lower precision, and its fuse
 
     def learn_audio_rate(self, batch: Sequence[EngineInput], outputs: Sequence[EngineOutput]) -> None:
         audio_s = sum(output.audio.size * item.speed for item, output in zip(batch, outputs)) / self.engine.sample_rate
@@ -124,8 +119,7 @@ class EngineLoop:
         self.memory = serving.memory  # the device-memory budget
         self.ready = threading.Event()  # serving: warmed up, the wait predictions seeded
         self.calibrated = threading.Event()  # the calibration sweep has run (between requests, once ready)
-        self.precision = Precision.FULL  # degrade mode's lower_precision action lowers it (a new loop starts full)
-        self._precision_asked = Precision.FULL
+        self._precision_asked = Precision.FULL  # what degrade mode last asked for
         self._errands: deque[tuple[Callable[[], Any], Future]] = deque()  # run_on_engine's calls, in order
         self._errands_lock = threading.Lock()
         self._errands_closed = False  # the loop has ended: nothing would run a new errand
@@ -214,26 +208,33 @@ class EngineLoop:
         """The model's queue, readiness, policy, memory, and its strategy's figures."""
         return {"queue_length": len(self.queue), "queue_wait_s": round(self.queue.predicted_wait(), 3),
                 "ready": self.ready.is_set(), "calibrated": self.calibrated.is_set(),
-                **self.strategy.status(),
+                **self.strategy.status(), "precision": self.precision,
                 "memory_token_budget": self.memory.tokens(), "out_of_memory": self.memory.out_of_memory_count}
 
     def cost_model(self) -> dict:
         return self.strategy.cost_model()
 
+    @property
+    def precision(self) -> str:
+        """The engine's precision now, as degrade mode left it (tts_core.scheduler.precision)."""
+        return self.serving.precision.describe()
+
     def set_low_precision(self, low: bool) -> Future[bool] | None:
         """Degrade mode's lower_precision action (or its end), run as an errand: only the engine's thread
-        calls the engine. The Future says whether the engine had a lower precision to offer; None when this
-        was already asked for. Raises QueueClosed once the loop has ended."""
+        calls the engine. The Future says whether the engine had a lower precision to offer (False while it is off
+        for the model after a failed batch); None when this was already asked for. Raises QueueClosed once the loop
+        has ended."""
         wanted = Precision.LOW if low else Precision.FULL
         if self._precision_asked == wanted:
             return None
         self._precision_asked = wanted
+        return self.run_on_engine(lambda: self.serving.precision.switch(low))
 
-        def switch() -> bool:
-            supported = self.engine.set_low_precision(low)
-            self.precision = wanted if supported or not low else Precision.LOW_UNSUPPORTED
-            return supported
-        return self.run_on_engine(switch)
+    def reset_precision(self) -> bool:
+        """The operator's reset after a batch failed at lower precision: degrade mode may lower it again (asked
+        anew at its next tick). False where lower precision was not off."""
+        self._precision_asked = Precision.FULL
+        return self.serving.precision.reset()
 
     def run_on_engine(self, call: Callable[[], T]) -> Future[T]:
         """Run call on the engine's thread between two turns (never beside a batch or a step),

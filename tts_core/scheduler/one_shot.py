@@ -4,7 +4,8 @@ stepped engine, whose `synthesize` runs a batch through to its last member, as o
 Each turn plans a batch from the queue with the batch policy (same batch key, similar length, the size that
 pays), synthesizes it and resolves each item's future with its own audio. A failing batch is retried item by
 item, so one bad item fails alone; one that runs out of device memory lowers the memory budget and is run
-again in halves.
+again in halves; one that fails at degrade mode's lower precision is run again at full precision, and lower
+precision stays off for that model (tts_core.scheduler.precision).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -43,14 +46,18 @@ class OneShotStrategy:
         self._candidate_limit = 2 * policy.max_batch_size
         self.instances = instances  # copies of the engine's model (TTS_ENGINE_INSTANCES); 0: chosen by measurement
         self.instance_times: dict[int, float] = {}  # copies -> seconds an item took at warm-up, where measured
+        self._in_flight: _InFlight | None = None  # a pipelining engine's batch on the device, not yet landed
+        self._landed = 0.0  # when the last batch landed (the loop's clock's timer)
 
     # --- what the loop asks --------------------------------------------------------------------
 
     def idle(self) -> bool:
-        return not len(self.queue)
+        return not len(self.queue) and self._in_flight is None
 
     def stopped(self) -> None:
-        """Nothing runs between turns: what was queued the loop has failed already."""
+        """What was queued the loop has failed already; a batch still in flight lands (its callers get their audio)."""
+        if self._in_flight is not None:
+            self._land()
 
     def running_count(self) -> int | None:
         return None
@@ -115,43 +122,67 @@ class OneShotStrategy:
     # --- one turn ----------------------------------------------------------------------------
 
     def step(self) -> None:
-        """One dispatch: plan a batch from the queue and run it (or wait, as the policy says)."""
+        """One dispatch: plan a batch from the queue and run it (or wait, as the policy says). With nothing to run
+        next, the batch still on the device (a pipelining engine's) is delivered first: nothing waits behind a wait."""
         candidates = self.queue.next_candidates(self._candidate_limit)
         self.metrics.queue_length.labels(self.engine.name).set(len(self.queue))
-        if not candidates:
-            self.serving.wait_for_work()
-            return
         now = self.clock.now()
-        plan = self.policy.plan(candidates, now, self.serving.memory.tokens())
-        if not plan.take:
+        plan = self.policy.plan(candidates, now, self.serving.memory.tokens()) if candidates else None
+        if (plan is None or not plan.take) and self._in_flight is not None:
+            self._land()
+        elif plan is None:
+            self.serving.wait_for_work()
+        elif not plan.take:
             self.queue.wait_until(now + plan.wait_s)
-            return
-        batch = [candidates[index] for index in plan.take]
+        else:
+            self._dispatch([candidates[index] for index in plan.take])
+
+    def _dispatch(self, batch: list[QueuedItem]) -> None:
         self.queue.take(batch, sum(item.cost_s for item in batch))
+        in_flight = 0  # items left on the device: done once landed
         try:
             live = [item for item in batch if item.future.set_running_or_notify_cancel()]
             self.metrics.dropped.labels("cancelled").inc(len(batch) - len(live))
             if live:
                 self.serving.worked = True
-                self._execute(live)
+                if not self.engine.pipelines:
+                    self._execute(live)
+                elif self._launch(live):
+                    in_flight = len(live)
         finally:
-            self.queue.done(len(batch))
+            self.queue.done(len(batch) - in_flight)
 
     def _execute(self, batch: list[QueuedItem], retried_alone: bool = False) -> None:
+        """Run a batch through and deliver it (the engine's one call), or end its items as _failed says."""
+        lowered = self.serving.precision.lowered
         try:
             outputs = self._run_batch(batch)
         except self.engine.out_of_memory_errors:
             self._out_of_memory(batch, retried_alone)
             return
         except Exception as error:
-            if len(batch) == 1:
-                self._fail(batch[0], f"synthesis failed: {error}")
-                return
-            # One bad item must fail alone: retry every item by itself.
-            self.metrics.batch_retries.labels(self.engine.name).inc()
-            for item in batch:
-                self._execute([item])
+            self._failed(batch, error, lowered, retried_alone)
             return
+        self._deliver(batch, outputs)
+
+    def _failed(self, batch: list[QueuedItem], error: Exception, lowered: bool, retried_alone: bool = False) -> None:
+        """A batch that raised: run again at full precision if it ran lower (where the model then stays:
+        scheduler/precision.py), else item by item, so that one bad item fails alone."""
+        if lowered:
+            if self.serving.precision.failure is None:  # (not turned off already, by the batch before it)
+                self.serving.precision.failed(error)
+            self._execute(batch, retried_alone)
+            return
+        if len(batch) == 1:
+            self._fail(batch[0], SynthesisError.in_engine(self.engine.name, error), error)
+            return
+        log.warning("%s failed on a batch of %d (%s); each item runs again alone", self.engine.name, len(batch),
+                    type(error).__name__)  # (each item's failure is logged in full, alone)
+        self.metrics.batch_retries.labels(self.engine.name).inc()
+        for item in batch:
+            self._execute([item])
+
+    def _deliver(self, batch: list[QueuedItem], outputs: list[EngineOutput]) -> None:
         self.serving.memory.succeeded()
         self._batches_run += 1
         if self.empty_cache_every and self._batches_run % self.empty_cache_every == 0:
@@ -175,33 +206,101 @@ class OneShotStrategy:
         elif not retried_alone:
             self._execute(batch, retried_alone=True)
         else:
-            self._fail(batch[0], "synthesis failed: the item does not fit in device memory even alone")
+            self._fail(batch[0], SynthesisError("synthesis failed: the item does not fit in device memory even alone"))
 
-    def _fail(self, item: QueuedItem, message: str) -> None:
-        log.warning("%s failed on one item: %s", self.engine.name, message)
+    def _fail(self, item: QueuedItem, answer: SynthesisError, cause: BaseException | None = None) -> None:
+        """The item's caller gets our message; the log gets the whole exception, traceback and text, once."""
+        log.warning("%s failed on one item: %s", self.engine.name, answer.message, exc_info=cause)
         self.metrics.item_errors.labels(self.engine.name).inc()
-        item.future.set_exception(SynthesisError(message))
+        item.future.set_exception(answer)
 
     def _run_batch(self, batch: list[QueuedItem]) -> list[EngineOutput]:
-        name = self.engine.name
-        dispatched = self.clock.now()
-        waits = [dispatched - item.enqueued_at for item in batch]
-        self.metrics.batch_started(name, len(batch))
+        waits = self._batch_started(batch)
         record = None
         try:
             started = self.clock.timer()
             outputs = self.engine.synthesize([item.input for item in batch])
-            seconds = self.clock.timer() - started
-            if len(outputs) != len(batch):
-                raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(batch)} items")
-            padded = padded_tokens(batch)
-            self.policy.observe(len(batch), padded, seconds, real_tokens=sum(item.length for item in batch))
-            self.serving.item_cost.add(len(batch), sum(item.length for item in batch), seconds)
-            # stamped on the system's clock, as the metrics' windows are
-            record = BatchRecord(time.monotonic(), name, len(batch), padded,
-                                 sum(item.length for item in batch), seconds, self.policy.max_batch_size)
-            for item, wait in zip(batch, waits):
-                item.queue_s, item.batch_s, item.batch_size = wait, seconds, len(batch)
+            record = self._batch_ran(batch, waits, outputs, self.clock.timer() - started)
             return outputs
         finally:
-            self.metrics.batch_finished(name, record, waits)
+            self.metrics.batch_finished(self.engine.name, record, waits)
+
+    def _batch_started(self, batch: list[QueuedItem]) -> list[float]:
+        """Each item's wait in the queue, as the batch starts."""
+        self.metrics.batch_started(self.engine.name, len(batch))
+        dispatched = self.clock.now()
+        return [dispatched - item.enqueued_at for item in batch]
+
+    def _batch_ran(self, batch: list[QueuedItem], waits: list[float], outputs: list[EngineOutput],
+                   seconds: float) -> BatchRecord:
+        """What the policy, the wait predictions and the items learn from a batch that ran in `seconds`."""
+        if len(outputs) != len(batch):
+            raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(batch)} items")
+        padded, real = padded_tokens(batch), sum(item.length for item in batch)
+        self.policy.observe(len(batch), padded, seconds, real_tokens=real)
+        self.serving.item_cost.add(len(batch), real, seconds)
+        for item, wait in zip(batch, waits):
+            item.queue_s, item.batch_s, item.batch_size = wait, seconds, len(batch)
+        # stamped on the system's clock, as the metrics' windows are
+        return BatchRecord(time.monotonic(), self.engine.name, len(batch), padded, real, seconds,
+                           self.policy.max_batch_size)
+
+    # --- batches back to back (an engine that pipelines: on CUDA) ----------------------------------
+
+    def _launch(self, batch: list[QueuedItem]) -> bool:
+        """Prepare the batch while the device still runs the one in flight, start it behind that one, then land
+        that one (wait for it, trim and deliver its audio) while the device runs this one. What fails to start
+        runs the one-call way, once the one in flight has landed (False: it is not left in flight)."""
+        lowered = self.serving.precision.lowered
+        waits = self._batch_started(batch)
+        try:
+            prepared = self.engine.prepare([item.input for item in batch])
+            started = self.clock.timer()
+            running = self.engine.run(prepared)
+        except Exception as error:
+            self.metrics.batch_finished(self.engine.name, None, waits)
+            if self._in_flight is not None:
+                self._land()
+            self._after_failure(batch, error, lowered)
+            return False
+        landing, self._in_flight = self._in_flight, _InFlight(batch, waits, running, started, lowered)
+        if landing is not None:
+            self._land(landing)
+        return True
+
+    def _land(self, flight: _InFlight | None = None) -> None:
+        """Wait for a batch launched before (the one in flight unless named), and deliver it; its time on the
+        device runs from its start, or from the end of the batch before it if that was later."""
+        if flight is None:
+            flight, self._in_flight = self._in_flight, None
+        record = None
+        try:
+            outputs = self.engine.finish(flight.running)
+            landed = self.clock.timer()
+            record = self._batch_ran(flight.batch, flight.waits, outputs, landed - max(flight.started, self._landed))
+            self._landed = landed
+        except Exception as error:
+            self.metrics.batch_finished(self.engine.name, None, flight.waits)
+            self._after_failure(flight.batch, error, flight.lowered)
+        else:
+            self.metrics.batch_finished(self.engine.name, record, flight.waits)
+            self._deliver(flight.batch, outputs)
+        finally:
+            self.queue.done(len(flight.batch))
+
+    def _after_failure(self, batch: list[QueuedItem], error: Exception, lowered: bool) -> None:
+        if isinstance(error, self.engine.out_of_memory_errors):
+            self._out_of_memory(batch, retried_alone=False)
+        else:
+            self._failed(batch, error, lowered)
+
+
+@dataclass
+class _InFlight:
+    """A batch started on the device and not yet landed."""
+
+    batch: list[QueuedItem]
+    waits: list[float]  # each item's wait in the queue
+    running: Any  # what the engine's `run` returned, for its `finish`
+    started: float  # on the loop's clock's timer
+    lowered: bool  # it runs at degrade mode's lower precision

@@ -30,13 +30,14 @@ def make_engine_loop(engine: Engine, queue: RequestQueue, metrics: Metrics, poli
                      max_batch_size: int = 16, max_batch_tokens: int = 8192,
                      calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16), min_free_memory_mb: int = 2048,
                      empty_cache_every: int = 100, cpu_cache_mb: int = 1024, instances: int = 1,
-                     codec_stage: str = "auto") -> EngineLoop:
+                     codec_stage: str = "auto", precision_off: dict[str, str] | None = None) -> EngineLoop:
     """The engine's loop, not started. max_batch_size is a one-shot engine's; a stepped engine's is the
     most it runs at once (its max_running). instances: copies of a one-shot engine's model (0: measured).
     codec_stage (TTS_CODEC_STAGE): whether a stepped engine that decodes apart does so on a thread of its own:
     "on", "off", or "auto": where it runs on CUDA. On a CPU the codec's torch work beside the steps' made a second
-    OpenMP team in the process, and a lone request 20% slower (docs/batching.md#the-codec-as-a-stage)."""
-    serving = Serving(engine, queue, metrics, min_free_memory_mb)
+    OpenMP team in the process, and a lone request 20% slower (docs/batching.md#the-codec-as-a-stage).
+    precision_off: the models whose lower precision is off, shared by the service's loops (scheduler/precision.py)."""
+    serving = Serving(engine, queue, metrics, min_free_memory_mb, precision_off)
     if isinstance(engine, UpstreamEngine):  # another server batches: only how many are in flight is ours
         strategy = UpstreamStrategy(serving)
     elif not isinstance(engine, SteppedEngine):
