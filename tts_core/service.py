@@ -16,7 +16,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +32,7 @@ from .ops.degrade import DegradeAction, DegradeController
 from .ops.metrics import Metrics
 from .request.access import Caller
 from .request.admission import Admission
+from .request.dialogue import Dialogue, DialogueStream, ScriptText, TurnSpan, captions, compile_dialogue, recording
 from .request.records import EngineOutput, QueuedItem
 from .request.script import Reading, Script
 from .scheduler.dispatch import Scheduler, SentenceStream
@@ -93,6 +94,7 @@ class SpokenAudio:
     degraded: tuple[DegradeAction, ...]  # degrade actions in force when it was served
     timings: Timings = Timings()
     words: tuple[CaptionWord, ...] | None = None  # asked for: when each word of the input is spoken
+    turns: tuple[TurnSpan, ...] = ()  # a dialogue's (not cached): who speaks when
 
 
 class SpeechService:
@@ -337,3 +339,53 @@ class SpeechService:
                                             words=words)
         return SentenceStream(script, items, started, self.metrics, self.settings.request_timeout_s)
 
+
+    # --- dialogue: several speakers' turns, one recording (tts_core.request.dialogue) ----------------------------
+
+    async def admit_dialogue(self, script: ScriptText, voices: Mapping[str, str], model: str | None = None,
+                             speed: float = 1.0, caller: Caller | None = None, reading: Reading = Reading(),
+                             words: bool = False) -> Dialogue:
+        """The script checked and compiled (every turn as the speech API checks a text) on the text reader."""
+        return await self.scheduler.read(compile_dialogue, self.admission, self.catalogue, script, voices, model,
+                                         speed, caller, reading, words)
+
+    async def speak_dialogue(self, script: ScriptText, voices: Mapping[str, str], model: str | None = None,
+                             speed: float = 1.0, response_format: str = "mp3", caller: Caller | None = None,
+                             reading: Reading = Reading(), words: bool = False, sample_rate: int | None = None
+                             ) -> SpokenAudio:
+        """A dialogue as one encoded recording, its turns queued at once (batched with everyone's work) and joined
+        at one level; cached on the whole script, as speak caches a text (not with `words`)."""
+        check_format(response_format, sample_rate)
+        dialogue = await self.admit_dialogue(script, voices, model, speed, caller, reading, words)
+        actions = self.degrade.state.actions
+        use_cache = not words and (self.degrade.settings.cache_enabled or DegradeAction.CACHE_FIRST in actions)
+        key = (dialogue.script.model, response_format, sample_rate, dialogue.key)
+        if use_cache and (hit := self.cache.get(key)) is not None:
+            self.metrics.cache_lookups.labels(CacheUse.HIT).inc()
+            return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, CacheUse.HIT, actions)
+        if use_cache:
+            self.metrics.cache_lookups.labels(CacheUse.MISS).inc()
+        items = await self.scheduler.submit(dialogue.script, caller, target=self.admission.wait_target(), words=words)
+        outputs = await self.scheduler.collect(items, dialogue.script.voice.sample_rate)
+        made = await asyncio.to_thread(recording, dialogue, items, outputs)
+        self.metrics.audio_seconds.inc(made.duration_s)
+        data = await asyncio.to_thread(encode, made.audio, made.sample_rate, response_format, sample_rate)
+        content_type, voice = FORMATS[response_format].content_type, ",".join(sorted({v.name for v in dialogue.voices}))
+        if use_cache:
+            self.cache.put(key, CachedAudio(data, content_type, voice, made.duration_s))
+        said = tuple(await asyncio.to_thread(captions, dialogue, made.timed)) if words else None
+        return SpokenAudio(data, content_type, voice, made.duration_s, CacheUse.MISS if use_cache else CacheUse.OFF,
+                           self.degrade.state.actions, Timings.of(items), said, made.turns)
+
+    async def stream_dialogue(self, script: ScriptText, voices: Mapping[str, str], model: str | None = None,
+                              speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None,
+                              reading: Reading = Reading(), words: bool = False, sample_rate: int | None = None
+                              ) -> DialogueStream:
+        """A dialogue streamed turn by turn (`stream.encoded(response_format, sample_rate)`); refusals raise here,
+        before any audio exists."""
+        check_format(response_format, sample_rate, streamed=True)
+        started = time.monotonic()
+        dialogue = await self.admit_dialogue(script, voices, model, speed, caller, reading, words)
+        items = await self.scheduler.submit(dialogue.script, caller, streaming=True,
+                                            target=self.admission.wait_target(), words=words)
+        return DialogueStream(dialogue, items, started, self.metrics, self.settings.request_timeout_s)
