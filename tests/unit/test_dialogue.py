@@ -2,17 +2,20 @@
 one with fake engines of controlled length and loudness: turns joined with conversation pauses, one level."""
 
 import asyncio
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
 from tests.fakes import SAMPLES_PER_TOKEN, FakeEngine
+from tests.serve import wait_until
 from tts_core.audio.levels import TARGET_LEVEL, speech_level
 from tts_core.audio.playable import JOIN_PAUSE_S
 from tts_core.config import Settings
 from tts_core.errors import ErrorCode, InvalidRequest
 from tts_core.ops.metrics import Metrics
+from tts_core.request.access import Caller, Tier
 from tts_core.request.dialogue import (
     MAX_SPEAKERS,
     SAME_SPEAKER_PAUSE_S,
@@ -165,7 +168,7 @@ def test_the_whole_script_is_cached_as_one(service):
     assert (first.cache, again.cache, swapped.cache) == ("miss", "hit", "miss") and again.data == first.data
 
 
-def test_streamed_it_is_the_same_recording_turn_by_turn(service):
+def test_streamed_it_is_as_long_as_the_whole_recording_with_turns_at_one_level(service):
     script, voices = "Ann: One two.\nBob: Three four five.", {"Ann": "loud-voice", "Bob": "quiet-voice"}
 
     async def streamed():
@@ -190,3 +193,37 @@ def test_a_bad_dialogue_is_refused_before_any_work(service, script, voices, para
     with pytest.raises(InvalidRequest) as raised:
         speak(service, script, voices)
     assert (raised.value.param, raised.value.code) == (param, code) and named in raised.value.message
+
+
+def test_a_tiers_limit_counts_the_whole_script_not_each_turn(service):
+    caller = Caller("ip:10.0.0.9", "free", Tier(max_chars=50))
+    voices = {"Ann": "loud-voice", "Bob": "loud-voice"}
+    with pytest.raises(InvalidRequest) as raised:  # 30 + 30 characters: each turn within the limit
+        speak(service, "Ann: " + "a" * 30 + "\nBob: " + "b" * 30, voices, caller=caller)
+    assert (raised.value.param, raised.value.code) == ("script", ErrorCode.TIER_TEXT_LIMIT)
+    assert "60 characters" in raised.value.message and "free tier allows 50" in raised.value.message
+    assert speak(service, "Ann: " + "a" * 20 + "\nBob: " + "b" * 20, voices, caller=caller).duration_s > 0
+
+
+def test_all_turns_are_queued_at_once_beside_other_callers_work(service):
+    """Held behind a running piece, the dialogue's turns and another caller's text wait in the one queue together:
+    each turn is a piece there (batched by the policy like any other), none waits for the turn before it."""
+    engine, loop = service.loops["loud"].engine, service.loops["loud"]
+    engine.gate.clear()  # hold the engine so the queue fills
+    engine.calls_started = threading.Semaphore(0)  # count the calls from here on
+
+    async def scenario():
+        blocker = asyncio.ensure_future(service.synthesize("hold", "loud-voice"))
+        assert await asyncio.to_thread(engine.calls_started.acquire, True, 5)  # "hold" runs
+        talk = asyncio.ensure_future(service.speak_dialogue("Ann: One.\nBob: Two.\nAnn: Three.",
+                                                            {"Ann": "loud-voice", "Bob": "loud-voice"},
+                                                            response_format="pcm", reading=AS_WRITTEN))
+        other = asyncio.ensure_future(service.synthesize("other", "loud-voice"))
+        assert await asyncio.to_thread(wait_until, lambda: loop.queue_length == 4, 5)  # 3 turns + the other text
+        engine.gate.set()
+        spoken = (await asyncio.gather(blocker, talk, other))[1]
+        assert [turn.speaker for turn in spoken.turns] == ["Ann", "Bob", "Ann"]
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.gate.set()
