@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from .request.script import Reading, Script
 from .scheduler.dispatch import Scheduler, SentenceStream
 from .scheduler.engine_loop import EngineLoop
 from .scheduler.pool import ModelPool
-from .scheduler.queue import RequestQueue
+from .scheduler.queue import RequestQueue, WaitTarget
 from .scheduler.strategies import make_engine_loop
 from .text.captions import CaptionWord, Timed, caption_words, timed_words
 from .voices.catalogue import Catalogue
@@ -365,7 +365,7 @@ class SpeechService:
             return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, CacheUse.HIT, actions)
         if use_cache:
             self.metrics.cache_lookups.labels(CacheUse.MISS).inc()
-        items = await self.scheduler.submit(dialogue.script, caller, target=self.admission.wait_target(), words=words)
+        items = await self._queue_dialogue(dialogue, caller, False, words)
         outputs = await self.scheduler.collect(items, dialogue.script.voice.sample_rate)
         made = await asyncio.to_thread(recording, dialogue, items, outputs)
         self.metrics.audio_seconds.inc(made.duration_s)
@@ -386,6 +386,26 @@ class SpeechService:
         check_format(response_format, sample_rate, streamed=True)
         started = time.monotonic()
         dialogue = await self.admit_dialogue(script, voices, model, speed, caller, reading, words)
-        items = await self.scheduler.submit(dialogue.script, caller, streaming=True,
-                                            target=self.admission.wait_target(), words=words)
+        items = await self._queue_dialogue(dialogue, caller, True, words)
         return DialogueStream(dialogue, items, started, self.metrics, self.settings.request_timeout_s)
+
+    async def _queue_dialogue(self, dialogue: Dialogue, caller: Caller | None, streaming: bool, words: bool
+                              ) -> list[QueuedItem]:
+        """Every turn queued at once, the wait target checked on the first turn's (as a long text's on its first
+        piece's): the later turns wait behind the dialogue's own earlier ones, no reason to refuse it. They are
+        still refused if the queue has no room for them or their wait is past their deadline."""
+        script = dialogue.script
+        first = await self.scheduler.submit(replace(script, passages=script.passages[:1]), caller, streaming,
+                                            self.admission.wait_target(), words)
+        if len(script.passages) == 1:
+            return first
+        try:
+            rest = await self.scheduler.submit(replace(script, passages=script.passages[1:]), caller, streaming,
+                                               WaitTarget(), words)
+        except BaseException:
+            for item in first:
+                item.abandon()
+            raise
+        for item in rest:  # numbered from the second passage
+            item.passage += 1
+        return first + rest

@@ -10,6 +10,7 @@ model. tts_core.audio.levels matches the turns' loudness when they are joined.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -120,7 +121,7 @@ class Dialogue:
         return ("dialogue", self.script.key, tuple(turn.speaker for turn in self.turns))
 
     def turn_of(self, passage: int) -> int:
-        return max(index for index, first in enumerate(self.first_passages) if first <= passage)
+        return bisect.bisect_right(self.first_passages, passage) - 1
 
 
 def compile_dialogue(admission: Admission, catalogue: Catalogue, script: ScriptText, voices: Mapping[str, str],
