@@ -26,6 +26,7 @@ from ..ops.degrade import DegradeAction
 from ..ops.metrics import Metrics
 from ..scheduler.dispatch import SentenceStream
 from ..text.captions import CaptionWord, Timed, caption_words, timed_words
+from ..text.frontend import SpokenText
 from ..voices.catalogue import Catalogue
 from .access import Caller, Tier
 from .admission import Admission
@@ -113,6 +114,7 @@ class Dialogue:
     turn_scripts: tuple[Script, ...]
     script: Script  # its voice is the answer's (the highest sample rate of the turns' voices)
     first_passages: tuple[int, ...]  # where each turn's passages start in `script`
+    native: bool = False  # one passage, the whole conversation in one context (VibeVoice's): one part, not turns
 
     @property
     def key(self) -> tuple:
@@ -121,7 +123,15 @@ class Dialogue:
         return ("dialogue", self.script.key, tuple(turn.speaker for turn in self.turns))
 
     def turn_of(self, passage: int) -> int:
-        return bisect.bisect_right(self.first_passages, passage) - 1
+        """The turn a passage says (the first, for a conversation spoken natively: it says them all)."""
+        return 0 if self.native else bisect.bisect_right(self.first_passages, passage) - 1
+
+    def who(self, turn: int) -> tuple[str, str]:
+        """The speaker and voice of a part of the recording: a turn's, or a native conversation's cast."""
+        if not self.native:
+            return self.turns[turn].speaker, self.voices[turn].name
+        cast = dict.fromkeys(zip((turn.speaker for turn in self.turns), (voice.name for voice in self.voices)))
+        return ", ".join(speaker for speaker, _ in cast), ", ".join(voice for _, voice in cast)
 
 
 def compile_dialogue(admission: Admission, catalogue: Catalogue, script: ScriptText, voices: Mapping[str, str],
@@ -145,7 +155,7 @@ def compile_dialogue(admission: Admission, catalogue: Catalogue, script: ScriptT
         raise InvalidRequest(f"the script is {spoken} characters long once its numbers and symbols are said as "
                              f"words; the limit is {admission.settings.max_spoken_chars}", "script",
                              ErrorCode.SPOKEN_TEXT_ABOVE_MAX_LENGTH)
-    return _joined_script(tuple(turns), scripts)
+    return _conversation(tuple(turns), named, scripts) or _joined_script(tuple(turns), scripts)
 
 
 def _check_length(admission: Admission, characters: int, caller: Caller | None) -> None:
@@ -188,6 +198,34 @@ def _joined_script(turns: tuple[Turn, ...], scripts: tuple[Script, ...]) -> Dial
     model = next(script.model for script in scripts if script.voice == voice)
     return Dialogue(turns, tuple(script.voice for script in scripts), scripts,
                     Script(tuple(passages), voice, model, scripts[-1].pause_after_s), tuple(firsts))
+
+
+# model families that speak a whole conversation in one context, each speaker's voice prompt in it
+CONVERSATION_MODELS = ("vibevoice",)
+
+
+def _conversation(turns: tuple[Turn, ...], named: list[str], scripts: tuple[Script, ...]) -> Dialogue | None:
+    """The dialogue as one conversation, where its speakers' voices are of one model that speaks a conversation in
+    one context: one passage, its voice the cast (a speaker each), its lines each turn's text; else None (one
+    speaker is a text of several turns, read as any other)."""
+    voices = [script.voice for script in scripts]
+    if len(named) < 2 or len({script.model for script in scripts}) != 1 or voices[0].model not in CONVERSATION_MODELS:
+        return None
+    from ..engines.vibevoice import MAX_SPEAKERS, cast_voice, conversation_text  # its engine is in use: loaded
+
+    if len(named) > MAX_SPEAKERS:
+        extra = next(turn for turn in turns if turn.speaker == named[MAX_SPEAKERS])
+        raise InvalidRequest(f"script {extra.where}: {extra.speaker!r} is speaker {MAX_SPEAKERS + 1}; "
+                             f"{voices[0].model} speaks a conversation of at most {MAX_SPEAKERS} in one context",
+                             "script", ErrorCode.TOO_MANY_SPEAKERS)
+    cast = {turn.speaker: voice.name for turn, voice in zip(turns, voices, strict=True)}
+    lines = [(named.index(turn.speaker), " ".join(passage.spoken.text for passage in script.passages))
+             for turn, script in zip(turns, scripts, strict=True)]
+    text = conversation_text(lines)
+    passage = replace(scripts[0].passages[0], spoken=SpokenText((), text), voice=replace(voices[0], name=cast_voice(
+        [cast[speaker] for speaker in named])), pause_before_s=0.0, whole=True)
+    script = Script((passage,), passage.voice, scripts[0].model, scripts[-1].pause_after_s)
+    return Dialogue(turns, tuple(voices), scripts, script, (0,) * len(turns), native=True)
 
 
 def turn_pause_s(before: Turn, turn: Turn) -> float:
@@ -238,7 +276,7 @@ def recording(dialogue: Dialogue, items: list[QueuedItem], outputs: list[EngineO
             at += silence(pause, rate).size
             timed += timed_words(items[index], outputs[index], at / rate)
             at += outputs[index].audio.size
-        spans.append(TurnSpan(dialogue.turns[turn].speaker, dialogue.voices[turn].name, start / rate, at / rate))
+        spans.append(TurnSpan(*dialogue.who(turn), start / rate, at / rate))
     audio = join([*turns, silence(dialogue.script.pause_after_s, rate)], rate, [*pauses, 0.0])
     return Recording(audio, rate, tuple(spans), tuple(timed))
 
