@@ -14,6 +14,7 @@ from tts_core.audio.levels import TARGET_LEVEL, speech_level
 from tts_core.audio.playable import JOIN_PAUSE_S
 from tts_core.config import Settings
 from tts_core.errors import ErrorCode, InvalidRequest
+from tts_core.ops.degrade import OperatorSettings
 from tts_core.ops.metrics import Metrics
 from tts_core.request.access import Caller, Tier
 from tts_core.request.dialogue import (
@@ -227,3 +228,21 @@ def test_all_turns_are_queued_at_once_beside_other_callers_work(service):
         asyncio.run(scenario())
     finally:
         engine.gate.set()
+
+
+def test_a_long_dialogue_is_checked_on_its_first_turns_wait_not_refused_for_its_own_turns():
+    """40 turns of 50 ms each (2 s of work) against a 0.5 s wait target, on an idle server: accepted, as a long text
+    of 40 sentences is; each later turn waits behind the dialogue's own earlier ones, no reason to refuse it."""
+    engine = FakeEngine(cost=lambda size, padded: 0.05)
+    service = SpeechService(Settings(batch_policy="sequential", calibration_sizes=[1], voice_aliases={},
+                                     model_aliases={}), [engine], Metrics())
+    service.start()
+    try:
+        assert service.loops["fake"].calibrated.wait(10)
+        service.degrade.configure(OperatorSettings(queue_wait_target_s=0.5, exit_hold_s=0))
+        script = "\n".join(f"{'Ann' if n % 2 else 'Bob'}: Turn number {n} is here." for n in range(40))
+        spoken = asyncio.run(service.speak_dialogue(script, {"Ann": "fake-voice", "Bob": "fake-voice"},
+                                                    response_format="pcm", caller=Caller("ip:a", "open", Tier())))
+        assert len(spoken.turns) == 40
+    finally:
+        service.stop()
