@@ -83,6 +83,17 @@ def test_streamed_it_comes_in_pieces_turn_by_turn_with_speakers_in_the_captions(
     assert any(word["speaker"] == "Bob" for word in words)
 
 
+def test_server_sent_events_carry_the_recording_and_its_usage(server):
+    response = dialogue(server, response_format="pcm", stream_format="sse")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[len("data: "):]) for line in response.text.splitlines() if line.startswith("data: ")]
+    assert {event["type"] for event in events[:-1]} == {"speech.audio.delta"} and events[-1]["type"] == \
+        "speech.audio.done"
+    audio = b"".join(base64.b64decode(event["audio"]) for event in events[:-1])
+    assert events[-1]["usage"]["input_tokens"] == len(SCRIPT)
+    assert events[-1]["usage"]["output_tokens"] == round(duration(audio, "pcm") * 50)
+
+
 @pytest.mark.parametrize("body, param, code, named", [
     ({"script": "\n \n"}, "script", "invalid_dialogue", "no turns"),
     ({"script": "Ann: Hello.\nBob:  "}, "script", "invalid_dialogue", "line 2"),
