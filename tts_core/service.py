@@ -339,7 +339,6 @@ class SpeechService:
                                             words=words)
         return SentenceStream(script, items, started, self.metrics, self.settings.request_timeout_s)
 
-
     # --- dialogue: several speakers' turns, one recording (tts_core.request.dialogue) ----------------------------
 
     async def admit_dialogue(self, script: ScriptText, voices: Mapping[str, str], model: str | None = None,
@@ -362,6 +361,8 @@ class SpeechService:
         key = (dialogue.script.model, response_format, sample_rate, dialogue.key)
         if use_cache and (hit := self.cache.get(key)) is not None:
             self.metrics.cache_lookups.labels(CacheUse.HIT).inc()
+            if DegradeAction.CACHE_FIRST in actions:
+                self.metrics.degrade_actions.labels(DegradeAction.CACHE_FIRST).inc()
             return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, CacheUse.HIT, actions)
         if use_cache:
             self.metrics.cache_lookups.labels(CacheUse.MISS).inc()
