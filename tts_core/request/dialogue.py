@@ -4,7 +4,9 @@ A script is lines of `Name: text` (or a list of {speaker, text}); the caller map
 Chorus serves (a preset, a mix, a cloned voice). Here a script is parsed, checked (every refusal names the line)
 and compiled into one `Script` of passages, a turn's passages after the pause that fits a conversation there,
 so its pieces are queued at once through the one queue, batched with everyone else's work, each on its voice's
-model. tts_core.audio.levels matches the turns' loudness when they are joined.
+model. tts_core.audio.levels matches the turns' loudness when they are joined. Where every speaker's voice is of
+one model that speaks a conversation in one context (VibeVoice), the script is one passage instead, queued whole:
+the cast's voices and the turns as the model's own multi-speaker script (tts_core.engines.vibevoice).
 """
 
 from __future__ import annotations
@@ -211,12 +213,13 @@ def _conversation(turns: tuple[Turn, ...], named: list[str], scripts: tuple[Scri
     voices = [script.voice for script in scripts]
     if len(named) < 2 or len({script.model for script in scripts}) != 1 or voices[0].model not in CONVERSATION_MODELS:
         return None
-    from ..engines.vibevoice import MAX_SPEAKERS, cast_voice, conversation_text  # its engine is in use: loaded
+    from ..engines.vibevoice import MAX_SPEAKERS as IN_ONE_CONTEXT  # its engine is in use: imported already
+    from ..engines.vibevoice import cast_voice, conversation_text
 
-    if len(named) > MAX_SPEAKERS:
-        extra = next(turn for turn in turns if turn.speaker == named[MAX_SPEAKERS])
-        raise InvalidRequest(f"script {extra.where}: {extra.speaker!r} is speaker {MAX_SPEAKERS + 1}; "
-                             f"{voices[0].model} speaks a conversation of at most {MAX_SPEAKERS} in one context",
+    if len(named) > IN_ONE_CONTEXT:
+        extra = next(turn for turn in turns if turn.speaker == named[IN_ONE_CONTEXT])
+        raise InvalidRequest(f"script {extra.where}: {extra.speaker!r} is speaker {IN_ONE_CONTEXT + 1}; "
+                             f"{voices[0].model} speaks a conversation of at most {IN_ONE_CONTEXT} in one context",
                              "script", ErrorCode.TOO_MANY_SPEAKERS)
     cast = {turn.speaker: voice.name for turn, voice in zip(turns, voices, strict=True)}
     lines = [(named.index(turn.speaker), " ".join(passage.spoken.text for passage in script.passages))
