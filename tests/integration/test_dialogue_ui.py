@@ -42,3 +42,20 @@ def test_a_bad_script_is_refused_naming_its_line(server):
         client.predict("Ann: Hello.\nCid: Who?", "Ann: alloy", "wav", api_name="/dialogue")
     with pytest.raises(Exception, match="voices line 1"):
         client.predict(SCRIPT, "Ann alloy", "wav", api_name="/dialogue")
+
+
+def test_the_tab_in_a_browser(server, browser):
+    """A person opens the Dialogue tab, keeps its example script and voices and presses the button: the recording
+    and its files to download appear."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 90)
+    browser.get(f"{server}/")
+    wait.until(ready.element_to_be_clickable((By.XPATH, "//button[@role='tab'][normalize-space()='Dialogue']"))).click()
+    wait.until(ready.element_to_be_clickable((By.ID, "make-dialogue"))).click()
+    wait.until(ready.text_to_be_present_in_element((By.ID, "dialogue-files"), ".srt"))
+    listed = browser.find_element(By.ID, "dialogue-files").text
+    assert ".mp3" in listed and ".vtt" in listed
+    assert browser.find_elements(By.CSS_SELECTOR, "#dialogue-audio audio, #dialogue-audio [data-testid='waveform']")
