@@ -16,7 +16,7 @@ from storage.request_log import RequestLogWriter
 from tts_core.ops.metrics import Metrics
 from tts_core.service import SpeechService
 
-from . import jobs, speech, speech_socket, system, voices
+from . import dialogue, jobs, speech, speech_socket, system, voices
 from .access import AccessControl, LimitExceeded
 from .accounting import account
 from .connections import OpenSockets
@@ -30,7 +30,7 @@ class RequestAccounting:
     sees every outcome, errors included; the route leaves its details in request.state.speech."""
 
     def __init__(self, app, metrics: Metrics, request_log: RequestLogWriter | None,
-                 prefix: str = "/v1/audio/speech"):
+                 prefix: tuple[str, ...] = ("/v1/audio/speech", "/v1/audio/dialogue")):
         self.app, self.metrics, self.request_log, self.prefix = app, metrics, request_log, prefix
 
     async def __call__(self, scope, receive, send):
@@ -74,12 +74,14 @@ def build_api(service: SpeechService, access: AccessControl, request_log: Reques
     app.state.limiter = access.limiter
     app.add_exception_handler(LimitExceeded, rate_limit_exceeded)
     app.include_router(speech.router)
+    app.include_router(dialogue.router)
     app.include_router(speech_socket.router)
     app.include_router(jobs.router)
     app.include_router(voices.router)
     app.include_router(system.router)
     app.include_router(system.fallback)  # last: catches only what no route above matched
-    app.state.api_routes = [*speech.router.routes, *jobs.router.routes, *voices.router.routes, *system.router.routes]
+    app.state.api_routes = [*speech.router.routes, *dialogue.router.routes, *jobs.router.routes,
+                            *voices.router.routes, *system.router.routes]
     app.add_middleware(RequestAccounting, metrics=service.metrics, request_log=request_log)
     app.add_middleware(UploadLimit, access=access, settings=service.settings)  # the UI's, mounted on this app
     app.add_middleware(BodySizeLimit, max_bytes=service.settings.max_body_bytes)

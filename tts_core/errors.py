@@ -46,6 +46,10 @@ class ErrorCode(StrEnum):
     TOO_MANY_ITEMS = "too_many_items"  # a batch over TTS_MAX_BATCH_ITEMS
     DEADLINE_TOO_LONG = "deadline_too_long"  # a job's deadline_s over TTS_JOB_DEADLINE_S
     UPSTREAM_REJECTED = "upstream_rejected"  # an upstream model's server refused the request (its message)
+    # 400 InvalidRequest: a dialogue's script (POST /v1/audio/dialogue)
+    INVALID_DIALOGUE = "invalid_dialogue"  # no turns, a line that is not `Name: text`, or an empty turn
+    UNKNOWN_SPEAKER = "unknown_speaker"  # a speaker of the script with no voice in `voices`
+    TOO_MANY_SPEAKERS = "too_many_speakers"  # more speakers than a dialogue (or its model's one context) takes
     # 400 InvalidRequest: the WebSocket and Wyoming
     BINARY_MESSAGE = "binary_message"  # a binary WebSocket message (only JSON text is read)
     INVALID_EVENT = "invalid_event"  # not a Wyoming event, or one whose data is not what its type needs

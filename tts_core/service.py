@@ -16,8 +16,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,12 +32,13 @@ from .ops.degrade import DegradeAction, DegradeController
 from .ops.metrics import Metrics
 from .request.access import Caller
 from .request.admission import Admission
+from .request.dialogue import Dialogue, DialogueStream, ScriptText, TurnSpan, captions, compile_dialogue, recording
 from .request.records import EngineOutput, QueuedItem
 from .request.script import Reading, Script
 from .scheduler.dispatch import Scheduler, SentenceStream
 from .scheduler.engine_loop import EngineLoop
 from .scheduler.pool import ModelPool
-from .scheduler.queue import RequestQueue
+from .scheduler.queue import RequestQueue, WaitTarget
 from .scheduler.strategies import make_engine_loop
 from .text.captions import CaptionWord, Timed, caption_words, timed_words
 from .voices.catalogue import Catalogue
@@ -93,6 +94,7 @@ class SpokenAudio:
     degraded: tuple[DegradeAction, ...]  # degrade actions in force when it was served
     timings: Timings = Timings()
     words: tuple[CaptionWord, ...] | None = None  # asked for: when each word of the input is spoken
+    turns: tuple[TurnSpan, ...] = ()  # a dialogue's (not cached): who speaks when
 
 
 class SpeechService:
@@ -337,3 +339,74 @@ class SpeechService:
                                             words=words)
         return SentenceStream(script, items, started, self.metrics, self.settings.request_timeout_s)
 
+    # --- dialogue: several speakers' turns, one recording (tts_core.request.dialogue) ----------------------------
+
+    async def admit_dialogue(self, script: ScriptText, voices: Mapping[str, str], model: str | None = None,
+                             speed: float = 1.0, caller: Caller | None = None, reading: Reading = Reading(),
+                             words: bool = False) -> Dialogue:
+        """The script checked and compiled (every turn as the speech API checks a text) on the text reader."""
+        return await self.scheduler.read(compile_dialogue, self.admission, self.catalogue, script, voices, model,
+                                         speed, caller, reading, words)
+
+    async def speak_dialogue(self, script: ScriptText, voices: Mapping[str, str], model: str | None = None,
+                             speed: float = 1.0, response_format: str = "mp3", caller: Caller | None = None,
+                             reading: Reading = Reading(), words: bool = False, sample_rate: int | None = None
+                             ) -> SpokenAudio:
+        """A dialogue as one encoded recording, its turns queued at once (batched with everyone's work) and joined
+        at one level; cached on the whole script, as speak caches a text (not with `words`)."""
+        check_format(response_format, sample_rate)
+        dialogue = await self.admit_dialogue(script, voices, model, speed, caller, reading, words)
+        actions = self.degrade.state.actions
+        use_cache = not words and (self.degrade.settings.cache_enabled or DegradeAction.CACHE_FIRST in actions)
+        key = (dialogue.script.model, response_format, sample_rate, dialogue.key)
+        if use_cache and (hit := self.cache.get(key)) is not None:
+            self.metrics.cache_lookups.labels(CacheUse.HIT).inc()
+            if DegradeAction.CACHE_FIRST in actions:
+                self.metrics.degrade_actions.labels(DegradeAction.CACHE_FIRST).inc()
+            return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, CacheUse.HIT, actions)
+        if use_cache:
+            self.metrics.cache_lookups.labels(CacheUse.MISS).inc()
+        items = await self._queue_dialogue(dialogue, caller, False, words)
+        outputs = await self.scheduler.collect(items, dialogue.script.voice.sample_rate)
+        made = await asyncio.to_thread(recording, dialogue, items, outputs)
+        self.metrics.audio_seconds.inc(made.duration_s)
+        data = await asyncio.to_thread(encode, made.audio, made.sample_rate, response_format, sample_rate)
+        content_type, voice = FORMATS[response_format].content_type, ",".join(sorted({v.name for v in dialogue.voices}))
+        if use_cache:
+            self.cache.put(key, CachedAudio(data, content_type, voice, made.duration_s))
+        said = tuple(await asyncio.to_thread(captions, dialogue, made.timed)) if words else None
+        return SpokenAudio(data, content_type, voice, made.duration_s, CacheUse.MISS if use_cache else CacheUse.OFF,
+                           self.degrade.state.actions, Timings.of(items), said, made.turns)
+
+    async def stream_dialogue(self, script: ScriptText, voices: Mapping[str, str], model: str | None = None,
+                              speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None,
+                              reading: Reading = Reading(), words: bool = False, sample_rate: int | None = None
+                              ) -> DialogueStream:
+        """A dialogue streamed turn by turn (`stream.encoded(response_format, sample_rate)`); refusals raise here,
+        before any audio exists."""
+        check_format(response_format, sample_rate, streamed=True)
+        started = time.monotonic()
+        dialogue = await self.admit_dialogue(script, voices, model, speed, caller, reading, words)
+        items = await self._queue_dialogue(dialogue, caller, True, words)
+        return DialogueStream(dialogue, items, started, self.metrics, self.settings.request_timeout_s)
+
+    async def _queue_dialogue(self, dialogue: Dialogue, caller: Caller | None, streaming: bool, words: bool
+                              ) -> list[QueuedItem]:
+        """Every turn queued at once, the wait target checked on the first turn's (as a long text's on its first
+        piece's): the later turns wait behind the dialogue's own earlier ones, no reason to refuse it. They are
+        still refused if the queue has no room for them or their wait is past their deadline."""
+        script = dialogue.script
+        first = await self.scheduler.submit(replace(script, passages=script.passages[:1]), caller, streaming,
+                                            self.admission.wait_target(), words)
+        if len(script.passages) == 1:
+            return first
+        try:
+            rest = await self.scheduler.submit(replace(script, passages=script.passages[1:]), caller, streaming,
+                                               WaitTarget(), words)
+        except BaseException:
+            for item in first:
+                item.abandon()
+            raise
+        for item in rest:  # numbered from the second passage
+            item.passage += 1
+        return first + rest

@@ -17,6 +17,7 @@ from tts_core.service import SpeechService
 
 from .cloning import ClonePanel
 from .context import Admit, Identify, UiContext
+from .dialogue import DialoguePanel
 from .history import HistoryPanel
 from .speak import KEEP_FILES_S, SpeakPanel
 from .voice_picker import VoicePicker
@@ -56,6 +57,8 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
             synthesized = speak.render_player(voices.voice)
             history.render(stored_history, synthesized, speak.player, speak.captions)
             cloning.render(voices.voice)
+        with gr.Tab("Dialogue"):
+            DialoguePanel(context).render()
         for render_tab in extra_tabs:
             render_tab()
         warm_up_timer = gr.Timer(1.0, active=False)

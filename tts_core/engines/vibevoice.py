@@ -25,6 +25,11 @@ script line, `ceil((line tokens / 3 + 2) * 7.5)` frames: about 3 tokens a second
 Random weights never end speech usefully: `fixed_length` forces the placeholder token (as a logits
 processor would) so that every request makes its whole budget.
 
+A conversation (a dialogue's turns, tts_core.request.dialogue) is one request too, in VibeVoice's multi-speaker
+layout: its voice is a cast (`cast_voice`: up to MAX_SPEAKERS voices, Speaker 0, 1, ...), every voice's prompt in
+the one context (`" Speaker 0:" [BOS, voice 0, EOS] "\n Speaker 1:" [BOS, voice 1, EOS] ...`), its text lines of
+`Speaker k: text` (`conversation_text`), written as the script's lines; the model speaks them as one recording.
+
 Voices: a registry voice's `prompt` (a `.safetensors` file holding `acoustic_latents`, (frames, 64), or
 an audio clip encoded at load), else the shipped voice of its name (`<folder>/voices/NAME.safetensors`),
 else the shipped default; no speaking-rate control.
@@ -33,6 +38,7 @@ else the shipped default; no speaking-rate control.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -61,6 +67,19 @@ SYSTEM_PROMPT = (" Transform the text provided by various speakers into speech o
 # 1.0, turns guidance off) and generate's diffusion steps.
 GENERATION_DEFAULTS = {"guidance_scale": 1.3, "num_diffusion_steps": 10}
 DESCRIBE_FILES = ["*.json", "voices/*"]  # what describing a hub model reads
+MAX_SPEAKERS = 4  # the original VibeVoice's conversations: up to four speakers in one context
+CAST_SEPARATOR = "\x1f"  # between a cast's voice names: no voice name has a control character
+CONVERSATION_LINE = re.compile(r"^Speaker (\d+): (.*)$")
+
+
+def cast_voice(voices: Sequence[str]) -> str:
+    """The voice of a conversation among these voices (Speaker 0, 1, ... in this order)."""
+    return CAST_SEPARATOR.join(voices)
+
+
+def conversation_text(lines: Sequence[tuple[int, str]]) -> str:
+    """A conversation's text for a cast voice: each (speaker's index in the cast, what they say) a line."""
+    return "\n".join(f"Speaker {speaker}: {' '.join(text.split())}" for speaker, text in lines)
 
 
 def describe_vibevoice(source: str, specs: Sequence[VoiceSpec]) -> list[Voice]:
@@ -77,7 +96,7 @@ def describe_vibevoice(source: str, specs: Sequence[VoiceSpec]) -> list[Voice]:
 class _Running:
     item: EngineInput
     prompt: list[int]
-    voice: torch.Tensor  # the voice prompt's acoustic latents (frames, latent_dim)
+    voices: list[torch.Tensor]  # each speaker's voice prompt, acoustic latents (frames, latent_dim)
     budget: int  # the most frames it makes
     length: int = 0  # positions written in its positive row (the longer of its two)
     negative: int = 0  # positions written in its negative row
@@ -122,6 +141,9 @@ class VibeVoiceEngine(TorchSteppedEngine):
         self.frame_size = int(config.audio_config.hop_length)
         self.frame_rate = self.sample_rate / self.frame_size
         self._head = [*self._encode(SYSTEM_PROMPT + " Voice input:\n Speaker 0:"), config.audio_bos_token_id]
+        # between one speaker's voice and the next's (the processor tokenizes the text between special tokens alone)
+        self._next_speaker = [[config.audio_eos_token_id, *self._encode(f"\n Speaker {index}:"),
+                               config.audio_bos_token_id] for index in range(1, MAX_SPEAKERS)]
         self._middle = [config.audio_eos_token_id, *self._encode("\n Text input:\n")]
         self._tail = [*self._encode(" Speech output:\n"), config.audio_bos_token_id]
         allowed = sorted({config.audio_bos_token_id, config.audio_eos_token_id, config.audio_token_id,
@@ -151,16 +173,50 @@ class VibeVoiceEngine(TorchSteppedEngine):
     # --- text and budgets -----------------------------------------------------------------------
 
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
-        """The ids of the text's script line (one line: its own line breaks become spaces)."""
+        """The ids of the text's script line (one line: its own line breaks become spaces); for a cast voice, of
+        the conversation's lines (`conversation_text`), one input."""
+        if CAST_SEPARATOR in voice:
+            lines = [self._conversation_line(line, voice) for line in text.splitlines() if line.strip()]
+            script = "".join(f" Speaker {speaker}: {words}\n" for speaker, words in lines if words)
+            return [np.asarray(self._encode(script), dtype=np.int64)] if script else []
         words = " ".join(as_text(text).split())  # a pronunciation: its respelling, else its word
         return [np.asarray(self._encode(f" Speaker 0: {words}\n"), dtype=np.int64)] if words else []
+
+    @staticmethod
+    def _conversation_line(line: str, voice: str) -> tuple[int, str]:
+        found = CONVERSATION_LINE.match(line.strip())
+        speakers = voice.count(CAST_SEPARATOR) + 1
+        if found is None or int(found.group(1)) >= speakers:
+            raise ValueError(f"{line!r} is not `Speaker k: text`, k one of the cast's {speakers}")
+        return int(found.group(1)), " ".join(as_text(found.group(2)).split())
 
     def frames_needed(self, item: EngineInput) -> int:
         return math.ceil((item.length / 3 + 2) * self.frame_rate)
 
+    def _cast(self, item: EngineInput) -> list[torch.Tensor]:
+        """The voice prompts of the input's speakers: its voice's, or each of a cast's."""
+        names = item.voice.split(CAST_SEPARATOR)
+        if len(names) > MAX_SPEAKERS:
+            raise ValueError(f"{self.name}: a conversation of {len(names)} voices; VibeVoice takes {MAX_SPEAKERS}")
+        known = self._prompts  # one table: add_voice swaps it whole
+        missing = [name for name in names if name not in known]
+        if missing:
+            raise ValueError(f"{self.name} has no voice {missing[0]!r}")
+        return [known[name] for name in names]
+
+    def _voice_layout(self, voices: list[torch.Tensor]) -> tuple[list[int], list[int]]:
+        """The prompt's voice input, every speaker's voice placeholders after their name, and where each voice
+        starts in it."""
+        ids, starts, placeholder = [*self._head], [], self.model.config.audio_token_id
+        for index, voice in enumerate(voices):
+            ids += self._next_speaker[index - 1] if index else []
+            starts.append(len(ids))
+            ids += [placeholder] * len(voice)
+        return ids, starts
+
     def _prompt_ids(self, item: EngineInput) -> list[int]:
-        voice = [self.model.config.audio_token_id] * len(self._voice_prompt(item))
-        return [*self._head, *voice, *self._middle, *item.tokens.tolist(), *self._tail]
+        voices, _ = self._voice_layout(self._cast(item))
+        return [*voices, *self._middle, *item.tokens.tolist(), *self._tail]
 
     def context_tokens(self, item: EngineInput) -> int:
         """Both rows: the prompt and a BOS, then every frame in each."""
@@ -179,11 +235,10 @@ class VibeVoiceEngine(TorchSteppedEngine):
             return []
         if len(self._rows) + len(items) > self.max_running:
             raise ValueError(f"{self.name}: {len(items)} joiners do not fit in {self.max_running} rows")
-        joiners = [_Running(item, self._prompt_ids(item), self._voice_prompt(item), self.frames_needed(item))
-                   for item in items]
+        joiners = [_Running(item, self._prompt_ids(item), self._cast(item), self.frames_needed(item)) for item in items]
         self._cache.reserve(max(len(run.prompt) + run.budget for run in self._rows + joiners), 2 * len(self._rows))
         first = 2 * len(self._rows)  # a request's rows: 2i positive, 2i + 1 negative
-        positive = self._prefill([run.prompt for run in joiners], [run.voice for run in joiners], first)
+        positive = self._prefill([run.prompt for run in joiners], [run.voices for run in joiners], first)
         negative = self._prefill([[self.model.config.audio_bos_token_id]] * len(joiners), None, first + 1)
         streams = StreamCaches()
         finished = self._advance(joiners, positive, negative, streams)
@@ -194,18 +249,19 @@ class VibeVoiceEngine(TorchSteppedEngine):
         self._streams.extend(streams)
         return finished
 
-    def _prefill(self, prompts: list[list[int]], voices: list[torch.Tensor] | None, first_row: int) -> torch.Tensor:
+    def _prefill(self, prompts: list[list[int]], voices: list[list[torch.Tensor]] | None, first_row: int
+                 ) -> torch.Tensor:
         """Prompts as one batch into rows first_row, first_row + 2, ..., right-padded so each row's
-        positions start at 0 (causal attention never sees the padding after a prompt); voice latents go
-        into their placeholders. Returns the hidden state of each prompt's last position."""
+        positions start at 0 (causal attention never sees the padding after a prompt); each row's voices'
+        latents go into their placeholders. Returns the hidden state of each prompt's last position."""
         count, longest = len(prompts), max(map(len, prompts))
         ids = torch.full((count, longest), self.model.config.pad_token_id, dtype=torch.long)
         for row, prompt in enumerate(prompts):
             ids[row, : len(prompt)] = torch.tensor(prompt)
         embeddings = self.model.get_input_embeddings()(ids.to(self.device))
-        start = len(self._head)
-        for row, voice in enumerate(voices or []):
-            embeddings[row, start: start + len(voice)] = self._voice_embeddings(voice)
+        for row, cast in enumerate(voices or []):
+            for start, voice in zip(self._voice_layout(cast)[1], cast, strict=True):
+                embeddings[row, start: start + len(voice)] = self._voice_embeddings(voice)
         causal = torch.ones(longest, longest, dtype=torch.bool, device=self.device).tril()
         positions = torch.arange(longest, device=self.device)[None].expand(count, -1)
         self._cache.start_prefill(first_row, count, stride=2)

@@ -28,6 +28,7 @@ class Passage:
     speed: float  # the request's, times an SSML <prosody rate> (the voice's own default applies on top)
     pause_before_s: float | None = None  # None: the usual pause between sentences (none before the first)
     instructions: str | None = None  # the request's, for a model that takes them (an upstream that declares it)
+    whole: bool = False  # one piece, never cut into sentences: a conversation a model speaks in one context
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,8 @@ class Scheduler:
         share = loop.tier_limit(tier.max_queue_share)
         most = loop.most_per_text(identity, share)
         ramped = streaming and first and not loop.engine.makes_frames
-        chunks, cuts = await self.read(self._pieces, passage.spoken.text, most, ramped)
+        chunks, cuts = ([passage.spoken.text], [False]) if passage.whole else await self.read(
+            self._pieces, passage.spoken.text, most, ramped)
         tier_name = caller.tier_name if caller else ""
         loop.check(len(chunks), tier_name, identity, tier.priority, share, target, timeout_s)
         engine = loop.engine

@@ -35,9 +35,11 @@ class CaptionWord:
     end: float
     input_start: int  # input[input_start:input_end] is what it names
     input_end: int
+    speaker: str | None = None  # a dialogue's: who says it
 
     def as_json(self) -> dict:
-        return {"word": self.word, "start": round(self.start, 3), "end": round(self.end, 3)}
+        said = {"word": self.word, "start": round(self.start, 3), "end": round(self.end, 3)}
+        return said if self.speaker is None else {**said, "speaker": self.speaker}
 
 
 Timed = tuple[int, int, float, float]  # (passage, spoken word of the passage, start s, end s)
@@ -145,11 +147,13 @@ def _written(text: str) -> str:
 
 def subtitles(words: list[CaptionWord], kind: str) -> str:
     """SubRip ("srt") or WebVTT ("vtt") cues of the words: a cue is at most a line of CUE_MAX_CHARS and
-    CUE_MAX_S long, and a pause of CUE_GAP_S starts a new one."""
+    CUE_MAX_S long, and a pause of CUE_GAP_S starts a new one. A dialogue's words start a cue where the speaker
+    changes, labelled with who speaks ("Ann: " in SubRip, WebVTT's voice tag <v Ann>)."""
     cues: list[list[CaptionWord]] = []
     for word in words:
         cue = cues[-1] if cues else None
-        if (cue is None or word.start - cue[-1].end >= CUE_GAP_S or word.end - cue[0].start > CUE_MAX_S
+        if (cue is None or word.speaker != cue[-1].speaker or word.start - cue[-1].end >= CUE_GAP_S
+                or word.end - cue[0].start > CUE_MAX_S
                 or sum(len(each.word) + 1 for each in cue) + len(word.word) > CUE_MAX_CHARS):
             cues.append([word])
         else:
@@ -157,10 +161,18 @@ def subtitles(words: list[CaptionWord], kind: str) -> str:
     separator = "," if kind == "srt" else "."
     escape = (lambda text: html.escape(text, quote=False)) if kind == "vtt" else str  # WebVTT cue text is markup
     blocks = [f"{_stamp(cue[0].start, separator)} --> {_stamp(cue[-1].end, separator)}\n"
-              f"{escape(' '.join(word.word for word in cue))}\n" for cue in cues]
+              f"{_label(cue[0].speaker, kind)}{escape(' '.join(word.word for word in cue))}\n" for cue in cues]
     if kind == "srt":
         return "\n".join(f"{number}\n{block}" for number, block in enumerate(blocks, 1))
     return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def _label(speaker: str | None, kind: str) -> str:
+    if speaker is None:
+        return ""
+    if kind == "srt":
+        return f"{speaker}: "
+    return f"<v {html.escape(speaker.replace('>', ' '), quote=False)}>"  # a voice tag's name ends at ">"
 
 
 def _stamp(seconds: float, separator: str) -> str:

@@ -1,0 +1,61 @@
+"""The Dialogue tab over HTTP (Gradio's client, as a browser's page calls it) with the real bundled voice: a script
+and a voice per speaker make one recording to download, with subtitles by speaker; a bad script is refused with
+its line named."""
+
+import pytest
+from gradio_client import Client
+
+from app import create_app
+from tests.audio_check import decode
+from tests.serve import serve_in_thread
+from tts_core.config import Settings
+
+pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
+
+SCRIPT = "Ann: Hello Bob, how was the trip?\nBob: Long, but the view was lovely."
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    settings = Settings(data_dir=tmp_path_factory.mktemp("ui-dialogue"), calibration_sizes=[1],
+                        operator_defaults={"anonymous_tier": "enterprise"})
+    with serve_in_thread(create_app(settings)) as base:
+        yield base
+
+
+def test_the_tab_makes_one_recording_with_subtitles_by_speaker(server):
+    audio, files = Client(f"{server}/", verbose=False).predict(SCRIPT, "Ann: alloy\nBob: echo", "wav",
+                                                              api_name="/dialogue")
+    with open(audio, "rb") as recording:
+        samples, rate = decode(recording.read(), "wav")
+    assert samples.size / rate > 2
+    paths = [entry if isinstance(entry, str) else entry["path"] for entry in files]
+    assert sorted(path.rsplit(".", 1)[1] for path in paths) == ["srt", "vtt", "wav"]
+    subtitles = {path.rsplit(".", 1)[1]: open(path, encoding="utf-8").read() for path in paths
+                 if not path.endswith(".wav")}
+    assert "Ann: Hello Bob" in subtitles["srt"] and "<v Bob>Long" in subtitles["vtt"]
+
+
+def test_a_bad_script_is_refused_naming_its_line(server):
+    client = Client(f"{server}/", verbose=False)
+    with pytest.raises(Exception, match="line 2"):
+        client.predict("Ann: Hello.\nCid: Who?", "Ann: alloy", "wav", api_name="/dialogue")
+    with pytest.raises(Exception, match="voices line 1"):
+        client.predict(SCRIPT, "Ann alloy", "wav", api_name="/dialogue")
+
+
+def test_the_tab_in_a_browser(server, browser):
+    """A person opens the Dialogue tab, keeps its example script and voices and presses the button: the recording
+    and its files to download appear."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 90)
+    browser.get(f"{server}/")
+    wait.until(ready.element_to_be_clickable((By.XPATH, "//button[@role='tab'][normalize-space()='Dialogue']"))).click()
+    wait.until(ready.element_to_be_clickable((By.ID, "make-dialogue"))).click()
+    wait.until(ready.text_to_be_present_in_element((By.ID, "dialogue-files"), ".srt"))
+    listed = browser.find_element(By.ID, "dialogue-files").text
+    assert ".mp3" in listed and ".vtt" in listed
+    assert browser.find_elements(By.CSS_SELECTOR, "#dialogue-audio audio, #dialogue-audio [data-testid='waveform']")

@@ -1,0 +1,103 @@
+"""The Dialogue tab: a script of several speakers (`Name: text` lines), a voice for each speaker, one recording to
+hear and download, with subtitles by speaker where every voice times its words. Made by the same SpeechService (and
+queue) as POST /v1/audio/dialogue; its files are kept like the synthesis tab's takes (ui/takes.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import gradio as gr
+
+from api.accounting import account
+from tts_core.engines import Capabilities
+from tts_core.errors import ChorusError, ErrorCode, InvalidRequest
+from tts_core.request.access import Caller
+from tts_core.text.captions import SUBTITLE_FORMATS, subtitles
+
+from . import takes
+from .context import UiContext, log, refused
+from .speak import UI_FORMATS
+
+EXAMPLE_SCRIPT = "Ann: Hello Bob, how was the trip?\nBob: Long, but the view was lovely.\nAnn: I am glad you are home."
+
+
+def voices_of(lines: str) -> dict[str, str]:
+    """`Name: voice` lines (blank ones skipped) as {name: voice}."""
+    voices = {}
+    for number, line in enumerate(lines.splitlines(), 1):
+        if not line.strip():
+            continue
+        name, colon, voice = line.partition(":")
+        if not colon or not name.strip() or not voice.strip():
+            raise InvalidRequest(f"voices line {number}: {line.strip()!r} is not `Name: voice`", "voices",
+                                 ErrorCode.INVALID_DIALOGUE)
+        voices[name.strip()] = voice.strip()
+    return voices
+
+
+class DialoguePanel:
+    def __init__(self, context: UiContext):
+        self.context = context
+
+    def render(self) -> None:
+        default = self.context.service.catalogue.default_voice
+        with gr.Row():
+            with gr.Column(scale=3, min_width=320):
+                script = gr.Textbox(label="Script: a line per turn, `Name: what they say`", lines=8,
+                                    value=EXAMPLE_SCRIPT, elem_id="dialogue-script")
+            with gr.Column(scale=2, min_width=300):
+                voices = gr.Textbox(label="Voices: a line per speaker, `Name: voice` (any voice of the Synthesize "
+                                          "tab's list, a mix, a cloned voice)", lines=4,
+                                    value=f"Ann: {default}\nBob: {default}", elem_id="dialogue-voices")
+                response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format", min_width=120)
+        button = gr.Button("Make the dialogue", variant="primary", elem_id="make-dialogue")
+        audio = gr.Audio(label="The dialogue", type="filepath", interactive=False, elem_id="dialogue-audio")
+        files = gr.File(label="Download: the recording and its subtitles", file_count="multiple", interactive=False,
+                        elem_id="dialogue-files")
+        button.click(self.make, [script, voices, response_format], [audio, files], api_name="dialogue",
+                     concurrency_limit=None)
+
+    def _timed(self, voices: dict[str, str], caller: Caller | None) -> bool:
+        """Whether every voice's model times its words (as declared), for subtitles; a voice that does not exist
+        is left for the dialogue's own refusal, which names its speaker."""
+        catalogue = self.context.service.catalogue
+        try:
+            models = [catalogue.resolve_voice(voice, None, caller.identity if caller else None)[1]
+                      for voice in voices.values()]
+        except InvalidRequest:
+            return False
+        return all(catalogue.capabilities.get(model, Capabilities()).times_words for model in models)
+
+    async def make(self, script: str, voices: str, response_format: str, request: gr.Request
+                   ) -> tuple[str, list[str]]:
+        """The recording (whole: a dialogue's turns are joined at one level once all are made) and its files."""
+        started, status, audio_s, details = time.perf_counter(), 200, 0.0, {}
+        client = request.client.host if request and request.client else "unknown"
+        try:
+            caller, _ = await self.context.admit(request)
+            client = caller.identity
+            cast = voices_of(voices or "")
+            timed = self._timed(cast, caller)
+            spoken = await self.context.service.speak_dialogue(script or "", cast, None, 1.0, response_format, caller,
+                                                               words=timed)
+            audio_s, details = spoken.duration_s, {"voice": spoken.voice}
+            words = list(spoken.words or ())
+            captions = {kind: subtitles(words, kind) for kind in SUBTITLE_FORMATS} if words else {}
+            take = await asyncio.to_thread(takes.Take, self.context.out_dir)
+            path = await asyncio.to_thread(take.finish, spoken.data, takes.file_stem("dialogue", script or ""),
+                                           response_format, captions, "")
+            return str(path), [str(path), *(str(path.with_suffix(f".{kind}")) for kind in captions)]
+        except ChorusError as error:
+            status = error.status
+            raise refused(error) from None
+        except (asyncio.CancelledError, GeneratorExit):  # the browser left
+            status = 499
+            raise
+        except Exception:
+            status = 500
+            log.exception("UI dialogue failed")
+            raise gr.Error("the dialogue failed: an internal error (logged on the server)") from None
+        finally:
+            account(self.context.service.metrics, self.context.request_log, source="ui", client=client,
+                    status=status, started=started, characters=len(script or ""), audio_s=audio_s, **details)
