@@ -15,10 +15,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..errors import SynthesisError
+from ..errors import ChorusError, SynthesisError
 from ..ops.metrics import BatchRecord
 from ..request.records import EngineInput, EngineOutput, QueuedItem
 from .engine_loop import CALIBRATION_TEXT, Serving
+from .faults import turn_failed
 from .policy import BatchPolicy, padded_tokens
 
 log = logging.getLogger(__name__)
@@ -32,9 +33,12 @@ class OneShotStrategy:
 
     def __init__(self, serving: Serving, policy: BatchPolicy, calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16),
                  empty_cache_every: int = 100, calibration_lengths: Sequence[int] = CALIBRATION_LENGTHS,
-                 instances: int = 1):
+                 instances: int = 1, synthesize: Callable[[list[EngineInput]], list[EngineOutput]] | None = None):
+        """synthesize: how a batch runs (the engine's own `synthesize` unless given: a stepped engine's whole batch
+        that ends when the loop stops, tts_core.scheduler.strategies)."""
         self.serving, self.policy = serving, policy
         self.engine, self.queue, self.metrics = serving.engine, serving.queue, serving.metrics
+        self.synthesize = synthesize or self.engine.synthesize
         self.clock = serving.clock
         self.calibration_sizes = [s for s in calibration_sizes if 1 <= s <= policy.max_batch_size]
         self.calibration_lengths = calibration_lengths
@@ -72,7 +76,7 @@ class OneShotStrategy:
         def timed(size: int, length: int) -> float:
             inputs = [EngineInput(tokens[:length], voice) for _ in range(size)]
             started = self.clock.timer()
-            outputs = self.engine.synthesize(inputs)
+            outputs = self.synthesize(inputs)
             seconds = self.clock.timer() - started
             self.serving.learn_audio_rate(inputs, outputs)
             return seconds
@@ -134,6 +138,10 @@ class OneShotStrategy:
             if live:
                 self.serving.worked = True
                 self._execute(live)
+        except Exception as error:  # a bug: the batch's callers are told, then the loop counts it
+            for item in batch:
+                item.resolve(turn_failed(self.engine.name, error))
+            raise
         finally:
             self.queue.done(len(batch))
 
@@ -144,8 +152,8 @@ class OneShotStrategy:
             self._out_of_memory(batch, retried_alone)
             return
         except Exception as error:
-            if len(batch) == 1:
-                self._fail(batch[0], f"synthesis failed: {error}")
+            if len(batch) == 1:  # (a refusal of the engine's own, such as a voice deleted, says why itself)
+                self._fail(batch[0], error if isinstance(error, ChorusError) else f"synthesis failed: {error}")
                 return
             # One bad item must fail alone: retry every item by itself.
             self.metrics.batch_retries.labels(self.engine.name).inc()
@@ -177,10 +185,10 @@ class OneShotStrategy:
         else:
             self._fail(batch[0], "synthesis failed: the item does not fit in device memory even alone")
 
-    def _fail(self, item: QueuedItem, message: str) -> None:
-        log.warning("%s failed on one item: %s", self.engine.name, message)
+    def _fail(self, item: QueuedItem, error: str | ChorusError) -> None:
+        log.warning("%s failed on one item: %s", self.engine.name, error)
         self.metrics.item_errors.labels(self.engine.name).inc()
-        item.future.set_exception(SynthesisError(message))
+        item.future.set_exception(SynthesisError(error) if isinstance(error, str) else error)
 
     def _run_batch(self, batch: list[QueuedItem]) -> list[EngineOutput]:
         name = self.engine.name
@@ -190,7 +198,7 @@ class OneShotStrategy:
         record = None
         try:
             started = self.clock.timer()
-            outputs = self.engine.synthesize([item.input for item in batch])
+            outputs = self.synthesize([item.input for item in batch])
             seconds = self.clock.timer() - started
             if len(outputs) != len(batch):
                 raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(batch)} items")
