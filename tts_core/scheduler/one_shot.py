@@ -133,7 +133,8 @@ class OneShotStrategy:
         batch = [candidates[index] for index in plan.take]
         self.queue.take(batch, sum(item.cost_s for item in batch))
         try:
-            live = [item for item in batch if item.future.set_running_or_notify_cancel()]
+            # (not one that expired in the queue since it was planned: its future is done)
+            live = [item for item in batch if not item.future.done() and item.future.set_running_or_notify_cancel()]
             self.metrics.dropped.labels("cancelled").inc(len(batch) - len(live))
             if live:
                 self.serving.worked = True

@@ -456,7 +456,8 @@ class SteppedStrategy:
 
 
 def _gone(item: QueuedItem) -> bool:
-    return item.abandoned or item.future.cancelled()
+    """Its caller has gone, or it has its answer (expired in the queue since it was a candidate)."""
+    return item.abandoned or item.future.done()
 
 
 def synthesize_whole(engine: SteppedEngine, batch: Sequence[EngineInput],
