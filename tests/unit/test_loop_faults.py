@@ -230,3 +230,31 @@ def test_an_item_without_a_deadline_starts_no_watcher(clock):
     queue = RequestQueue(10, clock=clock)
     queue.put_many([make_item(5, deadline=math.inf)])
     assert not queue._watching
+
+
+def test_a_turn_that_fails_while_pieces_are_in_flight_hands_them_out_before_the_error(start, clock):  # noqa: F811
+    engine, gate, decoded = staged(clock)
+    loop = start(engine)
+    decoded.clear()  # (the calibration's)
+    stream = item(200, tag=1, stream=True)
+    gate.clear()  # the codec holds the stream's first piece; the next ones are handed over behind it
+    loop.submit([stream])
+    assert gate.holding.wait(10) and wait_until(lambda: loop.strategy.codec.waiting() >= 2, every_s=0.01)
+
+    def taking(taken) -> None:
+        raise Broken("a bug in taking frames")
+    engine.on_take = taking  # the next piece taken raises: the turn fails with pieces in flight
+    gate.set()
+    pieces, (audio, following) = [], stream.pieces.head.result(timeout=10)
+    with pytest.raises(SynthesisError, match="internal error"):
+        while audio is not None:
+            pieces.append(audio)
+            audio, following = following.result(timeout=10)
+    assert len(pieces) >= 2 and len(pieces) == decoded.count(1)  # every piece handed over, then the error
+    with pytest.raises(SynthesisError):
+        stream.future.result(timeout=10)
+    engine.on_take = lambda taken: None
+    assert wait_until(lambda: not loop.busy and loop.strategy.codec.idle() and not engine.running(), every_s=0.01)
+    later = item(10, tag=2)
+    loop.submit([later])
+    assert later.future.result(timeout=10).audio.size == 10 * FRAME
