@@ -92,12 +92,10 @@ def test_a_loop_whose_turns_keep_failing_waits_between_tries_instead_of_spinning
     engine = FakeSteppedEngine(clock=clock)
     loop = start(engine)
     broken = threading.Event()
-    calls = []
     running = engine.running
 
     def failing_running() -> list[int]:
         if broken.is_set():
-            calls.append(1)
             raise Broken("the engine's books are broken")
         return running()
     engine.running = failing_running
