@@ -256,3 +256,35 @@ def test_a_turn_that_fails_while_pieces_are_in_flight_hands_them_out_before_the_
     later = item(10, tag=2)
     loop.submit([later])
     assert later.future.result(timeout=10).audio.size == 10 * FRAME
+
+
+class Misreporting(FakeEngine):
+    """While `broken`, a bug: what it returns are not outputs (read after the batch ran, past its handling)."""
+
+    broken = False
+
+    def synthesize(self, batch):
+        outputs = super().synthesize(batch)
+        return [object() for _ in batch] if self.broken else outputs
+
+
+def test_a_one_shot_turn_that_raises_after_its_batch_ran_answers_the_batch_and_the_next_one_runs(clock):
+    engine = Misreporting(clock=clock)
+    loop = make_engine_loop(engine, RequestQueue(16, clock=clock), Metrics(), "sequential")
+    loop.start()
+    try:
+        assert loop.calibrated.wait(30)
+        engine.broken = True
+        key = engine.batch_key("fake-voice", 1.0)
+        broken = make_item(5, tag=1, key=key)
+        loop.submit([broken])
+        with pytest.raises(SynthesisError, match="internal error") as failed:
+            broken.future.result(timeout=10)
+        assert failed.value.retryable
+        engine.broken = False
+        later = make_item(5, tag=2, key=key)
+        loop.submit([later])
+        assert later.future.result(timeout=10).audio.size > 0
+        assert loop.status()["turn_failures"] == 1 and wait_until(lambda: not loop.busy, every_s=0.01)
+    finally:
+        loop.stop()
