@@ -38,7 +38,7 @@ class OneShotStrategy:
         that ends when the loop stops, tts_core.scheduler.strategies)."""
         self.serving, self.policy = serving, policy
         self.engine, self.queue, self.metrics = serving.engine, serving.queue, serving.metrics
-        self.synthesize = synthesize or self.engine.synthesize
+        self.synthesize = synthesize or (lambda batch: self.engine.synthesize(batch))  # (read at each call)
         self.clock = serving.clock
         self.calibration_sizes = [s for s in calibration_sizes if 1 <= s <= policy.max_batch_size]
         self.calibration_lengths = calibration_lengths
