@@ -77,6 +77,10 @@ def state_markdown(stats: dict, settings: OperatorSettings) -> str:
     lines = [f"**Mode:** {mode}; actions: {actions}", load_markdown(degrade, settings, gpu),
              f"**Precision:** {precision} · **GPU:** {device}",
              f"**Storage:** {storage['database']}"]
+    if faults := [f"`{name}` {model['turn_failures']} (last: {model['last_turn_failure']})"
+                  for name, model in stats["status"]["engines"].items() if model.get("turn_failures")]:
+        lines.append("**Failed engine turns** (each ended only the requests it ran; the log has the first of each "
+                     "kind): " + "; ".join(faults))
     if upstreams := upstream_policies(stats["status"]):
         lines.append("**Upstreams:** " + "; ".join(_upstream(name, policy) for name, policy in upstreams.items()))
     if len(stats["replicas"]) > 1:  # a deployment of several: each as it last reported

@@ -16,6 +16,7 @@ from tests.pocket_models import build_tiny_pocket, random_voice, registry_spec, 
 from tts_core.engines.base import EngineUnavailable, VoiceSpec
 from tts_core.engines.pocket_codec import read_clip
 from tts_core.engines.pocket_tts import PocketTTSEngine, describe_pocket_tts
+from tts_core.errors import InvalidRequest
 
 VOICES = {  # registry name -> entry options
     "tiny": {"fixed_length": True, "max_running": 3},  # no prompt: the shipped default voice
@@ -205,7 +206,7 @@ def test_a_voice_made_from_a_clip_is_a_voice_of_its_own(engine, model):
     assert np.abs(clone - default).max() > 1e-4  # tiny random weights barely listen to the voice, but they do
     engine.remove_voice("clone")
     assert "clone" not in {voice.name for voice in engine.voices()}
-    with pytest.raises(ValueError, match="no voice 'clone'"):
+    with pytest.raises(InvalidRequest, match="no voice 'clone'"):
         engine.admit([request(engine, "Hi.", "clone")])
 
 

@@ -18,6 +18,7 @@ from tts_core.engines.base import EngineUnavailable, VoiceSpec
 from tts_core.engines.pocket_codec import read_clip
 from tts_core.engines.vibevoice import VibeVoiceEngine, describe_vibevoice
 from tts_core.engines.vibevoice_parts import DPMSolver, encode_voice
+from tts_core.errors import InvalidRequest
 from tts_core.ops.metrics import Metrics
 from tts_core.service import SpeechService
 
@@ -215,7 +216,7 @@ def test_a_voice_made_from_a_clip_is_a_voice_of_its_own(engine, model):
     assert np.abs(clone - default).max() > 1e-3 * peak  # tiny random weights barely listen to the voice, but they do
     engine.remove_voice("clone")
     assert "clone" not in {voice.name for voice in engine.voices()}
-    with pytest.raises(ValueError, match="no voice 'clone'"):
+    with pytest.raises(InvalidRequest, match="no voice 'clone'"):
         engine.admit([request(engine, "Hi.", "clone")])
     with pytest.raises(ValueError, match=r"\(frames, 16\)"):
         engine.add_voice("wrong", np.zeros((4, 32), np.float32))

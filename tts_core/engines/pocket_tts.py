@@ -93,6 +93,7 @@ def prepack_linears(module: torch.nn.Module) -> None:
 class _Running:
     item: EngineInput
     prompt: list[int]
+    voice: torch.Tensor  # its voice's prompt as it was admitted with (kept if the voice is deleted meanwhile)
     budget: int  # the most frames it makes
     frames_after_eos: int
     decoder: DecoderState
@@ -227,8 +228,8 @@ class PocketTTSEngine(TorchSteppedEngine):
             return []
         if len(self._rows) + len(items) > self.max_running:
             raise ValueError(f"{self.name}: {len(items)} joiners do not fit in {self.max_running} rows")
-        joiners = [_Running(item, self._prompt_ids(item), self.frames_needed(item), self._frames_after_eos(item),
-                            self._decoder.new_state()) for item in items]
+        joiners = [_Running(item, self._prompt_ids(item), self._voice_prompt(item), self.frames_needed(item),
+                            self._frames_after_eos(item), self._decoder.new_state()) for item in items]
         self._cache.reserve(max(len(run.prompt) + run.budget for run in self._rows + joiners), len(self._rows))
         hidden, eos_logits = self._prefill(joiners, first_row=len(self._rows))
         for run in joiners:  # only now: a prefill that fails (out of memory) leaves the running set as it was
@@ -244,7 +245,7 @@ class PocketTTSEngine(TorchSteppedEngine):
         logit of each prompt's last position."""
         starts = []
         for row, run in enumerate(joiners):
-            keys, values = self._prefix(run.item)
+            keys, values = self._prefix(run.item.voice, run.voice)
             self._cache.put_prefix(first_row + row, keys, values)
             starts.append(keys[0].shape[1])
         rests = [run.prompt[start:] for run, start in zip(joiners, starts, strict=True)]
@@ -262,12 +263,11 @@ class PocketTTSEngine(TorchSteppedEngine):
         last = torch.tensor([len(rest) - 1 for rest in rests], device=self.device)
         return out.last_hidden_state[rows, last], out.logits[rows, last, 0]
 
-    def _prefix(self, item: EngineInput) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _prefix(self, voice: str, prompt: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The keys and values of the voice's part of a prompt, `[voice BOS, voice x N]`, the same for every
         request in the voice: made once per voice prompt, then copied into each joiner's row (a prefix cache:
         a prefill computes only the text). Kept for the voices offered now."""
-        prompt = self._voice_prompt(item)
-        cached = self._prefixes.get(item.voice)
+        cached = self._prefixes.get(voice)
         if cached is not None and cached[0] is prompt:  # (a voice given a new prompt is made again)
             return cached[1], cached[2]
         ids = [*self._voice_bos, *[self.model.config.audio_prompt_token_id] * len(prompt)]
@@ -280,7 +280,7 @@ class PocketTTSEngine(TorchSteppedEngine):
                    past_key_values=cache, use_cache=True)
         keys, values = cache.prefix(0, len(ids))
         kept = {voice: entry for voice, entry in self._prefixes.items() if voice in self._prompts}
-        self._prefixes = {**kept, item.voice: (prompt, keys, values)}
+        self._prefixes = {**kept, voice: (prompt, keys, values)}
         return keys, values
 
     @torch.inference_mode()

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import GenerationConfig
 
+from ..errors import ErrorCode, InvalidRequest
 from ..request.records import EngineInput
 from .base import EngineUnavailable, SteppedEngine, Voice, VoiceSpec
 from .pocket_codec import read_clip
@@ -165,7 +166,8 @@ class SlotCache:
 
 class TorchSteppedEngine(SteppedEngine):
     """A stepped engine on torch with voice prompts. Subclasses keep `_rows` (running inputs by cache
-    row, each with its `length`), `_running` (the same, by input id, in the order they joined) and
+    row, each with its `length` and the `voice` prompt it was admitted with), `_running` (the same, by input id,
+    in the order they joined) and
     `_cache` (a SlotCache); they say which modules hold their weights (`_weights`), how wide a voice
     prompt's latents are (`_prompt_width`) and how a clip becomes a prompt (`voice_prompt_from_audio`)."""
 
@@ -233,9 +235,16 @@ class TorchSteppedEngine(SteppedEngine):
         self._voices = [known for known in self._voices if known.name != name]
 
     def _voice_prompt(self, item: EngineInput) -> torch.Tensor:
+        """A running item's voice prompt is the one it was admitted with (a voice deleted or given a new prompt
+        meanwhile: it goes on as it began); another's is its voice's now, and a voice no longer offered (deleted
+        while the item waited) refuses it alone, with a 400 voice_not_found."""
+        run = self._running.get(item.id)
+        if run is not None:
+            return run.voice
         prompt = self._prompts.get(item.voice)
         if prompt is None:
-            raise ValueError(f"{self.name} has no voice {item.voice!r}")
+            raise InvalidRequest(f"{self.name} has no voice {item.voice!r} (deleted before this request started); "
+                                 "choose another voice", "voice", ErrorCode.VOICE_NOT_FOUND)
         return prompt
 
     # --- running --------------------------------------------------------------------------------

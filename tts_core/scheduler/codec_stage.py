@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import logging
 import threading
 from collections import deque
 from collections.abc import Callable
 
 from .clock import Clock
-
-log = logging.getLogger(__name__)
+from .faults import Faults
 
 BUSY_WINDOW_S = 10.0  # the busy share is over this much of the recent past
 
@@ -63,6 +61,7 @@ class CodecStage:
     def __init__(self, name: str, clock: Clock, threaded: bool, max_waiting: int):
         self.threaded, self.max_waiting = threaded, max_waiting
         self.busy = BusyMeter(clock)
+        self.faults = Faults(name, "a codec job")  # jobs that raised (a bug: each job ends its request itself)
         self.clock = clock
         self._jobs: list[tuple[int, int, Callable[[], None]]] = []  # a heap: (0 for a first piece else 1, order, job)
         self._order = itertools.count()
@@ -116,8 +115,8 @@ class CodecStage:
                 self._changed.notify_all()
             try:
                 self._timed(job)
-            except Exception:  # the stage must outlive any bug in one job
-                log.exception("codec stage: a job failed")
+            except Exception as error:  # the stage must outlive any bug in one job
+                self.faults.failed(error)
 
     def _timed(self, job: Callable[[], None]) -> None:
         started = self.clock.timer()

@@ -27,6 +27,7 @@ from ..engines.base import Engine
 from ..errors import ErrorCode, Overloaded
 from ..ops.metrics import Metrics
 from ..request.records import EngineInput, EngineOutput, QueuedItem
+from .faults import Faults
 from .memory import MemoryBudget, release_heap
 from .policy import ItemCost
 from .precision import Precision, PrecisionState
@@ -43,6 +44,11 @@ CALIBRATION_TEXT = (
     "at a short and at a long length, so that the batch policy starts from real timings. "
     "Every executed batch after it refines the same cost model while the server runs."
 )
+
+
+def stopped_error(model: str) -> Overloaded:
+    """What a request hears when its model stops before it is synthesized."""
+    return Overloaded(f"model {model} was stopped before this was synthesized; retry", 1, ErrorCode.MODEL_STOPPED)
 
 
 class Serving:
@@ -97,10 +103,13 @@ class Strategy(Protocol):
         """Nothing queued or running: a calibration point may use the engine."""
 
     def step(self) -> None:
-        """One turn: plan from the queue, run on the engine, deliver (or wait on the queue)."""
+        """One turn: plan from the queue, run on the engine, deliver (or wait on the queue). A turn that raises
+        has ended the requests it concerned first (their callers told) and left the engine running nothing of
+        theirs: the loop counts it and goes on."""
 
     def stopped(self) -> None:
-        """The queue has closed: whatever still runs ends, its callers told."""
+        """The queue has closed: whatever still runs ends, its callers told, and any thread of its own ends
+        (even where ending a request fails)."""
 
     def running_count(self) -> int | None:
         """Requests running now; None where the engine runs whole batches."""
@@ -123,6 +132,7 @@ class EngineLoop:
         self._errands: deque[tuple[Callable[[], Any], Future]] = deque()  # run_on_engine's calls, in order
         self._errands_lock = threading.Lock()
         self._errands_closed = False  # the loop has ended: nothing would run a new errand
+        self.faults = Faults(self.engine.name, "a turn")  # turns that raised: shown on the status page
         self._thread = threading.Thread(target=self._run, name=f"engine-{self.engine.name}", daemon=True)
 
     # --- the caller's side -------------------------------------------------------------------
@@ -130,17 +140,22 @@ class EngineLoop:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving; whatever is still queued fails with a clear error (nothing is left waiting)."""
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop serving; whatever is still queued fails with a clear error (nothing is left waiting), and what
+        runs ends at its next step (a whole batch of a stepped engine too). Returns whether the engine's thread
+        has ended within `timeout` (said in the log where not: it still uses the engine until its turn ends)."""
         left = self.queue.close()
         for item in left:
             if item.future.set_running_or_notify_cancel():
-                item.future.set_exception(Overloaded(f"model {self.engine.name} was stopped before this "
-                                                     "was synthesized; retry", 1, ErrorCode.MODEL_STOPPED))
+                item.future.set_exception(stopped_error(self.engine.name))
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         if not self._thread.is_alive():  # its loop has ended (its errands ran), or it never started
             self._fail_errands()
+            return True
+        log.warning("%s: its engine thread is still in a turn %.0f s after the stop; it ends after it",
+                    self.engine.name, timeout)
+        return False
 
     def submit(self, items: Sequence[QueuedItem], tier_limit: int | None = None,
                target: WaitTarget = WaitTarget()) -> float:
@@ -208,7 +223,7 @@ class EngineLoop:
         """The model's queue, readiness, policy, memory, and its strategy's figures."""
         return {"queue_length": len(self.queue), "queue_wait_s": round(self.queue.predicted_wait(), 3),
                 "ready": self.ready.is_set(), "calibrated": self.calibrated.is_set(),
-                **self.strategy.status(), "precision": self.precision,
+                **self.strategy.status(), **self.faults.status("turn"), "precision": self.precision,
                 "memory_token_budget": self.memory.tokens(), "out_of_memory": self.memory.out_of_memory_count}
 
     def cost_model(self) -> dict:
@@ -268,12 +283,19 @@ class EngineLoop:
                 if not sweep:
                     self._calibrated()
                 self.strategy.step()
-            except Exception:  # the loop must outlive any bug in one turn
-                log.exception("engine loop of %s: a turn failed", self.engine.name)
+            except Exception as error:  # the loop outlives any bug in one turn (whose requests have ended)
+                self.faults.failed(error)
+                if backoff_s := self.faults.backoff_s():  # (an arrival or an errand ends the wait)
+                    self.queue.wait_until(self.serving.clock.now() + backoff_s)
+            else:
+                self.faults.succeeded()
         with self._errands_lock:
             self._errands_closed = True
         self._run_errands()  # those handed over before the end still run: the engine is still here
-        self.strategy.stopped()
+        try:
+            self.strategy.stopped()
+        except Exception:
+            log.exception("%s: ending what ran at the stop failed", self.engine.name)
 
     def _fail_errands(self) -> None:
         with self._errands_lock:

@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SynthesisError
+from ..errors import ChorusError, SynthesisError
 from ..ops.metrics import BatchRecord
 from ..request.records import EngineInput, EngineOutput, QueuedItem
 from .engine_loop import CALIBRATION_TEXT, Serving
+from .faults import turn_failed
 from .policy import BatchPolicy, padded_tokens
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,12 @@ class OneShotStrategy:
 
     def __init__(self, serving: Serving, policy: BatchPolicy, calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16),
                  empty_cache_every: int = 100, calibration_lengths: Sequence[int] = CALIBRATION_LENGTHS,
-                 instances: int = 1):
+                 instances: int = 1, synthesize: Callable[[list[EngineInput]], list[EngineOutput]] | None = None):
+        """synthesize: how a batch runs (the engine's own `synthesize` unless given: a stepped engine's whole batch
+        that ends when the loop stops, tts_core.scheduler.strategies)."""
         self.serving, self.policy = serving, policy
         self.engine, self.queue, self.metrics = serving.engine, serving.queue, serving.metrics
+        self.synthesize = synthesize or (lambda batch: self.engine.synthesize(batch))  # (read at each call)
         self.clock = serving.clock
         self.calibration_sizes = [s for s in calibration_sizes if 1 <= s <= policy.max_batch_size]
         self.calibration_lengths = calibration_lengths
@@ -79,7 +83,7 @@ class OneShotStrategy:
         def timed(size: int, length: int) -> float:
             inputs = [EngineInput(tokens[:length], voice) for _ in range(size)]
             started = self.clock.timer()
-            outputs = self.engine.synthesize(inputs)
+            outputs = self.synthesize(inputs)
             seconds = self.clock.timer() - started
             self.serving.learn_audio_rate(inputs, outputs)
             return seconds
@@ -141,7 +145,8 @@ class OneShotStrategy:
         self.queue.take(batch, sum(item.cost_s for item in batch))
         in_flight = 0  # items left on the device: done once landed
         try:
-            live = [item for item in batch if item.future.set_running_or_notify_cancel()]
+            # (not one that expired in the queue since it was planned: its future is done)
+            live = [item for item in batch if not item.future.done() and item.future.set_running_or_notify_cancel()]
             self.metrics.dropped.labels("cancelled").inc(len(batch) - len(live))
             if live:
                 self.serving.worked = True
@@ -149,6 +154,10 @@ class OneShotStrategy:
                     self._execute(live)
                 elif self._launch(live):
                     in_flight = len(live)
+        except Exception as error:  # a bug: the batch's callers are told, then the loop counts it
+            for item in batch:
+                item.resolve(turn_failed(self.engine.name, error))
+            raise
         finally:
             self.queue.done(len(batch) - in_flight)
 
@@ -173,8 +182,9 @@ class OneShotStrategy:
                 self.serving.precision.failed(error)
             self._execute(batch, retried_alone)
             return
-        if len(batch) == 1:
-            self._fail(batch[0], SynthesisError.in_engine(self.engine.name, error), error)
+        if len(batch) == 1:  # (a refusal of the engine's own, such as a voice deleted, says why itself)
+            answer = error if isinstance(error, ChorusError) else SynthesisError.in_engine(self.engine.name, error)
+            self._fail(batch[0], answer, error)
             return
         log.warning("%s failed on a batch of %d (%s); each item runs again alone", self.engine.name, len(batch),
                     type(error).__name__)  # (each item's failure is logged in full, alone)
@@ -208,7 +218,7 @@ class OneShotStrategy:
         else:
             self._fail(batch[0], SynthesisError("synthesis failed: the item does not fit in device memory even alone"))
 
-    def _fail(self, item: QueuedItem, answer: SynthesisError, cause: BaseException | None = None) -> None:
+    def _fail(self, item: QueuedItem, answer: ChorusError, cause: BaseException | None = None) -> None:
         """The item's caller gets our message; the log gets the whole exception, traceback and text, once."""
         log.warning("%s failed on one item: %s", self.engine.name, answer.message, exc_info=cause)
         self.metrics.item_errors.labels(self.engine.name).inc()
@@ -219,7 +229,7 @@ class OneShotStrategy:
         record = None
         try:
             started = self.clock.timer()
-            outputs = self.engine.synthesize([item.input for item in batch])
+            outputs = self.synthesize([item.input for item in batch])
             record = self._batch_ran(batch, waits, outputs, self.clock.timer() - started)
             return outputs
         finally:

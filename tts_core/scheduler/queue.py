@@ -145,6 +145,7 @@ class RequestQueue:
         self._changed = threading.Condition(threading.RLock())
         self._closed = False
         self._woken = False  # the engine thread has other work (EngineLoop.run_on_engine): stop waiting
+        self._watching = False  # a thread fails queued items as their deadlines pass (`_expire_on_time`)
         self.clock = clock  # the loop that serves this queue plans on it too (tests move a FakeClock)
         self._offered: deque[tuple[float, float]] = deque()  # (when, predicted cost) of texts offered, decided
         self._offered_windows = offered_windows  # {seconds: factor} (bench/overload_replay.py tries others)
@@ -279,6 +280,7 @@ class RequestQueue:
                 self._piece_cost_s = _moving_average(self._piece_cost_s, item.cost_s)
                 self._token_cost_s = _moving_average(self._token_cost_s, item.cost_s / max(1, item.length))
             self._items.extend(items)
+            self._watch_deadlines()
             self._changed.notify_all()
             return wait
 
@@ -355,34 +357,66 @@ class RequestQueue:
         Items whose caller has gone (future cancelled) are dropped here unsynthesized, and items
         past their deadline are failed with DeadlineExceeded.
         """
-        now = self.clock.now()
         with self._changed:
-            live: list[QueuedItem] = []
-            cancelled = expired = 0
-            for item in self._items:
-                if item.future.cancelled():
-                    cancelled += 1
-                elif now > item.deadline:
-                    # claims the future first: a cancel landing now cannot make set_exception fail
-                    if item.future.set_running_or_notify_cancel():
-                        expired += 1
-                        item.future.set_exception(DeadlineExceeded(
-                            f"request timed out: waited {now - item.enqueued_at:.1f} s in the queue, "
-                            "past its deadline"))
-                    else:
-                        cancelled += 1
-                else:
-                    live.append(item)
-            self._items = live
+            dropped = self._drop_dead()
             live = self._items = self._in_order()
             candidates = [item for item in live if item.key == live[0].key][:limit] if live else []
+        self._tell_dropped(*dropped)
+        return candidates
+
+    def _drop_dead(self) -> tuple[int, int]:
+        """Drop the items whose caller has gone, and fail those past their deadline (with the lock held); returns
+        how many of each."""
+        now = self.clock.now()
+        live: list[QueuedItem] = []
+        cancelled = expired = 0
+        for item in self._items:
+            if item.future.cancelled():
+                cancelled += 1
+            elif now > item.deadline:
+                # claims the future first: a cancel landing now cannot make set_exception fail
+                if item.future.set_running_or_notify_cancel():
+                    expired += 1
+                    item.future.set_exception(DeadlineExceeded(
+                        f"request timed out: waited {now - item.enqueued_at:.1f} s in the queue, past its deadline"))
+                else:
+                    cancelled += 1
+            else:
+                live.append(item)
+        self._items = live
+        return cancelled, expired
+
+    def _tell_dropped(self, cancelled: int, expired: int) -> None:
         for reason, count in (("cancelled", cancelled), ("deadline", expired)):
             if count:
                 self.on_drop(reason, count)
-        return candidates
+
+    def _watch_deadlines(self) -> None:
+        """Start the deadline watcher (with the lock held, once items are queued) if an item has a deadline and
+        none runs."""
+        if not self._watching and not self._closed and any(item.deadline < math.inf for item in self._items):
+            self._watching = True
+            threading.Thread(target=self._expire_on_time, name="queue-deadlines", daemon=True).start()
+
+    def _expire_on_time(self) -> None:
+        """The deadline watcher: a queued item fails with DeadlineExceeded (a 504) as soon as its deadline has
+        passed, not when the engine's thread next looks at the queue, which a long batch or a step that waits on
+        its codec can put off for minutes (issue 44). It ends once no queued item has a deadline."""
+        while True:
+            with self._changed:
+                soonest = min((item.deadline for item in self._items), default=math.inf)
+                if self._closed or soonest == math.inf:
+                    self._watching = False
+                    return
+                if self.clock.now() <= soonest:  # an item is expired once the clock is past its deadline
+                    self.clock.wait_until(self._changed, math.nextafter(soonest, math.inf))
+                    continue
+                dropped = self._drop_dead()
+            self._tell_dropped(*dropped)
 
     def take(self, items: Iterable[QueuedItem], predicted_s: float) -> None:
-        """Items leave the queue to run (for about predicted_s seconds); `done` when they have."""
+        """Items leave the queue to run (for about predicted_s seconds); `done` when they have. (One may have
+        expired since it was a candidate: its future is done, and it runs for nobody.)"""
         taken = {id(item): item for item in items}
         with self._changed:
             self._items = [item for item in self._items if id(item) not in taken]
@@ -407,6 +441,7 @@ class RequestQueue:
         with self._changed:
             self._running -= 1
             self._items.append(item)
+            self._watch_deadlines()
             self._changed.notify_all()
 
     def done(self, count: int) -> None:

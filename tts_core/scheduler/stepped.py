@@ -43,11 +43,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..engines.base import FILE_PIECE_S, STREAM_PIECE_S, SteppedEngine
-from ..errors import ChorusError, ClientGone, ErrorCode, Overloaded, SynthesisError
+from ..errors import ChorusError, ClientGone, SynthesisError
 from ..ops.metrics import Metrics
 from ..request.records import EngineInput, EngineOutput, QueuedItem
 from .codec_stage import BusyMeter, CodecStage
-from .engine_loop import CALIBRATION_TEXT, Serving
+from .engine_loop import CALIBRATION_TEXT, Serving, stopped_error
+from .faults import turn_failed
 from .queue import RequestQueue
 from .step_policy import FillPolicy, StepPolicy, StepView
 
@@ -109,6 +110,7 @@ class SteppedStrategy:
         # the cache's budget where no device memory says otherwise (None: none, as for one whole batch)
         self.cpu_cache_bytes = None if cpu_cache_mb is None else cpu_cache_mb * 2**20
         self._progress: dict[int, Progress] = {}  # by the running input's id
+        self._joining: list[QueuedItem] = []  # taken from the queue, being admitted: not yet in _progress
         self._declined = False  # the policy left queued candidates out at this turn
 
     # --- what the loop asks --------------------------------------------------------------------------
@@ -123,7 +125,7 @@ class SteppedStrategy:
         return {"policy": self.policy.describe(), "running": len(self.engine.running()),
                 **self.metrics.step_rate(self.engine.name), "codec_thread": self.codec.threaded,
                 "engine_busy_share": self.engine_busy.share(), "codec_busy_share": self.codec.busy.share(),
-                "codec_waiting": self.codec.waiting()}
+                "codec_waiting": self.codec.waiting(), **self.codec.faults.status("codec_job")}
 
     def cost_model(self) -> dict:
         """Seconds a step, its size the requests running."""
@@ -171,10 +173,17 @@ class SteppedStrategy:
     # --- one turn of the loop -------------------------------------------------------------------
 
     def step(self) -> None:
+        try:
+            self._turn()
+        except Exception as error:  # a bug: whatever ran ends with a clear error, and the engine is left empty
+            self._end_all(turn_failed(self.engine.name, error))
+            raise
+
+    def _turn(self) -> None:
         self._stop_abandoned()
         running = self.engine.running()
         room = self.policy.max_running - len(running)
-        candidates = self.queue.next_candidates(room) if room > 0 else []
+        candidates, queued = self._queued_views(self.queue.next_candidates(room) if room > 0 else [])
         self.metrics.queue_length.labels(self.engine.name).set(len(self.queue))
         self.metrics.running_requests.labels(self.engine.name).set(len(running))
         if not running and not candidates:
@@ -184,7 +193,7 @@ class SteppedStrategy:
         self._declined = False
         if candidates:
             now = self.clock.now()
-            plan = self.policy.plan(self._running_views(), self._queued_views(candidates), now, self._memory_tokens())
+            plan = self.policy.plan(self._running_views(), queued, now, self._memory_tokens())
             self._declined = len(plan.take) < len(candidates)
             if plan.take:
                 self._admit([candidates[index] for index in plan.take])
@@ -200,13 +209,24 @@ class SteppedStrategy:
         return [StepView(engine.context_length(item.input.id), engine.context_tokens(item.input), item.deadline,
                          item.enqueued_at) for item in self._running_items()]
 
-    def _queued_views(self, candidates: Sequence[QueuedItem]) -> list[StepView]:
-        return [StepView(item.length, self.engine.context_tokens(item.input), item.deadline, item.enqueued_at)
-                for item in candidates]
+    def _queued_views(self, candidates: Sequence[QueuedItem]) -> tuple[list[QueuedItem], list[StepView]]:
+        """The candidates the engine can run, and their views. One it cannot (its voice was deleted while it
+        waited) fails alone, with the engine's reason: the others go on."""
+        kept, views = [], []
+        for item in candidates:
+            try:
+                views.append(StepView(item.length, self.engine.context_tokens(item.input), item.deadline,
+                                      item.enqueued_at))
+            except Exception as error:
+                self.queue.take([item], 0.0)
+                self._close(item, error if isinstance(error, ChorusError) else turn_failed(self.engine.name, error))
+            else:
+                kept.append(item)
+        return kept, views
 
     def _running_items(self) -> list[QueuedItem]:
         """The queued items of the running inputs, in the order they joined (an item runs under its input's id)."""
-        return [self._progress[item_id].item for item_id in self.engine.running()]
+        return [self._progress[item_id].item for item_id in self.engine.running() if item_id in self._progress]
 
     def _memory_tokens(self) -> int | None:
         """Context positions the cache may still grow by: device memory where the engine has some to
@@ -242,14 +262,18 @@ class SteppedStrategy:
             return
         now, running_with = self.clock.now(), len(self.engine.running()) + len(live)
         started = self.clock.timer()
+        self._joining = live
         try:
             finished = self.engine.admit([item.input for item in live])
         except self.engine.out_of_memory_errors:
+            self._joining = []
             self._out_of_memory(live)
             return
         except Exception as error:
+            self._joining = []
+            failure = error if isinstance(error, ChorusError) else SynthesisError(f"synthesis failed: {error}")
             for item in live:
-                self._end(item, SynthesisError(f"synthesis failed: {error}"), running=False)
+                self._end(item, failure, running=False)
             return
         seconds = self.clock.timer() - started
         self.engine_busy.add(seconds)
@@ -263,6 +287,7 @@ class SteppedStrategy:
                                                      max(1, math.ceil(piece_s * self.engine.frame_rate)),
                                                      engine_s=seconds / len(live), streaming=streaming,
                                                      opens=streaming and item.due_s == 0)
+        self._joining = []
         self._finish(finished)
 
     def _step(self) -> None:
@@ -354,14 +379,19 @@ class SteppedStrategy:
         if progress.error:
             self._close(item, progress.error)
             return
-        output = EngineOutput(np.concatenate(progress.pieces) if progress.pieces else np.zeros(0, dtype=np.float32))
-        # its time as the queue's predictions count it: the two stages overlap, one after the other on one thread
-        engine_s = (max if self.codec.threaded else sum)((progress.engine_s, progress.decode_s))
+        try:
+            output = EngineOutput(np.concatenate(progress.pieces) if progress.pieces else np.zeros(0, np.float32))
+            # its time as the queue's predictions count it: the stages overlap, one after the other on one thread
+            engine_s = (max if self.codec.threaded else sum)((progress.engine_s, progress.decode_s))
+            self.serving.item_cost.add(1, item.length, engine_s)
+            self.serving.learn_audio_rate([item.input], [output])
+        except Exception as error:  # a bug: it ends with a clear error, never unanswered
+            self.codec.faults.failed(error)
+            self._close(item, turn_failed(self.engine.name, error))
+            return
         item.batch_s, item.batch_size = engine_s, progress.running_with  # before a reader sees the end
         if item.pieces is not None:
             item.pieces.end()
-        self.serving.item_cost.add(1, item.length, engine_s)
-        self.serving.learn_audio_rate([item.input], [output])
         self.queue.done(1)
         item.resolve(output)
 
@@ -382,10 +412,22 @@ class SteppedStrategy:
         item.resolve(error)
 
     def stopped(self) -> None:
-        for item in self._running_items():
-            self._end(item, Overloaded(f"model {self.engine.name} was stopped before this was synthesized; "
-                                                "retry", 1, ErrorCode.MODEL_STOPPED))
-        self.codec.close()
+        try:
+            self._end_all(stopped_error(self.engine.name))
+        finally:  # whatever failed above, the codec thread ends (after what was handed to it)
+            self.codec.close()
+
+    def _end_all(self, error: ChorusError) -> None:
+        """Every running or joining request ends with `error`, after the pieces handed over before, and the engine
+        runs nothing after: what it runs that this strategy never knew of (another's) is released too."""
+        ending = [progress.item for progress in self._progress.values()]
+        ending += [item for item in self._joining if item.input.id not in self._progress]
+        self._progress.clear()
+        self._joining = []
+        for item in ending:
+            self.codec.submit(lambda item=item: self._close(item, error))
+        for item_id in self.engine.running():
+            self.engine.release(item_id)
 
     def _stop_abandoned(self) -> None:
         for item in [item for item in self._running_items() if _gone(item)]:
@@ -414,14 +456,18 @@ class SteppedStrategy:
 
 
 def _gone(item: QueuedItem) -> bool:
-    return item.abandoned or item.future.cancelled()
+    """Its caller has gone, or it has its answer (expired in the queue since it was a candidate)."""
+    return item.abandoned or item.future.done()
 
 
-def synthesize_whole(engine: SteppedEngine, batch: Sequence[EngineInput]) -> list[EngineOutput]:
+def synthesize_whole(engine: SteppedEngine, batch: Sequence[EngineInput],
+                     stopping: Callable[[], bool] = lambda: False) -> list[EngineOutput]:
     """Each input's whole audio, made by the stepped strategy on the calling thread (the engine's own
     `synthesize`): every input joins as soon as a place is free and its audio is taken every FILE_PIECE_S,
     as a served whole file's is. Each runs under an id of its own (an input given twice runs twice). Once all have
-    ended, the first that failed raises its error."""
+    ended, the first that failed raises its error. `stopping()` is asked before each step: once true (the loop
+    running the batch was stopped), those not done end with a 503 model_stopped, and the engine runs none of them
+    after (no two loops ever drive one engine). A step that raises leaves the engine running none of them either."""
     runs = [QueuedItem(EngineInput(item.tokens, item.voice, item.speed, item.instructions), key=None,
                        deadline=math.inf) for item in batch]
     if not runs:
@@ -431,6 +477,11 @@ def synthesize_whole(engine: SteppedEngine, batch: Sequence[EngineInput]) -> lis
                                codec_thread=False)
     queue.put_many(runs)
     while not all(run.future.done() for run in runs):
+        if stopping():
+            for run in queue.close():
+                run.resolve(stopped_error(engine.name))
+            strategy.stopped()
+            break
         strategy.step()
     return [run.future.result() for run in runs]
 

@@ -19,7 +19,7 @@ from .one_shot import OneShotStrategy
 from .policy import make_policy
 from .queue import RequestQueue
 from .step_policy import ContinuousPolicy
-from .stepped import SteppedStrategy
+from .stepped import SteppedStrategy, synthesize_whole
 from .upstream import UpstreamStrategy
 
 # A stepped engine's warm-up lengths (prompt tokens): every token of a prompt costs frames to speak
@@ -47,7 +47,8 @@ def make_engine_loop(engine: Engine, queue: RequestQueue, metrics: Metrics, poli
         codec_thread = codec_stage == "on" or (codec_stage == "auto" and engine.device == "cuda")
         strategy = SteppedStrategy(serving, ContinuousPolicy(engine.max_running), calibration_sizes, cpu_cache_mb,
                                    codec_thread)
-    else:
+    else:  # a whole batch at a time, which ends between two steps once the loop stops
         strategy = OneShotStrategy(serving, make_policy(policy, engine.max_running, max_batch_tokens),
-                                   calibration_sizes, empty_cache_every, STEPPED_CALIBRATION_LENGTHS)
+                                   calibration_sizes, empty_cache_every, STEPPED_CALIBRATION_LENGTHS,
+                                   synthesize=lambda batch: synthesize_whole(engine, batch, lambda: queue.closed))
     return EngineLoop(serving, strategy)
