@@ -271,7 +271,7 @@ class SteppedStrategy:
             return
         except Exception as error:
             self._joining = []
-            failure = error if isinstance(error, ChorusError) else SynthesisError(f"synthesis failed: {error}")
+            failure = error if isinstance(error, ChorusError) else SynthesisError.in_engine(self.engine.name, error)
             for item in live:
                 self._end(item, failure, running=False)
             return
@@ -300,8 +300,8 @@ class SteppedStrategy:
             self._out_of_memory([self._progress[running[-1]].item])
             return
         except Exception as error:  # the newest member is the likeliest cause: it alone fails
-            log.warning("%s: a step failed (%s); stopping the newest request", self.engine.name, error)
-            self._end(self._progress[running[-1]].item, SynthesisError(f"synthesis failed: {error}"))
+            log.warning("%s: a step failed; stopping the newest request", self.engine.name, exc_info=error)
+            self._end(self._progress[running[-1]].item, SynthesisError.in_engine(self.engine.name, error))
             return
         seconds = self.clock.timer() - started
         self.engine_busy.add(seconds)
@@ -352,8 +352,8 @@ class SteppedStrategy:
         try:
             audio = self.engine.decode(frames)
         except Exception as error:
-            log.warning("%s: decoding a piece failed (%s)", self.engine.name, error)
-            progress.error = SynthesisError(f"synthesis failed: {error}")
+            log.warning("%s: decoding a piece failed", self.engine.name, exc_info=error)
+            progress.error = SynthesisError.in_engine(self.engine.name, error)
             return
         seconds = self.clock.timer() - started
         progress.decode_s += seconds
