@@ -18,7 +18,6 @@ class KeysPanel:
         self.access, self.tiers = access, tiers
 
     def render(self, signed_in: gr.State) -> None:
-        gr.Markdown("### API keys")
         with gr.Row():
             key_name = gr.Textbox(label="Key name", scale=2, elem_id="key-name")
             key_tier = gr.Dropdown(self.tiers, label="Tier", scale=1)
