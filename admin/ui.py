@@ -38,7 +38,7 @@ class AdminTab:
         self.access, self.gate = access, gate
         self.dashboard = Dashboard(service, monitor, control, access, replicas)
         self.settings = SettingsPanel(control)
-        self.keys = KeysPanel(access, list(control.settings.tiers))
+        self.keys = KeysPanel(access, lambda: list(control.settings.tiers))  # the tiers in force when asked
         self.clones = ClonesPanel(clones)
         self.lexicon = LexiconPanel(lexicon)
         self.audit = AuditLog(control)
@@ -54,8 +54,8 @@ class AdminTab:
             self._sections(signed_in)
         audit_shown = gr.State(None)  # the rows the table shows: it is sent again only when they change
         timer = gr.Timer(1.0)
-        signing_in = login.click(self.sign_in, [token], [signed_in, login_box, panel, login_message, self.keys.table,
-                                                         self.keys.revoke_choice, *self.settings.inputs.values()],
+        signing_in = login.click(self.sign_in, [token], [signed_in, login_box, panel, login_message, *self.keys.outputs,
+                                                         *self.settings.inputs.values()],
                                  api_visibility="private")
         signing_in.then(self.clones.list_clones, [signed_in], [self.clones.table], api_visibility="private"
                         ).then(self.lexicon.list_lexicon, [signed_in], [self.lexicon.table], api_visibility="private")
@@ -82,7 +82,7 @@ class AdminTab:
             self.gate.check(given, _address(request, self.access))
         except AdminRefused as refused:
             return [False, gr.update(), gr.update(), f"{refused.message}.",
-                    *[gr.update()] * (2 + len(self.settings.inputs))]
+                    *[gr.update()] * (len(self.keys.outputs) + len(self.settings.inputs))]
         return [True, gr.update(visible=False), gr.update(visible=True), "", *self.keys.listing(),
                 *self.settings.form_values()]
 

@@ -5,6 +5,7 @@ The API names a field as callers send it, the Admin tab by the label it shows.""
 from __future__ import annotations
 
 import re
+from typing import get_args
 
 from pydantic.fields import FieldInfo
 
@@ -50,7 +51,7 @@ def plain_message(error: dict, name: str, field: FieldInfo | None = None) -> str
 def _number(kind: str, context: dict, field: FieldInfo | None) -> str:
     """'a number between 0.25 and 4', 'a whole number above 0 and at most 100' ... from the field's bounds (or,
     without the field, the one bound the error names)."""
-    whole = kind.startswith("int") or (field is not None and field.annotation is int)
+    whole = kind.startswith("int") or (field is not None and int in (field.annotation, *get_args(field.annotation)))
     bounds = {key: getattr(bound, key) for bound in (field.metadata if field is not None else [])
               for key in BOUND_WORDS if getattr(bound, key, None) is not None}
     bounds = bounds or {key: value for key, value in context.items() if key in BOUND_WORDS}

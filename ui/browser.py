@@ -174,9 +174,10 @@ watch('value', update);
 update();
 """
 
-# Gradio's own SourceSansPro-SemiBold.woff2 is a 5 kB subset without some capitals ("A", "B"): those fell back
-# to another face, so "API keys" and "Batch cost model." began with a lighter letter. Its Bold file is whole:
-# semibold text uses it. (Relative, as the theme's own faces are: it works under any path prefix.)
+# Gradio's own SourceSansPro-SemiBold.woff2 is a 5 kB subset holding a few glyphs ("A" and "B" among them): those
+# were drawn from it, every other letter from the Regular face made bold by the browser, heavier; so "API keys"
+# and "Batch cost model." began with a lighter letter. Its Bold file is whole: semibold text uses it. (Relative,
+# as the theme's own faces are: it works under any path prefix.)
 PAGE_CSS = """@font-face { font-family: "Source Sans Pro"; font-weight: 600; font-style: normal;
   src: url("static/fonts/SourceSansPro/SourceSansPro-Bold.woff2") format("woff2"); }"""
 

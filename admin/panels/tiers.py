@@ -29,7 +29,8 @@ def tier_table() -> gr.Dataframe:
 def tier_words() -> str:
     """What the table's columns mean, and how rows are added and removed."""
     fields = Tier.model_fields
-    return ("One row per tier: add a row for a new tier; empty a row's name to remove it. "
+    return ("One row per tier: add a row for a new tier from a cell's menu (⋮), empty a row's name to remove it; "
+            "a cell left empty takes its default. "
             + "; ".join(f"*{COLUMNS[name]}*: {fields[name].description}" for name in list(COLUMNS)[1:]) + ".")
 
 

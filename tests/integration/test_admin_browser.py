@@ -186,15 +186,18 @@ def tier_grid(browser) -> list[list[str]]:
 
 
 def edit_tier_cell(browser, row: int, column: int, text: str) -> None:
-    """Double-click a cell (clear of its menu button), replace what it holds, press Enter."""
+    """Select a cell, press Enter to edit it, replace what it holds, press Enter."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
 
     cell = browser.find_element(By.CSS_SELECTOR, f"#tier-table [data-testid='cell-{row}-{column}']")
-    ActionChains(browser).move_to_element_with_offset(cell, -cell.size["width"] // 2 + 8, 0).double_click().perform()
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", cell)
+    cell.click()
+    ActionChains(browser).send_keys(Keys.ENTER).perform()
+    WebDriverWait(browser, 10).until(lambda driver: driver.switch_to.active_element.tag_name == "textarea")
     editor = browser.switch_to.active_element
-    assert editor.tag_name == "textarea", editor.get_attribute("outerHTML")
     editor.send_keys(Keys.CONTROL, "a")
     editor.send_keys(text, Keys.ENTER)
 
@@ -232,13 +235,13 @@ def test_tier_table_saves_and_reloads(browser, admin_server):
     read = httpx.get(f"{admin_server}/admin/api/settings", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     tiers = read["settings"]["tiers"]
     assert tiers["free"]["priority"] == 7
-    assert tiers["studio"] == {"rate_limit": "5/second", "priority": 3, "max_chars": 2000, "sheddable": False,
-                               "max_queue_share": 0.25, "request_timeout_s": 30.0}
+    assert tiers["studio"] == {"rate_limit": "5/second", "priority": 3, "max_chars": 2000, "sheddable": True,
+                               "max_queue_share": 0.25, "request_timeout_s": 30.0}  # sheddable: left as Tier's
 
     # the new tier is one of the anonymous tier's choices once saved
     browser.find_element(By.CSS_SELECTOR, "#anonymous-tier input").click()
     wait.until(ready.element_to_be_clickable((By.XPATH, "//li[@data-testid='dropdown-option' and "
-                                                        "normalize-space(.)='studio']"))).click()
+                                                        "contains(., 'studio')]"))).click()
     save_settings_and_wait(browser, wait, "Saved and applied: anonymous_tier")
     read = httpx.get(f"{admin_server}/admin/api/settings", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert read["settings"]["anonymous_tier"] == "studio"
@@ -264,3 +267,7 @@ def test_tier_table_saves_and_reloads(browser, admin_server):
     assert browser.find_element(By.CSS_SELECTOR, "#anonymous-tier input").get_attribute("value") == "studio"
     threshold = browser.find_element(By.XPATH, "//label[contains(., 'Enter at load score (0 to 1)')]//input")
     assert threshold.get_attribute("value") == "0.85"
+    open_section(browser, wait, "API keys")  # a key can be made for the new tier
+    browser.find_element(By.CSS_SELECTOR, "#key-tier input").click()
+    wait.until(ready.element_to_be_clickable((By.XPATH, "//li[@data-testid='dropdown-option' and "
+                                                        "contains(., 'studio')]")))
