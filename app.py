@@ -47,6 +47,7 @@ from tts_core.scheduler.memory import limit_heap_arenas
 from tts_core.scheduler.pool import ModelPool
 from tts_core.service import SpeechService
 from ui import build_ui
+from ui.browser import PAGE_CSS
 
 
 class StartupError(Exception):
@@ -103,7 +104,7 @@ def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpe
                     [lambda: build_admin_tab(service, monitor, control, access, gate, api.state.clones, lexicon,
                                              replicas)])
     # Gradio's own run history would keep every typed text in the browser's plain localStorage: off
-    app = gr.mount_gradio_app(api, page, path="/", run_history=False)
+    app = gr.mount_gradio_app(api, page, path="/", run_history=False, css=PAGE_CSS)
     calm_gradio_queue(page)
     return app
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from tts_core.ops.degrade import OperatorSettings
 
@@ -66,6 +70,18 @@ def upstream_policies(status: dict) -> dict[str, dict]:
             if isinstance(model.get("policy"), dict) and model["policy"].get("name") == "upstream"}
 
 
+def _database(url: str) -> str:
+    """A SQLite database as its file's full path: `sqlite:///data/chorus.db` is data/chorus.db beside where the
+    server runs, but reads like /data."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return f"`{url}`"
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        return f"SQLite file `{Path(parsed.database).resolve()}`"
+    return f"`{url}`"
+
+
 def state_markdown(stats: dict, settings: OperatorSettings) -> str:
     degrade, storage = stats["degrade"], stats["storage"]
     mode = "**DEGRADED**" if degrade["active"] else "normal"
@@ -76,7 +92,7 @@ def state_markdown(stats: dict, settings: OperatorSettings) -> str:
                                          f"{gpu['utilization_pct']}% busy")
     lines = [f"**Mode:** {mode}; actions: {actions}", load_markdown(degrade, settings, gpu),
              f"**Precision:** {precision} · **GPU:** {device}",
-             f"**Storage:** {storage['database']}"]
+             f"**Storage:** {_database(storage['database'])}"]
     if faults := [f"`{name}` {model['turn_failures']} (last: {model['last_turn_failure']})"
                   for name, model in stats["status"]["engines"].items() if model.get("turn_failures")]:
         lines.append("**Failed engine turns** (each ended only the requests it ran; the log has the first of each "

@@ -1,5 +1,6 @@
 """The Admin tab, behind a token: one module per panel (admin/panels/: the dashboard, the settings form, API
-keys, cloned voices, the pronunciation lexicon and the audit log), composed here with what spans them:
+keys, cloned voices, the pronunciation lexicon and the audit log), each in a tab of its own (cloned voices
+and the lexicon share one), composed here with what spans them:
 signing in fills the panels, and a timer refreshes the dashboard and the audit log every second."""
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class AdminTab:
         self.access, self.gate = access, gate
         self.dashboard = Dashboard(service, monitor, control, access, replicas)
         self.settings = SettingsPanel(control)
-        self.keys = KeysPanel(access, list(control.settings.tiers))
+        self.keys = KeysPanel(access, lambda: list(control.settings.tiers))  # the tiers in force when asked
         self.clones = ClonesPanel(clones)
         self.lexicon = LexiconPanel(lexicon)
         self.audit = AuditLog(control)
@@ -49,29 +50,39 @@ class AdminTab:
             login = gr.Button("Sign in", variant="primary")
             login_message = gr.Markdown()
         with gr.Column(visible=False) as panel:
-            self.dashboard.render()
-            self.settings.render(signed_in)
-            self.keys.render(signed_in)
-            self.clones.render(signed_in)
-            self.lexicon.render(signed_in)
-            self.audit.render()
             gr.HTML(js_on_load=LOCAL_TIMES_JS)
+            self._sections(signed_in)
         audit_shown = gr.State(None)  # the rows the table shows: it is sent again only when they change
         timer = gr.Timer(1.0)
-        signing_in = login.click(self.sign_in, [token], [signed_in, login_box, panel, login_message, self.keys.table,
-                                                         self.keys.revoke_choice, *self.settings.inputs.values()],
+        signing_in = login.click(self.sign_in, [token], [signed_in, login_box, panel, login_message, *self.keys.outputs,
+                                                         *self.settings.inputs.values()],
                                  api_visibility="private")
         signing_in.then(self.clones.list_clones, [signed_in], [self.clones.table], api_visibility="private"
                         ).then(self.lexicon.list_lexicon, [signed_in], [self.lexicon.table], api_visibility="private")
         timer.tick(self.refresh, [signed_in, audit_shown], [*self.dashboard.outputs, self.audit.table, audit_shown],
                    api_visibility="private", show_progress="hidden")
 
+    def _sections(self, signed_in: gr.State) -> None:
+        """A tab per concern: on one page the tab was 4,252 px tall, its settings alone a screen and a half."""
+        with gr.Tabs(elem_id="admin-sections"):
+            with gr.Tab("Dashboard"):
+                self.dashboard.render()
+            with gr.Tab("Settings"):
+                self.settings.render(signed_in)
+            with gr.Tab("API keys"):
+                self.keys.render(signed_in)
+            with gr.Tab("Voices and lexicon"):
+                self.clones.render(signed_in)
+                self.lexicon.render(signed_in)
+            with gr.Tab("Audit log"):
+                self.audit.render()
+
     def sign_in(self, given: str, request: gr.Request):
         try:
             self.gate.check(given, _address(request, self.access))
         except AdminRefused as refused:
             return [False, gr.update(), gr.update(), f"{refused.message}.",
-                    *[gr.update()] * (2 + len(self.settings.inputs))]
+                    *[gr.update()] * (len(self.keys.outputs) + len(self.settings.inputs))]
         return [True, gr.update(visible=False), gr.update(visible=True), "", *self.keys.listing(),
                 *self.settings.form_values()]
 

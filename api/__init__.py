@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
 import fastapi_offline
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from clones import VoiceClones
@@ -90,15 +91,30 @@ def build_api(service: SpeechService, access: AccessControl, request_log: Reques
 
 # Swagger UI's and ReDoc's scripts, styles and icon, as the fastapi-offline package ships them.
 DOCS_ASSETS_DIR = Path(fastapi_offline.__file__).parent / "static"
-# The pages may load only from Chorus: ReDoc's footer would otherwise fetch its maker's logo from their CDN.
+# The pages may load only from Chorus (should an asset ever ask another host, the browser refuses).
 # (Inline: the pages' own start-up script and the styles ReDoc writes; blob: ReDoc's search worker.)
 DOCS_CONTENT_POLICY = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
                        "img-src 'self' data:; font-src 'self' data:; worker-src 'self' blob:")
 
 
+# ReDoc's footer shows its maker's logo from their CDN; without a source the image hides itself (its onError).
+REDOC_LOGO = 'src:"https://cdn.redoc.ly/redoc/logo-mini.svg"'
+
+
+@functools.cache
+def redoc_script() -> str:
+    """ReDoc's script as fastapi-offline ships it, less the one thing it fetches from another host."""
+    return (DOCS_ASSETS_DIR / "redoc.standalone.js").read_text(encoding="utf-8").replace(REDOC_LOGO, 'src:""')
+
+
 def add_offline_docs(app: FastAPI, assets: str = "/docs-assets") -> None:
     """/docs (Swagger UI) and /redoc with their assets served by Chorus, not FastAPI's default CDN: a
     self-hosted server often runs where that CDN cannot be reached, and the pages were then blank."""
+
+    @app.get(f"{assets}/redoc.offline.js", include_in_schema=False)  # before the mount, which would answer it
+    async def redoc_js() -> Response:
+        return Response(redoc_script(), media_type="text/javascript")
+
     app.mount(assets, StaticFiles(directory=DOCS_ASSETS_DIR), name="docs-assets")
 
     @app.get("/docs", include_in_schema=False)
@@ -116,7 +132,7 @@ def add_offline_docs(app: FastAPI, assets: str = "/docs-assets") -> None:
     async def redoc(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "").rstrip("/")
         page = get_redoc_html(openapi_url=root + app.openapi_url, title=f"{app.title} - ReDoc",
-                              redoc_js_url=f"{root}{assets}/redoc.standalone.js",
+                              redoc_js_url=f"{root}{assets}/redoc.offline.js",
                               redoc_favicon_url=f"{root}{assets}/favicon.png",
                               with_google_fonts=False)  # fonts from Google are another host to reach
         page.headers["Content-Security-Policy"] = DOCS_CONTENT_POLICY

@@ -10,10 +10,12 @@ import pydantic_core
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from storage import StorageError
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, InvalidSetting, StorageUnavailable, error_body
+from tts_core.validation import plain_message
 
 from .access import LimitExceeded
 
@@ -50,19 +52,33 @@ def _not_json(kind: type[ChorusError], reason: str) -> ChorusError:
     return kind(f"the request body is not valid JSON: {reason}", None, ErrorCode.INVALID_JSON)
 
 
-def invalid_input(errors: list[dict], kind: type[ChorusError] = InvalidRequest) -> ChorusError:
-    """The first of pydantic's validation errors, in OpenAI's shape (routes, batch items, socket messages)."""
+def invalid_input(errors: list[dict], kind: type[ChorusError] = InvalidRequest,
+                  model: type[BaseModel] | None = None) -> ChorusError:
+    """The first of pydantic's validation errors, in OpenAI's shape and plain words (routes, batch items, socket
+    messages); `model`, what was validated, gives a number's whole range."""
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         return kind("the request body is not valid JSON", None, ErrorCode.INVALID_JSON)
     location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
+    if not location and first.get("loc") == ("body",):
+        return kind(_body_fault(first), None, ErrorCode.INVALID_JSON)
     param = location[0] if location else None  # the top-level field or query parameter, as OpenAI names it
-    message = first.get("msg", "invalid request")
-    if first.get("type") == ErrorCode.MISSING:
-        message = f"{param} is required"
-    elif param:
-        message = f"{param}: {message}"
+    field = model.model_fields.get(param) if model is not None and param else None
+    message = plain_message(first, param, field) if param else first.get("msg", "invalid request")
     return kind(message, param, first.get("type"))
+
+
+def _body_fault(error: dict) -> str:
+    """What is wrong with a body that is not an object of fields at all."""
+    if error.get("type") == ErrorCode.MISSING:
+        return "the request body is empty: send a JSON object"
+    if isinstance(error.get("input"), bytes):  # a body FastAPI did not parse: not sent as JSON
+        return "the request body is not JSON: send a JSON object with Content-Type: application/json"
+    return "the request body must be a JSON object (of fields), not " + _json_kind(error.get("input"))
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "an array", str: "a string", bool: "true or false", type(None): "null"}.get(type(value), "a number")
 
 
 def rate_limit_exceeded(_: Request, exc: LimitExceeded) -> JSONResponse:
@@ -77,7 +93,14 @@ def _invalid_kind(request: Request) -> type[ChorusError]:
 
 
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return chorus_response(invalid_input(exc.errors(), _invalid_kind(request)))
+    return chorus_response(invalid_input(exc.errors(), _invalid_kind(request), _body_model(request)))
+
+
+def _body_model(request: Request) -> type[BaseModel] | None:
+    """The model the route reads its body as (where it reads one)."""
+    body = getattr(request.scope.get("route"), "body_field", None)
+    model = getattr(getattr(body, "field_info", None), "annotation", None)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
 def install_error_handlers(app: FastAPI) -> None:

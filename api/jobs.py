@@ -165,7 +165,7 @@ async def speech_batch(body: BatchRequest, request: Request,
                 await access.hit(caller)
             items.append((index, SpeechRequest.model_validate(raw)))
         except ValidationError as invalid:
-            items.append((index, invalid_input(invalid.errors())))
+            items.append((index, invalid_input(invalid.errors(), model=SpeechRequest)))
         except ChorusError as refused:
             items.append((index, refused))
     if body.mode == "jobs":

@@ -145,7 +145,7 @@ def _invalid_message(invalid: ValidationError) -> ChorusError:
     if first["type"] == "json_invalid":  # malformed, or nested past the parser's depth limit
         reason = first.get("ctx", {}).get("error", "malformed")
         return InvalidRequest(f"the message is not valid JSON: {reason}", None, ErrorCode.INVALID_JSON)
-    return invalid_input(invalid.errors())
+    return invalid_input(invalid.errors(), model=SocketMessage)
 
 
 class SpeechConnection:
@@ -223,7 +223,7 @@ class SpeechConnection:
         try:
             return SocketMessage.model_validate(first, strict=False)  # query values are strings: "1.5" is a speed
         except ValidationError as invalid:
-            return await self._refuse(invalid_input(invalid.errors()))
+            return await self._refuse(invalid_input(invalid.errors(), model=SocketMessage))
 
     async def _read(self, received: dict) -> SocketMessage | None:
         """A client message, validated; None (after an error event) when it cannot be used."""

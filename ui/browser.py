@@ -7,7 +7,7 @@ has arrived; it marks the caption word being spoken as it plays.
 """
 
 PLAYER_HTML = """<div class="chorus-player">
-<button class="chorus-play" type="button" aria-label="Play" disabled>▶</button>
+<button class="chorus-play" type="button" aria-label="Play" disabled></button>
 <canvas class="chorus-wave" height="56" title="Click to play from there"></canvas>
 <span class="chorus-clock">0:00</span>
 <span class="chorus-files"></span>
@@ -18,7 +18,14 @@ PLAYER_CSS = """
   border: 1px solid var(--border-color-primary); border-radius: var(--block-radius);
   background: var(--block-background-fill); }
 .chorus-play { width: 2.5rem; height: 2.5rem; flex: none; border-radius: 50%; border: none; cursor: pointer;
+  display: grid; place-items: center; padding: 0;
   background: var(--button-primary-background-fill); color: var(--button-primary-text-color); }
+/* The icons are drawn, not glyphs (a font's '❚❚' sat off-centre and was cut by the round button): a
+   triangle, nudged right by a third of its width to sit at the circle's optical centre; two bars. */
+.chorus-play::before { content: ""; width: 0; height: 0; margin-left: 0.25rem; border-style: solid;
+  border-width: 0.55rem 0 0.55rem 0.8rem; border-color: transparent transparent transparent currentColor; }
+.chorus-play.playing::before { width: 0.75rem; height: 0.9rem; margin: 0; border: none;
+  background: linear-gradient(to right, currentColor 0 35%, transparent 35% 65%, currentColor 65% 100%); }
 .chorus-play:disabled { opacity: 0.4; cursor: default; }
 .chorus-wave { flex: 1; min-width: 0; height: 56px; cursor: pointer; color: var(--color-accent); }
 .chorus-clock { flex: none; font-variant-numeric: tabular-nums; color: var(--body-text-color-subdued);
@@ -114,7 +121,7 @@ function tick() {
   draw(time);
   mark(time);
   button.disabled = !buffers.length;
-  button.textContent = playing ? '❚❚' : '▶';
+  button.classList.toggle('playing', playing);
   button.setAttribute('aria-label', playing ? 'Pause' : 'Play');
   if (playing) frame = requestAnimationFrame(tick);
 }
@@ -166,6 +173,13 @@ window.chorusPlayer = {
 watch('value', update);
 update();
 """
+
+# Gradio's own SourceSansPro-SemiBold.woff2 is a 5 kB subset holding a few glyphs ("A" and "B" among them): those
+# were drawn from it, every other letter from the Regular face made bold by the browser, heavier; so "API keys"
+# and "Batch cost model." began with a lighter letter. Its Bold file is whole: semibold text uses it. (Relative,
+# as the theme's own faces are: it works under any path prefix.)
+PAGE_CSS = """@font-face { font-family: "Source Sans Pro"; font-weight: 600; font-style: normal;
+  src: url("static/fonts/SourceSansPro/SourceSansPro-Bold.woff2") format("woff2"); }"""
 
 WORDS_CSS = (".chorus-words { white-space: pre-wrap; font-size: var(--text-lg); color: var(--body-text-color); } "
              ".chorus-word.spoken { background: var(--color-accent); color: var(--button-primary-text-color); "

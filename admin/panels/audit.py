@@ -24,7 +24,6 @@ class AuditLog:
 
     def render(self) -> None:
         """The table is refreshed with the dashboard, and sent again only when its rows change."""
-        gr.Markdown("### Audit log")
         self.table = gr.Dataframe(headers=AUDIT_COLUMNS, interactive=False, elem_id="audit-log",
                                   datatype=datatypes(AUDIT_COLUMNS, ("time",)))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gradio as gr
 
 from api.access import AccessControl
@@ -14,14 +16,13 @@ KEY_COLUMNS = ["id", "prefix", "name", "tier", "created", "revoked"]
 
 
 class KeysPanel:
-    def __init__(self, access: AccessControl, tiers: list[str]):
+    def __init__(self, access: AccessControl, tiers: Callable[[], list[str]]):
         self.access, self.tiers = access, tiers
 
     def render(self, signed_in: gr.State) -> None:
-        gr.Markdown("### API keys")
         with gr.Row():
             key_name = gr.Textbox(label="Key name", scale=2, elem_id="key-name")
-            key_tier = gr.Dropdown(self.tiers, label="Tier", scale=1)
+            self.tier_choice = gr.Dropdown(self.tiers(), label="Tier", scale=1, elem_id="key-tier")
             create_key = gr.Button("Create key", scale=1)
         key_message = gr.Markdown()
         self.table = gr.Dataframe(headers=KEY_COLUMNS, interactive=False,
@@ -29,12 +30,18 @@ class KeysPanel:
         with gr.Row():
             self.revoke_choice = gr.Dropdown([], value=None, label="key to revoke", scale=2, elem_id="revoke-key")
             revoke = gr.Button("Revoke key", variant="stop", scale=1)
-        keys = [key_message, self.table, self.revoke_choice]
-        create_key.click(self.make_key, [signed_in, key_name, key_tier], keys, api_visibility="private")
+        keys = [key_message, *self.outputs]
+        create_key.click(self.make_key, [signed_in, key_name, self.tier_choice], keys, api_visibility="private")
         revoke.click(self.drop_key, [signed_in, self.revoke_choice], keys, api_visibility="private")
 
-    def listing(self) -> tuple[list[list], gr.Dropdown]:
-        """The keys table, and the keys still in force to choose one to revoke from."""
+    @property
+    def outputs(self) -> list:
+        """What listing() fills."""
+        return [self.table, self.revoke_choice, self.tier_choice]
+
+    def listing(self) -> tuple[list[list], gr.Dropdown, gr.Dropdown]:
+        """The keys table, the keys still in force to choose one to revoke from, and the tiers (a tier added
+        since the page was built among them)."""
         try:
             keys = self.access.storage.keys.all()
         except StorageError:
@@ -43,24 +50,24 @@ class KeysPanel:
                  time_cell(k["revoked_at"])] for k in keys]
         choices = [(f"{k['name']} ({k['tier']}, {k['prefix']}…, id {k['id']})", k["id"]) for k in keys
                    if not k["revoked_at"]]
-        return rows, gr.Dropdown(choices=choices, value=None)
+        return rows, gr.Dropdown(choices=choices, value=None), gr.Dropdown(choices=self.tiers())
 
     def make_key(self, is_signed_in: bool, name: str, tier: str):
         if not is_signed_in or not name or not tier:
-            return "Give the key a name and a tier.", gr.skip(), gr.skip()
+            return "Give the key a name and a tier.", *[gr.skip()] * len(self.outputs)
         try:
             key, record = self.access.create_key(name, tier, "admin-ui")
         except StorageError:
-            return f"Not created: {StorageUnavailable().message}", gr.skip(), gr.skip()
+            return f"Not created: {StorageUnavailable().message}", *[gr.skip()] * len(self.outputs)
         return (f"Key **{record['id']}** for {name} ({tier}): `{key}` (copy it now: it is not shown again)",
                 *self.listing())
 
     def drop_key(self, is_signed_in: bool, key_id):
         if not is_signed_in or key_id is None:
-            return "Choose the key to revoke.", gr.skip(), gr.skip()
+            return "Choose the key to revoke.", *[gr.skip()] * len(self.outputs)
         try:
             record = self.access.revoke_key(int(key_id), "admin-ui")
         except StorageError:
-            return f"Not revoked: {StorageUnavailable().message}", gr.skip(), gr.skip()
+            return f"Not revoked: {StorageUnavailable().message}", *[gr.skip()] * len(self.outputs)
         message = f"Key {int(key_id)} revoked." if record else f"No key with id {int(key_id)}."
         return (message, *self.listing())

@@ -1,43 +1,70 @@
-"""The settings panel: the degrade thresholds and actions (OperatorSettings, each field with its title and
-description), saved and applied together, each change audited."""
+"""The settings panel: the operator settings (OperatorSettings, each field with its title and description) in
+groups, the caller tiers as a table and the anonymous tier as a choice among them; saved and applied
+together, each change audited. A refusal names a setting by the label the form shows it with."""
 
 from __future__ import annotations
 
-import json
+import re
 
 import gradio as gr
-import pydantic_core
 
 from storage import StorageError
 from tts_core.errors import InvalidSetting, StorageUnavailable
 from tts_core.ops.degrade import OperatorSettings
 
 from ..control import OperatorControl
+from .tiers import COLUMNS, anonymous_choice, table_rows, tier_table, tier_words, tiers_of
 
 FIELDS = OperatorSettings.model_fields  # each with its title (the label, with units) and description
+GROUPS = {  # a field in none of them is shown under "Other settings", so that none is left out
+    "Degrade mode": ["degrade_enabled", "enter_threshold", "exit_threshold", "exit_hold_s", "cap_text_enabled",
+                     "cap_text_chars", "cache_first_enabled", "lower_precision_enabled", "shed_enabled"],
+    "Queue": ["queue_wait_target_s", "overload_wait_target_s"],
+    "Cache and request log": ["cache_enabled", "cache_max_mb", "request_log_max_rows"],
+}
+TIERS_GROUP = "Caller tiers"  # the tiers table and the anonymous tier
+
+
+def _input(name: str) -> gr.components.Component:
+    info = FIELDS[name]
+    if info.annotation is bool:
+        return gr.Checkbox(label=info.title, info=info.description)
+    if info.annotation is str:
+        return gr.Textbox(label=info.title, info=info.description)
+    return gr.Number(label=info.title, info=info.description, precision=0 if info.annotation is int else None)
 
 
 def _form_inputs() -> dict:
-    """An input per field: switches four a row, then numbers and text four a row, then structured values as
-    JSON; keyed in the fields' order (the order save_settings reads them in)."""
+    """An accordion per group, its switches four a row, then its numbers four a row; then the tiers. Keyed in
+    the fields' order (the order save_settings reads them in)."""
     inputs = {}
-    switches = [name for name, info in FIELDS.items() if info.annotation is bool]
-    numbers = [name for name, info in FIELDS.items() if info.annotation in (int, float, str)]
-    for row in range(0, len(switches), 4):
-        with gr.Row():
-            for name in switches[row: row + 4]:
-                inputs[name] = gr.Checkbox(label=FIELDS[name].title, info=FIELDS[name].description, min_width=160)
-    for row in range(0, len(numbers), 4):
-        with gr.Row():
-            for name in numbers[row: row + 4]:
-                info = FIELDS[name]
-                inputs[name] = (gr.Textbox(label=info.title, info=info.description) if info.annotation is str
-                                else gr.Number(label=info.title, info=info.description,
-                                               precision=0 if info.annotation is int else None))
-    for name in FIELDS.keys() - switches - set(numbers):  # structured values, edited as JSON
-        inputs[name] = gr.Code(label=f"{FIELDS[name].title} (JSON): {FIELDS[name].description}",
-                               language="json", max_lines=14)
+    grouped = {name for names in GROUPS.values() for name in names} | {"tiers", "anonymous_tier"}
+    others = [name for name in FIELDS if name not in grouped]
+    for title, names in [*GROUPS.items(), *([("Other settings", others)] if others else [])]:
+        with gr.Accordion(title, open=True):
+            switches = [name for name in names if FIELDS[name].annotation is bool]
+            values = [name for name in names if name not in switches]
+            for row in [switches[at: at + 4] for at in range(0, len(switches), 4)] + \
+                       [values[at: at + 4] for at in range(0, len(values), 4)]:
+                with gr.Row():
+                    for name in row:
+                        with gr.Column(min_width=160):  # a column each: on a phone they stack, not squeeze
+                            inputs[name] = _input(name)
+    with gr.Accordion(TIERS_GROUP, open=True):
+        inputs["tiers"] = tier_table()
+        gr.Markdown(tier_words())
+        inputs["anonymous_tier"] = gr.Dropdown([], label=FIELDS["anonymous_tier"].title,
+                                               info=FIELDS["anonymous_tier"].description, elem_id="anonymous-tier")
     return {name: inputs[name] for name in FIELDS}
+
+
+def _labelled(message: str) -> str:
+    """A refusal in the form's words: a setting by its label, a tier's field by its column
+    ("tiers.free.priority must be ..." is "tier free, priority must be ...")."""
+    message = re.sub(r"\btiers\.([^.\s]+)\.(\w+)",
+                     lambda found: f"tier {found[1]}, {COLUMNS.get(found[2], found[2])}", message)
+    return re.sub(r"\b[a-z]+(?:_[a-z]+)+\b", lambda found: FIELDS[found[0]].title if found[0] in FIELDS
+                  else found[0], message)
 
 
 class SettingsPanel:
@@ -45,40 +72,47 @@ class SettingsPanel:
         self.control = control
 
     def render(self, signed_in: gr.State) -> None:
-        gr.Markdown("### Degrade thresholds and actions")
         self.inputs = _form_inputs()
         save = gr.Button("Save settings", variant="primary")
-        message = gr.Markdown()
-        save.click(self.save_settings, [signed_in, *self.inputs.values()], [message], api_visibility="private")
+        message = gr.Markdown(elem_id="settings-message")
+        save.click(self.save_settings, [signed_in, *self.inputs.values()], [message, *self.inputs.values()],
+                   api_visibility="private")
 
     def form_values(self) -> list:
-        """The settings in force, in the form's inputs' order (structured values as JSON)."""
+        """The settings in force, in the form's inputs' order (the tiers as the table's rows)."""
         settings = self.control.settings
-        return [json.dumps(settings.model_dump()[name], indent=2) if isinstance(getattr(settings, name), dict)
-                else getattr(settings, name) for name in self.inputs]
+        tiers = settings.model_dump()["tiers"]
+        return [table_rows(tiers) if name == "tiers" else anonymous_choice(tiers, settings.anonymous_tier)
+                if name == "anonymous_tier" else getattr(settings, name) for name in self.inputs]
 
     def save_settings(self, is_signed_in: bool, *values):
+        """The message, and the form again as the settings now in force (a new tier joins the choices)."""
+        unchanged = [gr.skip()] * len(self.inputs)
         if not is_signed_in:
-            return "Sign in first."
-        current = self.control.settings.model_dump()
-        changes = {}
-        for name, value in zip(self.inputs, values):
-            if value is None:
-                return f"Not saved: {FIELDS[name].title} needs a value"
-            kind = FIELDS[name].annotation
-            try:
-                value = {int: int, float: float}.get(kind, lambda v: v)(value) if kind in (int, float, str, bool) \
-                    else pydantic_core.from_json(value)  # bounded nesting, unlike json.loads
-            except ValueError as error:
-                return f"Not saved: {FIELDS[name].title} is not valid ({error})"
-            if value != current[name]:
-                changes[name] = value
-        if not changes:
-            return "Nothing changed."
+            return "Sign in first.", *unchanged
         try:
+            changes = self._changes(values)
+            if not changes:
+                return "Nothing changed.", *unchanged
             self.control.update(changes, "admin-ui")
         except InvalidSetting as invalid:
-            return f"Not saved: {invalid.message}"
+            return f"Not saved: {_labelled(invalid.message)}", *unchanged
         except StorageError:
-            return f"Not saved: {StorageUnavailable().message}"
-        return f"Saved and applied: {', '.join(changes)}"
+            return f"Not saved: {StorageUnavailable().message}", *unchanged
+        return f"Saved and applied: {', '.join(changes)}", *self.form_values()
+
+    def _changes(self, values: tuple) -> dict:
+        """The form's values that differ from the settings in force (InvalidSetting: one that is not a value)."""
+        current = self.control.settings.model_dump()
+        changes = {}
+        for name, value in zip(self.inputs, values, strict=True):
+            if value is None or value == "":
+                raise InvalidSetting(f"{name} needs a value", name)
+            kind = FIELDS[name].annotation
+            try:
+                value = tiers_of(value) if name == "tiers" else {int: int, float: float}.get(kind, lambda v: v)(value)
+            except (TypeError, ValueError) as error:
+                raise InvalidSetting(f"{name} is not valid ({error})", name) from None
+            if value != current[name]:
+                changes[name] = value
+        return changes

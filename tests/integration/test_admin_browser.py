@@ -56,6 +56,15 @@ def sign_in(browser, url: str, wait) -> None:
     wait.until(ready.text_to_be_present_in_element((By.ID, "degrade-state"), "Load score"))
 
 
+def open_section(browser, wait, name: str) -> None:
+    """One of the Admin tab's own tabs (Dashboard, Settings, API keys, Voices and lexicon, Audit log)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+
+    wait.until(ready.element_to_be_clickable((By.XPATH, f"//button[@role='tab' and normalize-space(.)='{name}']"))
+               ).click()
+
+
 @pytest.fixture(scope="module")
 def served(admin_server):
     """Some traffic for the charts."""
@@ -112,10 +121,14 @@ def test_admin_tab_renders_live_charts(browser, admin_server, served):
     state = browser.find_element(By.ID, "degrade-state").text
     assert "normal" in state and "queue wait 0.00" in state and "queue_wait_target_s" in state
     height = browser.execute_script("return document.documentElement.scrollHeight")
-    print(f"Admin tab: {height} px tall at {browser.get_window_size()['width']} px wide")
-    assert height < 4500  # 4,600 px when absent hardware and engines had charts of their own
+    print(f"Admin tab's dashboard: {height} px tall at {browser.get_window_size()['width']} px wide")
+    assert height < 2600  # 4,252 px when the settings, keys, voices, lexicon and audit log were below the charts
+    browser.execute_script("window.scrollTo(0, 0)")  # docs/operating.md's picture: the state and the charts
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(ARTIFACTS / "admin.png"))
 
     # A key is revoked by choosing it.
+    open_section(browser, wait, "API keys")
     browser.find_element(By.CSS_SELECTOR, "#revoke-key input").click()
     wait.until(ready.element_to_be_clickable((By.XPATH, "//li[@data-testid='dropdown-option' and "
                                                         "contains(., 'browser-key')]"))).click()
@@ -126,19 +139,25 @@ def test_admin_tab_renders_live_charts(browser, admin_server, served):
 
     # The key made before signing in is in the audit log, at a time in the browser's own words (not ISO text);
     # one made here joins it without anything else being done.
+    open_section(browser, wait, "Audit log")
     audit = browser.find_element(By.ID, "audit-log")
     wait.until(lambda driver: "api_key.create" in audit.text and "browser-key" in audit.text)
     moments = audit.find_elements(By.CSS_SELECTOR, "time")
     assert moments and all(moment.get_attribute("data-local") is not None for moment in moments)
     assert not any(re.search(r"\d:\d\d:\d\d(\.\d+)?(\+|Z| UTC)|\dT\d", moment.get_attribute("textContent"))
                    for moment in moments)  # no "2026-12-02T17:13:02+00:00", no UTC: the browser's zone
+    open_section(browser, wait, "API keys")
     browser.find_element(By.CSS_SELECTOR, "#key-name textarea, #key-name input").send_keys("made-in-the-tab")
     browser.find_element(By.XPATH, "//button[contains(., 'Create key')]").click()
-    wait.until(lambda driver: "made-in-the-tab" in audit.text)
+    wait.until(lambda driver: "made-in-the-tab" in driver.page_source and "copy it now" in driver.page_source)
+    open_section(browser, wait, "Audit log")
+    wait.until(lambda driver: "made-in-the-tab" in driver.find_element(By.ID, "audit-log").text)
+    open_section(browser, wait, "Voices and lexicon")
     assert not browser.find_element(By.XPATH, "//label[contains(., 'Entry id')]//*[self::input or self::textarea]"
                                     ).get_attribute("value")
 
     # The form changes a threshold in the running server, and the audit log shows it.
+    open_section(browser, wait, "Settings")
     field = browser.find_element(By.XPATH, "//label[contains(., 'Text cap (characters)')]//input")
     field.clear()
     field.send_keys("250")
@@ -146,8 +165,109 @@ def test_admin_tab_renders_live_charts(browser, admin_server, served):
     wait.until(lambda driver: "Saved and applied: cap_text_chars" in driver.page_source)
     settings = httpx.get(f"{admin_server}/admin/api/settings", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert settings["settings"]["cap_text_chars"] == 250
-    wait.until(lambda driver: "cap_text_chars" in audit.text and "admin-ui" in audit.text)
-    browser.execute_script("window.scrollTo(0, 0)")  # docs/operating.md's picture: the state and the charts
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    assert browser.save_screenshot(str(ARTIFACTS / "admin.png"))
+    open_section(browser, wait, "Audit log")
+    wait.until(lambda driver: "cap_text_chars" in driver.find_element(By.ID, "audit-log").text
+               and "admin-ui" in driver.find_element(By.ID, "audit-log").text)
 
+
+
+TIER_CELLS = "#tier-table [role=gridcell]"
+
+
+def tier_grid(browser) -> list[list[str]]:
+    """The tier table's cells as shown, row by row."""
+    from selenium.webdriver.common.by import By
+
+    rows: dict[int, dict[int, str]] = {}
+    for cell in browser.find_elements(By.CSS_SELECTOR, TIER_CELLS):
+        rows.setdefault(int(cell.get_attribute("data-row")), {})[int(cell.get_attribute("data-col"))] = \
+            cell.text.replace("⋮", "").strip()  # the selected cell shows its menu button
+    return [[row[column] for column in sorted(row)] for _, row in sorted(rows.items())]
+
+
+def edit_tier_cell(browser, row: int, column: int, text: str) -> None:
+    """Select a cell, press Enter to edit it, replace what it holds, press Enter."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    cell = browser.find_element(By.CSS_SELECTOR, f"#tier-table [data-testid='cell-{row}-{column}']")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", cell)
+    cell.click()
+    ActionChains(browser).send_keys(Keys.ENTER).perform()
+    WebDriverWait(browser, 10).until(lambda driver: driver.switch_to.active_element.tag_name == "textarea")
+    editor = browser.switch_to.active_element
+    editor.send_keys(Keys.CONTROL, "a")
+    editor.send_keys(text, Keys.ENTER)
+
+
+def save_settings_and_wait(browser, wait, said: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    message = browser.find_element(By.ID, "settings-message")
+    browser.find_element(By.XPATH, "//button[contains(., 'Save settings')]").click()
+    wait.until(lambda driver: said in message.text)
+
+
+def test_tier_table_saves_and_reloads(browser, admin_server):
+    """The tiers are a table (a row per tier) and the anonymous tier a choice among them: a changed cell and a
+    new row are saved to the running server, and a fresh page shows them; a refusal names the column."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 30)
+    sign_in(browser, admin_server + "/", wait)
+    open_section(browser, wait, "Settings")
+    wait.until(lambda driver: [row[0] for row in tier_grid(driver)] == ["personal", "free", "pro", "enterprise"])
+    edit_tier_cell(browser, 1, 2, "7")  # free's priority
+    last = browser.find_element(By.CSS_SELECTOR, "#tier-table [data-testid='cell-3-0']")
+    last.click()
+    last.find_element(By.CSS_SELECTOR, "button.cell-menu-button").click()
+    wait.until(ready.element_to_be_clickable((By.XPATH, "//*[@role='menuitem' and normalize-space(.)='Add row below']"))
+               ).click()
+    wait.until(lambda driver: len(tier_grid(driver)) == 5)
+    for column, text in enumerate(["studio", "5/second", "3", "2000", "", "0.25", "30"]):
+        if text:
+            edit_tier_cell(browser, 4, column, text)
+    save_settings_and_wait(browser, wait, "Saved and applied: tiers")
+    read = httpx.get(f"{admin_server}/admin/api/settings", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    tiers = read["settings"]["tiers"]
+    assert tiers["free"]["priority"] == 7
+    assert tiers["studio"] == {"rate_limit": "5/second", "priority": 3, "max_chars": 2000, "sheddable": True,
+                               "max_queue_share": 0.25, "request_timeout_s": 30.0}  # sheddable: left as Tier's
+
+    # the new tier is one of the anonymous tier's choices once saved
+    browser.find_element(By.CSS_SELECTOR, "#anonymous-tier input").click()
+    wait.until(ready.element_to_be_clickable((By.XPATH, "//li[@data-testid='dropdown-option' and "
+                                                        "contains(., 'studio')]"))).click()
+    save_settings_and_wait(browser, wait, "Saved and applied: anonymous_tier")
+    read = httpx.get(f"{admin_server}/admin/api/settings", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    assert read["settings"]["anonymous_tier"] == "studio"
+
+    # refusals name what the form shows: the column and the tier, the field's label
+    edit_tier_cell(browser, 4, 5, "2")
+    save_settings_and_wait(browser, wait, "Not saved: tier studio, queue share (0 to 1) must be a number above 0 "
+                                          "and at most 1")
+    edit_tier_cell(browser, 4, 5, "0.25")
+    threshold = browser.find_element(By.XPATH, "//label[contains(., 'Enter at load score (0 to 1)')]//input")
+    threshold.clear()
+    threshold.send_keys("2")
+    save_settings_and_wait(browser, wait, "Not saved: Enter at load score (0 to 1) must be a number above 0 and "
+                                          "at most 1")
+
+    # a fresh page shows what was saved, not what was typed
+    sign_in(browser, admin_server + "/", wait)
+    open_section(browser, wait, "Settings")
+    wait.until(lambda driver: len(tier_grid(driver)) == 5)
+    grid = tier_grid(browser)
+    assert grid[1][:3] == ["free", "10/minute", "7"]
+    assert grid[4][:4] == ["studio", "5/second", "3", "2000"] and grid[4][5:] == ["0.25", "30"]
+    assert browser.find_element(By.CSS_SELECTOR, "#anonymous-tier input").get_attribute("value") == "studio"
+    threshold = browser.find_element(By.XPATH, "//label[contains(., 'Enter at load score (0 to 1)')]//input")
+    assert threshold.get_attribute("value") == "0.85"
+    open_section(browser, wait, "API keys")  # a key can be made for the new tier
+    browser.find_element(By.CSS_SELECTOR, "#key-tier input").click()
+    wait.until(ready.element_to_be_clickable((By.XPATH, "//li[@data-testid='dropdown-option' and "
+                                                        "contains(., 'studio')]")))

@@ -82,7 +82,7 @@ def test_subtitles(server, kind, head, separator):
     assert response.status_code == 200
     assert response.headers["content-type"].startswith({"vtt": "text/vtt", "srt": "application/x-subrip"}[kind])
     assert response.text.startswith(head) and f"00:00:00{separator}" in response.text
-    assert "Hello there This is a subtitle test" in " ".join(
+    assert "Hello there. This is a subtitle test." in " ".join(  # with the text's punctuation
         line for line in response.text.splitlines() if line and "-->" not in line and not line[0].isdigit())
 
 

@@ -185,3 +185,45 @@ def test_the_tab_fits_a_phone_and_reads_in_dark_mode(browser, ui_server):
         save_screenshot(browser, "ui-phone-dark.png")
     finally:
         browser.set_window_size(1400, 1900)
+
+
+def icon_offset(png: bytes) -> tuple[float, float, float]:
+    """The round button's icon (its light pixels inside the circle): how far its centre of mass lies from the
+    button's centre (x, y, in px), and how far out from the centre it reaches, as a share of the radius."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=float)
+    height, width = pixels.shape[:2]
+    rows, columns = np.mgrid[0:height, 0:width]
+    centre_y, centre_x, radius = (height - 1) / 2, (width - 1) / 2, min(height, width) / 2
+    distance = np.hypot(rows - centre_y, columns - centre_x)
+    icon = (pixels.sum(axis=2) > 600) & (distance < radius * 0.9)  # the button's text colour on its accent
+    assert icon.sum() > 20, "no icon drawn"
+    return (columns[icon].mean() - centre_x, rows[icon].mean() - centre_y, distance[icon].max() / radius)
+
+
+@pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)])
+def test_the_pause_button_draws_a_centred_icon(browser, ui_server, width, height):
+    """While playing, the round button shows two bars drawn in CSS (the '❚❚' glyph sat off-centre and was cut
+    by the circle), centred and well inside it, at a desktop's size and a phone's."""
+    from selenium.webdriver.common.by import By
+
+    browser.set_window_size(width, height)
+    try:
+        wait = open_page(browser, ui_server + "/")
+        synthesize(browser, wait, TEXT)
+        button = browser.find_element(By.CSS_SELECTOR, ".chorus-play")
+        browser.execute_script("window.chorusPlayer.seek(0)")
+        button.click()
+        wait.until(lambda driver: driver.execute_script(STATE)["playing"])
+        shot = button.screenshot_as_png
+        assert button.get_attribute("aria-label") == "Pause" and button.text == ""  # no glyph
+        x, y, reach = icon_offset(shot)
+        assert abs(x) <= 1 and abs(y) <= 1 and reach < 0.75, (x, y, reach)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / f"pause-button-{width}.png").write_bytes(shot)
+    finally:
+        browser.set_window_size(1400, 1900)

@@ -19,8 +19,8 @@ from tts_core.text.frontend import normalize_text, spoken_parts, ssml
 VOICE = Voice("v", "fake", "en", 16000)
 
 
-def captions_of(text: str) -> list[tuple[str, float, float]]:
-    """Each spoken word said for 1 s, one after another: the caption words and their times."""
+def caption_words_of(text: str) -> list[CaptionWord]:
+    """Each spoken word said for 1 s, one after another: the caption words."""
     if ssml.is_ssml(text):
         passages = tuple(Passage(spoken_parts(raw.parts, "en"), VOICE, "fake", 1.0)
                          for raw in ssml.parse(text).passages)
@@ -32,7 +32,12 @@ def captions_of(text: str) -> list[tuple[str, float, float]]:
         for word in range(len(words(passage.spoken.text))):
             timed.append((index, word, at, at + 1.0))
             at += 1.0
-    return [(word.word, word.start, word.end) for word in caption_words(script, text, timed)]
+    return caption_words(script, text, timed)
+
+
+def captions_of(text: str) -> list[tuple[str, float, float]]:
+    """The caption words and their times."""
+    return [(word.word, word.start, word.end) for word in caption_words_of(text)]
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -47,6 +52,28 @@ def captions_of(text: str) -> list[tuple[str, float, float]]:
 ])
 def test_caption_words_are_the_callers_words(text, expected):
     assert captions_of(text) == expected
+
+
+@pytest.mark.parametrize("kind", ["srt", "vtt"])
+def test_subtitles_keep_the_texts_punctuation(kind):
+    words = caption_words_of("Hello there. This is a subtitle test.")
+    assert [word.word for word in words] == ["Hello", "there", "This", "is", "a", "subtitle", "test"]  # the times'
+    cues = [line for line in subtitles(words, kind).splitlines()[1:] if line and "-->" not in line
+            and not line.isdigit()]
+    assert " ".join(cues) == "Hello there. This is a subtitle test."
+
+
+@pytest.mark.parametrize("text, shown", [
+    ('He said "Wait..." and left; ¿Qué? Costs $5, at 7:45 pm.',
+     ["He", "said", '"Wait..."', "and", "left;", "¿Qué?", "Costs", "$5,", "at", "7:45 pm."]),
+    ("Mr. Smith's toys, e.g. these!", ["Mr.", "Smith's", "toys,", "e.g.", "these!"]),
+    # markdown's and SSML's marks are not the text's
+    ("**Bold** and [a link](http://x.y) H2O?", ["Bold", "and", "a", "link", "H2O?"]),
+    ('<speak><sub alias="World Wide Web">WWW</sub> &amp; <break time="1s"/>chips. Fish!</speak>',
+     ["WWW", "&", "chips.", "Fish!"]),
+])
+def test_a_subtitle_word_keeps_the_punctuation_written_beside_it(text, shown):
+    assert [word.shown for word in caption_words_of(text)] == shown
 
 
 def test_subtitles_in_both_formats():

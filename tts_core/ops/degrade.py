@@ -19,9 +19,11 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic.fields import FieldInfo
 
 from ..errors import InvalidSetting
 from ..request.access import DEFAULT_TIERS, Tier
+from ..validation import plain_message
 
 
 class DegradeAction(StrEnum):
@@ -93,7 +95,7 @@ class OperatorSettings(BaseModel):
             first = error.errors()[0]
             name = str(first["loc"][0]) if first["loc"] else None
             where = ".".join(str(part) for part in first["loc"])  # tiers.free.priority: the value at fault
-            raise InvalidSetting(f"{where}: {first['msg']}", name) from None
+            raise InvalidSetting(plain_message(first, where, _field(first["loc"])), name) from None
         # A clash between two values names the one being changed (so that from_stored drops only that one).
         if updated.anonymous_tier not in updated.tiers:
             raise InvalidSetting(f"anonymous_tier {updated.anonymous_tier!r} is not one of the tiers "
@@ -123,6 +125,13 @@ class OperatorSettings(BaseModel):
                         ignored[name] = invalid.message
                         del remaining[name]
         return settings, ignored
+
+
+def _field(location: tuple) -> FieldInfo | None:
+    """The field a value at this place in the settings is (a tier's field inside tiers)."""
+    if len(location) == 3 and location[0] == "tiers":
+        return Tier.model_fields.get(str(location[2]))
+    return OperatorSettings.model_fields.get(str(location[0])) if len(location) == 1 else None
 
 
 def _changed(changes: dict[str, Any], first: str, second: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import html
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..engines.base import word_spans
 from ..request.records import EngineOutput, QueuedItem
@@ -26,6 +26,10 @@ SUBTITLE_FORMATS = ("srt", "vtt")
 CUE_MAX_CHARS = 42  # a subtitle line, as broadcasters keep it
 CUE_MAX_S = 5.0
 CUE_GAP_S = 0.6  # a pause this long starts a new cue
+# Punctuation a subtitle keeps beside a word, as written: sentence and clause marks and quotes. Not brackets,
+# asterisks or underscores, which in the input are as often markdown or SSML as text.
+PUNCTUATION_AFTER = ".,;:!?…\"'”’»"
+PUNCTUATION_BEFORE = "\"'“‘«¿¡"
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class CaptionWord:
     input_start: int  # input[input_start:input_end] is what it names
     input_end: int
     speaker: str | None = None  # a dialogue's: who says it
+    shown: str = ""  # the word with the punctuation written beside it, as subtitles show it ("there.")
 
     def as_json(self) -> dict:
         said = {"word": self.word, "start": round(self.start, 3), "end": round(self.end, 3)}
@@ -71,7 +76,25 @@ def caption_words(script: Script, text: str, timed: list[Timed]) -> list[Caption
             start, end = last.start, max(end, last.end)
             captions.pop()
         captions.append(CaptionWord(layout.written.get(span) or _written(text[span[0]:span[1]]), start, end, *span))
-    return [caption for caption in captions if caption.word]
+    return _punctuated(text, [caption for caption in captions if caption.word])
+
+
+def _punctuated(text: str, captions: list[CaptionWord]) -> list[CaptionWord]:
+    """Each word with the punctuation written right before and after it in the input, inside its span ("7:45
+    pm." is one thing said) or beside it; a mark goes to the word before it where two words share it."""
+    shown, taken = [], 0
+    for caption in captions:
+        first, stop = caption.input_start, caption.input_end
+        inside = html.unescape(text[first:stop])  # "&amp;" is "&", not a word before a ";"
+        while first > taken and text[first - 1] in PUNCTUATION_BEFORE:
+            first -= 1
+        while stop < len(text) and text[stop] in PUNCTUATION_AFTER:
+            stop += 1
+        taken = max(taken, stop)
+        before = text[first:caption.input_start] + inside[:len(inside) - len(inside.lstrip(PUNCTUATION_BEFORE))]
+        after = inside[len(inside.rstrip(PUNCTUATION_AFTER)):] + text[caption.input_end:stop]
+        shown.append(replace(caption, shown=before + caption.word + after))
+    return shown
 
 
 class _Layout:
@@ -146,22 +169,22 @@ def _written(text: str) -> str:
 # --- subtitles --------------------------------------------------------------------------------------
 
 def subtitles(words: list[CaptionWord], kind: str) -> str:
-    """SubRip ("srt") or WebVTT ("vtt") cues of the words: a cue is at most a line of CUE_MAX_CHARS and
-    CUE_MAX_S long, and a pause of CUE_GAP_S starts a new one. A dialogue's words start a cue where the speaker
-    changes, labelled with who speaks ("Ann: " in SubRip, WebVTT's voice tag <v Ann>)."""
+    """SubRip ("srt") or WebVTT ("vtt") cues of the words, with their punctuation: a cue is at most a line of
+    CUE_MAX_CHARS and CUE_MAX_S long, and a pause of CUE_GAP_S starts a new one. A dialogue's words start a cue
+    where the speaker changes, labelled with who speaks ("Ann: " in SubRip, WebVTT's voice tag <v Ann>)."""
     cues: list[list[CaptionWord]] = []
     for word in words:
         cue = cues[-1] if cues else None
         if (cue is None or word.speaker != cue[-1].speaker or word.start - cue[-1].end >= CUE_GAP_S
                 or word.end - cue[0].start > CUE_MAX_S
-                or sum(len(each.word) + 1 for each in cue) + len(word.word) > CUE_MAX_CHARS):
+                or sum(len(_shown(each)) + 1 for each in cue) + len(_shown(word)) > CUE_MAX_CHARS):
             cues.append([word])
         else:
             cue.append(word)
     separator = "," if kind == "srt" else "."
     escape = (lambda text: html.escape(text, quote=False)) if kind == "vtt" else str  # WebVTT cue text is markup
     blocks = [f"{_stamp(cue[0].start, separator)} --> {_stamp(cue[-1].end, separator)}\n"
-              f"{_label(cue[0].speaker, kind)}{escape(' '.join(word.word for word in cue))}\n" for cue in cues]
+              f"{_label(cue[0].speaker, kind)}{escape(' '.join(_shown(word) for word in cue))}\n" for cue in cues]
     if kind == "srt":
         return "\n".join(f"{number}\n{block}" for number, block in enumerate(blocks, 1))
     return "WEBVTT\n\n" + "\n".join(blocks)
@@ -173,6 +196,10 @@ def _label(speaker: str | None, kind: str) -> str:
     if kind == "srt":
         return f"{speaker}: "
     return f"<v {html.escape(speaker.replace('>', ' '), quote=False)}>"  # a voice tag's name ends at ">"
+
+
+def _shown(word: CaptionWord) -> str:
+    return word.shown or word.word
 
 
 def _stamp(seconds: float, separator: str) -> str:

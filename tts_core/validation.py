@@ -1,0 +1,69 @@
+"""pydantic's validation errors in words a person reads without knowing pydantic: "speed must be a number
+between 0.25 and 4", not "Input should be less than or equal to 4" (which is also what a NaN was told).
+The API names a field as callers send it, the Admin tab by the label it shows."""
+
+from __future__ import annotations
+
+import re
+from typing import get_args
+
+from pydantic.fields import FieldInfo
+
+NUMBER_ERRORS = {"float_type", "float_parsing", "int_type", "int_parsing", "int_from_float", "finite_number",
+                 "greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+# the subject pydantic starts its other messages with, replaced by the field's name
+SUBJECT = re.compile(r"^(Input|String|Value|List|Dictionary|Decimal|Data) should ")
+
+
+def plain_message(error: dict, name: str, field: FieldInfo | None = None) -> str:
+    """One of pydantic's errors (an item of ValidationError.errors()) as a sentence about `name`; `field`, the
+    field it is about where known, gives a number's whole range."""
+    kind, context = error.get("type"), error.get("ctx") or {}
+    if kind == "missing":
+        return f"{name} is required"
+    if kind in NUMBER_ERRORS:
+        return f"{name} must be {_number(kind, context, field)}"
+    if kind == "bool_type":
+        return f"{name} must be true or false"
+    if kind == "string_type":
+        return f"{name} must be a string"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"{name} must be an object of fields"
+    if kind == "list_type":
+        return f"{name} must be a list"
+    if kind == "literal_error":
+        return f"{name} must be one of {context['expected']}"
+    if kind == "string_too_short":
+        return f"{name} must not be empty" if context.get("min_length") == 1 else \
+            f"{name} must be at least {context['min_length']} characters long"
+    if kind == "string_too_long":
+        return f"{name} must be at most {context['max_length']:,} characters long"
+    if kind == "string_pattern_mismatch":
+        return f"{name} {error.get('input')!r} has characters that are not allowed there"
+    if kind == "value_error":
+        return f"{name}: {context.get('error', error.get('msg'))}"
+    if kind == "extra_forbidden":
+        return f"{name} is not a setting this takes"
+    message = error.get("msg", "is not valid")
+    return SUBJECT.sub(f"{name} should ", message) if SUBJECT.match(message) else f"{name}: {message}"
+
+
+def _number(kind: str, context: dict, field: FieldInfo | None) -> str:
+    """'a number between 0.25 and 4', 'a whole number above 0 and at most 100' ... from the field's bounds (or,
+    without the field, the one bound the error names)."""
+    whole = kind.startswith("int") or (field is not None and int in (field.annotation, *get_args(field.annotation)))
+    bounds = {key: getattr(bound, key) for bound in (field.metadata if field is not None else [])
+              for key in BOUND_WORDS if getattr(bound, key, None) is not None}
+    bounds = bounds or {key: value for key, value in context.items() if key in BOUND_WORDS}
+    noun = "a whole number" if whole else "a number"
+    if "ge" in bounds and "le" in bounds:
+        return f"{noun} between {_figure(bounds['ge'])} and {_figure(bounds['le'])}"
+    limits = [f"{BOUND_WORDS[key]} {_figure(bounds[key])}" for key in BOUND_WORDS if key in bounds]
+    return " ".join([noun, " and ".join(limits)]).strip()
+
+
+BOUND_WORDS = {"ge": "at least", "gt": "above", "le": "at most", "lt": "below"}  # lower bounds first
+
+
+def _figure(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
