@@ -116,21 +116,25 @@ def test_captioned_lines_end_with_an_error_line(server, logged):
     assert_one_line(logged)
 
 
+def utterance(socket) -> tuple[list[dict], int]:
+    """One utterance's events up to its done or error, and the bytes of audio sent before."""
+    events, audio = [], 0
+    while not events or events[-1]["type"] not in ("done", "error"):
+        message = socket.recv(timeout=30)
+        if isinstance(message, bytes):
+            audio += len(message)
+        else:
+            events.append(json.loads(message))
+    return events, audio
+
+
 def test_a_websocket_utterance_ends_with_an_error_event_and_the_socket_goes_on(server, logged):
     with connect(server.replace("http://", "ws://") + "/v1/audio/speech/stream", open_timeout=30) as socket:
         socket.send(json.dumps({"text": TEXT, "voice": "fake-voice", "model": "fake"}))
-        events, audio = [], 0
-        while not events or events[-1]["type"] not in ("done", "error"):
-            message = socket.recv(timeout=30)
-            if isinstance(message, bytes):
-                audio += len(message)
-            else:
-                events.append(json.loads(message))
+        events, audio = utterance(socket)
         assert audio and events[-1]["type"] == "error" and events[-1]["id"] == 1
         assert events[-1]["error"]["code"] == "synthesis_failed"
         socket.send(json.dumps({"text": "And this is fine too."}))
-        while (event := json.loads(next(m for m in iter(lambda: socket.recv(timeout=30), None)
-                                        if isinstance(m, str))))["type"] not in ("done", "error"):
-            pass
-        assert event == {"type": "done", "id": 2, "audio_s": event["audio_s"]}
+        events, audio = utterance(socket)
+        assert audio and events[-1] == {"type": "done", "id": 2, "audio_s": events[-1]["audio_s"]}
     assert_one_line(logged)
