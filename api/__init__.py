@@ -53,6 +53,7 @@ class RequestAccounting:
             if not completed and status < 400:  # the client left before the whole answer was sent
                 status = 499
             details = dict(scope.get("state", {}).get("speech", {}))
+            status = details.pop("status", status)  # a stream that failed after its 200 was sent says so
             client = details.pop("client", None) or (scope.get("client") or ("unknown",))[0]
             account(self.metrics, self.request_log, source="api", client=client, status=status, started=started,
                     **details)

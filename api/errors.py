@@ -14,7 +14,15 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from storage import StorageError
-from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, InvalidSetting, StorageUnavailable, error_body
+from tts_core.errors import (
+    ChorusError,
+    ErrorCode,
+    InvalidRequest,
+    InvalidSetting,
+    StorageUnavailable,
+    SynthesisError,
+    error_body,
+)
 from tts_core.validation import plain_message
 
 from .access import LimitExceeded
@@ -37,6 +45,18 @@ def unavailable(error: StorageError) -> StorageUnavailable:
     only (it can name files, hosts and statements)."""
     log.warning("storage unavailable: %s", error)
     return StorageUnavailable()
+
+
+def stream_failure(error: Exception, what: str = "stream") -> ChorusError:
+    """What a stream whose status line is sent ends with (an SSE or NDJSON error event, a WebSocket error
+    message), logged as one line: the error handlers cannot answer any more, and a traceback per failed stream
+    (two, with the framework's) says nothing the line does not. A failure that is not one of ours is said as
+    ours (its text can hold anything)."""
+    if isinstance(error, ChorusError):
+        log.warning("%s failed after its headers: %s (%s)", what, error.message, error.code)
+        return error
+    log.error("%s failed after its headers: %s: %s", what, type(error).__name__, error)
+    return SynthesisError("synthesis failed (internal error)", code=ErrorCode.INTERNAL_ERROR)
 
 
 def json_body(data: bytes, kind: type[ChorusError] = InvalidRequest) -> Any:

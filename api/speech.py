@@ -20,6 +20,7 @@ from tts_core.request.access import Caller, RateLimitState
 from tts_core.service import SpeechService, SpokenAudio
 from tts_core.text.captions import CaptionWord, caption_words, subtitles
 
+from .errors import stream_failure
 from .schemas import CaptionedSpeechRequest, SpeechRequest, error_responses
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,16 @@ async def audio_bytes(encoded: AsyncIterator[tuple[bytes, float, list]], details
         await encoded.aclose()
 
 
+async def ended_on_failure(chunks: AsyncIterator[bytes], details: dict) -> AsyncIterator[bytes]:
+    """A raw audio stream that ends its body cleanly (the chunked end, not a cut connection) when synthesis
+    fails after the headers: audio has no place for an error, so the failure is the request log's status."""
+    try:
+        async for data in chunks:
+            yield data
+    except Exception as error:
+        details["status"] = stream_failure(error).status
+
+
 AUDIO_TOKENS_PER_S = 50  # the SSE usage counts audio in 20 ms frames (Chorus has no tokens)
 
 
@@ -87,9 +98,9 @@ async def server_sent_events(chunks: AsyncIterator[bytes], details: dict) -> Asy
             event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
             yield "data: " + json.dumps(event) + "\n\n"
     except Exception as error:  # the status line is sent already: report the failure as an event
-        log.warning("stream failed: %s", error)
-        event = {"type": "error", "error": {"message": str(error), "type": "server_error"}}
-        yield "data: " + json.dumps(event) + "\n\n"
+        failure = stream_failure(error)
+        details["status"] = failure.status
+        yield "data: " + json.dumps({"type": "error", **failure.body()}) + "\n\n"
         return
     input_tokens, output_tokens = details.get("characters", 0), round(details.get("audio_s", 0) * AUDIO_TOKENS_PER_S)
     usage = {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
@@ -111,7 +122,8 @@ async def create_speech(body: SpeechRequest, request: Request,
         if body.stream_format == "sse":
             return StreamingResponse(server_sent_events(chunks, request.state.speech), media_type="text/event-stream",
                                      headers=headers)
-        return StreamingResponse(chunks, media_type=FORMATS[body.response_format].content_type, headers=headers)
+        return StreamingResponse(ended_on_failure(chunks, request.state.speech),
+                                 media_type=FORMATS[body.response_format].content_type, headers=headers)
     spoken = await until_disconnect(request, service.speak(
         body.input, body.voice_name, body.model, body.speed, body.response_format, caller, body.reading(),
         sample_rate=body.sample_rate))
@@ -160,11 +172,16 @@ async def _captioned(body: CaptionedSpeechRequest, request: Request, caller: Cal
         request.state.speech["voice"] = stream.voice.name
 
         async def lines() -> AsyncIterator[str]:
-            async for data, seconds, timed in stream.encoded(body.response_format, body.sample_rate):
-                request.state.speech["audio_s"] = request.state.speech.get("audio_s", 0.0) + seconds
-                words = caption_words(stream.script, body.input, timed)
-                if data or words:
-                    yield json.dumps(_answer(data, body.response_format, words, kokoro)) + "\n"
+            try:
+                async for data, seconds, timed in stream.encoded(body.response_format, body.sample_rate):
+                    request.state.speech["audio_s"] = request.state.speech.get("audio_s", 0.0) + seconds
+                    words = caption_words(stream.script, body.input, timed)
+                    if data or words:
+                        yield json.dumps(_answer(data, body.response_format, words, kokoro)) + "\n"
+            except Exception as error:  # the status line is sent: the failure is the last line
+                failure = stream_failure(error)
+                request.state.speech["status"] = failure.status
+                yield json.dumps(failure.body()) + "\n"
         return StreamingResponse(lines(), media_type=NDJSON, headers={"X-Chorus-Voice": stream.voice.name, **headers})
     spoken: SpokenAudio = await until_disconnect(request, service.speak(
         body.input, body.voice_name, body.model, body.speed, body.response_format, caller, body.reading(),

@@ -31,14 +31,14 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from tts_core.audio.encoding import FORMATS
-from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, SynthesisError, Unauthorized
+from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Unauthorized
 from tts_core.request.access import Caller
 from tts_core.request.script import Reading
 from tts_core.service import SentenceStream, SpeechService, check_format
 from tts_core.text.frontend import NormalizationOptions, requested
 
 from .accounting import account
-from .errors import invalid_input
+from .errors import invalid_input, stream_failure
 from .schemas import SocketMessage
 
 log = logging.getLogger(__name__)
@@ -307,14 +307,10 @@ class SpeechConnection:
         except WebSocketDisconnect:  # the client left while this was being sent (status 499): not a failure
             log.info("websocket utterance %s: the client left before it was sent whole", utterance.id)
             raise
-        except ChorusError as failure:
+        except Exception as error:  # this utterance's error event; the socket goes on with the next
+            failure = stream_failure(error, f"websocket utterance {utterance.id}")
             status = failure.status
             await self._refuse(failure, utterance.id)
-        except Exception as error:
-            status = 500
-            log.exception("websocket utterance %s failed", utterance.id)
-            await self._refuse(SynthesisError(f"synthesis failed: {error}", code=ErrorCode.INTERNAL_ERROR),
-                               utterance.id)
         finally:
             stream.close()
             self._account(status, utterance.accepted_at, utterance.characters, stream.voice.name, audio_s)

@@ -41,7 +41,7 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
     def page(stored: list, request: gr.Request):  # the caller's, and the registry may have been reloaded
         caller = context.caller_of(request)
         voice, language, voice_list = voices.for_caller(caller.identity if caller else None)
-        return (voice, language, cloning.models_now(), *speak.for_caller(caller), voice_list, *history.kept(stored))
+        return (voice, language, *cloning.models_now(), *speak.for_caller(caller), voice_list, *history.kept(stored))
 
     with gr.Blocks(title="Chorus", delete_cache=(KEEP_FILES_S, KEEP_FILES_S)) as demo:
         gr.Markdown("# Chorus\nType text, pick a voice, hear it. "
@@ -63,7 +63,7 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
             render_tab()
         warm_up_timer = gr.Timer(1.0, active=False)
         demo.load(readiness, None, [status, warm_up_timer])
-        demo.load(page, [stored_history], [voices.voice, voices.language, cloning.model, speak.text, speak.counter,
-                                           voices.voice_list, stored_history, history.history_box])
+        demo.load(page, [stored_history], [voices.voice, voices.language, *cloning.page_outputs, speak.text,
+                                           speak.counter, voices.voice_list, stored_history, history.history_box])
         warm_up_timer.tick(readiness, None, [status, warm_up_timer], api_visibility="private")
     return demo

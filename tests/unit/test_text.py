@@ -63,14 +63,20 @@ def test_adversarial_input_is_linear_time(text):
     assert time.perf_counter() - started < 2.0
 
 
-def test_ramp_up_starts_short_and_doubles_without_losing_or_cutting_words():
+def test_ramp_up_starts_short_and_doubles_cutting_only_where_the_text_pauses():
     text = " ".join(["Alpha beta gamma delta, epsilon zeta eta theta iota kappa lambda mu nu xi omicron."] * 6)
     ramped = ramp_up(split_chunks(text, 120), 24, 120)
     chunks = [chunk for chunk, _ in ramped]
     assert " ".join(chunks).split() == text.split()
-    assert len(chunks[0]) <= 24 and len(chunks[1]) <= 48 and len(chunks[2]) <= 96
     assert all(len(chunk) <= 120 for chunk in chunks)
-    assert chunks[0] == "Alpha beta gamma delta,"  # cut at the clause, not mid-word
+    assert chunks[0] == "Alpha beta gamma delta,"  # cut at the clause
+    # the clause after it is longer than the next limit (48), and is one piece: a cut between words would make
+    # the voice end an utterance there, slower than it says the words inside one
+    assert chunks[1] == "epsilon zeta eta theta iota kappa lambda mu nu xi omicron."
+    assert ramp_up(["No clause in this sentence at all, or one."], 10, 120) == [
+        ("No clause in this sentence at all,", False), ("or one.", True)]
+    assert ramp_up(["Words and no pause in this long sentence."], 10, 120) == [
+        ("Words and no pause in this long sentence.", False)]
     # a piece cut from its sentence continues it (no pause); the next sentence does not
     assert [continues for _, continues in ramped[:2]] == [False, True]
     assert sum(not continues for _, continues in ramped) == 6  # each sentence starts a piece of its own

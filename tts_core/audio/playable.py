@@ -1,4 +1,4 @@
-"""Audio made playable: pieces joined with pauses, edges faded or trimmed, silence, and resampling
+"""Audio made playable: pieces joined with pauses, edges faded, silence, and resampling
 (PyAV's resampler)."""
 
 from __future__ import annotations
@@ -17,22 +17,6 @@ def join(chunks: list[np.ndarray], sample_rate: int, pauses_s: list[float] | Non
         pauses_s = [0.0] + [JOIN_PAUSE_S] * (len(chunks) - 1)
     pieces = [faded(chunk, sample_rate, pause_s=pause) for chunk, pause in zip(chunks, pauses_s, strict=True)]
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
-
-
-QUIET = 0.01  # peak below which audio counts as quiet (1% of full scale)
-CUT_KEEP_S = 0.04  # quiet kept at each side of a cut mid-sentence: about the gap between two words
-
-
-def quiet_edges_trimmed(audio: np.ndarray, sample_rate: int, head: bool, tail: bool) -> np.ndarray:
-    """Audio with the quiet at its start (head) and end (tail) cut down to CUT_KEEP_S: a text synthesized in
-    two pieces has an edge of silence at each side of the cut that it has not when synthesized whole."""
-    loud = np.flatnonzero(np.abs(audio) > QUIET)
-    if not loud.size or not (head or tail):
-        return audio
-    keep = round(CUT_KEEP_S * sample_rate)
-    start = max(0, loud[0] - keep) if head else 0
-    end = min(audio.size, loud[-1] + 1 + keep) if tail else audio.size
-    return audio[start:end]
 
 
 def silence(seconds: float, sample_rate: int) -> np.ndarray:

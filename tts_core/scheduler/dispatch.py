@@ -21,7 +21,7 @@ from typing import TypeVar
 import numpy as np
 
 from ..audio.encoding import StreamEncoder
-from ..audio.playable import JOIN_PAUSE_S, faded, quiet_edges_trimmed, resample, silence
+from ..audio.playable import JOIN_PAUSE_S, faded, resample, silence
 from ..config import Settings
 from ..engines.base import Engine
 from ..errors import DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
@@ -255,12 +255,11 @@ class SentenceStream:
 
     def _playable(self, audio: np.ndarray, index: int, piece_index: int) -> tuple[np.ndarray, int]:
         """Item `index`'s piece ready to concatenate, and how many of its samples are speech (the rest is the
-        pause in front)."""
+        pause in front). A piece a stream's ramp cut from its chunk keeps its edges: the cut falls at a clause,
+        where the whole chunk pauses too, about as long as the voice's silence at the two edges (trimmed, the
+        stream came out shorter than the file)."""
         item = self.items[index]
         whole = item.pieces is None
-        if whole:  # a stream's ramp cut a chunk here: joined as the chunk's own audio would be
-            audio = quiet_edges_trimmed(audio, item.sample_rate, head=item.cut,
-                                        tail=index + 1 < len(self.items) and self.items[index + 1].cut)
         audio = resample(audio, item.sample_rate, self.sample_rate)
         # a sentence's first piece fades in after the pause; only a whole one knows its end
         piece = faded(audio, self.sample_rate, fade_in=piece_index == 0, fade_out=whole,

@@ -151,16 +151,19 @@ def _pack_sentences(sentences: list[str], max_chars: int) -> list[str]:
 def ramp_up(chunks: list[str], first_chars: int, max_chars: int) -> list[tuple[str, bool]]:
     """For streaming: the first chunk at most first_chars long, each next one at most twice the
     one before, up to max_chars. The first audio is then ready after a short synthesis, and each
-    chunk is synthesized while the shorter one before it plays. Cuts fall at sentences (a chunk
-    may hold several, packed) and clauses, then words. Each piece comes with whether it continues the
-    chunk before it (a cut made here: no pause between them, as there is none in the chunk)."""
+    chunk is synthesized while the shorter one before it plays. Cuts fall only where the text pauses:
+    at sentences (a chunk may hold several, packed) and clauses; a first clause longer than the limit
+    is one piece. Never between words: a voice says words that end an utterance slower (the stream of
+    three sentences cut mid-sentence was 6% longer than their file). Each piece comes with whether it
+    continues the chunk before it (a cut made here: no pause added, the clause's own is in its audio)."""
     ramped: list[tuple[str, bool]] = []
     limit = first_chars
     for chunk in chunks:
         continues = False
         while limit < max_chars and len(chunk) > limit:
-            pieces = _pack([part for clause in _split_after(chunk, SENTENCE_ENDS | CLAUSE_ENDS)
-                            for part in _pack_words(clause, limit)], limit)
+            pieces = _pack(_split_after(chunk, SENTENCE_ENDS | CLAUSE_ENDS), limit)
+            if len(pieces) == 1:  # nowhere to cut
+                break
             ramped.append((pieces[0], continues))
             chunk, continues = " ".join(pieces[1:]), True
             limit *= 2

@@ -6,7 +6,8 @@ upstream that clones per request keeps the clip and what it says, and sends both
 
 - `read_clip` decodes an upload (what the bytes are, never what a file name says): WAV, FLAC and Ogg with
   soundfile (libsndfile), anything else with PyAV (mp3; other containers are refused); and checks it:
-  audio at all, in an accepted container, 3 to 30 s long, not silent.
+  audio at all, in an accepted container, 3 to 30 s long, samples that are numbers within full scale
+  (a float file can hold NaN, infinity or 1e30), not silent.
 - A cloned voice's prompt is a file, the latents in safetensors under the key the model's own voice
   files use (Pocket TTS `audio_prompt_latents`, VibeVoice `acoustic_latents`: so a file can also serve
   as a registry `prompt`), at <data dir>/voices/cloned/<model>/<name>.safetensors; the database keeps
@@ -59,6 +60,8 @@ BLOCK_FRAMES = 65536  # soundfile reads this many frames at a time: a header can
 # Speech is loud in at least a tenth of its 50 ms windows (-30 to -10 dBFS); a clip whose loudest tenth
 # stays under -50 dBFS is silence, hiss or hum.
 SILENCE_DBFS, WINDOW_S = -50.0, 0.05
+# Full scale is 1.0; a float file may go a little over it (a mix that clips), never far: +12 dBFS is no recording.
+MAX_PEAK = 4.0
 PROMPT_KEY = "audio_prompt_latents"
 MAX_TRANSCRIPT_CHARS = 2000
 # How long a refresh waits for engines to take (or drop) the voices made (or deleted) elsewhere: a stuck
@@ -92,9 +95,23 @@ def read_clip(data: bytes) -> Clip:
     if clip.duration_s < MIN_CLIP_S:
         raise _bad_clip(f"the clip is {clip.duration_s:.1f} s long; a voice needs {MIN_CLIP_S:.0f} to "
                         f"{MAX_CLIP_S:.0f} s", ErrorCode.AUDIO_TOO_SHORT)
+    _check_samples(clip.audio)
     if _loudness_dbfs(clip) < SILENCE_DBFS:
         raise _bad_clip("the clip is silent (or nearly): record someone speaking", ErrorCode.AUDIO_SILENT)
     return clip
+
+
+def _check_samples(audio: np.ndarray) -> None:
+    """Refuse samples that are not numbers or far past full scale: a float file can hold anything, and the
+    loudness check and the codec would read NaN as speech."""
+    finite = np.isfinite(audio)
+    if not finite.all():
+        raise _bad_clip(f"the clip holds {audio.size - int(finite.sum())} samples that are not numbers (NaN or "
+                        "infinity); send a recording", ErrorCode.AUDIO_UNREADABLE)
+    peak = float(np.abs(audio).max())
+    if peak > MAX_PEAK:
+        raise _bad_clip(f"the clip's samples reach {peak:.3g}, far past full scale (1.0); send a recording whose "
+                        f"samples stay within ±{MAX_PEAK:g}", ErrorCode.AUDIO_UNREADABLE)
 
 
 def _not_audio() -> InvalidRequest:
