@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from tts_core.audio.encoding import FORMATS, MAX_RATE, MIN_RATE
+from tts_core.audio.encoding import MAX_RATE, MIN_RATE
 from tts_core.errors import ErrorCode, InvalidRequest
 from tts_core.request.access import Caller, RateLimitState
 from tts_core.request.dialogue import MAX_NAME_CHARS, MAX_SPEAKERS
@@ -22,6 +22,7 @@ from tts_core.service import SpeechService, SpokenAudio
 from tts_core.text.captions import subtitles
 from tts_core.text.frontend import NormalizationOptions, requested
 
+from .errors import stream_failure
 from .schemas import STRICT, ResponseFormat, VoiceName
 from .speech import (
     AUDIO_RESPONSES,
@@ -30,7 +31,7 @@ from .speech import (
     SUBTITLE_TYPES,
     admitted,
     audio_bytes,
-    server_sent_events,
+    audio_stream,
     until_disconnect,
 )
 
@@ -105,10 +106,7 @@ async def create_dialogue(body: DialogueRequest, request: Request,
         stream = await service.stream_dialogue(**_speaking(body, caller))
         chunks = audio_bytes(stream.encoded(body.response_format, body.sample_rate), request.state.speech)
         headers = limit.headers() if limit else {}
-        if body.stream_format == "sse":
-            return StreamingResponse(server_sent_events(chunks, request.state.speech), media_type="text/event-stream",
-                                     headers=headers)
-        return StreamingResponse(chunks, media_type=FORMATS[body.response_format].content_type, headers=headers)
+        return audio_stream(chunks, request.state.speech, body.response_format, body.stream_format, headers)
     spoken = await until_disconnect(request, service.speak_dialogue(**_speaking(body, caller)))
     request.state.speech.update(voice=spoken.voice, audio_s=spoken.duration_s, **asdict(spoken.timings))
     return Response(spoken.data, media_type=spoken.content_type, headers=_headers(spoken, limit))
@@ -151,5 +149,9 @@ async def _captioned_lines(encoded: AsyncIterator, response_format: str, details
             if data or words:
                 yield json.dumps({"audio": base64.b64encode(data).decode(), "response_format": response_format,
                                   "words": [word.as_json() for word in words]}) + "\n"
+    except Exception as error:  # the status line is sent: the failure is the last line
+        failure = stream_failure(error)
+        details["status"] = failure.status
+        yield json.dumps(failure.body()) + "\n"
     finally:
         await encoded.aclose()

@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.types import Send
 
 from tts_core.audio.encoding import FORMATS
 from tts_core.errors import ClientGone, ErrorCode, InvalidRequest
@@ -77,14 +78,33 @@ async def audio_bytes(encoded: AsyncIterator[tuple[bytes, float, list]], details
         await encoded.aclose()
 
 
-async def ended_on_failure(chunks: AsyncIterator[bytes], details: dict) -> AsyncIterator[bytes]:
-    """A raw audio stream that ends its body cleanly (the chunked end, not a cut connection) when synthesis
-    fails after the headers: audio has no place for an error, so the failure is the request log's status."""
-    try:
-        async for data in chunks:
-            yield data
-    except Exception as error:
-        details["status"] = stream_failure(error).status
+class CutOnFailure(StreamingResponse):
+    """A raw audio stream. Audio has no place for an error, so a stream that fails after its headers is cut: its
+    body ends without the chunked end, which every HTTP client reads as an incomplete answer (a clean end would
+    pass a part of the speech off as all of it). Logged as one line; the request log records the error's status
+    (`details` is the request's)."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], details: dict, media_type: str, headers: dict):
+        super().__init__(chunks, media_type=media_type, headers=headers)
+        self.details = details
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        try:
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except Exception as error:
+            self.details["status"] = stream_failure(error).status
+            return  # (the server closes the connection: the answer was not completed)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def audio_stream(chunks: AsyncIterator[bytes], details: dict, response_format: str, stream_format: str | None,
+                 headers: dict) -> StreamingResponse:
+    """A stream's answer: server-sent events, or the audio's bytes as they come."""
+    if stream_format == "sse":
+        return StreamingResponse(server_sent_events(chunks, details), media_type="text/event-stream", headers=headers)
+    return CutOnFailure(chunks, details, FORMATS[response_format].content_type, headers)
 
 
 AUDIO_TOKENS_PER_S = 50  # the SSE usage counts audio in 20 ms frames (Chorus has no tokens)
@@ -119,11 +139,7 @@ async def create_speech(body: SpeechRequest, request: Request,
         headers = {"X-Chorus-Voice": stream.voice.name, **(limit.headers() if limit else {})}
         request.state.speech["voice"] = stream.voice.name
         chunks = audio_bytes(stream.encoded(body.response_format, body.sample_rate), request.state.speech)
-        if body.stream_format == "sse":
-            return StreamingResponse(server_sent_events(chunks, request.state.speech), media_type="text/event-stream",
-                                     headers=headers)
-        return StreamingResponse(ended_on_failure(chunks, request.state.speech),
-                                 media_type=FORMATS[body.response_format].content_type, headers=headers)
+        return audio_stream(chunks, request.state.speech, body.response_format, body.stream_format, headers)
     spoken = await until_disconnect(request, service.speak(
         body.input, body.voice_name, body.model, body.speed, body.response_format, caller, body.reading(),
         sample_rate=body.sample_rate))
