@@ -11,7 +11,6 @@ the cast's voices and the turns as the model's own multi-speaker script (tts_cor
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -19,14 +18,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..audio.encoding import StreamEncoder
 from ..audio.levels import gain_for, matched, scaled
 from ..audio.playable import join, silence
 from ..engines import Voice
 from ..errors import Degraded, ErrorCode, InvalidRequest
 from ..ops.degrade import DegradeAction
 from ..ops.metrics import Metrics
-from ..scheduler.dispatch import SentenceStream
+from ..scheduler.dispatch import SentenceStream, encoded_stream
 from ..text.captions import CaptionWord, Timed, caption_words, timed_words
 from ..text.frontend import SpokenText
 from ..voices.catalogue import Catalogue
@@ -358,11 +356,5 @@ class DialogueStream:
     async def encoded(self, response_format: str, sample_rate: int | None = None
                       ) -> AsyncIterator[tuple[bytes, float, list[CaptionWord]]]:
         """The stream encoded as one file (as SentenceStream.encoded): (bytes, seconds of audio, their words)."""
-        encoder = StreamEncoder(response_format, self.sample_rate, sample_rate)
-        try:
-            async for audio, words in self.timed():
-                data = await asyncio.to_thread(encoder.encode, audio)
-                yield data, audio.size / self.sample_rate, words
-            yield await asyncio.to_thread(encoder.finish), 0.0, []
-        finally:
-            self.close()
+        async for encoded in encoded_stream(self, response_format, sample_rate):
+            yield encoded

@@ -180,6 +180,21 @@ def _tokenized(engine: Engine, chunks: list[str], cuts: list[bool], voice: str, 
     return tokenized
 
 
+async def encoded_stream(stream, response_format: str, sample_rate: int | None = None
+                         ) -> AsyncIterator[tuple[bytes, float, list]]:
+    """A stream of timed audio (a sentence stream, a dialogue's turns: `timed()`, `sample_rate`, `close()`) encoded
+    as one file in a streamable format: (bytes, seconds of audio they add, the words they speak); the last one
+    flushes the encoder. The stream is closed at the end, or when its reader stops."""
+    encoder = StreamEncoder(response_format, stream.sample_rate, sample_rate)
+    try:
+        async for audio, words in stream.timed():
+            data = await asyncio.to_thread(encoder.encode, audio)
+            yield data, audio.size / stream.sample_rate, words
+        yield await asyncio.to_thread(encoder.finish), 0.0, []
+    finally:
+        stream.close()
+
+
 async def output_of(item: QueuedItem, run_allowance_s: float) -> EngineOutput:
     """The item's output. The engine loop ends every item it is given; this bound (its deadline, plus the
     longest it may take to run) is what keeps a caller from waiting for ever if something is wrong."""
@@ -274,14 +289,8 @@ class SentenceStream:
                       ) -> AsyncIterator[tuple[bytes, float, list[Timed]]]:
         """The stream encoded as one file in a streamable format (at sample_rate, if asked): (bytes, seconds of
         audio they add, the words they speak); the last one flushes the encoder."""
-        encoder = StreamEncoder(response_format, self.sample_rate, sample_rate)
-        try:
-            async for audio, words in self.timed():
-                data = await asyncio.to_thread(encoder.encode, audio)
-                yield data, audio.size / self.sample_rate, words
-            yield await asyncio.to_thread(encoder.finish), 0.0, []
-        finally:
-            self.close()
+        async for encoded in encoded_stream(self, response_format, sample_rate):
+            yield encoded
 
 
 async def _numbered(pieces: AsyncIterator[EngineOutput]) -> AsyncIterator[tuple[int, EngineOutput]]:
