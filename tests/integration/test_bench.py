@@ -58,11 +58,15 @@ def test_quick_benchmark_runs_every_peer_and_writes_complete_results(tmp_path):
     assert "| engine ceiling (no server) |" in page and "| chorus_vs_ceiling |" in page
 
 
-@pytest.mark.timeout(600)
+# Its quick plan is fixed work: three servers started, two 25 s rounds of 16 clients and an overload, each waited
+# out until the requests in flight are answered. On a loaded two-core machine the rounds' requests wait minutes
+# in the upstream's queue (9 min was not enough from a fresh clone, the random model built first): the run is
+# given what that takes, and tests/conftest.py stops its servers should it still run out.
+@pytest.mark.timeout(1500)
 def test_the_upstream_benchmark_runs_both_ways_and_writes_its_ratios(tmp_path):
     """`python -m bench --upstream --quick` on the tiny random Pocket TTS (its figures mean nothing: the run is)."""
     run = subprocess.run([sys.executable, "-m", "bench", "--upstream", "--quick", "--voice", "pocket-tiny",
-                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=540)
+                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=1440)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     results = json.loads((tmp_path / "upstream.json").read_text())
     for name in ("straight", "front"):

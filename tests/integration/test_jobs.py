@@ -22,8 +22,8 @@ def body(text: str, **extra) -> dict:
     return {"model": "tts-1", "voice": "alloy", "input": text, "response_format": "wav", **extra}
 
 
-def key(base_url: str, name: str) -> dict:
-    created = httpx.post(f"{base_url}/admin/api/keys", headers=ADMIN, json={"name": name, "tier": "pro"}).json()
+def key(base_url: str, name: str, tier: str = "pro") -> dict:
+    created = httpx.post(f"{base_url}/admin/api/keys", headers=ADMIN, json={"name": name, "tier": tier}).json()
     return {"Authorization": f"Bearer {created['key']}"}
 
 
@@ -152,14 +152,11 @@ def test_sigkill_with_jobs_queued_and_running_loses_and_duplicates_nothing(tmp_p
         process.stop()
 
 
-def test_tiers_and_rate_limits_apply_to_job_submission(tmp_path):
-    process = start_server(tmp_path, calibration_sizes="1", operator_defaults=json.dumps({"anonymous_tier": "free"}))
-    try:
-        too_long = httpx.post(f"{process.base_url}/v1/audio/jobs", json=body("word " * 250))
-        assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "tier_text_limit"
-        answers = [httpx.post(f"{process.base_url}/v1/audio/jobs", json=body(f"Job {n}.")) for n in range(10)]
-        assert [answer.status_code for answer in answers].count(202) == 9  # free: 10 a minute, one spent above
-        limited = answers[-1]
-        assert limited.status_code == 429 and int(limited.headers["retry-after"]) > 0
-    finally:
-        process.stop()
+def test_tiers_and_rate_limits_apply_to_job_submission(server):
+    free = key(server, "free caller", tier="free")  # a caller of the free tier, with a limit of its own
+    too_long = httpx.post(f"{server}/v1/audio/jobs", headers=free, json=body("word " * 250))
+    assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "tier_text_limit"
+    answers = [httpx.post(f"{server}/v1/audio/jobs", headers=free, json=body(f"Job {n}.")) for n in range(10)]
+    assert [answer.status_code for answer in answers].count(202) == 9  # free: 10 a minute, one spent above
+    limited = answers[-1]
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) > 0

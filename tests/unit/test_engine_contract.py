@@ -57,8 +57,13 @@ NOISE = {  # what each kind samples with, set to 0 so that the same input makes 
 }
 
 
-@pytest.fixture(scope="module", params=[pytest.param(kind, marks=pytest.mark.slow) if kind == "vibevoice" else kind
-                                        for kind in KINDS])  # (tiny VibeVoice's loop takes a while to warm up)
+# tiny VibeVoice's loop takes a while to warm up, and tiny Kokoro's vocoder generates for tens of seconds on two
+# cores: the full run holds them to the contract, the fast tier the others
+SLOW_KINDS = {"vibevoice", "kokoro"}
+
+
+@pytest.fixture(scope="module", params=[pytest.param(kind, marks=pytest.mark.slow) if kind in SLOW_KINDS else kind
+                                        for kind in KINDS])
 def kind(request) -> str:
     return request.param
 

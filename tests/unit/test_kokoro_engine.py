@@ -84,6 +84,7 @@ def test_a_missing_model_or_pack_is_named(folder, tmp_path):
         describe_kokoro(str(folder), [VoiceSpec("af_nobody")])
 
 
+@pytest.mark.slow  # the tiny model generating, over and over: tens of seconds on two cores
 def test_each_item_of_a_batch_is_made_as_it_is_alone(engine):
     items = [said(engine, "Hello there.", "af_heart"),
              said(engine, "A longer sentence, with a pause in it, for the padding.", "am_adam"),
@@ -107,6 +108,7 @@ def test_the_durations_time_every_token_and_speed_shortens_them(engine):
     assert faster.audio.size < 0.7 * made.audio.size
 
 
+@pytest.mark.slow  # the tiny model generating, over and over: tens of seconds on two cores
 def test_a_mix_is_the_weighted_mean_of_its_packs(engine):
     text = "A mix of two voices."
     [mixed, heart, adam, weighted] = [engine.synthesize([said(engine, text, voice)])[0].audio for voice in (
