@@ -51,6 +51,7 @@ from transformers import (
     VibeVoiceProcessor,
 )
 
+from ..errors import ErrorCode, InvalidRequest
 from ..request.records import EngineInput
 from ..text.pronunciation import as_text
 from .base import DEFAULT_MAX_RUNNING, Voice, VoiceSpec
@@ -201,7 +202,8 @@ class VibeVoiceEngine(TorchSteppedEngine):
         known = self._prompts  # one table: add_voice swaps it whole
         missing = [name for name in names if name not in known]
         if missing:
-            raise ValueError(f"{self.name} has no voice {missing[0]!r}")
+            raise InvalidRequest(f"{self.name} has no voice {missing[0]!r} (deleted before this request started); "
+                                 "choose another voice", "voice", ErrorCode.VOICE_NOT_FOUND)
         return [known[name] for name in names]
 
     def _voice_layout(self, voices: list[torch.Tensor]) -> tuple[list[int], list[int]]:
