@@ -11,6 +11,10 @@ from pydantic.fields import FieldInfo
 
 NUMBER_ERRORS = {"float_type", "float_parsing", "int_type", "int_parsing", "int_from_float", "finite_number",
                  "greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+FIXED = {"missing": "is required", "bool_type": "must be true or false", "string_type": "must be a string",
+         "dict_type": "must be an object of fields", "model_type": "must be an object of fields",
+         "model_attributes_type": "must be an object of fields", "list_type": "must be a list",
+         "extra_forbidden": "is not a setting this takes"}  # errors whose words need nothing but the name
 # the subject pydantic starts its other messages with, replaced by the field's name
 SUBJECT = re.compile(r"^(Input|String|Value|List|Dictionary|Decimal|Data) should ")
 
@@ -19,18 +23,10 @@ def plain_message(error: dict, name: str, field: FieldInfo | None = None) -> str
     """One of pydantic's errors (an item of ValidationError.errors()) as a sentence about `name`; `field`, the
     field it is about where known, gives a number's whole range."""
     kind, context = error.get("type"), error.get("ctx") or {}
-    if kind == "missing":
-        return f"{name} is required"
     if kind in NUMBER_ERRORS:
         return f"{name} must be {_number(kind, context, field)}"
-    if kind == "bool_type":
-        return f"{name} must be true or false"
-    if kind == "string_type":
-        return f"{name} must be a string"
-    if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return f"{name} must be an object of fields"
-    if kind == "list_type":
-        return f"{name} must be a list"
+    if kind in FIXED:
+        return f"{name} {FIXED[kind]}"
     if kind == "literal_error":
         return f"{name} must be one of {context['expected']}"
     if kind == "string_too_short":
@@ -42,8 +38,6 @@ def plain_message(error: dict, name: str, field: FieldInfo | None = None) -> str
         return f"{name} {error.get('input')!r} has characters that are not allowed there"
     if kind == "value_error":
         return f"{name}: {context.get('error', error.get('msg'))}"
-    if kind == "extra_forbidden":
-        return f"{name} is not a setting this takes"
     message = error.get("msg", "is not valid")
     return SUBJECT.sub(f"{name} should ", message) if SUBJECT.match(message) else f"{name}: {message}"
 
