@@ -56,6 +56,7 @@ from bench.gpu_runs import (
     loop_threads,
     print_figures,
     ratio,
+    runs_in_budget,
     stop_and_wait,
     summary,
     verdicts,
@@ -186,20 +187,11 @@ def served(model_dir: Path, device: str, policy_name: str, token_lists: list, pl
 def served_runs(model_dir: Path, device: str, token_lists: list, plan: dict, budget: Budget
                 ) -> tuple[list[dict], list[dict]]:
     """Each policy's run while the part's time holds: (rows, those skipped)."""
-    rows, skipped, overhead = [], [], plan["run_overhead_s"]
-    for policy in POLICIES:
-        why = budget.refuses("vits", plan["served_s"] + overhead)
-        if why:
-            skipped.append({"policy": policy, "skipped": why})
-            print(f"  {policy:10s} {why}", flush=True)
-            continue
-        row = served(model_dir, device, policy, token_lists, plan)
-        overhead = max(overhead, row["run_s"] - plan["served_s"])
-        rows.append(row)
-        print(f"  {policy:10s} {row['audio_s_per_s']:9.1f} audio-s/s  {row['requests_per_s']:8.1f} req/s  "
-              f"p50 {row['p50_ms']} ms  p95 {row['p95_ms']} ms  avg batch {row['avg_batch_size']}  "
-              f"stop {row['stop_s']} s" + (f"  FAILED: {row['why']}" if row["failed"] else ""), flush=True)
-    return rows, skipped
+    return runs_in_budget(
+        budget, "vits", plan["served_s"], plan["run_overhead_s"], list(POLICIES),
+        lambda policy: served(model_dir, device, policy, token_lists, plan), lambda policy: policy,
+        lambda row: f"{row['policy']:10s} {row['audio_s_per_s']:9.1f} audio-s/s  {row['requests_per_s']:8.1f} "
+                    f"req/s  p50 {row['p50_ms']} ms  p95 {row['p95_ms']} ms  avg batch {row['avg_batch_size']}")
 
 
 def check_vits(device: str, quick: bool, plan: dict, budget: Budget) -> dict:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import Any
 
 from tts_core.request.records import QueuedItem
 from tts_core.scheduler.engine_loop import EngineLoop
@@ -50,6 +51,26 @@ class Budget:
             return None
         return (f"not started: it needs about {needs_s:.0f} s and {max(0.0, left):.0f} s of the part's time were "
                 f"left ({self.spent():.0f} s of the check's {self.total_s:.0f} s spent)")
+
+
+def runs_in_budget(budget: Budget, part: str, served_s: float, overhead_s: float, runs: list,
+                   run: Callable[[Any], dict], label: Callable[[Any], str], line: Callable[[dict], str]
+                   ) -> tuple[list[dict], list[dict]]:
+    """Each of a part's served runs while the part's time holds (a run needs `served_s` plus the most a run has
+    taken beyond it so far, `overhead_s` at first): (rows, those skipped with why)."""
+    rows, skipped = [], []
+    for each in runs:
+        why = budget.refuses(part, served_s + overhead_s)
+        if why:
+            skipped.append({"policy": label(each), "skipped": why})
+            print(f"  {label(each)}: {why}", flush=True)
+            continue
+        row = run(each)
+        overhead_s = max(overhead_s, row["run_s"] - served_s)
+        rows.append(row)
+        print(f"  {line(row)}  stop {row['stop_s']} s" + (f"  FAILED: {row['why']}" if row["failed"] else ""),
+              flush=True)
+    return rows, skipped
 
 
 @dataclass

@@ -46,6 +46,7 @@ from bench.gpu_runs import (
     loop_threads,
     print_figures,
     ratio,
+    runs_in_budget,
     stop_and_wait,
     verdicts,
 )
@@ -292,20 +293,12 @@ def served_runs(kind: str, folder: Path, device: str, plan: dict, token_lists: l
     to back: (rows, those skipped)."""
     runs = [("adaptive", "on"), *[("adaptive", "off")] * decodes_apart, ("static", "on"),
             ("sequential", "on")]
-    rows, skipped, overhead = [], [], RUN_OVERHEAD_S[kind] if device == "cuda" else 0.0
-    for policy, codec_stage in runs:
-        why = budget.refuses(kind, plan["served_s"] + overhead)
-        if why:
-            skipped.append({"policy": policy if codec_stage == "on" else f"{policy}, codec inline", "skipped": why})
-            print(f"  {skipped[-1]['policy']}: {why}", flush=True)
-            continue
-        row = served(kind, folder, device, policy, codec_stage, token_lists, plan)
-        overhead = max(overhead, row["run_s"] - plan["served_s"])
-        rows.append(row)
-        print(f"  {row['policy']:22s} {row['audio_s_per_s']:8.2f} audio-s/s  {row['frames_per_step']:6.2f} "
-              f"frames/step  {row['requests_done']:4d} of {row['sent']} done  p50 {row['p50_ms']} ms  "
-              f"stop {row['stop_s']} s" + (f"  FAILED: {row['why']}" if row["failed"] else ""), flush=True)
-    return rows, skipped
+    return runs_in_budget(
+        budget, kind, plan["served_s"], RUN_OVERHEAD_S[kind] if device == "cuda" else 0.0, runs,
+        lambda run: served(kind, folder, device, *run, token_lists, plan),
+        lambda run: run[0] if run[1] == "on" else f"{run[0]}, codec inline",
+        lambda row: f"{row['policy']:22s} {row['audio_s_per_s']:8.2f} audio-s/s  {row['frames_per_step']:6.2f} "
+                    f"frames/step  {row['requests_done']:4d} of {row['sent']} done  p50 {row['p50_ms']} ms")
 
 
 # --- a model's part ---------------------------------------------------------------------------------------
