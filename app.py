@@ -42,7 +42,7 @@ from tts_core.ops.degrade import OperatorSettings
 from tts_core.ops.metrics import Metrics
 from tts_core.ops.monitor import Monitor
 from tts_core.request.access import trusted_proxy
-from tts_core.scheduler.dispatch import Scheduler
+from tts_core.request.dispatch import Scheduler
 from tts_core.scheduler.memory import limit_heap_arenas
 from tts_core.scheduler.pool import ModelPool
 from tts_core.service import SpeechService

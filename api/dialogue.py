@@ -16,10 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from tts_core.audio.encoding import MAX_RATE, MIN_RATE
 from tts_core.errors import ErrorCode, InvalidRequest
 from tts_core.request.access import Caller, RateLimitState
+from tts_core.request.captions import subtitles
 from tts_core.request.dialogue import MAX_NAME_CHARS, MAX_SPEAKERS
 from tts_core.request.script import Reading
 from tts_core.service import SpeechService, SpokenAudio
-from tts_core.text.captions import subtitles
 from tts_core.text.frontend import NormalizationOptions, requested
 
 from .errors import stream_failure

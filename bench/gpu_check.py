@@ -66,8 +66,9 @@ from bench.workload import texts
 from tts_core.engines.base import VoiceSpec
 from tts_core.engines.vits import VitsEngine
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput, QueuedItem
+from tts_core.request.records import EngineInput
 from tts_core.scheduler.queue import RequestQueue
+from tts_core.scheduler.records import QueuedItem
 from tts_core.scheduler.strategies import make_engine_loop
 
 # shares: each part's seconds, in the order they run (on an H200, estimated: not yet measured there; 470 s in

@@ -17,8 +17,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from tts_core.request.records import QueuedItem
 from tts_core.scheduler.engine_loop import EngineLoop
+from tts_core.scheduler.records import QueuedItem
 
 LOOP_END_WAIT_S = 120.0  # a stopped loop's threads are waited for this long (a whole-batch run ends first)
 

@@ -53,8 +53,9 @@ from bench.gpu_runs import (
 from bench.workload import texts
 from tts_core.engines.base import SteppedEngine
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput, QueuedItem
+from tts_core.request.records import EngineInput
 from tts_core.scheduler.queue import RequestQueue
+from tts_core.scheduler.records import QueuedItem
 from tts_core.scheduler.strategies import make_engine_loop
 
 # max_tokens: texts cut to this many tokens (the quick plan's requests, 2 s of audio, end well within its short runs

@@ -32,9 +32,10 @@ from bench.load import percentile
 from bench.soak import EDGE_S, OVERLOAD, OVERLOAD_S, STEADY, USERS
 from bench.workload import MIXES, sentence
 from tts_core.ops.degrade import OperatorSettings
-from tts_core.request.records import EngineInput, QueuedItem
+from tts_core.request.records import EngineInput
 from tts_core.scheduler.clock import FakeClock
 from tts_core.scheduler.queue import LONG_TOKENS, OFFERED_WINDOWS_S, QueueFull, RequestQueue, WaitTarget
+from tts_core.scheduler.records import QueuedItem
 
 PHASE_S = 60.0
 CHARS_PER_ENGINE_S = 180.0  # Piper on the soak's slower 2-core machine, ~15 characters a second of speech

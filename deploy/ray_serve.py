@@ -50,11 +50,12 @@ from tts_core.ops.degrade import OperatorSettings
 from tts_core.ops.metrics import Metrics
 from tts_core.ops.monitor import Monitor
 from tts_core.request.access import Caller
-from tts_core.request.records import AudioPieces, EngineOutput, QueuedItem
+from tts_core.request.dispatch import Scheduler, pieces_of
+from tts_core.request.records import AudioPieces, EngineOutput
 from tts_core.request.script import Passage
-from tts_core.scheduler.dispatch import Scheduler, pieces_of
 from tts_core.scheduler.pool import ModelPool
 from tts_core.scheduler.queue import WaitTarget
+from tts_core.scheduler.records import QueuedItem
 from tts_core.service import SpeechService
 
 log = logging.getLogger(__name__)

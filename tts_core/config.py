@@ -9,10 +9,11 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .scheduler.policy import POLICIES
-from .scheduler.queue import QUEUE_ORDERS
-
 DEFAULT_VOICE = "en_US-joe-medium"
+# What TTS_BATCH_POLICY and TTS_QUEUE_ORDER may name. The scheduler holds what each one is (scheduler/policy.py's
+# POLICIES, scheduler/queue.py): settings are a leaf, below it (tests/unit/test_layers.py holds the names the same).
+BATCH_POLICIES = ("adaptive", "sequential", "static", "window")
+QUEUE_ORDERS = ("fair", "fifo")
 
 OPENAI_MODEL_NAMES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 OPENAI_VOICE_NAMES = (
@@ -59,7 +60,7 @@ class Settings(BaseSettings):
     replica_id: str | None = None  # default: <host name>:<port>; stable across restarts of one replica
 
     # Batching
-    batch_policy: Literal[tuple(POLICIES)] = "adaptive"  # type: ignore[valid-type]
+    batch_policy: Literal[BATCH_POLICIES] = "adaptive"  # type: ignore[valid-type]
     max_batch_size: int = Field(16, ge=1)
     max_batch_tokens: int = Field(8192, ge=64)
     max_queue: int = Field(512, ge=1)

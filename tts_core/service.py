@@ -32,15 +32,16 @@ from .ops.degrade import DegradeAction, DegradeController
 from .ops.metrics import Metrics
 from .request.access import Caller
 from .request.admission import Admission
+from .request.captions import CaptionWord, Timed, caption_words, timed_words
 from .request.dialogue import Dialogue, DialogueStream, ScriptText, TurnSpan, captions, compile_dialogue, recording
-from .request.records import EngineOutput, QueuedItem
+from .request.dispatch import Scheduler, SentenceStream
+from .request.records import EngineOutput
 from .request.script import Reading, Script
-from .scheduler.dispatch import Scheduler, SentenceStream
 from .scheduler.engine_loop import EngineLoop
 from .scheduler.pool import ModelPool
 from .scheduler.queue import RequestQueue, WaitTarget
+from .scheduler.records import QueuedItem
 from .scheduler.strategies import make_engine_loop
-from .text.captions import CaptionWord, Timed, caption_words, timed_words
 from .voices.catalogue import Catalogue
 from .voices.cloning import ClonedVoice, ClonedVoices, Cloner
 

@@ -13,7 +13,7 @@ from api.accounting import account
 from tts_core.engines import Capabilities
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest
 from tts_core.request.access import Caller
-from tts_core.text.captions import SUBTITLE_FORMATS, subtitles
+from tts_core.request.captions import SUBTITLE_FORMATS, subtitles
 
 from . import takes
 from .context import UiContext, log, refused

@@ -23,7 +23,7 @@ from urllib.parse import quote
 import numpy as np
 
 from tts_core.audio.encoding import encode
-from tts_core.text.captions import SUBTITLE_FORMATS
+from tts_core.request.captions import SUBTITLE_FORMATS
 
 HISTORY_SIZE = 20
 TAKE = re.compile(r"[0-9a-f]{12}")

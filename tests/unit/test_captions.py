@@ -10,9 +10,9 @@ from tts_core.config import Settings
 from tts_core.engines.base import Voice
 from tts_core.errors import InvalidRequest
 from tts_core.ops.metrics import Metrics
+from tts_core.request.captions import CaptionWord, caption_words, subtitles
 from tts_core.request.script import Passage, Script
 from tts_core.service import SpeechService
-from tts_core.text.captions import CaptionWord, caption_words, subtitles
 from tts_core.text.chunks import words
 from tts_core.text.frontend import normalize_text, spoken_parts, ssml
 

@@ -17,6 +17,7 @@ from tts_core.errors import ErrorCode, InvalidRequest
 from tts_core.ops.degrade import OperatorSettings
 from tts_core.ops.metrics import Metrics
 from tts_core.request.access import Caller, Tier
+from tts_core.request.captions import CaptionWord, subtitles
 from tts_core.request.dialogue import (
     MAX_SPEAKERS,
     SAME_SPEAKER_PAUSE_S,
@@ -28,7 +29,6 @@ from tts_core.request.dialogue import (
 from tts_core.request.records import EngineInput, EngineOutput
 from tts_core.request.script import Reading
 from tts_core.service import SpeechService
-from tts_core.text.captions import CaptionWord, subtitles
 from tts_core.text.frontend import NormalizationOptions
 
 

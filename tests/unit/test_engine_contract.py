@@ -22,9 +22,10 @@ from tts_core.engines.base import CLONE_HOOKS, SteppedEngine, capabilities_of
 from tts_core.engines.piper import bundled_voice_path
 from tts_core.engines.upstream import UpstreamEngine
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import AudioPieces, EngineInput, QueuedItem
-from tts_core.scheduler.dispatch import pieces_of
+from tts_core.request.dispatch import pieces_of
+from tts_core.request.records import AudioPieces, EngineInput
 from tts_core.scheduler.queue import RequestQueue
+from tts_core.scheduler.records import QueuedItem
 from tts_core.scheduler.strategies import make_engine_loop
 from tts_core.text.chunks import words
 

@@ -16,9 +16,10 @@ from tts_core.engines.base import VoiceSpec
 from tts_core.engines.vits import VitsEngine
 from tts_core.errors import SynthesisError
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput, EngineOutput, QueuedItem
+from tts_core.request.records import EngineInput, EngineOutput
 from tts_core.scheduler.clock import FakeClock
 from tts_core.scheduler.queue import RequestQueue
+from tts_core.scheduler.records import QueuedItem
 from tts_core.scheduler.strategies import make_engine_loop
 
 

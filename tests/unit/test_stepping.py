@@ -14,10 +14,11 @@ from tests.serve import wait_until
 from tts_core.config import Settings
 from tts_core.errors import InvalidRequest, Overloaded, SynthesisError
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import AudioPieces, EngineInput, QueuedItem
+from tts_core.request.records import AudioPieces, EngineInput
 from tts_core.scheduler.engine_loop import EngineLoop
 from tts_core.scheduler.policy import make_policy
 from tts_core.scheduler.queue import RequestQueue
+from tts_core.scheduler.records import QueuedItem
 from tts_core.scheduler.step_policy import ContinuousPolicy, StepView
 from tts_core.scheduler.strategies import make_engine_loop
 from tts_core.service import SpeechService

@@ -6,7 +6,7 @@ import time
 
 from tts_core.config import Settings
 from tts_core.engines import ModelSpec, Voice
-from tts_core.text.captions import CaptionWord
+from tts_core.request.captions import CaptionWord
 from tts_core.voices.catalogue import Catalogue
 from tts_core.voices.cloning import ClonedVoice
 from ui import takes

@@ -24,13 +24,14 @@ from ..engines import Voice
 from ..errors import Degraded, ErrorCode, InvalidRequest
 from ..ops.degrade import DegradeAction
 from ..ops.metrics import Metrics
-from ..scheduler.dispatch import SentenceStream, encoded_stream
-from ..text.captions import CaptionWord, Timed, caption_words, timed_words
+from ..scheduler.records import QueuedItem
 from ..text.frontend import SpokenText
 from ..voices.catalogue import Catalogue
 from .access import Caller, Tier
 from .admission import Admission
-from .records import EngineOutput, QueuedItem
+from .captions import CaptionWord, Timed, caption_words, timed_words
+from .dispatch import SentenceStream, encoded_stream
+from .records import EngineOutput
 from .script import Reading, Script
 
 MAX_SPEAKERS = 16  # turn by turn, any number of voices could take turns: this many keeps a script readable

@@ -26,12 +26,13 @@ from typing import Any, Protocol, TypeVar
 from ..engines.base import Engine
 from ..errors import ErrorCode, Overloaded
 from ..ops.metrics import Metrics
-from ..request.records import EngineInput, EngineOutput, QueuedItem
+from ..request.records import EngineInput, EngineOutput
 from .faults import Faults
 from .memory import MemoryBudget, release_heap
 from .policy import ItemCost
 from .precision import Precision, PrecisionState
 from .queue import QueueClosed, RequestQueue, WaitTarget
+from .records import QueuedItem
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

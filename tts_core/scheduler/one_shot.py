@@ -20,10 +20,11 @@ import numpy as np
 
 from ..errors import ChorusError, SynthesisError
 from ..ops.metrics import BatchRecord
-from ..request.records import EngineInput, EngineOutput, QueuedItem
+from ..request.records import EngineInput, EngineOutput
 from .engine_loop import CALIBRATION_TEXT, Serving
 from .faults import turn_failed
 from .policy import BatchPolicy, padded_tokens
+from .records import QueuedItem
 
 log = logging.getLogger(__name__)
 

@@ -67,11 +67,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..config import QUEUE_ORDERS
 from ..errors import DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
-from ..request.records import EngineInput, QueuedItem
+from ..request.records import EngineInput
 from .clock import SYSTEM_CLOCK, Clock
+from .records import QueuedItem
 
-QUEUE_ORDERS = ("fair", "fifo")
 PRIORITY_STEP_S = 5.0  # one priority class is worth this much waiting
 FURTHER_TURNS = 2.0  # a text's lead under a standing queue: turns of its cost per caller past the first (module doc)
 LONG_TOKENS = 400  # an item this long (in tokens: ~180 characters of Piper phonemes) is delayed the whole horizon

@@ -45,11 +45,12 @@ import numpy as np
 from ..engines.base import FILE_PIECE_S, STREAM_PIECE_S, SteppedEngine
 from ..errors import ChorusError, ClientGone, SynthesisError
 from ..ops.metrics import Metrics
-from ..request.records import EngineInput, EngineOutput, QueuedItem
+from ..request.records import EngineInput, EngineOutput
 from .codec_stage import BusyMeter, CodecStage
 from .engine_loop import CALIBRATION_TEXT, Serving, stopped_error
 from .faults import turn_failed
 from .queue import RequestQueue
+from .records import QueuedItem
 from .step_policy import FillPolicy, StepPolicy, StepView
 
 log = logging.getLogger(__name__)

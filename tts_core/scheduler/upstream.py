@@ -27,7 +27,7 @@ import numpy as np
 
 from ..engines.upstream import UpstreamEngine, UpstreamFailed, UpstreamRejected
 from ..errors import ChorusError, ClientGone, DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
-from ..request.records import EngineInput, EngineOutput, QueuedItem
+from ..request.records import EngineInput, EngineOutput
 from .engine_loop import Serving
 from .in_flight import (
     MOST_COOL_DOWN_S,
@@ -37,6 +37,7 @@ from .in_flight import (
     InFlightLimit,
     bounded_retry_after,
 )
+from .records import QueuedItem
 
 log = logging.getLogger(__name__)
 

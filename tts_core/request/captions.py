@@ -15,12 +15,13 @@ import unicodedata
 from dataclasses import dataclass, replace
 
 from ..engines.base import word_spans
-from ..request.records import EngineOutput, QueuedItem
-from ..request.script import Script
-from .chunks import word_bounds
-from .frontend import SpokenText
-from .frontend.pieces import PRONUNCIATION, TEXT
-from .pronunciation import Pronounced
+from ..scheduler.records import QueuedItem
+from ..text.chunks import word_bounds
+from ..text.frontend import SpokenText
+from ..text.frontend.pieces import PRONUNCIATION, TEXT
+from ..text.pronunciation import Pronounced
+from .records import EngineOutput
+from .script import Script
 
 SUBTITLE_FORMATS = ("srt", "vtt")
 CUE_MAX_CHARS = 42  # a subtitle line, as broadcasters keep it

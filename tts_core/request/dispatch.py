@@ -27,14 +27,15 @@ from ..engines.base import Engine
 from ..errors import DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
 from ..ops.metrics import Metrics
 from ..request.access import Caller, Tier
-from ..request.records import AudioPieces, EngineInput, EngineOutput, QueuedItem
+from ..request.captions import Timed, timed_words
+from ..request.records import AudioPieces, EngineInput, EngineOutput
 from ..request.script import Passage, Script
-from ..text.captions import Timed, timed_words
+from ..scheduler.engine_loop import EngineLoop
+from ..scheduler.pool import ModelPool
+from ..scheduler.queue import QueueClosed, WaitTarget
+from ..scheduler.records import QueuedItem
 from ..text.chunks import ramp_up, split_chunks
 from ..text.chunks import words as text_words
-from .engine_loop import EngineLoop
-from .pool import ModelPool
-from .queue import QueueClosed, WaitTarget
 
 STREAM_DUE_MARGIN = 0.8  # a stream's piece is scheduled as if due at 80% of its estimated play time
 SUBMIT_TRIES = 3  # a model unloaded between lookup and queueing is loaded again, this often at most
