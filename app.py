@@ -38,11 +38,11 @@ from storage.request_log import RequestLogWriter
 from tts_core.config import Settings
 from tts_core.engines import Engine, EngineUnavailable, ModelSpec, model_specs
 from tts_core.errors import InvalidSetting
-from tts_core.ops.degrade import OperatorSettings
+from tts_core.monitor import Monitor
 from tts_core.ops.metrics import Metrics
-from tts_core.ops.monitor import Monitor
 from tts_core.request.access import trusted_proxy
 from tts_core.request.dispatch import Scheduler
+from tts_core.request.operating import OperatorSettings
 from tts_core.scheduler.memory import limit_heap_arenas
 from tts_core.scheduler.pool import ModelPool
 from tts_core.service import SpeechService

@@ -22,8 +22,8 @@ from tts_core.errors import (
     RateLimited,
     StorageUnavailable,
 )
-from tts_core.ops.degrade import OperatorSettings
 from tts_core.request.access import Tier, client_address
+from tts_core.request.operating import OperatorSettings
 from tts_core.text.lexicon import LexiconEntry, LexiconFileError
 
 from .control import OperatorControl

@@ -17,7 +17,7 @@ from typing import Any
 
 from storage import Storage, StorageError
 from storage.request_log import RequestLogWriter
-from tts_core.ops.degrade import OperatorSettings
+from tts_core.request.operating import OperatorSettings
 from tts_core.service import SpeechService
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from tts_core.ops.degrade import OperatorSettings
+from tts_core.request.operating import OperatorSettings
 
 
 def _queue_wait(value: float, settings: OperatorSettings, gpu: dict | None, limit_s: float) -> str:

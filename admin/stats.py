@@ -6,8 +6,8 @@ from dataclasses import asdict
 
 from api.access import AccessControl
 from storage import StorageError
+from tts_core.monitor import Monitor
 from tts_core.ops import gpu
-from tts_core.ops.monitor import Monitor
 from tts_core.service import SpeechService
 
 from .cluster import ReplicaReporter

@@ -9,7 +9,7 @@ import gradio as gr
 
 from api.access import AccessControl
 from clones import VoiceClones
-from tts_core.ops.monitor import Monitor
+from tts_core.monitor import Monitor
 from tts_core.request.access import client_address
 from tts_core.service import SpeechService
 

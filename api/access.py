@@ -33,8 +33,8 @@ from starlette.requests import Request
 from storage import Storage
 from tts_core.config import Settings
 from tts_core.errors import RateLimited, Unauthorized
-from tts_core.ops.degrade import OperatorSettings
 from tts_core.request.access import Caller, RateLimitState, client_address
+from tts_core.request.operating import OperatorSettings
 
 log = logging.getLogger(__name__)
 

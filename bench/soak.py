@@ -60,7 +60,7 @@ from bench.load import PCM_BYTES_PER_S, percentile, user_address
 from bench.server import ROOT, ServerProcess, start_server
 from bench.workload import MIXES, sentence
 from tts_core.errors import ERROR_TYPES
-from tts_core.ops.degrade import OperatorSettings
+from tts_core.request.operating import OperatorSettings
 from tts_core.scheduler.engine_loop import RELEASE_AFTER_IDLE_S
 from tts_core.scheduler.queue import OFFERED_WINDOWS_S
 

@@ -46,11 +46,11 @@ from storage import Storage, StorageError
 from tts_core.config import Settings
 from tts_core.engines import EngineUnavailable, model_specs
 from tts_core.errors import ChorusError, ErrorCode, Overloaded, SynthesisError
-from tts_core.ops.degrade import OperatorSettings
+from tts_core.monitor import Monitor
 from tts_core.ops.metrics import Metrics
-from tts_core.ops.monitor import Monitor
 from tts_core.request.access import Caller
 from tts_core.request.dispatch import Scheduler, pieces_of
+from tts_core.request.operating import OperatorSettings
 from tts_core.request.records import AudioPieces, EngineOutput
 from tts_core.request.script import Passage
 from tts_core.scheduler.pool import ModelPool

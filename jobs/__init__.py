@@ -38,8 +38,8 @@ from pathlib import Path
 from storage import JobStatus, Storage, StorageError
 from tts_core.config import Settings
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Overloaded
-from tts_core.ops.degrade import OperatorSettings
 from tts_core.request.access import Caller, Tier
+from tts_core.request.operating import OperatorSettings
 from tts_core.request.script import Reading
 from tts_core.service import SpeechService, SpokenAudio
 from tts_core.text.frontend import NormalizationOptions

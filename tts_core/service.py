@@ -25,16 +25,17 @@ from .audio.cache import AudioCache, CachedAudio, CacheUse
 from .audio.encoding import FORMATS, STREAMABLE, encode, unsupported_rate
 from .audio.playable import join, silence
 from .config import Settings
+from .degrade import DegradeController
 from .engines import Engine, ModelSpec
 from .errors import Conflict, ErrorCode, InvalidRequest
 from .ops import gpu
-from .ops.degrade import DegradeAction, DegradeController
 from .ops.metrics import Metrics
 from .request.access import Caller
 from .request.admission import Admission
 from .request.captions import CaptionWord, Timed, caption_words, timed_words
 from .request.dialogue import Dialogue, DialogueStream, ScriptText, TurnSpan, captions, compile_dialogue, recording
 from .request.dispatch import Scheduler, SentenceStream
+from .request.operating import DegradeAction
 from .request.records import EngineOutput
 from .request.script import Reading, Script
 from .scheduler.engine_loop import EngineLoop

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from api.access import AccessControl
-from tts_core.ops.monitor import Monitor
+from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
 
 from ..charts import CHARTS, absent, cost_figure, plot_data, replica_charts, series_figure

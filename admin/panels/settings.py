@@ -10,7 +10,7 @@ import gradio as gr
 
 from storage import StorageError
 from tts_core.errors import InvalidSetting, StorageUnavailable
-from tts_core.ops.degrade import OperatorSettings
+from tts_core.request.operating import OperatorSettings
 
 from ..control import OperatorControl
 from .tiers import COLUMNS, anonymous_choice, table_rows, tier_table, tier_words, tiers_of

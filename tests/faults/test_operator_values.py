@@ -12,8 +12,8 @@ import pytest
 from bench.server import start_server
 from storage import Storage, sqlite_url
 from tests.serve import wait_until
-from tts_core.ops.degrade import OperatorSettings
 from tts_core.request.access import Tier
+from tts_core.request.operating import OperatorSettings
 
 pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
 

@@ -23,7 +23,7 @@ from storage import Storage, sqlite_url
 from tests.fakes import FakeEngine
 from tests.serve import require_tools, serve_in_thread, wait_until
 from tts_core.config import Settings
-from tts_core.ops.degrade import OperatorSettings
+from tts_core.request.operating import OperatorSettings
 
 pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
 

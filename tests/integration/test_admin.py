@@ -95,7 +95,7 @@ def test_requests_are_logged(admin_server, data_dir):
 
 def test_the_admin_tab_labels_every_setting_in_words_with_a_line_of_help(admin_server):
     """The form's labels are the settings' titles (words, with units), never their names; each has its help."""
-    from tts_core.ops.degrade import OperatorSettings
+    from tts_core.request.operating import OperatorSettings
 
     components = [component["props"] for component in httpx.get(f"{admin_server}/config").json()["components"]]
     labels = {props.get("label"): props for props in components if props.get("label")}

@@ -10,7 +10,7 @@ from app import create_app
 from tests.fakes import FakeEngine
 from tests.serve import serve_in_thread
 from tts_core.config import Settings
-from tts_core.ops.degrade import OperatorSettings
+from tts_core.request.operating import OperatorSettings
 
 pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
 

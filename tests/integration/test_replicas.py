@@ -24,7 +24,7 @@ from bench.server import free_port, start_server
 from storage import Storage
 from tests.integration.test_access import redis_url  # noqa: F401 (a fixture: a Redis server of this module's own)
 from tests.serve import require_tools, wait_until
-from tts_core.ops.degrade import OperatorSettings
+from tts_core.request.operating import OperatorSettings
 
 pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
 

@@ -42,7 +42,7 @@ from tests.listener import TONE, Answer, Listener
 from tests.pocket_models import build_tiny_pocket
 from tests.serve import metric, serve_in_thread, wait_until
 from tts_core.config import Settings
-from tts_core.ops.degrade import OperatorSettings
+from tts_core.request.operating import OperatorSettings
 
 SPEECH = {"model": "far", "voice": "far-voice", "response_format": "wav"}
 ADMIN = {"Authorization": "Bearer upstream-admin-token"}

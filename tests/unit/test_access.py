@@ -52,9 +52,9 @@ def test_a_dead_rate_limit_store_fails_open_and_says_so(tmp_path):
     from storage.request_log import RequestLogWriter
     from tests.fakes import FakeEngine
     from tts_core.config import Settings
-    from tts_core.ops.degrade import OperatorSettings
+    from tts_core.monitor import Monitor
     from tts_core.ops.metrics import Metrics
-    from tts_core.ops.monitor import Monitor
+    from tts_core.request.operating import OperatorSettings
     from tts_core.service import SpeechService
 
     storage = Storage(sqlite_url(tmp_path / "c.db"))

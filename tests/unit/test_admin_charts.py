@@ -8,8 +8,8 @@ from admin.charts import CHARTS, absent, cost_figure, plot_data, replica_charts,
 from admin.state import load_markdown
 from admin.stats import cost_models
 from tests.fakes import FakeEngine
-from tts_core.ops.degrade import OperatorSettings
 from tts_core.ops.metrics import Metrics
+from tts_core.request.operating import OperatorSettings
 from tts_core.scheduler.engine_loop import EngineLoop, Serving
 from tts_core.scheduler.one_shot import OneShotStrategy
 from tts_core.scheduler.policy import AdaptivePolicy, BatchPolicy, make_policy

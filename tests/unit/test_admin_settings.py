@@ -6,7 +6,7 @@ from pathlib import Path
 from admin.panels.settings import _labelled
 from admin.panels.tiers import table_rows, tiers_of
 from admin.state import _database
-from tts_core.ops.degrade import OperatorSettings
+from tts_core.request.operating import OperatorSettings
 
 
 def test_tiers_make_the_table_and_the_table_makes_the_same_tiers():

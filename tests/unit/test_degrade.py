@@ -1,7 +1,8 @@
 import pytest
 
+from tts_core.degrade import DegradeController, LoadInputs, load_score
 from tts_core.errors import InvalidSetting
-from tts_core.ops.degrade import DegradeController, LoadInputs, OperatorSettings, load_score
+from tts_core.request.operating import OperatorSettings
 
 
 def test_load_score_is_the_worst_pressure():

@@ -11,7 +11,7 @@ from tests.unit.conftest import make_item
 from tests.unit.test_pool import make_service, spec
 from tts_core.engines import ModelSpec
 from tts_core.errors import DeadlineExceeded, Overloaded
-from tts_core.ops.monitor import Monitor
+from tts_core.monitor import Monitor
 from tts_core.request.dispatch import output_of
 from tts_core.scheduler.queue import QueueClosed, RequestQueue
 

@@ -28,9 +28,9 @@ from tests.fakes import FakeEngine
 from tests.serve import wait_until
 from tts_core.config import Settings
 from tts_core.errors import Degraded, InvalidRequest, Overloaded
-from tts_core.ops.degrade import OperatorSettings
 from tts_core.ops.metrics import Metrics
 from tts_core.request.access import Caller, Tier
+from tts_core.request.operating import OperatorSettings
 from tts_core.scheduler.queue import RequestQueue
 from tts_core.service import SpeechService
 

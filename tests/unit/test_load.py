@@ -10,10 +10,10 @@ from tests.fakes import FakeEngine
 from tests.unit.conftest import make_item
 from tts_core.config import Settings
 from tts_core.errors import Overloaded
-from tts_core.ops.degrade import OperatorSettings
+from tts_core.monitor import Monitor
 from tts_core.ops.metrics import Metrics
-from tts_core.ops.monitor import Monitor
 from tts_core.request.access import Caller, Tier
+from tts_core.request.operating import OperatorSettings
 from tts_core.scheduler.queue import QueueFull, RequestQueue, WaitTarget
 from tts_core.service import SpeechService
 

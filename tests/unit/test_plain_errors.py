@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from api.schemas import SpeechRequest
 from tts_core.errors import InvalidSetting
-from tts_core.ops.degrade import OperatorSettings
+from tts_core.request.operating import OperatorSettings
 from tts_core.validation import plain_message
 
 GOOD = {"model": "tts-1", "input": "Hello.", "voice": "alloy"}

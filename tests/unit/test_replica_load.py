@@ -15,9 +15,9 @@ from tests.fakes import FakeEngine
 from tts_core.config import Settings
 from tts_core.engines import ModelSpec
 from tts_core.errors import Degraded
-from tts_core.ops.degrade import OperatorSettings
+from tts_core.monitor import Monitor
 from tts_core.ops.metrics import Metrics
-from tts_core.ops.monitor import Monitor
+from tts_core.request.operating import OperatorSettings
 from tts_core.request.script import Reading
 from tts_core.scheduler.queue import WaitTarget
 from tts_core.service import SpeechService

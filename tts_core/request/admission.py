@@ -14,7 +14,6 @@ from ..config import Settings
 from ..engines import Capabilities, Voice
 from ..engines.base import FrontEnd
 from ..errors import Degraded, ErrorCode, InvalidRequest
-from ..ops.degrade import DegradeAction, DegradeController
 from ..ops.metrics import Metrics
 from ..scheduler.queue import WaitTarget
 from ..text.chunks import TextError
@@ -31,13 +30,14 @@ from ..text.frontend.scripts import writes
 from ..text.lexicon import Lexicon
 from ..voices.catalogue import Catalogue, speaks
 from .access import Caller, Tier
+from .operating import DegradeAction, DegradeMode
 from .script import Passage, Reading, Script
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 
 
 class Admission:
-    def __init__(self, settings: Settings, degrade: DegradeController, metrics: Metrics):
+    def __init__(self, settings: Settings, degrade: DegradeMode, metrics: Metrics):
         self.settings = settings
         self.degrade = degrade
         self.metrics = metrics

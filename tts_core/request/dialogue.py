@@ -22,7 +22,6 @@ from ..audio.levels import gain_for, matched, scaled
 from ..audio.playable import join, silence
 from ..engines import Voice
 from ..errors import Degraded, ErrorCode, InvalidRequest
-from ..ops.degrade import DegradeAction
 from ..ops.metrics import Metrics
 from ..scheduler.records import QueuedItem
 from ..text.frontend import SpokenText
@@ -31,6 +30,7 @@ from .access import Caller, Tier
 from .admission import Admission
 from .captions import CaptionWord, Timed, caption_words, timed_words
 from .dispatch import SentenceStream, encoded_stream
+from .operating import DegradeAction
 from .records import EngineOutput
 from .script import Reading, Script
 

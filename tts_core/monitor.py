@@ -1,4 +1,5 @@
-"""The operator loop: measures load, moves degrade mode, samples the dashboard's time series."""
+"""The operator loop: measures load, moves degrade mode, samples the dashboard's time series. It reads the service
+it watches, so it sits beside it (layer 5), not under it."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import threading
 import time
 from concurrent.futures import Future
 
-from ..scheduler.engine_loop import EngineLoop
-from ..scheduler.queue import QueueClosed
-from ..service import SpeechService
-from . import gpu
-from .degrade import DegradeAction, LoadInputs
+from .degrade import LoadInputs
+from .ops import gpu
+from .request.operating import DegradeAction
+from .scheduler.engine_loop import EngineLoop
+from .scheduler.queue import QueueClosed
+from .service import SpeechService
 
 log = logging.getLogger(__name__)
 
