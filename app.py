@@ -20,6 +20,7 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from access.control import AccessControl
 from admin.api import router as admin_router
 from admin.cluster import ReplicaReporter
 from admin.control import OperatorControl
@@ -27,7 +28,6 @@ from admin.gate import AdminGate
 from admin.lexicon import LexiconControl
 from admin.ui import build_admin_tab
 from api import build_api
-from api.access import AccessControl
 from api.connections import AnsweredHandshakeProtocol, OpenSockets, bounded_http_protocol
 from api.logs import redacting_handler
 from api.wyoming import WyomingServer

@@ -9,8 +9,6 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
-from api.errors import json_body
-from api.schemas import VoiceName, error_responses
 from storage import AlreadyExists, StorageError
 from tts_core.engines import EngineUnavailable, registry_specs
 from tts_core.errors import (
@@ -21,10 +19,12 @@ from tts_core.errors import (
     NotFound,
     RateLimited,
     StorageUnavailable,
+    error_responses,
 )
 from tts_core.request.access import Tier, client_address
 from tts_core.request.operating import OperatorSettings
 from tts_core.text.lexicon import LexiconEntry, LexiconFileError
+from tts_core.validation import VoiceName, json_body
 
 from .control import OperatorControl
 from .gate import AdminRefused

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from api.access import AccessControl
+from access.control import AccessControl
 from storage import StorageError
 from tts_core.monitor import Monitor
 from tts_core.ops import gpu

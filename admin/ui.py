@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from api.access import AccessControl
+from access.control import AccessControl
 from clones import VoiceClones
 from tts_core.monitor import Monitor
 from tts_core.request.access import client_address

@@ -12,14 +12,14 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from access.accounting import account
+from access.control import AccessControl, LimitExceeded
 from clones import VoiceClones
 from storage.request_log import RequestLogWriter
 from tts_core.ops.metrics import Metrics
 from tts_core.service import SpeechService
 
 from . import dialogue, jobs, speech, speech_socket, system, voices
-from .access import AccessControl, LimitExceeded
-from .accounting import account
 from .connections import OpenSockets
 from .errors import install_error_handlers, rate_limit_exceeded
 from .limits import BodySizeLimit

@@ -21,9 +21,10 @@ from tts_core.request.dialogue import MAX_NAME_CHARS, MAX_SPEAKERS
 from tts_core.request.script import Reading
 from tts_core.service import SpeechService, SpokenAudio
 from tts_core.text.frontend import NormalizationOptions, requested
+from tts_core.validation import VoiceName
 
 from .errors import stream_failure
-from .schemas import STRICT, ResponseFormat, VoiceName
+from .schemas import STRICT, ResponseFormat
 from .speech import (
     AUDIO_RESPONSES,
     CAPTIONED_RESPONSES,

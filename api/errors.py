@@ -6,13 +6,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import pydantic_core
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from access.control import LimitExceeded
 from storage import StorageError
 from tts_core.errors import (
     ChorusError,
@@ -23,9 +23,7 @@ from tts_core.errors import (
     SynthesisError,
     error_body,
 )
-from tts_core.validation import plain_message
-
-from .access import LimitExceeded
+from tts_core.validation import not_json, plain_message
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +55,6 @@ def stream_failure(error: Exception, what: str = "stream") -> ChorusError:
         return error
     log.error("%s failed after its headers: %s: %s", what, type(error).__name__, error)
     return SynthesisError("synthesis failed (internal error)", code=ErrorCode.INTERNAL_ERROR)
-
-
-def json_body(data: bytes, kind: type[ChorusError] = InvalidRequest) -> Any:
-    """A body its route reads itself, parsed as the WebSocket's messages are: pydantic's parser bounds how
-    deeply values nest (json.loads would recurse until Python's stack runs out: a RecursionError, a 500)."""
-    try:
-        return pydantic_core.from_json(data)
-    except ValueError as error:
-        raise _not_json(kind, str(error)) from None
-
-
-def _not_json(kind: type[ChorusError], reason: str) -> ChorusError:
-    return kind(f"the request body is not valid JSON: {reason}", None, ErrorCode.INVALID_JSON)
 
 
 def invalid_input(errors: list[dict], kind: type[ChorusError] = InvalidRequest,
@@ -132,7 +117,7 @@ def install_error_handlers(app: FastAPI) -> None:
         # a bare 400 "error parsing the body": a body nested past Python's stack is the caller's mistake,
         # said as json_body says it. Every other RecursionError is a bug: the 500 below, logged.
         if isinstance(exc.__cause__, RecursionError):
-            return chorus_response(_not_json(_invalid_kind(request), "nested too deeply"))
+            return chorus_response(not_json(_invalid_kind(request), "nested too deeply"))
         return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
     @app.exception_handler(ChorusError)

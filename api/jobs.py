@@ -16,12 +16,21 @@ from pydantic import ValidationError
 from jobs import JobRunner
 from storage import JobStatus, StorageError
 from tts_core.audio.encoding import FORMATS
-from tts_core.errors import ChorusError, Conflict, ErrorCode, Gone, InvalidRequest, NotFound, SynthesisError
+from tts_core.errors import (
+    ChorusError,
+    Conflict,
+    ErrorCode,
+    Gone,
+    InvalidRequest,
+    NotFound,
+    SynthesisError,
+    error_responses,
+)
 from tts_core.request.access import Caller, RateLimitState
 from tts_core.service import check_format
 
 from .errors import invalid_input, unavailable
-from .schemas import BatchRequest, JobRequest, SpeechRequest, error_responses
+from .schemas import BatchRequest, JobRequest, SpeechRequest
 from .speech import admitted, until_disconnect
 
 log = logging.getLogger(__name__)

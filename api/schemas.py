@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from tts_core.audio.encoding import FORMATS, MAX_RATE, MIN_RATE
 from tts_core.errors import ErrorCode
 from tts_core.request.script import Reading
 from tts_core.text.frontend import NormalizationOptions, requested
+from tts_core.validation import VoiceName
 
 ResponseFormat = Literal[tuple(FORMATS)]  # type: ignore[valid-type]
-
-
-# A voice is looked up by name, never opened as a path: names with separators or controls are refused.
-VoiceName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^/\\\x00-\x1f\x7f]+$")]
 
 
 class VoiceRef(BaseModel):
@@ -122,32 +119,3 @@ class SocketMessage(BaseModel):
     normalize: bool | None = None
     normalization_options: NormalizationOptions | None = None
     flush: bool = Field(True, description="speak the buffered text now")
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorBody(BaseModel):
-    """Every error answer: OpenAI's error shape."""
-
-    error: ErrorDetail
-
-
-ERROR_MEANINGS = {
-    400: "Invalid request (the field at fault, if any, is in error.param)", 401: "Missing, invalid or revoked key",
-    403: "Wrong admin token, or admin disabled", 404: "No such resource",
-    409: "Not possible in the current state (busy, not ready or already ended)",
-    410: "Gone: the result has expired", 413: "Request body too large",
-    422: "Invalid setting value", 429: "Rate limit exceeded; see Retry-After and X-RateLimit-*",
-    500: "Synthesis failed", 503: "At capacity or shedding load; see Retry-After",
-    504: "Waited in the queue past its deadline",
-}
-
-
-def error_responses(*statuses: int) -> dict:
-    """OpenAPI `responses` documenting the error answers a route can give."""
-    return {status: {"model": ErrorBody, "description": ERROR_MEANINGS[status]} for status in statuses}

@@ -16,13 +16,13 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Send
 
 from tts_core.audio.encoding import FORMATS
-from tts_core.errors import ClientGone, ErrorCode, InvalidRequest
+from tts_core.errors import ClientGone, ErrorCode, InvalidRequest, error_responses
 from tts_core.request.access import Caller, RateLimitState
 from tts_core.request.captions import CaptionWord, caption_words, subtitles
 from tts_core.service import SpeechService, SpokenAudio
 
 from .errors import stream_failure
-from .schemas import CaptionedSpeechRequest, SpeechRequest, error_responses
+from .schemas import CaptionedSpeechRequest, SpeechRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["speech"])

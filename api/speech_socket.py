@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
+from access.accounting import account
 from tts_core.audio.encoding import FORMATS
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Unauthorized
 from tts_core.request.access import Caller
@@ -37,7 +38,6 @@ from tts_core.request.script import Reading
 from tts_core.service import SentenceStream, SpeechService, check_format
 from tts_core.text.frontend import NormalizationOptions, requested
 
-from .accounting import account
 from .errors import invalid_input, stream_failure
 from .schemas import SocketMessage
 
@@ -242,7 +242,7 @@ class SpeechConnection:
     async def _take(self, message: SocketMessage) -> None:
         """Apply one client message; queue an utterance when it flushes. Unauthorized once the socket's key is
         revoked: the socket's work ends (serve)."""
-        try:  # the keys are held in memory (api/access.py), refreshed as they change: no storage call here
+        try:  # the keys are held in memory (access/control.py), refreshed as they change: no storage call here
             self.caller = self.identify()
         except Unauthorized:
             self._account(Unauthorized.status, time.perf_counter(), len(message.text or ""))

@@ -9,11 +9,10 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tts_core.errors import ErrorCode, Unauthorized
+from tts_core.errors import ErrorCode, Unauthorized, error_responses
 from tts_core.service import SpeechService
 
 from .errors import error_response
-from .schemas import error_responses
 
 router = APIRouter()
 STARTED = int(time.time())

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 
+from access.control import AccessControl
 from tts_core.config import Settings
 from tts_core.errors import ChorusError, ErrorCode, Overloaded, RateLimited
 from tts_core.request.access import RateLimitState
 
-from .access import AccessControl
 from .errors import chorus_response, error_response
 
 UPLOAD_PATH = "/gradio_api/upload"

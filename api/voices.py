@@ -7,11 +7,11 @@ from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, Respon
 
 from clones import VoiceClones
 from tts_core.engines import Capabilities, Voice
-from tts_core.errors import Unauthorized
+from tts_core.errors import Unauthorized, error_responses
 from tts_core.request.access import Caller, RateLimitState
+from tts_core.validation import VoiceName
 from tts_core.voices.catalogue import Catalogue, speaks
 
-from .schemas import VoiceName, error_responses
 from .speech import admitted
 
 router = APIRouter(tags=["voices"])

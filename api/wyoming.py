@@ -38,6 +38,8 @@ from wyoming.ping import Ping, Pong
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
+from access.accounting import account
+from access.control import AccessControl
 from storage.request_log import RequestLogWriter
 from tts_core.audio.encoding import pcm16
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, SynthesisError
@@ -46,8 +48,6 @@ from tts_core.request.script import Reading
 from tts_core.service import SpeechService
 from tts_core.text.chunks import complete_sentences
 
-from .access import AccessControl
-from .accounting import account
 from .connections import OpenSockets
 
 log = logging.getLogger(__name__)

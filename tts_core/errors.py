@@ -10,6 +10,8 @@ from __future__ import annotations
 from enum import StrEnum, unique
 from typing import ClassVar
 
+from pydantic import BaseModel
+
 # OpenAI's `error.type` for each status
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error", 410: "not_found_error",
@@ -122,6 +124,36 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     """OpenAI's error shape: {"error": {message, type, param, code}}."""
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "param": param,
                       "code": code}}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: OpenAI's error shape (error_body's), as the API's and the admin API's routes document
+    it (error_responses)."""
+
+    error: ErrorDetail
+
+
+ERROR_MEANINGS = {
+    400: "Invalid request (the field at fault, if any, is in error.param)", 401: "Missing, invalid or revoked key",
+    403: "Wrong admin token, or admin disabled", 404: "No such resource",
+    409: "Not possible in the current state (busy, not ready or already ended)",
+    410: "Gone: the result has expired", 413: "Request body too large",
+    422: "Invalid setting value", 429: "Rate limit exceeded; see Retry-After and X-RateLimit-*",
+    500: "Synthesis failed", 503: "At capacity or shedding load; see Retry-After",
+    504: "Waited in the queue past its deadline",
+}
+
+
+def error_responses(*statuses: int) -> dict:
+    """OpenAPI `responses` documenting the error answers a route can give."""
+    return {status: {"model": ErrorBody, "description": ERROR_MEANINGS[status]} for status in statuses}
 
 
 class ChorusError(Exception):

@@ -1,13 +1,18 @@
 """pydantic's validation errors in words a person reads without knowing pydantic: "speed must be a number
 between 0.25 and 4", not "Input should be less than or equal to 4" (which is also what a NaN was told).
-The API names a field as callers send it, the Admin tab by the label it shows."""
+The API names a field as callers send it, the Admin tab by the label it shows. Also what the routes of the API and
+the admin API check alike before any model does: a voice's name, a JSON body they read themselves."""
 
 from __future__ import annotations
 
 import re
-from typing import get_args
+from typing import Annotated, Any, get_args
 
+import pydantic_core
+from pydantic import StringConstraints
 from pydantic.fields import FieldInfo
+
+from .errors import ChorusError, ErrorCode, InvalidRequest
 
 NUMBER_ERRORS = {"float_type", "float_parsing", "int_type", "int_parsing", "int_from_float", "finite_number",
                  "greater_than", "greater_than_equal", "less_than", "less_than_equal"}
@@ -61,3 +66,20 @@ BOUND_WORDS = {"ge": "at least", "gt": "above", "le": "at most", "lt": "below"} 
 
 def _figure(value: float) -> str:
     return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+# A voice is looked up by name, never opened as a path: names with separators or controls are refused.
+VoiceName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^/\\\x00-\x1f\x7f]+$")]
+
+
+def json_body(data: bytes, kind: type[ChorusError] = InvalidRequest) -> Any:
+    """A body its route reads itself, parsed as the WebSocket's messages are: pydantic's parser bounds how
+    deeply values nest (json.loads would recurse until Python's stack runs out: a RecursionError, a 500)."""
+    try:
+        return pydantic_core.from_json(data)
+    except ValueError as error:
+        raise not_json(kind, str(error)) from None
+
+
+def not_json(kind: type[ChorusError], reason: str) -> ChorusError:
+    return kind(f"the request body is not valid JSON: {reason}", None, ErrorCode.INVALID_JSON)

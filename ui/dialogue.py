@@ -9,7 +9,7 @@ import time
 
 import gradio as gr
 
-from api.accounting import account
+from access.accounting import account
 from tts_core.engines import Capabilities
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest
 from tts_core.request.access import Caller

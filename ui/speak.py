@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import gradio as gr
 import numpy as np
 
-from api.accounting import account
+from access.accounting import account
 from tts_core.audio.encoding import encode
 from tts_core.engines import Capabilities
 from tts_core.errors import ChorusError

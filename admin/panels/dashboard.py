@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from api.access import AccessControl
+from access.control import AccessControl
 from tts_core.monitor import Monitor
 from tts_core.service import SpeechService
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import gradio as gr
 
-from api.access import AccessControl
+from access.control import AccessControl
 from storage import StorageError
 from tts_core.errors import StorageUnavailable
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from api.access import AccessControl, CircuitBreaker
+from access.control import AccessControl, CircuitBreaker
 from app import create_app
 from bench.server import free_port, start_server
 from storage import Storage, sqlite_url
@@ -170,7 +170,7 @@ def test_an_absent_store_is_reported_at_start_up_and_once(tmp_path, caplog):
     absent = f"redis://127.0.0.1:{free_port()}/0"
     settings = Settings(data_dir=tmp_path, ratelimit_storage=absent, admin_token=TOKEN, calibration_sizes=[1],
                         model_aliases={}, voice_aliases={}, operator_defaults=json.loads(LIMITED))
-    with caplog.at_level(logging.WARNING, logger="api.access"):
+    with caplog.at_level(logging.WARNING, logger="access.control"):
         app = create_app(settings, engines=[FakeEngine()])
         assert [r.getMessage() for r in caplog.records if "start-up" in r.getMessage()], caplog.text
         with serve_in_thread(app) as base:
@@ -214,7 +214,7 @@ def test_the_check_runs_off_the_event_loop(tmp_path):
 def test_the_breaker_opens_after_failures_probes_once_after_the_cool_down_and_logs_each_outage_once(caplog):
     now = [0.0]
     breaker = CircuitBreaker(cool_down_s=10, clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, logger="api.access"):
+    with caplog.at_level(logging.WARNING, logger="access.control"):
         for _ in range(2):
             breaker.failed("timeout")
         assert breaker.allow() and breaker.state()["state"] == "closed"  # two failures alone do not open it

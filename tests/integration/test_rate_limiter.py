@@ -10,7 +10,7 @@ from limits import parse
 from slowapi import Limiter
 from websockets.sync.client import connect
 
-from api.access import NAMESPACE
+from access.control import NAMESPACE
 from app import create_app
 from tests.fakes import FakeEngine
 from tests.serve import serve_in_thread

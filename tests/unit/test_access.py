@@ -45,9 +45,9 @@ def test_a_tier_holds_at_most_its_share_of_the_queue():
 
 
 def test_a_dead_rate_limit_store_fails_open_and_says_so(tmp_path):
+    from access.control import AccessControl
     from admin.control import OperatorControl
     from admin.stats import collect_stats
-    from api.access import AccessControl
     from storage import Storage, sqlite_url
     from storage.request_log import RequestLogWriter
     from tests.fakes import FakeEngine
