@@ -4,7 +4,7 @@ calls an engine).
 The request's way, one room each:
   voices/catalogue.py     which voices and models exist and what a request's names mean
   request/admission.py    validation, tier limits and degrade-mode refusals
-  scheduler/dispatch.py   pieces queued on the model's engine loop (the queue refuses waits past the target), audio
+  request/dispatch.py     pieces queued on the model's engine loop (the queue refuses waits past the target), audio
                           back
   this module             the assembly of the answer: the cache, joining, encoding; lifecycle and status
 and beside it, voices/cloning.py: voices made from callers' clips, given to their engines as they load.

@@ -131,16 +131,22 @@ def test_every_tts_core_module_has_a_layer():
     assert not [module_name(path) for path in (ROOT / "tts_core").rglob("*.py") if layer(module_name(path)) is None]
 
 
-def test_the_check_names_an_import_up_a_layer(tmp_path, monkeypatch):
+def test_the_check_names_an_import_up_a_layer_across_the_surfaces_or_to_a_web_framework(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    (tmp_path / "tts_core" / "text").mkdir(parents=True)
-    (tmp_path / "tts_core" / "request").mkdir()
-    for package in ("tts_core", "tts_core/text", "tts_core/request"):
+    for package in ("tts_core", "tts_core/text", "tts_core/request", "api", "ui"):
+        (tmp_path / package).mkdir(parents=True)
         (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / "tts_core" / "request" / "script.py").write_text("")
+    (tmp_path / "api" / "accounting.py").write_text("")
     words = tmp_path / "tts_core" / "text" / "words.py"
-    words.write_text("import math\n\n\ndef late():\n    from ..request import script\n    from .. import errors\n")
-    assert violations(words) == [("tts_core/text/words.py", 5, "tts_core.request.script", "layer 1 imports layer 4")]
+    words.write_text("import math\n\n\ndef late():\n    from ..request import script\n    from .. import errors\n"
+                     "    import fastapi\n")
+    speak = tmp_path / "ui" / "speak.py"
+    speak.write_text("from tts_core.request import script\nfrom api.accounting import account\n")
+    assert violations(words) == [("tts_core/text/words.py", 5, "tts_core.request.script", "layer 1 imports layer 4"),
+                                 ("tts_core/text/words.py", 7, "fastapi", "tts_core never imports a web framework")]
+    assert violations(speak) == [("ui/speak.py", 2, "api.accounting",
+                                  "ui may import only access, clones, jobs, storage, tts_core, ui")]
 
 
 def test_no_import_runs_up_a_layer_or_across_the_surfaces():

@@ -2,7 +2,7 @@
 
 `validate` is what holds whatever the load (names, speed, text, the caller's tier); `admit` adds
 the degrade actions that refuse work up front (shedding low tiers, capping text length). The wait
-a request would have in the queue is checked where it is queued (tts_core.scheduler.dispatch), against
+a request would have in the queue is checked where it is queued (tts_core.request.dispatch), against
 `wait_target` from here.
 """
 
