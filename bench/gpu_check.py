@@ -64,9 +64,10 @@ from bench.gpu_runs import (
 from bench.random_vits import TINY, save_random_vits
 from bench.workload import texts
 from tts_core.engines.base import VoiceSpec
+from tts_core.engines.contract import EngineInput
 from tts_core.engines.vits import VitsEngine
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput, QueuedItem
+from tts_core.request.records import QueuedItem
 from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.strategies import make_engine_loop
 

@@ -52,8 +52,9 @@ from bench.gpu_runs import (
 )
 from bench.workload import texts
 from tts_core.engines.base import SteppedEngine
+from tts_core.engines.contract import EngineInput
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput, QueuedItem
+from tts_core.request.records import QueuedItem
 from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.strategies import make_engine_loop
 

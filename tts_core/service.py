@@ -26,6 +26,7 @@ from .audio.encoding import FORMATS, STREAMABLE, encode, unsupported_rate
 from .audio.playable import join, silence
 from .config import Settings
 from .engines import Engine, ModelSpec
+from .engines.contract import EngineOutput
 from .errors import Conflict, ErrorCode, InvalidRequest
 from .ops import gpu
 from .ops.degrade import DegradeAction, DegradeController
@@ -33,7 +34,7 @@ from .ops.metrics import Metrics
 from .request.access import Caller
 from .request.admission import Admission
 from .request.dialogue import Dialogue, DialogueStream, ScriptText, TurnSpan, captions, compile_dialogue, recording
-from .request.records import EngineOutput, QueuedItem
+from .request.records import QueuedItem
 from .request.script import Reading, Script
 from .scheduler.dispatch import Scheduler, SentenceStream
 from .scheduler.engine_loop import EngineLoop

@@ -11,8 +11,8 @@ from bench.recognition import SENTENCES, Recogniser
 from tests.unit.test_word_timing import check_word_ids
 from tts_core.engines import piper
 from tts_core.engines.base import word_spans
+from tts_core.engines.contract import EngineInput
 from tts_core.engines.piper import PiperEngine, bundled_voice_path, load_piper_engines
-from tts_core.request.records import EngineInput
 from tts_core.text.pronunciation import Pronounced
 
 TEXTS = ["Hi.", "This sentence is quite a bit longer than the first one.", "A middle one, here."]

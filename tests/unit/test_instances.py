@@ -8,8 +8,8 @@ import pytest
 
 from tests.fakes import FakeEngine, linear_cost
 from tests.unit.conftest import make_item
+from tts_core.engines.contract import EngineInput
 from tts_core.engines.instances import Instances, split
-from tts_core.request.records import EngineInput
 
 
 def inputs(*lengths: int) -> list[EngineInput]:

@@ -13,10 +13,11 @@ from bench.random_vits import TINY, save_random_vits
 from tests.fakes import POISON, SAMPLES_PER_TOKEN, FakeEngine
 from tests.unit.conftest import make_item
 from tts_core.engines.base import VoiceSpec
+from tts_core.engines.contract import EngineInput, EngineOutput
 from tts_core.engines.vits import VitsEngine
 from tts_core.errors import SynthesisError
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput, EngineOutput, QueuedItem
+from tts_core.request.records import QueuedItem
 from tts_core.scheduler.clock import FakeClock
 from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.strategies import make_engine_loop

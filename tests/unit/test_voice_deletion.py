@@ -11,9 +11,10 @@ import torch
 
 from tests.pocket_models import build_tiny_pocket, random_voice, registry_spec
 from tests.serve import wait_until
+from tts_core.engines.contract import EngineInput
 from tts_core.errors import ErrorCode, InvalidRequest
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput, QueuedItem
+from tts_core.request.records import QueuedItem
 from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.strategies import make_engine_loop
 

@@ -21,6 +21,7 @@ import numpy as np
 from ..audio.levels import gain_for, matched, scaled
 from ..audio.playable import join, silence
 from ..engines import Voice
+from ..engines.contract import EngineOutput
 from ..errors import Degraded, ErrorCode, InvalidRequest
 from ..ops.degrade import DegradeAction
 from ..ops.metrics import Metrics
@@ -30,7 +31,7 @@ from ..text.frontend import SpokenText
 from ..voices.catalogue import Catalogue
 from .access import Caller, Tier
 from .admission import Admission
-from .records import EngineOutput, QueuedItem
+from .records import QueuedItem
 from .script import Reading, Script
 
 MAX_SPEAKERS = 16  # turn by turn, any number of voices could take turns: this many keeps a script readable

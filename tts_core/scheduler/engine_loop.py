@@ -24,9 +24,10 @@ from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
 from ..engines.base import Engine
+from ..engines.contract import EngineInput, EngineOutput
 from ..errors import ErrorCode, Overloaded
 from ..ops.metrics import Metrics
-from ..request.records import EngineInput, EngineOutput, QueuedItem
+from ..request.records import QueuedItem
 from .faults import Faults
 from .memory import MemoryBudget, release_heap
 from .policy import ItemCost

@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from ..engines.contract import EngineInput, EngineOutput, OneShot
 from ..errors import ChorusError, SynthesisError
 from ..ops.metrics import BatchRecord
-from ..request.records import EngineInput, EngineOutput, QueuedItem
+from ..request.records import QueuedItem
 from .engine_loop import CALIBRATION_TEXT, Serving
 from .faults import turn_failed
 from .policy import BatchPolicy, padded_tokens
@@ -33,6 +34,7 @@ INSTANCES_MARGIN = 1.1  # more copies of a model are chosen only where they make
 
 class OneShotStrategy:
     hands_out_pieces = False
+    engine: OneShot
 
     def __init__(self, serving: Serving, policy: BatchPolicy, calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16),
                  empty_cache_every: int = 100, calibration_lengths: Sequence[int] = CALIBRATION_LENGTHS,

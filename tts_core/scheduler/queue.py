@@ -67,8 +67,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..engines.contract import EngineInput
 from ..errors import DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
-from ..request.records import EngineInput, QueuedItem
+from ..request.records import QueuedItem
 from .clock import SYSTEM_CLOCK, Clock
 
 QUEUE_ORDERS = ("fair", "fifo")

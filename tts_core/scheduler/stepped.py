@@ -42,10 +42,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engines.base import FILE_PIECE_S, STREAM_PIECE_S, SteppedEngine
+from ..engines.base import FILE_PIECE_S, STREAM_PIECE_S
+from ..engines.contract import EngineInput, EngineOutput, Stepped
 from ..errors import ChorusError, ClientGone, SynthesisError
 from ..ops.metrics import Metrics
-from ..request.records import EngineInput, EngineOutput, QueuedItem
+from ..request.records import QueuedItem
 from .codec_stage import BusyMeter, CodecStage
 from .engine_loop import CALIBRATION_TEXT, Serving, stopped_error
 from .faults import turn_failed
@@ -93,7 +94,7 @@ class Progress:
 
 class SteppedStrategy:
     hands_out_pieces = True
-    engine: SteppedEngine
+    engine: Stepped
 
     def __init__(self, serving: Serving, policy: StepPolicy, calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16),
                  cpu_cache_mb: int | None = 1024, codec_thread: bool = True):
@@ -460,7 +461,7 @@ def _gone(item: QueuedItem) -> bool:
     return item.abandoned or item.future.done()
 
 
-def synthesize_whole(engine: SteppedEngine, batch: Sequence[EngineInput],
+def synthesize_whole(engine: Stepped, batch: Sequence[EngineInput],
                      stopping: Callable[[], bool] = lambda: False) -> list[EngineOutput]:
     """Each input's whole audio, made by the stepped strategy on the calling thread (the engine's own
     `synthesize`): every input joins as soon as a place is free and its audio is taken every FILE_PIECE_S,

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engines.upstream import UpstreamEngine, UpstreamFailed, UpstreamRejected
+from ..engines.contract import EngineInput, EngineOutput, Upstream
+from ..engines.upstream import UpstreamFailed, UpstreamRejected
 from ..errors import ChorusError, ClientGone, DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
-from ..request.records import EngineInput, EngineOutput, QueuedItem
+from ..request.records import QueuedItem
 from .engine_loop import Serving
 from .in_flight import (
     MOST_COOL_DOWN_S,
@@ -62,7 +63,7 @@ class Flight:
 
 class UpstreamStrategy:
     hands_out_pieces = True
-    engine: UpstreamEngine
+    engine: Upstream
 
     def __init__(self, serving: Serving):
         self.serving = serving

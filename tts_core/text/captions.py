@@ -15,7 +15,8 @@ import unicodedata
 from dataclasses import dataclass, replace
 
 from ..engines.base import word_spans
-from ..request.records import EngineOutput, QueuedItem
+from ..engines.contract import EngineOutput
+from ..request.records import QueuedItem
 from ..request.script import Script
 from .chunks import word_bounds
 from .frontend import SpokenText
