@@ -177,7 +177,7 @@ def served(model_dir: Path, device: str, policy_name: str, token_lists: list, pl
            "requests_per_s": round(len(tally.latencies) / tally.elapsed, 2),
            "audio_s_per_s": round(tally.audio_s / tally.elapsed, 2), **latency_ms(tally),
            "avg_batch_size": window["avg_batch_size"], "batches": window["batches_in_window"],
-           "policy_state": loop.status()["policy"], "memory_token_budget": loop.memory.tokens(),
+           "policy_state": loop.status().strategy.policy, "memory_token_budget": loop.memory.tokens(),
            "out_of_memory": loop.memory.out_of_memory_count, **stop_and_wait(loop, threads), **fate(tally)}
     del engine, loop
     gpu_stepped.free_device(device)

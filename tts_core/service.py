@@ -245,7 +245,7 @@ class SpeechService:
     def _engine_status(loop: EngineLoop | None, pinned: bool) -> dict:
         if loop is None:
             return {"loaded": False, "pinned": pinned, "queue_length": 0, "ready": False}
-        return {"loaded": True, "pinned": pinned, **loop.status()}
+        return {"loaded": True, "pinned": pinned, **loop.status().to_json()}
 
     # --- synthesis -----------------------------------------------------------------------------
 

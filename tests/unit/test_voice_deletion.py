@@ -68,6 +68,6 @@ def test_a_voice_deleted_while_its_requests_run_and_wait_stalls_nobody(engine, c
         after = queued(engine, "And the model goes on.", "tiny")
         loop.submit([after])
         assert after.future.result(timeout=300).audio.size > 0
-        assert loop.status()["turn_failures"] == 0 and not engine.running()
+        assert loop.status().turns.count == 0 and not engine.running()
     finally:
         loop.stop()
