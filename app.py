@@ -36,7 +36,7 @@ from jobs import JobRunner
 from storage import Storage, StorageError
 from storage.request_log import RequestLogWriter
 from tts_core.config import Settings
-from tts_core.engines import Engine, EngineUnavailable, ModelSpec, model_specs
+from tts_core.engines import Engine, EngineUnavailable, ModelSpec
 from tts_core.errors import InvalidSetting
 from tts_core.monitor import Monitor
 from tts_core.ops.metrics import Metrics
@@ -46,6 +46,7 @@ from tts_core.request.operating import OperatorSettings
 from tts_core.scheduler.memory import limit_heap_arenas
 from tts_core.scheduler.pool import ModelPool
 from tts_core.service import SpeechService
+from tts_core.voices.registry import model_specs
 from ui import build_ui
 from ui.browser import PAGE_CSS
 

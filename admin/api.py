@@ -10,7 +10,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from storage import AlreadyExists, StorageError
-from tts_core.engines import EngineUnavailable, registry_specs
+from tts_core.engines import EngineUnavailable
 from tts_core.errors import (
     Conflict,
     ErrorCode,
@@ -25,6 +25,7 @@ from tts_core.request.access import Tier, client_address
 from tts_core.request.operating import OperatorSettings
 from tts_core.text.lexicon import LexiconEntry, LexiconFileError
 from tts_core.validation import VoiceName, json_body
+from tts_core.voices.registry import registry_specs
 
 from .control import OperatorControl
 from .gate import AdminRefused

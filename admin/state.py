@@ -9,6 +9,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from tts_core.request.operating import OperatorSettings
+from tts_core.scheduler.in_flight import BreakerState
+from tts_core.scheduler.upstream import UpstreamStatus
 
 
 def _queue_wait(value: float, settings: OperatorSettings, gpu: dict | None, limit_s: float) -> str:
@@ -55,19 +57,20 @@ def _replica(row: dict) -> str:
             + (", **degraded**" if figures["degraded"] else ""))
 
 
-def _upstream(name: str, policy: dict) -> str:
-    breaker = policy["breaker"]
-    state = breaker["state"] if breaker["state"] == "closed" else \
-        f"**{breaker['state']}** (next try in {breaker['retry_after_s']:.0f} s)"
-    errors = ", ".join(f"{count} {kind}" for kind, count in sorted(policy["errors"].items())) or "none"
-    return (f"`{name}` at {policy['url']}: {policy['in_flight']} in flight of a learned {policy['limit']} (at most "
-            f"{policy['most']}), {policy['latency_s']:.2f} s a request, breaker {state}; errors: {errors}")
+def _upstream(name: str, upstream: UpstreamStatus) -> str:
+    breaker = upstream.breaker
+    state = breaker.state if breaker.state == BreakerState.CLOSED else \
+        f"**{breaker.state}** (next try in {breaker.retry_after_s:.0f} s)"
+    errors = ", ".join(f"{count} {kind}" for kind, count in sorted(upstream.errors.items())) or "none"
+    return (f"`{name}` at {upstream.url}: {upstream.in_flight} in flight of a learned {upstream.limit} (at most "
+            f"{upstream.most}), {upstream.latency_s:.2f} s a request, breaker {state}; errors: {errors}")
 
 
-def upstream_policies(status: dict) -> dict[str, dict]:
-    """The loaded upstream models' policies (requests in flight, the learned limit, the breaker), by model."""
-    return {name: model["policy"] for name, model in status["engines"].items()
-            if isinstance(model.get("policy"), dict) and model["policy"].get("name") == "upstream"}
+def upstream_policies(status: dict) -> dict[str, UpstreamStatus]:
+    """The loaded upstream models' figures (requests in flight, the learned limit, the breaker), by model, from the
+    status as JSON (the stats may come from another replica)."""
+    return {name: upstream for name, model in status["engines"].items()
+            if (upstream := UpstreamStatus.from_json(model)) is not None}
 
 
 def _database(url: str) -> str:
@@ -98,7 +101,7 @@ def state_markdown(stats: dict, settings: OperatorSettings) -> str:
         lines.append("**Failed engine turns** (each ended only the requests it ran; the log has the first of each "
                      "kind): " + "; ".join(faults))
     if upstreams := upstream_policies(stats["status"]):
-        lines.append("**Upstreams:** " + "; ".join(_upstream(name, policy) for name, policy in upstreams.items()))
+        lines.append("**Upstreams:** " + "; ".join(_upstream(name, upstream) for name, upstream in upstreams.items()))
     if len(stats["replicas"]) > 1:  # a deployment of several: each as it last reported
         lines.append("**Replicas:** " + "; ".join(_replica(row) for row in stats["replicas"]))
     errors = [error for error in (storage["settings_error"], storage["request_log_error"]) if error]

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tts_core.errors import ErrorCode, Unauthorized, error_responses
+from tts_core.scheduler.upstream import UpstreamStatus
 from tts_core.service import SpeechService
 
 from .errors import error_response
@@ -53,8 +54,8 @@ async def get_model(model_id: str, request: Request):
 async def health(request: Request) -> dict:
     """The process answers. Where upstream models are loaded, each one's circuit breaker state too (an open one is
     the upstream's outage, not a reason to restart this server: the status stays ok)."""
-    breakers = {name: status["policy"]["breaker"]["state"] for name, loop in _service(request).loops.items()
-                if (status := loop.status())["policy"].get("name") == "upstream"}
+    breakers = {name: status.breaker.state for name, loop in _service(request).loops.items()
+                if isinstance(status := loop.status().strategy, UpstreamStatus)}
     return {"status": "ok", **({"upstreams": breakers} if breakers else {})}
 
 

@@ -64,9 +64,9 @@ from bench.gpu_runs import (
 from bench.random_vits import TINY, save_random_vits
 from bench.workload import texts
 from tts_core.engines.base import VoiceSpec
+from tts_core.engines.contract import EngineInput
 from tts_core.engines.vits import VitsEngine
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput
 from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.records import QueuedItem
 from tts_core.scheduler.strategies import make_engine_loop
@@ -177,7 +177,7 @@ def served(model_dir: Path, device: str, policy_name: str, token_lists: list, pl
            "requests_per_s": round(len(tally.latencies) / tally.elapsed, 2),
            "audio_s_per_s": round(tally.audio_s / tally.elapsed, 2), **latency_ms(tally),
            "avg_batch_size": window["avg_batch_size"], "batches": window["batches_in_window"],
-           "policy_state": loop.status()["policy"], "memory_token_budget": loop.memory.tokens(),
+           "policy_state": loop.status().strategy.policy, "memory_token_budget": loop.memory.tokens(),
            "out_of_memory": loop.memory.out_of_memory_count, **stop_and_wait(loop, threads), **fate(tally)}
     del engine, loop
     gpu_stepped.free_device(device)

@@ -52,8 +52,8 @@ from bench.gpu_runs import (
 )
 from bench.workload import texts
 from tts_core.engines.base import SteppedEngine
+from tts_core.engines.contract import EngineInput
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput
 from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.records import QueuedItem
 from tts_core.scheduler.strategies import make_engine_loop
@@ -259,13 +259,13 @@ def served(kind: str, folder: Path, device: str, policy_name: str, codec_stage: 
     stop_at = tally.started + plan["served_s"]
     sizes = [running for moment, running in steps if moment < stop_at]  # the steps begun in the run
     name = policy_name if codec_stage == "on" or not engine.decodes_apart else f"{policy_name}, codec inline"
-    status = loop.status()  # (codec_thread: the engine's pieces were decoded on a thread of their own)
+    status = loop.status().strategy  # (codec_thread: the engine's pieces were decoded on a thread of their own)
     row = {"policy": name, "clients": plan["clients"], "seconds": plan["served_s"],
            "audio_s_per_s": round(sum(sizes) / engine.frame_rate / plan["served_s"], 2), "steps": len(sizes),
            "frames_per_step": round(sum(sizes) / len(sizes), 2) if sizes else 0.0, "sent": tally.sent,
            "requests_done": len(tally.latencies), "errors": tally.errors,
            "delivered_audio_s_per_s": round(tally.audio_s / plan["served_s"], 2), **latency_ms(tally),
-           "policy_state": status["policy"], "codec_thread": status.get("codec_thread", False),
+           "policy_state": status.policy, "codec_thread": getattr(status, "codec_thread", False),
            "out_of_memory": loop.memory.out_of_memory_count, "warm_s": round(warm_s, 1),
            **({} if calibrated else {"calibrated": False}),
            **stop_and_wait(loop, threads), **fate(tally)}

@@ -43,9 +43,9 @@ from bench.soak import main as soak
 from bench.ttfa import drained
 from bench.workload import texts
 from tts_core.config import Settings
-from tts_core.engines import load_voice_engine
-from tts_core.request.records import EngineInput
+from tts_core.engines.contract import EngineInput
 from tts_core.scheduler.one_shot import INSTANCES_MARGIN
+from tts_core.voices.registry import load_voice_engine
 
 PEERS = {
     "sequential": {"batch_policy": "sequential", "queue_order": "fifo"},
@@ -121,7 +121,7 @@ class EngineAlone:
         return sum(output.audio.size for output in self.engine.synthesize(inputs)) / self.engine.sample_rate
 
     def _runs(self, token_lists: list, size: int) -> list[list]:
-        if not self.engine.makes_frames:  # one-shot: padded batches of this size
+        if not self.engine.capabilities.makes_frames:  # one-shot: padded batches of this size
             return _batches(token_lists, size, self.max_batch_tokens)
         self.engine.max_running = size  # (at most the engine's own: its cache has that many rows)
         return [token_lists]
@@ -166,7 +166,7 @@ class EngineAlone:
 
     def _copies(self, workload: str, plan: dict) -> dict:
         counts = self.engine.instance_counts()
-        if self.engine.makes_frames or len(counts) == 1:
+        if self.engine.capabilities.makes_frames or len(counts) == 1:
             return {}
         token_lists = sorted((tokens for text in texts(workload, plan["texts"])
                               for tokens in self.engine.tokenize(text, self.voice)), key=len)
@@ -555,7 +555,7 @@ def main() -> None:
 
     print(f"engine alone ({args.voice}): the ceiling ...", flush=True)
     engine = EngineAlone(args.voice, args.voices_file)
-    stepped = engine.engine.makes_frames  # an autoregressive engine (its declared shape)
+    stepped = engine.engine.capabilities.makes_frames  # an autoregressive engine (its declared shape)
     if stepped:  # an autoregressive voice: its own scenario sizes and targets
         plan = {**plan, **STEPPED_PLAN,
                 **({"clients": 4, "streams": 4} if args.quick else STEPPED_FULL_PLAN)}

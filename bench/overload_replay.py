@@ -31,8 +31,8 @@ import numpy as np
 from bench.load import percentile
 from bench.soak import EDGE_S, OVERLOAD, OVERLOAD_S, STEADY, USERS
 from bench.workload import MIXES, sentence
+from tts_core.engines.contract import EngineInput
 from tts_core.request.operating import OperatorSettings
-from tts_core.request.records import EngineInput
 from tts_core.scheduler.clock import FakeClock
 from tts_core.scheduler.queue import LONG_TOKENS, OFFERED_WINDOWS_S, QueueFull, RequestQueue, WaitTarget
 from tts_core.scheduler.records import QueuedItem

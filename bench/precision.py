@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.recognition import SENTENCES, Recogniser
+from tts_core.engines.contract import EngineInput
 from tts_core.engines.piper import PiperEngine, bundled_voice_path
-from tts_core.request.records import EngineInput
 
 PLANS = {"full": {"rounds": 3}, "quick": {"rounds": 1}}
 LEVELS = {"full": False, "int8": True}  # each level's set_low_precision

@@ -17,8 +17,8 @@ import httpx
 
 from bench.server import start_server
 from bench.workload import texts
+from tts_core.engines.contract import EngineInput
 from tts_core.engines.piper import PiperEngine, bundled_voice_path
-from tts_core.request.records import EngineInput
 
 TARGET_RATIO = 0.9
 

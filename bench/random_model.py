@@ -161,9 +161,9 @@ def bpe_tokenizer() -> TokenizersBackend:
 
 def piper_speech(sample_rate: int, text: str = VOICE_TEXT) -> np.ndarray:
     """Real speech from the bundled Piper voice, float32 mono at sample_rate."""
+    from tts_core.engines.contract import EngineInput
     from tts_core.engines.piper import PiperEngine, bundled_voice_path
     from tts_core.engines.pocket_codec import resample
-    from tts_core.request.records import EngineInput
 
     piper = PiperEngine(bundled_voice_path())
     voice = piper.voices()[0].name

@@ -26,11 +26,11 @@ from ray import serve
 from tts_core.audio.encoding import encode
 from tts_core.audio.playable import join
 from tts_core.config import Settings
-from tts_core.engines import load_voice_engine
+from tts_core.engines.contract import EngineInput
 from tts_core.ops.metrics import BatchRecord, Metrics
-from tts_core.request.records import EngineInput
 from tts_core.scheduler.policy import padded_tokens
 from tts_core.text.chunks import split_chunks
+from tts_core.voices.registry import load_voice_engine
 
 MAX_BATCH_SIZE = 16  # the same as the "window" peer, Chorus's own fixed-window policy
 BATCH_WAIT_S = 0.01

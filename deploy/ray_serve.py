@@ -44,19 +44,20 @@ from clones import VoiceClones, stored_clones
 from deploy.replica_load import DeploymentLoad, RemoteLoads
 from storage import Storage, StorageError
 from tts_core.config import Settings
-from tts_core.engines import EngineUnavailable, model_specs
+from tts_core.engines import EngineUnavailable
+from tts_core.engines.contract import AudioPieces, EngineOutput
 from tts_core.errors import ChorusError, ErrorCode, Overloaded, SynthesisError
 from tts_core.monitor import Monitor
 from tts_core.ops.metrics import Metrics
 from tts_core.request.access import Caller
 from tts_core.request.dispatch import Scheduler, pieces_of
 from tts_core.request.operating import OperatorSettings
-from tts_core.request.records import AudioPieces, EngineOutput
 from tts_core.request.script import Passage
 from tts_core.scheduler.pool import ModelPool
 from tts_core.scheduler.queue import WaitTarget
 from tts_core.scheduler.records import QueuedItem
 from tts_core.service import SpeechService
+from tts_core.voices.registry import model_specs
 
 log = logging.getLogger(__name__)
 

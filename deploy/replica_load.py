@@ -19,6 +19,21 @@ from tts_core.scheduler.queue import WaitTarget
 
 
 @dataclass(frozen=True)
+class DeploymentStatus:
+    """A model's deployment as the status page shows it (an engine loop's LoopStatus stands here)."""
+
+    queue_length: int
+    queue_wait_s: float
+    running: int
+    replicas: int
+    degraded_replicas: int
+
+    def to_json(self) -> dict:
+        return {"queue_length": self.queue_length, "queue_wait_s": self.queue_wait_s, "ready": True,
+                "running": self.running, "replicas": self.replicas, "degraded_replicas": self.degraded_replicas}
+
+
+@dataclass(frozen=True)
 class DeploymentLoad:
     """One model's engine deployment, as its live replicas last reported (at least one)."""
 
@@ -42,10 +57,9 @@ class DeploymentLoad:
         least = min(self.replicas, key=lambda figures: figures["queue_wait_s"] / figures["queue_wait_limit_s"])
         return least["queue_wait_s"], least["queue_wait_limit_s"]
 
-    def status(self) -> dict:
-        return {"queue_length": self.queue_length, "queue_wait_s": round(self.predicted_wait(), 3), "ready": True,
-                "running": self.running_count(), "replicas": len(self.replicas),
-                "degraded_replicas": sum(bool(figures["degraded"]) for figures in self.replicas)}
+    def status(self) -> DeploymentStatus:
+        return DeploymentStatus(self.queue_length, round(self.predicted_wait(), 3), self.running_count(),
+                                len(self.replicas), sum(bool(figures["degraded"]) for figures in self.replicas))
 
 
 class RemoteLoads:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tts_core.engines.base import Engine, SteppedEngine, Voice
-from tts_core.request.records import EngineInput, EngineOutput
+from tts_core.engines.contract import EngineInput, EngineOutput
 from tts_core.scheduler.clock import SYSTEM_CLOCK, Clock
 
 POISON = 999  # a token that makes the fake engine raise

@@ -9,8 +9,9 @@ import yaml
 
 from bench.random_model import save_random_pocket
 from tts_core.config import Settings
-from tts_core.engines import ModelSpec, registry_specs
-from tts_core.request.records import EngineInput
+from tts_core.engines import ModelSpec
+from tts_core.engines.contract import EngineInput
+from tts_core.voices.registry import registry_specs
 
 
 def registry_spec(model: Path, voices: dict[str, dict], folder: Path, engine: str = "pocket_tts") -> ModelSpec:

@@ -10,9 +10,9 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from bench.random_vibevoice import save_random_vibevoice
+from tts_core.engines.contract import EngineInput
 from tts_core.engines.vibevoice import SYSTEM_PROMPT
 from tts_core.engines.vibevoice_parts import DPMSolver
-from tts_core.request.records import EngineInput
 
 
 def build_tiny_vibevoice(folder: Path) -> Path:

@@ -13,6 +13,7 @@ from .ops import gpu
 from .request.operating import DegradeAction
 from .scheduler.engine_loop import EngineLoop
 from .scheduler.queue import QueueClosed
+from .scheduler.stepped import SteppedStatus
 from .service import SpeechService
 
 log = logging.getLogger(__name__)
@@ -91,10 +92,8 @@ class Monitor:
         state = service.degrade.state
         # autoregressive engines and upstreams: requests running (in flight); steps a second, frames a step (the
         # autoregressive ones'); None without one
-        stepping = [loop.status() for loop in service.loops.values() if loop.running_count() is not None]
-
-        def busiest(key: str) -> float | None:
-            return max((status[key] for status in stepping if key in status), default=None)
+        running = [loop.status().strategy for loop in service.loops.values() if loop.running_count() is not None]
+        stepped = [status for status in running if isinstance(status, SteppedStatus)]
         point = {
             "t": time.time(),
             "queue_length": service.queue_length(),
@@ -111,12 +110,12 @@ class Monitor:
             "degraded": state.active,
             "gpu_used_fraction": device["used_fraction"] if device else None,
             "gpu_utilization_pct": device["utilization_pct"] if device else None,
-            "running_requests": sum(status["running"] for status in stepping) if stepping else None,
-            "steps_per_s": sum(status.get("steps_per_s", 0.0) for status in stepping) if stepping else None,
-            "frames_per_step": busiest("frames_per_step"),
+            "running_requests": sum(status.running for status in running) if running else None,
+            "steps_per_s": sum(status.steps_per_s for status in stepped) if running else None,
+            "frames_per_step": max((status.frames_per_step for status in stepped), default=None),
             # its stages' busy shares: the steps, the codec (tts_core.scheduler.codec_stage)
-            "engine_busy_share": busiest("engine_busy_share"),
-            "codec_busy_share": busiest("codec_busy_share"),
+            "engine_busy_share": max((status.engine_busy_share for status in stepped), default=None),
+            "codec_busy_share": max((status.codec_busy_share for status in stepped), default=None),
         }
         metrics.series.append(point)
         return point

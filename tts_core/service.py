@@ -27,6 +27,7 @@ from .audio.playable import join, silence
 from .config import Settings
 from .degrade import DegradeController
 from .engines import Engine, ModelSpec
+from .engines.contract import EngineOutput
 from .errors import Conflict, ErrorCode, InvalidRequest
 from .ops import gpu
 from .ops.metrics import Metrics
@@ -36,7 +37,6 @@ from .request.captions import CaptionWord, Timed, caption_words, timed_words
 from .request.dialogue import Dialogue, DialogueStream, ScriptText, TurnSpan, captions, compile_dialogue, recording
 from .request.dispatch import Scheduler, SentenceStream
 from .request.operating import DegradeAction
-from .request.records import EngineOutput
 from .request.script import Reading, Script
 from .scheduler.engine_loop import EngineLoop
 from .scheduler.pool import ModelPool
@@ -246,7 +246,7 @@ class SpeechService:
     def _engine_status(loop: EngineLoop | None, pinned: bool) -> dict:
         if loop is None:
             return {"loaded": False, "pinned": pinned, "queue_length": 0, "ready": False}
-        return {"loaded": True, "pinned": pinned, **loop.status()}
+        return {"loaded": True, "pinned": pinned, **loop.status().to_json()}
 
     # --- synthesis -----------------------------------------------------------------------------
 

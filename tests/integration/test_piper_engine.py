@@ -11,8 +11,8 @@ from bench.recognition import SENTENCES, Recogniser
 from tests.unit.test_word_timing import check_word_ids
 from tts_core.engines import piper
 from tts_core.engines.base import word_spans
+from tts_core.engines.contract import EngineInput
 from tts_core.engines.piper import PiperEngine, bundled_voice_path, load_piper_engines
-from tts_core.request.records import EngineInput
 from tts_core.text.pronunciation import Pronounced
 
 TEXTS = ["Hi.", "This sentence is quite a bit longer than the first one.", "A middle one, here."]
@@ -143,7 +143,7 @@ WORDED = ["Hello, world!", "It costs twenty-five dollars.", "The state-of-the-ar
 
 @pytest.mark.parametrize("text", WORDED)
 def test_every_word_gets_tokens_in_order(engine, text):
-    assert engine.times_words
+    assert engine.capabilities.times_words
     check_word_ids(engine, engine.name, text)
 
 
@@ -187,6 +187,6 @@ def test_a_voice_that_reads_characters_times_words_too(tmp_path):
     config = json.loads(source.with_name(source.name + ".json").read_text())
     (tmp_path / "chars.onnx.json").write_text(json.dumps({**config, "phoneme_type": "text"}))
     characters = PiperEngine(tmp_path / "chars.onnx")
-    assert characters.times_words
+    assert characters.capabilities.times_words
     for text in ["hello, world! again", "a - b", "Say " + Pronounced("Worcester", None, "wuss ter").marked()]:
         check_word_ids(characters, characters.name, text)

@@ -20,7 +20,7 @@ from app import create_app
 from tests.fakes import POISON, SAMPLES_PER_TOKEN, FakeEngine
 from tests.serve import metric, serve_in_thread
 from tts_core.config import Settings
-from tts_core.request.records import EngineInput, EngineOutput
+from tts_core.engines.contract import Capabilities, EngineInput, EngineOutput
 
 pytestmark = pytest.mark.slow  # a real server
 
@@ -31,7 +31,7 @@ class FailsOnBoom(FakeEngine):
     """Says every sentence but one holding "boom", on which it raises (the loop fails that item alone); times
     its words (a token per character, each of the sentence's first word)."""
 
-    times_words = True
+    capabilities = Capabilities(times_words=True)
 
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]:
         return [np.full(len(text), POISON if "boom" in text else 7, dtype=np.int64)]

@@ -13,6 +13,7 @@ from tests.fakes import FakeSteppedEngine
 from tts_core.audio.encoding import encode
 from tts_core.config import Settings
 from tts_core.engines import ModelSpec
+from tts_core.engines.contract import Capabilities, Shape
 from tts_core.errors import Conflict, InvalidRequest
 from tts_core.request.access import Caller, Tier
 from tts_core.voices.catalogue import Catalogue
@@ -134,6 +135,8 @@ def test_a_saved_prompt_given_at_load_speaks_as_the_clip_does(tmp_path, one_torc
 
 class CloningEngine(FakeSteppedEngine):
     """A fake that clones: a clip's prompt is a few of its samples; the voices added are kept."""
+
+    kind_capabilities = Capabilities(shape=Shape.STEPPED, clones=True)
 
     def __init__(self):
         super().__init__()

@@ -61,7 +61,7 @@ def read_stream(queued) -> list[np.ndarray]:
 def test_the_steps_go_on_while_a_piece_decodes_and_the_audio_comes_whole_and_in_order(start, clock):  # noqa: F811
     engine, gate, decoded = staged(clock)
     loop = start(engine)
-    assert loop.strategy.codec.threaded and loop.status()["codec_thread"]
+    assert loop.strategy.codec.threaded and loop.status().strategy.codec_thread
     gate.clear()
     long, stream = item(60, tag=1), item(40, tag=2, stream=True)
     loop.submit([long, stream])

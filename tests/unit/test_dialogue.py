@@ -13,6 +13,7 @@ from tests.serve import wait_until
 from tts_core.audio.levels import TARGET_LEVEL, speech_level
 from tts_core.audio.playable import JOIN_PAUSE_S
 from tts_core.config import Settings
+from tts_core.engines.contract import EngineInput, EngineOutput
 from tts_core.errors import ErrorCode, InvalidRequest
 from tts_core.ops.metrics import Metrics
 from tts_core.request.access import Caller, Tier
@@ -26,7 +27,6 @@ from tts_core.request.dialogue import (
     speakers,
 )
 from tts_core.request.operating import OperatorSettings
-from tts_core.request.records import EngineInput, EngineOutput
 from tts_core.request.script import Reading
 from tts_core.service import SpeechService
 from tts_core.text.frontend import NormalizationOptions

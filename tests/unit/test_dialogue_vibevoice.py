@@ -15,11 +15,11 @@ from bench.random_model import piper_speech
 from tests.pocket_models import registry_spec
 from tests.vibevoice_models import SpeakOn, build_tiny_vibevoice
 from tts_core.config import Settings
+from tts_core.engines.contract import EngineInput
 from tts_core.engines.vibevoice import MAX_SPEAKERS, SYSTEM_PROMPT, cast_voice, conversation_text
 from tts_core.engines.vibevoice_parts import DPMSolver, encode_voice
 from tts_core.errors import ErrorCode, InvalidRequest
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput
 from tts_core.service import SpeechService
 
 pytestmark = pytest.mark.slow  # a tiny model generating, step by step: the full run only (see pytest.ini)

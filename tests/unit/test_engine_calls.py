@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tests.fakes import FakeEngine, FakeSteppedEngine
+from tts_core.engines.contract import EngineInput
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput
 from tts_core.scheduler.clock import FakeClock
 from tts_core.scheduler.queue import QueueClosed, RequestQueue
 from tts_core.scheduler.records import QueuedItem

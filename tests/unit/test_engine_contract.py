@@ -1,5 +1,6 @@
 """The engine contract, for every engine kind the registry loads (Piper, tiny VITS, tiny Pocket TTS, tiny VibeVoice,
-tiny Kokoro, an upstream played by a plain listener on loopback):
+tiny Kokoro, an upstream played by a plain listener on loopback), one parameter each (EXAMPLES: a new kind is its
+module in tts_core/engines/kinds and its example here, and nothing else):
 its spec is read without loading any weights, the engine that loads is the one described (voices and capabilities),
 what its capabilities declare holds (word timings, cloning, frames, the most it runs at once), and a stream served
 through its engine loop joins into the same audio as the whole file."""
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,12 +22,11 @@ from tests.listener import Listener
 from tests.pocket_models import build_tiny_pocket, registry_spec
 from tests.vibevoice_models import build_tiny_vibevoice
 from tts_core.engines import ModelSpec
-from tts_core.engines.base import CLONE_HOOKS, SteppedEngine, capabilities_of
+from tts_core.engines.contract import CLONE_HOOKS, AudioPieces, EngineInput
+from tts_core.engines.kinds import KINDS
 from tts_core.engines.piper import bundled_voice_path
-from tts_core.engines.upstream import UpstreamEngine
 from tts_core.ops.metrics import Metrics
 from tts_core.request.dispatch import pieces_of
-from tts_core.request.records import AudioPieces, EngineInput
 from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.records import QueuedItem
 from tts_core.scheduler.strategies import make_engine_loop
@@ -38,24 +41,34 @@ def upstream_voices() -> dict:
     return {"far": {"url": _listeners[0].url, "upstream_voice": "alloy"}}
 
 
-KINDS = {  # engine kind -> (how to make a model in a folder, its registry voices, or what makes them)
-    "piper": (lambda folder: bundled_voice_path(), {"joe": {}}),
-    "vits": (lambda folder: save_random_vits(folder / "tiny-vits", **TINY), {"tiny": {"language": "en"}}),
-    "pocket_tts": (build_tiny_pocket, {"tiny": {"fixed_length": True, "max_running": 3}}),
-    "vibevoice": (build_tiny_vibevoice, {"tiny": {"fixed_length": True}}),
-    "kokoro": (lambda folder: save_random_kokoro(folder / "tiny-kokoro", tiny=True), {"*": {}}),
-    "upstream": (lambda folder: "far-model", upstream_voices),
+@dataclass(frozen=True)
+class Example:
+    """A model of a kind for the contract: how to make one in a folder, its registry voices (or what makes them), and
+    what it samples with (owner, attribute), set to 0 so that the same input makes the same audio."""
+
+    make: Callable[[Path], object]
+    voices: dict | Callable[[], dict]
+    noise: Callable[[object], list] = lambda engine: []
+
+
+EXAMPLES = {  # every registered engine kind, by name
+    "piper": Example(lambda folder: bundled_voice_path(), {"joe": {}},
+                     lambda engine: [(engine, "noise_scale"), (engine, "noise_w")]),
+    "vits": Example(lambda folder: save_random_vits(folder / "tiny-vits", **TINY), {"tiny": {"language": "en"}},
+                    lambda engine: [(engine.model, "noise_scale"), (engine.model, "noise_scale_duration")]),
+    "pocket_tts": Example(build_tiny_pocket, {"tiny": {"fixed_length": True, "max_running": 3}},
+                          lambda engine: [(engine, "temperature")]),
+    "vibevoice": Example(build_tiny_vibevoice, {"tiny": {"fixed_length": True}},
+                         lambda engine: [(engine, "temperature")]),
+    # its vocoder's noise is seeded from each input
+    "kokoro": Example(lambda folder: save_random_kokoro(folder / "tiny-kokoro", tiny=True), {"*": {}}),
+    # the listener speaks the same tone every time
+    "upstream": Example(lambda folder: "far-model", upstream_voices),
 }
 
 
-NOISE = {  # what each kind samples with, set to 0 so that the same input makes the same audio
-    "piper": lambda engine: [(engine, "noise_scale"), (engine, "noise_w")],
-    "vits": lambda engine: [(engine.model, "noise_scale"), (engine.model, "noise_scale_duration")],
-    "pocket_tts": lambda engine: [(engine, "temperature")],
-    "vibevoice": lambda engine: [(engine, "temperature")],
-    "kokoro": lambda engine: [],  # its vocoder's noise is seeded from each input
-    "upstream": lambda engine: [],  # the listener speaks the same tone every time
-}
+def test_every_registered_kind_has_its_example():
+    assert sorted(EXAMPLES) == sorted(KINDS)
 
 
 # tiny VibeVoice's loop takes a while to warm up, and tiny Kokoro's vocoder generates for tens of seconds on two
@@ -64,7 +77,7 @@ SLOW_KINDS = {"vibevoice", "kokoro"}
 
 
 @pytest.fixture(scope="module", params=[pytest.param(kind, marks=pytest.mark.slow) if kind in SLOW_KINDS else kind
-                                        for kind in KINDS])
+                                        for kind in EXAMPLES])
 def kind(request) -> str:
     return request.param
 
@@ -72,8 +85,9 @@ def kind(request) -> str:
 @pytest.fixture(scope="module")
 def described(kind, tmp_path_factory) -> ModelSpec:
     folder = tmp_path_factory.mktemp(kind)
-    make, voices = KINDS[kind]
-    return registry_spec(make(folder), voices() if callable(voices) else voices, folder, engine=kind)
+    example = EXAMPLES[kind]
+    voices = example.voices() if callable(example.voices) else example.voices
+    return registry_spec(example.make(folder), voices, folder, engine=kind)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +97,7 @@ def loaded(described):
 
 def test_the_spec_describes_what_loads(described, loaded):
     assert loaded.voices() == described.voices
-    assert capabilities_of(loaded) == described.capabilities
+    assert loaded.capabilities == described.capabilities
 
 
 def test_word_timings_are_there_where_declared(described, loaded):
@@ -101,10 +115,8 @@ def test_word_timings_are_there_where_declared(described, loaded):
 
 def test_cloning_frames_and_running_are_as_declared(described, loaded):
     capabilities = described.capabilities
-    assert capabilities.clones == (all(callable(getattr(loaded, hook, None)) for hook in CLONE_HOOKS)
-                                   and loaded.can_clone is not False)
-    assert capabilities.makes_frames == loaded.makes_frames
-    assert capabilities.makes_frames == isinstance(loaded, SteppedEngine | UpstreamEngine)
+    if capabilities.clones:
+        assert all(callable(getattr(loaded, hook, None)) for hook in CLONE_HOOKS)
     assert capabilities.max_running == getattr(loaded, "max_running", None)
     if capabilities.clones:
         clip = np.sin(np.linspace(0, 2000, 3 * loaded.sample_rate)).astype(np.float32) * 0.3
@@ -114,7 +126,7 @@ def test_cloning_frames_and_running_are_as_declared(described, loaded):
 def test_a_streams_pieces_join_into_the_whole_file(kind, described, loaded, monkeypatch):
     """The same input through the engine's loop twice: as a stream (its pieces as they are made, where the engine makes
     frames) and as a whole file. Joined, the pieces are the file."""
-    for owner, name in NOISE[kind](loaded):
+    for owner, name in EXAMPLES[kind].noise(loaded):
         monkeypatch.setattr(owner, name, 0.0)
     loop = make_engine_loop(loaded, RequestQueue(8), Metrics(), calibration_sizes=(1,))
     loop.start()

@@ -12,8 +12,8 @@ from bench.gpu_report import render
 from bench.gpu_runs import Budget, Tally, closed_loop, fate, loop_threads, stop_and_wait, summary, verdicts
 from bench.gpu_stepped import step_times
 from tests.fakes import FakeEngine, FakeSteppedEngine
+from tts_core.engines.contract import EngineInput
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput
 from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.records import QueuedItem
 from tts_core.scheduler.strategies import make_engine_loop

@@ -8,8 +8,8 @@ import pytest
 
 from tests.fakes import FakeEngine, linear_cost
 from tests.unit.conftest import make_item
+from tts_core.engines.contract import EngineInput
 from tts_core.engines.instances import Instances, split
-from tts_core.request.records import EngineInput
 
 
 def inputs(*lengths: int) -> list[EngineInput]:
@@ -92,7 +92,7 @@ def test_copies_are_chosen_where_they_make_an_item_faster(start_loop, clock):
     engine = Copied(clock, lambda copies, size, padded: linear_cost(size, padded))  # each copy has a core of its own
     loop = start_loop(engine)
     assert engine.instances == 2
-    assert loop.status()["instance_item_s"][2] == pytest.approx(loop.status()["instance_item_s"][1] / 2)
+    assert loop.status().strategy.instance_item_s[2] == pytest.approx(loop.status().strategy.instance_item_s[1] / 2)
 
 
 def test_with_two_copies_the_policy_sizes_batches_by_one_copys_cost_and_runs_two_at_once(start_loop, clock):
@@ -114,7 +114,7 @@ def test_with_two_copies_the_policy_sizes_batches_by_one_copys_cost_and_runs_two
 def test_copies_that_only_share_the_cores_are_not_chosen(start_loop, clock):
     engine = Copied(clock, lambda copies, size, padded: copies * linear_cost(size, padded))  # no faster an item
     loop = start_loop(engine)
-    assert engine.instances == 1 and loop.status()["instances"] == 1
+    assert engine.instances == 1 and loop.status().strategy.instances == 1
     item = make_item(20)
     loop.submit([item])
     assert item.future.result(timeout=10).audio.size > 0

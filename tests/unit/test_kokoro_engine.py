@@ -11,8 +11,8 @@ import torch
 from bench.random_kokoro import save_random_kokoro
 from tests.pocket_models import registry_spec
 from tts_core.engines.base import EngineUnavailable, VoiceSpec, mix_name, voice_mix
+from tts_core.engines.contract import EngineInput
 from tts_core.engines.kokoro import FRAME_SAMPLES, SAMPLE_RATE, describe_kokoro
-from tts_core.request.records import EngineInput
 
 
 @pytest.fixture(scope="module")

@@ -42,31 +42,6 @@ ALLOWED = {
     **{surface: {surface, "tts_core", "storage"} | SHARED_BELOW for surface in SURFACES},
 }
 
-# BEING MOVED by the engine-contract change (branch kinds): EngineInput, EngineOutput and AudioPieces go from
-# tts_core/request/records.py to tts_core/engines/contract.py, the engines stop reaching up to the voice registry
-# and the stepped strategy. These imports are allowed until it lands; the integrator deletes this list at the
-# merge (the test fails on an entry that is no longer a violation, so it cannot stay behind).
-ENGINE_CONTRACT_PENDING = {
-    ("tts_core/engines/__init__.py", "tts_core.voices.registry"),
-    ("tts_core/engines/base.py", "tts_core.request.records"),
-    ("tts_core/engines/base.py", "tts_core.scheduler.stepped"),
-    ("tts_core/engines/instances.py", "tts_core.request.records"),
-    ("tts_core/engines/kokoro.py", "tts_core.request.records"),
-    ("tts_core/engines/piper.py", "tts_core.request.records"),
-    ("tts_core/engines/pocket_tts.py", "tts_core.request.records"),
-    ("tts_core/engines/stepped_torch.py", "tts_core.request.records"),
-    ("tts_core/engines/upstream.py", "tts_core.request.records"),
-    ("tts_core/engines/vibevoice.py", "tts_core.request.records"),
-    ("tts_core/engines/vits.py", "tts_core.request.records"),
-    # the engine records, read by the scheduler (its records, queue, loop and strategies)
-    ("tts_core/scheduler/engine_loop.py", "tts_core.request.records"),
-    ("tts_core/scheduler/one_shot.py", "tts_core.request.records"),
-    ("tts_core/scheduler/queue.py", "tts_core.request.records"),
-    ("tts_core/scheduler/records.py", "tts_core.request.records"),
-    ("tts_core/scheduler/stepped.py", "tts_core.request.records"),
-    ("tts_core/scheduler/upstream.py", "tts_core.request.records"),
-}
-
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
@@ -151,12 +126,8 @@ def test_the_check_names_an_import_up_a_layer_across_the_surfaces_or_to_a_web_fr
 
 def test_no_import_runs_up_a_layer_or_across_the_surfaces():
     found = [violation for path in checked_files() for violation in violations(path)]
-    pending = {(file, target) for file, _, target, _ in found} & ENGINE_CONTRACT_PENDING
-    wrong = [f"{file}:{line} -> {target} ({why})" for file, line, target, why in found
-             if (file, target) not in pending]
+    wrong = [f"{file}:{line} -> {target} ({why})" for file, line, target, why in found]
     assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
-    stale = sorted(ENGINE_CONTRACT_PENDING - pending)
-    assert not stale, f"no longer imported up a layer: delete from ENGINE_CONTRACT_PENDING: {stale}"
 
 
 def test_the_settings_name_the_scheduler_s_policies_and_queue_orders():

@@ -8,8 +8,8 @@ import numpy as np
 
 from tests.fakes import SAMPLES_PER_TOKEN, FakeEngine
 from tts_core.config import Settings
+from tts_core.engines.contract import EngineOutput
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineOutput
 from tts_core.service import SpeechService
 
 

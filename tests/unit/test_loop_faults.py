@@ -51,8 +51,8 @@ def test_a_turn_that_raises_ends_its_requests_with_a_retryable_error_and_the_nex
     loop.submit([later])
     assert later.future.result(timeout=10).audio.size == 20 * FRAME
     status = loop.status()
-    assert status["turn_failures"] == 1 and status["turn_failures_in_a_row"] == 0
-    assert status["last_turn_failure"] == "Broken: a bug in taking frames"
+    assert status.turns.count == 1 and status.turns.in_a_row == 0
+    assert status.turns.last == "Broken: a bug in taking frames"
     assert wait_until(lambda: not loop.busy, every_s=0.01)  # every request was counted as done
 
 
@@ -65,7 +65,7 @@ def test_a_request_the_engine_runs_that_the_loop_never_knew_costs_one_turn_not_e
     mine = item(20, tag=1)
     loop.submit([mine])
     assert mine.future.result(timeout=10).audio.size == 20 * FRAME
-    assert loop.status()["turn_failures"] <= 1 and not engine.running()
+    assert loop.status().turns.count <= 1 and not engine.running()
 
 
 def test_a_failure_that_repeats_is_logged_once_then_counted(caplog):
@@ -81,11 +81,11 @@ def test_a_failure_that_repeats_is_logged_once_then_counted(caplog):
             fail()
     assert [record.exc_info is not None for record in caplog.records] == [True, False, False, False]
     assert "1000 times so far" in caplog.records[-1].getMessage()
-    assert faults.status("turn") == {"turn_failures": 1000, "turn_failures_in_a_row": 1000,
-                                     "last_turn_failure": "KeyError: 5"}
+    assert faults.counts().to_json("turn") == {"turn_failures": 1000, "turn_failures_in_a_row": 1000,
+                                               "last_turn_failure": "KeyError: 5"}
     assert faults.backoff_s() == 1.0
     faults.succeeded()
-    assert faults.backoff_s() == 0.0 and faults.status("turn")["turn_failures_in_a_row"] == 0
+    assert faults.backoff_s() == 0.0 and faults.counts().in_a_row == 0
 
 
 def test_a_loop_whose_turns_keep_failing_waits_between_tries_instead_of_spinning(start, clock):  # noqa: F811
@@ -180,7 +180,7 @@ def test_with_decodes_far_slower_than_steps_callers_hang_up_mid_stream_and_every
     for each in leaving:
         assert each.future.cancelled() or isinstance(each.future.exception(timeout=5), ClientGone)
     status = loop.status()
-    assert status["turn_failures"] == 0 and status["codec_job_failures"] == 0
+    assert status.turns.count == 0 and status.strategy.codec_jobs.count == 0
 
 
 # --- deadlines while a batch runs --------------------------------------------------------------------------------
@@ -285,6 +285,6 @@ def test_a_one_shot_turn_that_raises_after_its_batch_ran_answers_the_batch_and_t
         later = make_item(5, tag=2, key=key)
         loop.submit([later])
         assert later.future.result(timeout=10).audio.size > 0
-        assert loop.status()["turn_failures"] == 1 and wait_until(lambda: not loop.busy, every_s=0.01)
+        assert loop.status().turns.count == 1 and wait_until(lambda: not loop.busy, every_s=0.01)
     finally:
         loop.stop()

@@ -13,10 +13,10 @@ from bench.random_vits import TINY, save_random_vits
 from tests.fakes import POISON, SAMPLES_PER_TOKEN, FakeEngine
 from tests.unit.conftest import make_item
 from tts_core.engines.base import VoiceSpec
+from tts_core.engines.contract import EngineInput, EngineOutput
 from tts_core.engines.vits import VitsEngine
 from tts_core.errors import SynthesisError
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput, EngineOutput
 from tts_core.scheduler.clock import FakeClock
 from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.records import QueuedItem
@@ -94,7 +94,7 @@ def test_the_next_batch_is_prepared_and_started_while_the_device_runs_this_one(s
                                                                      ("finish", [3])]
     # 3 was started before 2 landed; with nothing queued after it, 3 landed at once
     assert engine.log.index(("run", [3])) < engine.log.index(("finish", [2]))
-    assert not loop.busy and loop.status()["queue_length"] == 0
+    assert not loop.busy and loop.status().queue_length == 0
     # each item is counted running until it lands, once: a later one on the device keeps the model busy (unloadable
     # only when idle)
     held = engine.hold(4)

@@ -1,5 +1,5 @@
 """The Pocket TTS stepped engine, on a tiny random model built once and loaded as the server loads it
-(a registry file, ENGINE_KINDS["pocket_tts"], spec.load())."""
+(a registry file, KINDS["pocket_tts"], spec.load())."""
 
 import shutil
 import wave

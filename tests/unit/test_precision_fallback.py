@@ -43,7 +43,7 @@ def test_a_batch_failing_at_lower_precision_runs_again_at_full_and_it_stays_off(
     assert [output.audio[0] for output in outputs] == [np.float32(n / 1000) for n in range(1, 5)]
     assert engine.seen == [[-1] * 4, [1, 2, 3, 4]]  # the batch once lower, then again whole at full
     assert not engine.low and loop.precision.startswith("full (lower precision off")
-    assert "ValueError" in loop.precision and "ValueError" in loop.status()["precision"]
+    assert "ValueError" in loop.precision and "ValueError" in loop.status().precision
     # degrade mode goes on asking (its end, then a new start): the model stays at full
     loop.set_low_precision(False).result(timeout=5)
     assert loop.set_low_precision(True).result(timeout=5) is False and not engine.low

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from tts_core.config import Settings
+from tts_core.engines.contract import EngineInput, EngineOutput
 from tts_core.errors import Overloaded, RateLimited, SynthesisError
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput, EngineOutput
 from tts_core.scheduler.queue import WaitTarget
 
 pytest.importorskip("ray.serve")

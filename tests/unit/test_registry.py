@@ -7,12 +7,11 @@ import pytest
 from bench.random_vits import TINY, save_random_vits
 from tests.listener import Listener
 from tts_core.config import Settings
-from tts_core.engines import load_voice_engine, model_specs
 from tts_core.engines.base import EngineUnavailable
+from tts_core.engines.contract import EngineInput
 from tts_core.engines.piper import bundled_voice_path
-from tts_core.request.records import EngineInput
 from tts_core.voices.catalogue import Catalogue
-from tts_core.voices.registry import RegistryError, read_registry
+from tts_core.voices.registry import RegistryError, load_voice_engine, model_specs, read_registry
 
 
 def test_voices_of_one_model_share_one_engine(tmp_path):

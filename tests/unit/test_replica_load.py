@@ -38,8 +38,8 @@ def test_a_deployment_reads_as_its_least_pressed_replica_with_its_queues_added_u
     assert load.queue_length == 40 and load.running_count() == 3
     assert load.predicted_wait() == 1.5  # where a new sentence would wait least
     assert load.pressure(WaitTarget(10.0, 2.0)) == (6.0, 10.0)  # the smaller share of its limit
-    assert load.status() == {"queue_length": 40, "queue_wait_s": 1.5, "ready": True, "running": 3, "replicas": 2,
-                             "degraded_replicas": 1}
+    assert load.status().to_json() == {"queue_length": 40, "queue_wait_s": 1.5, "ready": True, "running": 3,
+                                       "replicas": 2, "degraded_replicas": 1}
 
 
 def test_the_view_holds_the_live_engine_replicas_of_its_models_until_the_reports_stop_being_read():
@@ -70,7 +70,7 @@ def test_a_replicas_report_carries_what_the_view_reads_and_is_handed_on(tmp_path
     reporter.on_rows.append(view.refresh)
     reporter.report()
     assert view.loads()[engine.name].pressure(WaitTarget()) == service.queue_pressure()
-    assert view.loads()[engine.name].status()["replicas"] == 1
+    assert view.loads()[engine.name].status().replicas == 1
 
 
 def test_the_ray_ingress_status_degrade_mode_and_admission_read_its_engine_replicas_load():

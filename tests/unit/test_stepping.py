@@ -12,9 +12,9 @@ import pytest
 from tests.fakes import FRAME, FakeSteppedEngine
 from tests.serve import wait_until
 from tts_core.config import Settings
+from tts_core.engines.contract import AudioPieces, EngineInput
 from tts_core.errors import InvalidRequest, Overloaded, SynthesisError
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import AudioPieces, EngineInput
 from tts_core.scheduler.engine_loop import EngineLoop
 from tts_core.scheduler.policy import make_policy
 from tts_core.scheduler.queue import RequestQueue

@@ -20,6 +20,7 @@ from tests.listener import TONE, Answer, Listener
 from tests.serve import wait_until
 from tts_core.audio.playable import resample
 from tts_core.engines.base import EngineUnavailable, UpstreamOptions, VoiceSpec
+from tts_core.engines.contract import EngineInput
 from tts_core.engines.upstream import (
     ERROR_BYTES,
     UpstreamEngine,
@@ -27,7 +28,6 @@ from tts_core.engines.upstream import (
     UpstreamRejected,
     listed_voices,
 )
-from tts_core.request.records import EngineInput
 from tts_core.scheduler.in_flight import (
     FAILURES,
     MOST_COOL_DOWN_S,

@@ -1,5 +1,5 @@
 """The VibeVoice stepped engine, on a tiny random model built once and loaded as the server loads it
-(a registry file, ENGINE_KINDS["vibevoice"], spec.load()); and served through the real batcher."""
+(a registry file, KINDS["vibevoice"], spec.load()); and served through the real batcher."""
 
 import asyncio
 import shutil

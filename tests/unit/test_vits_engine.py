@@ -7,8 +7,8 @@ import pytest
 
 from bench.random_vits import TINY, save_random_vits
 from tts_core.engines.base import EngineUnavailable, VoiceSpec
+from tts_core.engines.contract import EngineInput
 from tts_core.engines.vits import VitsEngine
-from tts_core.request.records import EngineInput
 
 TEXTS = ["hello there.", "a much longer sentence with many words in it, to pad the others.", "hi"]
 

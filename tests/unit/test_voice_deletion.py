@@ -11,9 +11,9 @@ import torch
 
 from tests.pocket_models import build_tiny_pocket, random_voice, registry_spec
 from tests.serve import wait_until
+from tts_core.engines.contract import EngineInput
 from tts_core.errors import ErrorCode, InvalidRequest
 from tts_core.ops.metrics import Metrics
-from tts_core.request.records import EngineInput
 from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.records import QueuedItem
 from tts_core.scheduler.strategies import make_engine_loop
@@ -68,6 +68,6 @@ def test_a_voice_deleted_while_its_requests_run_and_wait_stalls_nobody(engine, c
         after = queued(engine, "And the model goes on.", "tiny")
         loop.submit([after])
         assert after.future.result(timeout=300).audio.size > 0
-        assert loop.status()["turn_failures"] == 0 and not engine.running()
+        assert loop.status().turns.count == 0 and not engine.running()
     finally:
         loop.stop()

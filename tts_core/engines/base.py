@@ -1,18 +1,19 @@
-"""The two shapes of engine: one-shot (a batch in, its audio out: Piper, VITS) and stepped
-(autoregressive: requests stay running across calls, one frame per step: Pocket TTS, VibeVoice).
-Only the engine's loop thread calls them."""
+"""What engines share: `Engine`, the one-shot shape's calls with their defaults (a batch in, its audio out: Piper,
+VITS, Kokoro), and `SteppedEngine`, the stepped shape's (autoregressive: requests stay running across calls, one frame
+per step: Pocket TTS, VibeVoice), with the voice records and helpers every engine uses. The shapes' protocols, what the
+strategies program against, are in tts_core.engines.contract. Only the engine's loop thread calls them."""
 
 from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from ..request.records import EngineInput, EngineOutput
+from .contract import Capabilities, EngineInput, EngineOutput, FrontEnd, Shape
 
 
 class EngineUnavailable(RuntimeError):
@@ -67,16 +68,6 @@ class Voice:
 
 
 @dataclass(frozen=True)
-class FrontEnd:
-    """What of Chorus's text front end runs before a model reads the text: all of it, unless the model (an upstream
-    that reads text its own way) says otherwise."""
-
-    normalize: bool = True  # markdown, numbers, symbols said as words (off: the text as written)
-    lexicon: bool = True  # the operator's pronunciations
-    ssml: bool = True  # SSML read by Chorus (off: an SSML input goes as it is)
-
-
-@dataclass(frozen=True)
 class UpstreamOptions:
     """How to reach an upstream model (an OpenAI-compatible speech server) and what it declares: model-level,
     any voice of the model may set them (tts_core.voices.registry)."""
@@ -109,31 +100,7 @@ class VoiceSpec:
     upstream: UpstreamOptions | None = None  # model-level: an upstream model's connection
 
 
-@dataclass(frozen=True)
-class Capabilities:
-    """What a model can do, declared on its ModelSpec with its voices, before it loads: admission, the UI, the
-    catalogue and cloning read it, and nothing waits for a load to find out. The engine contract tests check that
-    each loaded engine does what its spec declares (capabilities_of)."""
-
-    times_words: bool = False  # word timestamps: tokenize_words and token_samples
-    clones: bool = False  # voices from a caller's clip: voice_prompt_from_audio, add_voice, remove_voice
-    makes_frames: bool = False  # audio a few frames at a time (a stepped engine): a stream's first comes soon
-    max_running: int | None = None  # the most requests it runs at once (a stepped engine's cache rows)
-    front_end: FrontEnd = FrontEnd()  # what of Chorus's front end runs for it
-    mixes_voices: bool = False  # a mix of its voices is a voice: "a+b", "a(2)+b(1)" (voice_mix)
-
-
-CLONE_HOOKS = ("voice_prompt_from_audio", "add_voice", "remove_voice")
 DEFAULT_MAX_RUNNING = 16  # a stepped model's cache rows, unless its registry entries say otherwise
-
-
-def capabilities_of(engine: Engine | type[Engine], max_running: int | None = None) -> Capabilities:
-    """What an engine (a loaded one, or its class before it loads, with the max_running it will get) implements."""
-    if max_running is None:
-        max_running = getattr(engine, "max_running", None)  # a loaded stepped engine's
-    clones = all(callable(getattr(engine, hook, None)) for hook in CLONE_HOOKS) and engine.can_clone is not False
-    return Capabilities(times_words=engine.times_words, clones=clones, makes_frames=engine.makes_frames,
-                        max_running=max_running, front_end=engine.front_end, mixes_voices=engine.mixes_voices)
 
 
 class Engine(ABC):
@@ -145,13 +112,7 @@ class Engine(ABC):
     sample_rate: int
     out_of_memory_errors: tuple[type[BaseException], ...] = (MemoryError,)  # what `synthesize` raises when full
     bytes_per_padded_token: float | None = None  # device memory a batch needs per padded token, if measured
-    times_words: bool = False  # tokenize_words and token_samples are implemented (word timestamps)
-    # makes its audio a few frames at a time: a stream's first audio comes soon whatever its first chunk's
-    # length (a one-shot engine's comes once the whole chunk is made, so a stream starts with a short one)
-    makes_frames: bool = False
-    can_clone: bool | None = None  # False: it has the clone hooks, but this model cannot (an upstream's declaration)
-    front_end: FrontEnd = FrontEnd()  # what of Chorus's text front end runs before it reads the text
-    mixes_voices: bool = False  # a mix of its voices (voice_mix) is a voice its `synthesize` takes
+    capabilities: Capabilities = Capabilities()  # what it can do, written once (its kind's spec reads the same)
     lower_precision_parts: tuple[str, ...] = ()  # the parts of its model set_low_precision lowers (the rest stays)
 
     @abstractmethod
@@ -278,7 +239,8 @@ class SteppedEngine(Engine):
     warm-up, the engine ceiling and the request-level peers).
     """
 
-    makes_frames = True
+    # what the kind declares; its max_running is the engine's own (its cache rows, set as it is made)
+    kind_capabilities: Capabilities = Capabilities(shape=Shape.STEPPED)
     frame_rate: float  # frames per second of audio
     max_running: int  # the most requests that can run at once (cache slots)
     kv_bytes_per_token: float = 0.0  # cache memory one context position of one request takes
@@ -286,6 +248,10 @@ class SteppedEngine(Engine):
     # about as much per frame as a step; TTS_CODEC_STAGE). False where `decode` only hands out audio the steps made.
     decodes_apart: bool = False
     device: str = "cpu"  # where it runs ("cuda": a GPU)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return replace(self.kind_capabilities, max_running=self.max_running)
 
     @abstractmethod
     def frames_needed(self, item: EngineInput) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Generic, TypeVar
 
-from ..request.records import EngineInput
+from .contract import EngineInput
 
 Copy = TypeVar("Copy")
 Output = TypeVar("Output")

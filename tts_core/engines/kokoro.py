@@ -34,11 +34,11 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..request.records import EngineInput, EngineOutput
 from ..text.chunks import words
 from ..text.pronunciation import as_text
 from .alignment import unit_words
 from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize, voice_mix
+from .contract import Capabilities, EngineInput, EngineOutput
 from .instances import Instances, copy_counts, threads_per_copy
 from .stepped_torch import model_folder
 from .vits import DeviceMemory, _loading, resolve_device
@@ -340,8 +340,7 @@ def kmodel(source: str, config: Path, weights: Path) -> nn.Module:
 
 
 class KokoroEngine(DeviceMemory, Engine):
-    times_words = True
-    mixes_voices = True
+    capabilities = Capabilities(times_words=True, mixes_voices=True)
 
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", name: str | None = None):
         """source: a folder or a hub id (from the local cache when offline); voices: the registry's. It runs in

@@ -36,11 +36,11 @@ from piper.config import PhonemeType, PiperConfig
 from piper.const import BOS, EOS, PAD
 from piper.voice import PiperVoice
 
-from ..request.records import EngineInput, EngineOutput
 from ..text.chunks import words
 from ..text.pronunciation import OPEN, Pronounced, as_text, split_marked
 from .alignment import unit_words
-from .base import Capabilities, Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
+from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
+from .contract import Capabilities, EngineInput, EngineOutput
 from .instances import Instances, copy_counts, cpu_cores, threads_per_copy
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ class PiperEngine(Engine):
         self._shrink_arena.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self._last_inputs: dict[str, np.ndarray] | None = None  # a one-item input to run release_memory with
         self.sample_rate = self.config.sample_rate
-        self.times_words = _times_words(self.config)
+        self.capabilities = Capabilities(times_words=_times_words(self.config))
 
     def voices(self) -> list[Voice]:
         return list(self._voices)

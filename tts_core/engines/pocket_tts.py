@@ -39,9 +39,9 @@ from transformers import (
     PocketTTSProcessor,
 )
 
-from ..request.records import EngineInput
 from ..text.pronunciation import as_text
 from .base import DEFAULT_MAX_RUNNING, Voice, VoiceSpec
+from .contract import EngineInput
 from .pocket_codec import DecoderState, StreamingDecoder, encode_voice
 from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
 from .vits import _loading

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from transformers import GenerationConfig
 
 from ..errors import ErrorCode, InvalidRequest
-from ..request.records import EngineInput
 from .base import EngineUnavailable, SteppedEngine, Voice, VoiceSpec
+from .contract import Capabilities, EngineInput, Shape
 from .pocket_codec import read_clip
 from .vits import DTYPES, _offline, resolve_device
 
@@ -171,6 +171,7 @@ class TorchSteppedEngine(SteppedEngine):
     `_cache` (a SlotCache); they say which modules hold their weights (`_weights`), how wide a voice
     prompt's latents are (`_prompt_width`) and how a clip becomes a prompt (`voice_prompt_from_audio`)."""
 
+    kind_capabilities = Capabilities(shape=Shape.STEPPED, clones=True)  # its voices are prompts: a clip makes one
     out_of_memory_errors = (MemoryError, torch.cuda.OutOfMemoryError)
     model_kind: str  # what its voices name as their model
     model_language: str  # what its voices speak unless the registry says otherwise

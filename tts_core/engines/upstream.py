@@ -33,8 +33,8 @@ import soundfile
 
 from ..audio.pcm_stream import PcmStream, UnreadableAudio, is_wav
 from ..audio.playable import resample
-from ..request.records import EngineInput, EngineOutput
-from .base import Capabilities, Engine, EngineUnavailable, UpstreamOptions, Voice, VoiceSpec
+from .base import Engine, EngineUnavailable, UpstreamOptions, Voice, VoiceSpec
+from .contract import Capabilities, EngineInput, EngineOutput, Shape
 
 SPEECH_PATH = "/v1/audio/speech"
 VOICES_PATH = "/v1/audio/voices"
@@ -72,7 +72,7 @@ def describe_upstream(model: str, voices: Sequence[VoiceSpec], name: str, option
     """The voices the registry names on the upstream, and what it declares it can do: nothing is asked of it."""
     described = [Voice(voice.name, name, voice.language or options.language, options.sample_rate,
                        speed=voice.speed) for voice in voices]
-    return described, Capabilities(clones=options.clones, makes_frames=True, max_running=options.max_in_flight,
+    return described, Capabilities(Shape.UPSTREAM, clones=options.clones, max_running=options.max_in_flight,
                                    front_end=options.front_end)
 
 
@@ -81,12 +81,10 @@ class UpstreamEngine(Engine):
     queue's costs and predictions count characters); `synthesize` runs its inputs at once, for the warm-up and
     the contract's whole-text check."""
 
-    makes_frames = True  # the audio comes as the upstream makes it: a stream's first arrives soon
-
     def __init__(self, model: str, voices: Sequence[VoiceSpec], name: str, options: UpstreamOptions):
         self.name, self.model, self.options = name, model, options
-        self.sample_rate, self.can_clone, self.front_end = options.sample_rate, options.clones, options.front_end
-        self._voices, _ = describe_upstream(model, voices, name, options)
+        self.sample_rate = options.sample_rate
+        self._voices, self.capabilities = describe_upstream(model, voices, name, options)
         self._upstream_voice = {voice.name: voice.upstream_voice or voice.name for voice in voices}
         self._language = voices[0].language or options.language if voices else options.language
         self._clones: dict[str, dict[str, str]] = {}  # a cloned voice -> what each request of it sends

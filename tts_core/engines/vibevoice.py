@@ -52,9 +52,9 @@ from transformers import (
 )
 
 from ..errors import ErrorCode, InvalidRequest
-from ..request.records import EngineInput
 from ..text.pronunciation import as_text
 from .base import DEFAULT_MAX_RUNNING, Voice, VoiceSpec
+from .contract import EngineInput
 from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
 from .vibevoice_parts import DPMSolver, StreamCaches, encode_voice
 from .vits import _loading

@@ -27,11 +27,11 @@ import torch
 from torch import nn
 from transformers import VitsConfig, VitsModel, VitsTokenizer
 
-from ..request.records import EngineInput, EngineOutput
 from ..text.chunks import words
 from ..text.pronunciation import as_text
 from .alignment import unit_words
 from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
+from .contract import Capabilities, EngineInput, EngineOutput
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ class DeviceMemory:
 
 
 class VitsEngine(DeviceMemory, Engine):
-    times_words = True
+    capabilities = Capabilities(times_words=True)
     lower_precision_parts = LOWER_PARTS
 
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",

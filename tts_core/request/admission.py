@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from ..config import Settings
 from ..engines import Capabilities, Voice
-from ..engines.base import FrontEnd
+from ..engines.contract import FrontEnd
 from ..errors import Degraded, ErrorCode, InvalidRequest
 from ..ops.metrics import Metrics
 from ..scheduler.queue import WaitTarget

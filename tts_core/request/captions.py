@@ -1,6 +1,6 @@
 """Word timestamps: when each word of the caller's input is spoken, and subtitles made of them.
 
-An engine that times words (Engine.times_words) says which word of a chunk each token speaks and how
+An engine that times words (Capabilities.times_words) says which word of a chunk each token speaks and how
 many samples each token spans; the scheduler numbers the words across their passage
 (QueuedItem.word_ids). Here those times are carried back through the front end's pieces to the
 caller's input: spoken words that say one written thing ("five dollars" for "$5", the words of an SSML
@@ -15,12 +15,12 @@ import unicodedata
 from dataclasses import dataclass, replace
 
 from ..engines.base import word_spans
+from ..engines.contract import EngineOutput
 from ..scheduler.records import QueuedItem
 from ..text.chunks import word_bounds
 from ..text.frontend import SpokenText
 from ..text.frontend.pieces import PRONUNCIATION, TEXT
 from ..text.pronunciation import Pronounced
-from .records import EngineOutput
 from .script import Script
 
 SUBTITLE_FORMATS = ("srt", "vtt")

@@ -21,6 +21,7 @@ import numpy as np
 from ..audio.levels import gain_for, matched, scaled
 from ..audio.playable import join, silence
 from ..engines import Voice
+from ..engines.contract import EngineOutput
 from ..errors import Degraded, ErrorCode, InvalidRequest
 from ..ops.metrics import Metrics
 from ..scheduler.records import QueuedItem
@@ -31,7 +32,6 @@ from .admission import Admission
 from .captions import CaptionWord, Timed, caption_words, timed_words
 from .dispatch import SentenceStream, encoded_stream
 from .operating import DegradeAction
-from .records import EngineOutput
 from .script import Reading, Script
 
 MAX_SPEAKERS = 16  # turn by turn, any number of voices could take turns: this many keeps a script readable

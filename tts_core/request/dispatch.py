@@ -24,11 +24,11 @@ from ..audio.encoding import StreamEncoder
 from ..audio.playable import JOIN_PAUSE_S, faded, resample, silence
 from ..config import Settings
 from ..engines.base import Engine
+from ..engines.contract import AudioPieces, EngineInput, EngineOutput
 from ..errors import DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
 from ..ops.metrics import Metrics
 from ..request.access import Caller, Tier
 from ..request.captions import Timed, timed_words
-from ..request.records import AudioPieces, EngineInput, EngineOutput
 from ..request.script import Passage, Script
 from ..scheduler.engine_loop import EngineLoop
 from ..scheduler.pool import ModelPool
@@ -107,7 +107,7 @@ class Scheduler:
         speed = passage.speed * voice.speed  # the voice's default speed, times the request's
         share = loop.tier_limit(tier.max_queue_share)
         most = loop.most_per_text(identity, share)
-        ramped = streaming and first and not loop.engine.makes_frames
+        ramped = streaming and first and not loop.engine.capabilities.makes_frames
         chunks, cuts = ([passage.spoken.text], [False]) if passage.whole else await self.read(
             self._pieces, passage.spoken.text, most, ramped)
         tier_name = caller.tier_name if caller else ""

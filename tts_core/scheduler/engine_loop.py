@@ -21,13 +21,14 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ..engines.base import Engine
+from ..engines.contract import EngineInput, EngineOutput
 from ..errors import ErrorCode, Overloaded
 from ..ops.metrics import Metrics
-from ..request.records import EngineInput, EngineOutput
-from .faults import Faults
+from .faults import FaultCounts, Faults
 from .memory import MemoryBudget, release_heap
 from .policy import ItemCost
 from .precision import Precision, PrecisionState
@@ -91,6 +92,35 @@ class Serving:
         self.queue.wait_for_items()
 
 
+class StrategyStatus(Protocol):
+    """A strategy's figures (tts_core.scheduler.one_shot.OneShotStatus, stepped.SteppedStatus,
+    upstream.UpstreamStatus): read as attributes, written out by to_json for the status page."""
+
+    def to_json(self) -> dict: ...
+
+
+@dataclass(frozen=True)
+class LoopStatus:
+    """A model's loop as it stands: its queue, readiness, its strategy's figures, its turns' failures, precision and
+    memory. to_json is its part of GET /api/v1/batch/status."""
+
+    queue_length: int
+    queue_wait_s: float
+    ready: bool
+    calibrated: bool
+    strategy: StrategyStatus
+    turns: FaultCounts  # the loop's turns that raised
+    precision: str
+    memory_token_budget: int | None
+    out_of_memory: int
+
+    def to_json(self) -> dict:
+        return {"queue_length": self.queue_length, "queue_wait_s": self.queue_wait_s, "ready": self.ready,
+                "calibrated": self.calibrated, **self.strategy.to_json(), **self.turns.to_json("turn"),
+                "precision": self.precision, "memory_token_budget": self.memory_token_budget,
+                "out_of_memory": self.out_of_memory}
+
+
 class Strategy(Protocol):
     """How one shape of engine is driven. Every method runs on the engine's thread, except `status`,
     `running_count` and `cost_model`, which read what it keeps."""
@@ -115,7 +145,7 @@ class Strategy(Protocol):
     def running_count(self) -> int | None:
         """Requests running now; None where the engine runs whole batches."""
 
-    def status(self) -> dict:
+    def status(self) -> StrategyStatus:
         """The policy's state and the strategy's own figures, for the status page."""
 
     def cost_model(self) -> dict:
@@ -220,12 +250,11 @@ class EngineLoop:
         """Requests running now (None where the engine runs whole batches)."""
         return self.strategy.running_count()
 
-    def status(self) -> dict:
+    def status(self) -> LoopStatus:
         """The model's queue, readiness, policy, memory, and its strategy's figures."""
-        return {"queue_length": len(self.queue), "queue_wait_s": round(self.queue.predicted_wait(), 3),
-                "ready": self.ready.is_set(), "calibrated": self.calibrated.is_set(),
-                **self.strategy.status(), **self.faults.status("turn"), "precision": self.precision,
-                "memory_token_budget": self.memory.tokens(), "out_of_memory": self.memory.out_of_memory_count}
+        return LoopStatus(len(self.queue), round(self.queue.predicted_wait(), 3), self.ready.is_set(),
+                          self.calibrated.is_set(), self.strategy.status(), self.faults.counts(), self.precision,
+                          self.memory.tokens(), self.memory.out_of_memory_count)
 
     def cost_model(self) -> dict:
         return self.strategy.cost_model()
@@ -331,4 +360,5 @@ class EngineLoop:
     def _calibrated(self) -> None:
         if not self.calibrated.is_set():
             self.calibrated.set()
-            log.info("%s is calibrated: %s", self.engine.name, json.dumps(self.strategy.status(), default=float))
+            figures = json.dumps(self.strategy.status().to_json(), default=float)
+            log.info("%s is calibrated: %s", self.engine.name, figures)

@@ -14,6 +14,7 @@ import logging
 import threading
 import traceback
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from ..errors import SynthesisError
 
@@ -29,6 +30,19 @@ def turn_failed(model: str, error: BaseException) -> SynthesisError:
     engine's own text (which can hold tensors)."""
     return SynthesisError(f"synthesis failed: model {model} hit an internal error ({type(error).__name__}) "
                           "while this was running; retry")
+
+
+@dataclass(frozen=True)
+class FaultCounts:
+    """A thread's failures as they stand: how many, how many since the last success, the last one."""
+
+    count: int = 0
+    in_a_row: int = 0
+    last: str | None = None  # as "KeyError: 5"
+
+    def to_json(self, prefix: str) -> dict:
+        return {f"{prefix}_failures": self.count, f"{prefix}_failures_in_a_row": self.in_a_row,
+                f"last_{prefix}_failure": self.last}
 
 
 class Faults:
@@ -72,10 +86,9 @@ class Faults:
             return 0.0
         return min(MOST_BACKOFF_S, BACKOFF_S * 2 ** min(16, self.in_a_row - 2))
 
-    def status(self, prefix: str) -> dict:
+    def counts(self) -> FaultCounts:
         with self._lock:
-            return {f"{prefix}_failures": self.count, f"{prefix}_failures_in_a_row": self.in_a_row,
-                    f"last_{prefix}_failure": self.last}
+            return FaultCounts(self.count, self.in_a_row, self.last)
 
 
 def _power_of_ten(count: int) -> bool:

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from ..engines.contract import EngineInput, EngineOutput, OneShot
 from ..errors import ChorusError, SynthesisError
 from ..ops.metrics import BatchRecord
-from ..request.records import EngineInput, EngineOutput
 from .engine_loop import CALIBRATION_TEXT, Serving
 from .faults import turn_failed
 from .policy import BatchPolicy, padded_tokens
@@ -32,8 +32,22 @@ CALIBRATION_LENGTHS = (24, 96)  # tokens
 INSTANCES_MARGIN = 1.1  # more copies of a model are chosen only where they make an item this much faster
 
 
+@dataclass(frozen=True)
+class OneShotStatus:
+    """A one-shot model's batch policy (its own description: name, sizes, cost model) and the copies it runs."""
+
+    policy: dict
+    instances: int
+    instance_item_s: dict[int, float] | None = None  # an item's seconds with each count of copies, where measured
+
+    def to_json(self) -> dict:
+        return {"policy": self.policy, "instances": self.instances,
+                **({"instance_item_s": self.instance_item_s} if self.instance_item_s else {})}
+
+
 class OneShotStrategy:
     hands_out_pieces = False
+    engine: OneShot
 
     def __init__(self, serving: Serving, policy: BatchPolicy, calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16),
                  empty_cache_every: int = 100, calibration_lengths: Sequence[int] = CALIBRATION_LENGTHS,
@@ -67,9 +81,8 @@ class OneShotStrategy:
     def running_count(self) -> int | None:
         return None
 
-    def status(self) -> dict:
-        return {"policy": self.policy.describe(), "instances": self.engine.instances,
-                **({"instance_item_s": self.instance_times} if self.instance_times else {})}
+    def status(self) -> OneShotStatus:
+        return OneShotStatus(self.policy.describe(), self.engine.instances, dict(self.instance_times) or None)
 
     def cost_model(self) -> dict:
         model = self.policy.cost_model if self.policy.learns else None

@@ -68,8 +68,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import QUEUE_ORDERS
+from ..engines.contract import EngineInput
 from ..errors import DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
-from ..request.records import EngineInput
 from .clock import SYSTEM_CLOCK, Clock
 from .records import QueuedItem
 

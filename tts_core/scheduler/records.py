@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..request.records import AudioPieces, EngineInput, EngineOutput
+from ..engines.contract import AudioPieces, EngineInput, EngineOutput
 
 _sequence = itertools.count()
 

@@ -42,13 +42,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engines.base import FILE_PIECE_S, STREAM_PIECE_S, SteppedEngine
+from ..engines.base import FILE_PIECE_S, STREAM_PIECE_S
+from ..engines.contract import EngineInput, EngineOutput, Stepped
 from ..errors import ChorusError, ClientGone, SynthesisError
 from ..ops.metrics import Metrics
-from ..request.records import EngineInput, EngineOutput
 from .codec_stage import BusyMeter, CodecStage
 from .engine_loop import CALIBRATION_TEXT, Serving, stopped_error
-from .faults import turn_failed
+from .faults import FaultCounts, turn_failed
 from .queue import RequestQueue
 from .records import QueuedItem
 from .step_policy import FillPolicy, StepPolicy, StepView
@@ -92,9 +92,32 @@ class Progress:
         return self.behind >= DEFER_CAP * self.decode_every
 
 
+@dataclass(frozen=True)
+class SteppedStatus:
+    """A stepped model's step policy (its own description), the requests running, its steps a second and frames a
+    step (over the last seconds), and its codec stage: on a thread of its own or not, the stages' busy shares, the
+    pieces waiting, the codec jobs that failed."""
+
+    policy: dict
+    running: int
+    steps_per_s: float
+    frames_per_step: float
+    codec_thread: bool
+    engine_busy_share: float
+    codec_busy_share: float
+    codec_waiting: int
+    codec_jobs: FaultCounts
+
+    def to_json(self) -> dict:
+        return {"policy": self.policy, "running": self.running, "steps_per_s": self.steps_per_s,
+                "frames_per_step": self.frames_per_step, "codec_thread": self.codec_thread,
+                "engine_busy_share": self.engine_busy_share, "codec_busy_share": self.codec_busy_share,
+                "codec_waiting": self.codec_waiting, **self.codec_jobs.to_json("codec_job")}
+
+
 class SteppedStrategy:
     hands_out_pieces = True
-    engine: SteppedEngine
+    engine: Stepped
 
     def __init__(self, serving: Serving, policy: StepPolicy, calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16),
                  cpu_cache_mb: int | None = 1024, codec_thread: bool = True):
@@ -122,11 +145,11 @@ class SteppedStrategy:
     def running_count(self) -> int | None:
         return len(self.engine.running())
 
-    def status(self) -> dict:
-        return {"policy": self.policy.describe(), "running": len(self.engine.running()),
-                **self.metrics.step_rate(self.engine.name), "codec_thread": self.codec.threaded,
-                "engine_busy_share": self.engine_busy.share(), "codec_busy_share": self.codec.busy.share(),
-                "codec_waiting": self.codec.waiting(), **self.codec.faults.status("codec_job")}
+    def status(self) -> SteppedStatus:
+        rate = self.metrics.step_rate(self.engine.name)
+        return SteppedStatus(self.policy.describe(), len(self.engine.running()), rate["steps_per_s"],
+                             rate["frames_per_step"], self.codec.threaded, self.engine_busy.share(),
+                             self.codec.busy.share(), self.codec.waiting(), self.codec.faults.counts())
 
     def cost_model(self) -> dict:
         """Seconds a step, its size the requests running."""
@@ -461,7 +484,7 @@ def _gone(item: QueuedItem) -> bool:
     return item.abandoned or item.future.done()
 
 
-def synthesize_whole(engine: SteppedEngine, batch: Sequence[EngineInput],
+def synthesize_whole(engine: Stepped, batch: Sequence[EngineInput],
                      stopping: Callable[[], bool] = lambda: False) -> list[EngineOutput]:
     """Each input's whole audio, made by the stepped strategy on the calling thread (the engine's own
     `synthesize`): every input joins as soon as a place is free and its audio is taken every FILE_PIECE_S,

@@ -1,4 +1,5 @@
-"""The loop each loaded engine gets: the strategy that drives it, by the engine's shape and the batch policy.
+"""The loop each loaded engine gets: the strategy that drives it, by the shape the engine declares
+(Capabilities.shape) and the batch policy.
 
 A one-shot engine (Piper, VITS) runs batches planned by tts_core.scheduler.policy. A stepped engine runs
 continuously (TTS_BATCH_POLICY=adaptive, tts_core.scheduler.stepped); under the peers' policies (sequential,
@@ -11,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..engines.base import Engine, SteppedEngine
-from ..engines.upstream import UpstreamEngine
+from ..engines.contract import OneShot, Shape
 from ..ops.metrics import Metrics
 from .engine_loop import EngineLoop, Serving
 from .one_shot import OneShotStrategy
@@ -26,7 +26,7 @@ from .upstream import UpstreamStrategy
 STEPPED_CALIBRATION_LENGTHS = (4, 12)
 
 
-def make_engine_loop(engine: Engine, queue: RequestQueue, metrics: Metrics, policy: str = "adaptive",
+def make_engine_loop(engine: OneShot, queue: RequestQueue, metrics: Metrics, policy: str = "adaptive",
                      max_batch_size: int = 16, max_batch_tokens: int = 8192,
                      calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16), min_free_memory_mb: int = 2048,
                      empty_cache_every: int = 100, cpu_cache_mb: int = 1024, instances: int = 1,
@@ -38,9 +38,10 @@ def make_engine_loop(engine: Engine, queue: RequestQueue, metrics: Metrics, poli
     OpenMP team in the process, and a lone request 20% slower (docs/batching.md#the-codec-as-a-stage).
     precision_off: the models whose lower precision is off, shared by the service's loops (scheduler/precision.py)."""
     serving = Serving(engine, queue, metrics, min_free_memory_mb, precision_off)
-    if isinstance(engine, UpstreamEngine):  # another server batches: only how many are in flight is ours
+    shape = engine.capabilities.shape
+    if shape is Shape.UPSTREAM:  # another server batches: only how many are in flight is ours
         strategy = UpstreamStrategy(serving)
-    elif not isinstance(engine, SteppedEngine):
+    elif shape is Shape.ONE_SHOT:
         strategy = OneShotStrategy(serving, make_policy(policy, max_batch_size, max_batch_tokens), calibration_sizes,
                                    empty_cache_every, instances=instances)
     elif policy == "adaptive":

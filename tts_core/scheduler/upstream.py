@@ -21,13 +21,13 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..engines.upstream import UpstreamEngine, UpstreamFailed, UpstreamRejected
+from ..engines.contract import EngineInput, EngineOutput, Upstream
+from ..engines.upstream import UpstreamFailed, UpstreamRejected
 from ..errors import ChorusError, ClientGone, DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
-from ..request.records import EngineInput, EngineOutput
 from .engine_loop import Serving
 from .in_flight import (
     MOST_COOL_DOWN_S,
@@ -61,9 +61,55 @@ class Flight:
     settled: bool = False
 
 
+POLICY = "upstream"  # its policy's name on the status page
+
+
+@dataclass(frozen=True)
+class BreakerStatus:
+    state: str  # closed, open, half_open (in_flight.BreakerState)
+    failures_in_a_row: int
+    retry_after_s: float
+
+
+@dataclass(frozen=True)
+class UpstreamStatus:
+    """An upstream model's figures: its server, the requests in flight there, the learned limit on them (in_flight.
+    InFlightLimit: the limit, the count it settled on, the most, whether twice that was measured and did not pay, the
+    audio a second measured at each count), a request's time there, its circuit breaker, its failed requests."""
+
+    url: str
+    in_flight: int
+    limit: int
+    settled: int
+    most: int
+    above_measured: bool
+    audio_s_per_s: dict
+    latency_s: float
+    breaker: BreakerStatus
+    errors: dict[str, int]
+
+    @property
+    def running(self) -> int:
+        return self.in_flight
+
+    def to_json(self) -> dict:
+        fields = asdict(self)
+        return {"policy": {"name": POLICY, **fields}, "running": self.in_flight}
+
+    @classmethod
+    def from_json(cls, model: dict) -> UpstreamStatus | None:
+        """A model's status as GET /api/v1/batch/status writes it (the admin's stats carry it as JSON), where its
+        loop is an upstream's; None for another's (or a model not loaded)."""
+        policy = model.get("policy")
+        if not isinstance(policy, dict) or policy.get("name") != POLICY:
+            return None
+        fields = {name: value for name, value in policy.items() if name != "name"}
+        return cls(**{**fields, "breaker": BreakerStatus(**policy["breaker"])})
+
+
 class UpstreamStrategy:
     hands_out_pieces = True
-    engine: UpstreamEngine
+    engine: Upstream
 
     def __init__(self, serving: Serving):
         self.serving = serving
@@ -93,15 +139,13 @@ class UpstreamStrategy:
     def running_count(self) -> int | None:
         return len(self._flights)
 
-    def status(self) -> dict:
-        now = self.clock.now()
-        return {"policy": {"name": "upstream", "url": self.engine.options.url, "in_flight": len(self._flights),
-                           **self.limit.describe(), "latency_s": round(self._latency_s, 3),
-                           "breaker": self.breaker.describe(now), "errors": dict(self._errors)},
-                "running": len(self._flights)}
+    def status(self) -> UpstreamStatus:
+        breaker = BreakerStatus(**self.breaker.describe(self.clock.now()))
+        return UpstreamStatus(self.engine.options.url, len(self._flights), **self.limit.describe(),
+                              latency_s=round(self._latency_s, 3), breaker=breaker, errors=dict(self._errors))
 
     def cost_model(self) -> dict:
-        return {"policy": "upstream", "unit": "request", "max_size": self.limit.most, "model": None}
+        return {"policy": POLICY, "unit": "request", "max_size": self.limit.most, "model": None}
 
     def warm_up(self) -> list[Callable[[], None]]:
         """The I/O thread, and one short request: the upstream is there, and the wait predictions' seed."""

@@ -41,7 +41,7 @@ import numpy as np
 import soundfile
 from safetensors.numpy import load_file, save
 
-from ..engines.base import VOICE_NAME, capabilities_of
+from ..engines.base import VOICE_NAME
 from ..errors import ChorusError, Conflict, ErrorCode, InvalidRequest, SynthesisError
 from ..scheduler.queue import QueueClosed
 
@@ -288,7 +288,7 @@ class ClonedVoices:
     def give_to(self, engine: Engine) -> None:
         """The load hook: a model that has just loaded gets its cloned voices (on the loader's thread,
         before its batcher starts: nothing else calls the engine yet)."""
-        for voice in self._voices.values() if capabilities_of(engine).clones else ():
+        for voice in self._voices.values() if engine.capabilities.clones else ():
             if voice.model == engine.name:
                 try:
                     engine.add_voice(voice.name, load_prompt(voice.path), voice.transcript)

@@ -46,28 +46,25 @@ TTS_MAX_LOADED_MODELS and TTS_MODEL_MEMORY_MB.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Tag, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
-from ..engines import ENGINE_KINDS
-from ..engines.base import VOICE_NAME, EngineUnavailable, FrontEnd, UpstreamOptions
+from ..engines import ModelSpec
+from ..engines.base import VOICE_NAME, Engine, EngineUnavailable
+from ..engines.kind import VoiceOptions
+from ..engines.kinds import KINDS
+from ..engines.kinds.piper import piper_options
 
-# an upstream model's options (any of its voices may set each); with its url and each voice's upstream_voice, the
-# fields only an upstream entry may have
-UPSTREAM_OPTIONS = ("api_key_env", "sample_rate", "timeout_s", "extra_body", "max_in_flight", "clones",
-                    "instructions", "normalize", "lexicon", "ssml")
-UPSTREAM_FIELDS = ("url", "upstream_voice", *UPSTREAM_OPTIONS)
-
+if TYPE_CHECKING:
+    from ..config import Settings
 
 LISTED = "*"  # in a name: one voice for each the upstream lists (or the Kokoro model ships), its name for the star
-# what a listed voice's name sets, per engine: an upstream's voice name there; a Kokoro pack's file
-LISTED_FIELDS = {"upstream": ("upstream_voice", "{}"), "kokoro": ("prompt", "voices/{}.pt")}
 log = logging.getLogger(__name__)
 
 
@@ -75,53 +72,47 @@ class RegistryError(EngineUnavailable):
     """The registry file cannot be used; the message names the file and the fault."""
 
 
-class VoiceEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class UnknownKind(BaseModel):
+    """An entry whose `engine` names no kind: validated only to say so, naming the kinds (as a Literal would)."""
 
-    engine: Literal[tuple(ENGINE_KINDS)]  # type: ignore[valid-type]
-    model: str = Field(min_length=1, description="hub id or local path")
-    language: str | None = Field(None, description="language code; default: the model's own")
-    speaker: int | None = Field(None, ge=0, description="speaker id of a multi-speaker model")
-    speed: float = Field(1.0, ge=0.25, le=4.0, description="default speed")
-    pinned: bool = Field(False, description="load and warm at start-up and never unload")
-    language_default: bool = Field(False, description="the voice of its language: what a request naming that "
-                                   "language and no voice gets (TTS_LANGUAGE_VOICES overrides it)")
-    prompt: str | None = Field(None, min_length=1, description="voice prompt: .safetensors latents or an audio "
-                               "clip (pocket_tts, vibevoice), a voice pack .pt (kokoro); relative to the model "
-                               "folder")
-    fixed_length: bool = Field(False, description="pocket_tts, vibevoice: every request makes its whole frame "
-                               "budget (random-weight benchmark models)")
-    max_running: int | None = Field(None, ge=1, le=1024, description="pocket_tts, vibevoice: the most requests "
-                                    "running at once")
-    url: str | None = Field(None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$", description="upstream: the server's "
-                            "base URL (requests go to {url}/v1/audio/speech)")
-    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="upstream: the "
-                                    "environment variable holding its API key")
-    upstream_voice: str | None = Field(None, min_length=1, description="upstream: the voice's name there")
-    sample_rate: int | None = Field(None, ge=8000, le=192000, description="upstream: its raw PCM's rate "
-                                    "(default 24000)")
-    timeout_s: float | None = Field(None, gt=0, le=3600, description="upstream: the longest wait for its next "
-                                    "bytes (default 60)")
-    extra_body: dict[str, Any] | None = Field(None, description="upstream: fields sent with every request")
-    max_in_flight: int | None = Field(None, ge=1, le=1024, description="upstream: the most requests in flight "
-                                      "(default 16; the number used is learned)")
-    clones: bool | None = Field(None, description="upstream: it clones per request (vLLM-Omni's ref_audio and "
-                                "ref_text): voices cloned here for it send their clip and transcript")
-    instructions: bool | None = Field(None, description="upstream: it takes a request's instructions (how to "
-                                      "speak): they are passed on")
-    normalize: bool | None = Field(None, description="upstream: false: Chorus sends the text as written (no "
-                                   "markdown, number or symbol reading)")
-    lexicon: bool | None = Field(None, description="upstream: false: the operator's pronunciations are not applied")
-    ssml: bool | None = Field(None, description="upstream: false: SSML is sent as it is, for the upstream to read")
+    model_config = ConfigDict(extra="allow")
 
-    @model_validator(mode="after")
-    def _upstream_fields(self):
-        given = [name for name in UPSTREAM_FIELDS if getattr(self, name) is not None]
-        if self.engine == "upstream" and self.url is None:
-            raise ValueError("an upstream voice needs the url of its server")
-        if self.engine != "upstream" and given:
-            raise ValueError(f"{', '.join(given)}: only for engine: upstream")
-        return self
+    engine: Literal[tuple(KINDS)]  # type: ignore[valid-type]
+
+
+UNKNOWN = "unknown"
+
+
+def _kind_of(entry: Any) -> str:
+    engine = entry.get("engine") if isinstance(entry, dict) else getattr(entry, "engine", None)
+    return engine if engine in KINDS else UNKNOWN
+
+
+def _only_for_its_kind(entry: Any) -> Any:
+    """An entry giving another kind's options is refused naming them and the kinds they are for."""
+    if not isinstance(entry, dict | VoiceOptions):
+        raise PydanticCustomError("model_type", "Input should be a valid dictionary or instance of VoiceEntry")
+    if not isinstance(entry, dict) or entry.get("engine") not in KINDS:
+        return entry
+    own = KINDS[entry["engine"]].options.model_fields
+    others = {name: [kind.name for kind in KINDS.values() if name in kind.options.model_fields]
+              for name in entry if name not in own and entry[name] is not None}
+    given = {name: owners for name, owners in others.items() if owners}
+    if given:
+        owners = sorted({owner for names in given.values() for owner in names})
+        raise ValueError(f"{', '.join(_in_field_order(given))}: only for engine: {', '.join(owners)}")
+    return entry
+
+
+def _in_field_order(names) -> list[str]:
+    order = [name for kind in KINDS.values() for name in kind.options.model_fields]
+    return sorted(names, key=order.index)
+
+
+VoiceEntry = Annotated[
+    Union[tuple(Annotated[kind.options, Tag(name)] for name, kind in KINDS.items())  # noqa: UP007
+          + (Annotated[UnknownKind, Tag(UNKNOWN)],)],
+    Discriminator(_kind_of), BeforeValidator(_only_for_its_kind)]
 
 
 class Registry(BaseModel):
@@ -134,22 +125,22 @@ class Registry(BaseModel):
         for name, entry in self.voices.items():
             if LISTED not in name:
                 continue
-            field = LISTED_FIELDS.get(entry.engine, ("",))[0]
+            field = (entry.listed_as or ("",))[0]
             if not field or getattr(entry, field) is not None or name.count(LISTED) > 1:
                 raise ValueError(f"{name}: a name with {LISTED} stands for every voice an upstream lists or a Kokoro "
                                  f"model ships (one {LISTED}; engine: upstream with no upstream_voice, or kokoro "
                                  "with no prompt)")
         return self
 
-    def by_model(self) -> dict[tuple[str, str, str | None], dict[str, VoiceEntry]]:
+    def by_model(self) -> dict[tuple[str, str, str | None], dict[str, VoiceOptions]]:
         """(engine, model, upstream url) -> its voices: one loaded engine each."""
-        grouped: dict[tuple[str, str, str | None], dict[str, VoiceEntry]] = {}
+        grouped: dict[tuple[str, str, str | None], dict[str, VoiceOptions]] = {}
         for name, entry in self.voices.items():
-            grouped.setdefault((entry.engine, entry.model, entry.url), {})[name] = entry
+            grouped.setdefault((entry.engine, entry.model, entry.server), {})[name] = entry
         return grouped
 
 
-def with_listed(entries: dict[str, VoiceEntry], listed: Callable[[], list[str]]) -> dict[str, VoiceEntry]:
+def with_listed(entries: dict[str, VoiceOptions], listed: Callable[[], list[str]]) -> dict[str, VoiceOptions]:
     """One model's entries, each name with a star in it replaced by one voice for each name the upstream lists or
     the Kokoro model ships (`listed`, asked only when a name has a star), the star replaced by that name; a voice
     the file names itself keeps its own entry. Names that would not be plain voice names are left out, with a
@@ -165,23 +156,11 @@ def with_listed(entries: dict[str, VoiceEntry], listed: Callable[[], list[str]])
             if not VOICE_NAME.fullmatch(name):
                 log.warning("the listed voice %r is left out: %r is not a plain voice name", upstream_name, name)
             elif name not in expanded:
-                field, value = LISTED_FIELDS[entries[pattern].engine]
+                field, value = entries[pattern].listed_as
                 expanded[name] = entries[pattern].model_copy(update={field: value.format(upstream_name)})
     if not expanded:
         raise RegistryError(f"{', '.join(patterns)}: the model lists no voices")
     return expanded
-
-
-def upstream_options(entries: list[VoiceEntry]) -> UpstreamOptions | None:
-    """One upstream model's options: each set on any of its voices (the first voice that sets it wins)."""
-    if not entries or entries[0].url is None:
-        return None
-    given = {name: next(value for entry in entries if (value := getattr(entry, name)) is not None)
-             for name in UPSTREAM_OPTIONS if any(getattr(entry, name) is not None for entry in entries)}
-    given["extra_body"] = json.dumps(given.get("extra_body", {}), sort_keys=True)
-    front_end = FrontEnd(**{name: given.pop(name) for name in ("normalize", "lexicon", "ssml") if name in given})
-    return UpstreamOptions(entries[0].url.rstrip("/"), language=entries[0].language or "en", front_end=front_end,
-                           **given)
 
 
 def read_registry(path: Path | None) -> Registry:
@@ -196,5 +175,57 @@ def read_registry(path: Path | None) -> Registry:
         raise RegistryError(f"voices file {path} is not valid YAML: {error}") from None
     except ValidationError as error:
         first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
+        loc = first["loc"]
+        if loc[:1] == ("voices",) and len(loc) > 2:  # ("voices", name, its kind's tag, field...): the tag is no field
+            loc = loc[:2] + loc[3:]
+        where = ".".join(str(part) for part in loc)
         raise RegistryError(f"voices file {path}: {where}: {first['msg']}") from None
+
+
+def model_specs(settings: Settings) -> list[ModelSpec]:
+    """The bundled Piper voice and the voices folder (loaded now, always kept), then the registry's
+    models (TTS_VOICES_FILE), read but loaded only when pinned or first asked for. A registry model
+    that is not there stops the start with a message that names it."""
+    from ..engines.piper import load_piper_engines
+
+    folder = load_piper_engines(settings.voices_path, **piper_options(settings))
+    return [ModelSpec.loaded(engine) for engine in folder] + registry_specs(settings, {e.name for e in folder})
+
+
+def load_voice_engine(settings: Settings, voice: str) -> Engine:
+    """The configured model that speaks `voice`, loaded on its own (no server: the benchmarks)."""
+    specs = model_specs(settings)
+    for spec in specs:
+        if voice in {known.name for known in spec.voices}:
+            return spec.load()
+    known = sorted(known.name for spec in specs for known in spec.voices)
+    raise EngineUnavailable(f"no configured model speaks the voice {voice!r}; configured: {', '.join(known)}")
+
+
+def registry_specs(settings: Settings, taken: set[str]) -> list[ModelSpec]:
+    """The registry's models, each described by its kind (tts_core.engines.kinds), none loaded."""
+    specs, names = [], set(taken)
+    for (engine, model, _), entries in read_registry(settings.voices_file).by_model().items():
+        kind = KINDS[engine]
+        name = _unique(model.rstrip("/").rsplit("/", 1)[-1].removesuffix(".onnx"), names)
+        names.add(name)
+        try:
+            if kind.lists is not None:
+                entries = with_listed(entries, lambda: kind.lists(model, entries))  # noqa: B023 (asked at once)
+            described, capabilities, load = kind.describe(model, entries, name, settings)
+        except ImportError as missing:  # torch (or kokoro) is not installed: the bundled Piper voice needs none of it
+            raise EngineUnavailable(
+                f"the {engine} model {model!r} needs the Python package {missing.name!r}, which is not installed "
+                f"({kind.install_hint(missing.name)})") from None
+        pinned = any(entry.pinned for entry in entries.values())
+        defaults = tuple(name for name, entry in entries.items() if entry.language_default)
+        specs.append(ModelSpec(name, described, load, pinned, (engine, model, tuple(entries.items())), registry=True,
+                               language_defaults=defaults, capabilities=capabilities))
+    return specs
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, number = name, 2
+    while candidate in taken:
+        candidate, number = f"{name}-{number}", number + 1
+    return candidate

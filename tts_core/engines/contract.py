@@ -1,0 +1,184 @@
+"""The engine contract: the records an engine reads and returns, what a model declares it can do, and a protocol per
+shape, which the scheduler's strategies program against.
+
+`EngineInput` is what an engine reads of one piece of text (its input ids, voice and speed) and `EngineOutput` what it
+returns (the audio, and the samples each token spans where it times words). A stepped engine also hands its audio out
+piece by piece as frames are made, on an `AudioPieces` (a chain of futures, safe to fill from the engine's thread and to
+read from the event loop). Engines never see what the queue orders (tts_core.scheduler's records).
+
+The shapes (shared/DESIGN.md): a one-shot engine synthesizes a whole batch per call (Piper, VITS, Kokoro); a stepped
+engine keeps requests running across calls, one frame per step (Pocket TTS, VibeVoice); an upstream engine is a server
+that batches on its own, and takes requests in flight. A model declares its shape in its `Capabilities`, and its
+engine loop holds the strategy for that shape (tts_core.scheduler.strategies).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Hashable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import httpx
+
+_input_ids = itertools.count()
+
+
+@dataclass(frozen=True, eq=False)
+class EngineInput:
+    """What an engine reads of one piece: its model input ids, voice and speaking rate. A stepped engine keeps
+    a running input's state under its `id`."""
+
+    tokens: np.ndarray  # int64 model input ids
+    voice: str
+    speed: float = 1.0
+    instructions: str | None = None  # how to speak, for a model that takes them
+    id: int = field(default_factory=lambda: next(_input_ids))
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class EngineOutput:
+    """What an engine returns for one input: float32 mono audio in [-1, 1], and (an engine that times words)
+    the audio samples each token spans, summing to the audio's length."""
+
+    audio: np.ndarray
+    token_samples: np.ndarray | None = None
+
+
+class AudioPieces:
+    """Audio pieces of one item in order, as the engine makes them: `head` resolves to (piece, next
+    future), and (None, None) after the last. Written by the engine's thread only."""
+
+    def __init__(self) -> None:
+        self.head: Future = Future()
+        self._tail = self.head
+
+    def push(self, audio: np.ndarray) -> None:
+        following: Future = Future()
+        try:
+            self._tail.set_result((audio, following))
+        except InvalidStateError:  # the reader gave up waiting (cancelled): no one reads on
+            return
+        self._tail = following
+
+    def end(self, error: BaseException | None = None) -> None:
+        if self._tail.done():  # already ended
+            return
+        if error is None:
+            self._tail.set_result((None, None))
+        else:
+            self._tail.set_exception(error)
+
+
+class Shape(Enum):
+    """How an engine is driven: which strategy its loop holds."""
+
+    ONE_SHOT = "one-shot"  # a batch in, its audio out
+    STEPPED = "stepped"  # requests join and leave between steps, one frame each a step
+    UPSTREAM = "upstream"  # another server batches: requests in flight there
+
+
+@dataclass(frozen=True)
+class FrontEnd:
+    """What of Chorus's text front end runs before a model reads the text: all of it, unless the model (an upstream
+    that reads text its own way) says otherwise."""
+
+    normalize: bool = True  # markdown, numbers, symbols said as words (off: the text as written)
+    lexicon: bool = True  # the operator's pronunciations
+    ssml: bool = True  # SSML read by Chorus (off: an SSML input goes as it is)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a model can do, declared once by its engine (its kind's) and on its ModelSpec with its voices, before it
+    loads: admission, the UI, the catalogue and cloning read it, and nothing waits for a load to find out. The engine
+    contract tests check that each loaded engine does what it declares."""
+
+    shape: Shape = Shape.ONE_SHOT
+    times_words: bool = False  # word timestamps: tokenize_words and token_samples
+    clones: bool = False  # voices from a caller's clip: voice_prompt_from_audio, add_voice, remove_voice
+    max_running: int | None = None  # the most requests it runs at once (a stepped engine's cache rows, in flight)
+    front_end: FrontEnd = FrontEnd()  # what of Chorus's front end runs for it
+    mixes_voices: bool = False  # a mix of its voices is a voice: "a+b", "a(2)+b(1)" (voice_mix)
+
+    @property
+    def makes_frames(self) -> bool:
+        """Its audio comes a few frames at a time (stepped, or an upstream's as it streams): a stream's first audio
+        comes soon whatever its first chunk's length (a one-shot engine's once the whole chunk is made)."""
+        return self.shape is not Shape.ONE_SHOT
+
+
+CLONE_HOOKS = ("voice_prompt_from_audio", "add_voice", "remove_voice")  # what an engine that clones implements
+
+
+class OneShot(Protocol):
+    """A batch in, its audio out (tts_core.engines.base.Engine documents each call)."""
+
+    name: str
+    sample_rate: int
+    capabilities: Capabilities
+    out_of_memory_errors: tuple[type[BaseException], ...]
+
+    def voices(self) -> list: ...
+    def tokenize(self, text: str, voice: str) -> list[np.ndarray]: ...
+    def batch_key(self, voice: str, speed: float) -> Hashable: ...
+    def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]: ...
+    @property
+    def pipelines(self) -> bool: ...
+    def prepare(self, batch: Sequence[EngineInput]) -> Any: ...
+    def run(self, prepared: Any) -> Any: ...
+    def finish(self, running: Any) -> list[EngineOutput]: ...
+    def instance_counts(self) -> tuple[int, ...]: ...
+    def use_instances(self, count: int) -> None: ...
+    @property
+    def instances(self) -> int: ...
+    def measure_memory(self, tokens: np.ndarray) -> None: ...
+    def release_memory(self) -> None: ...
+
+
+class Stepped(OneShot, Protocol):
+    """Requests running across calls: `admit` (prefill), `step` (one frame each), `take_frames` and `decode` (audio
+    as it is made), `release` (tts_core.engines.base.SteppedEngine documents each call). Its `synthesize` runs a whole
+    batch through the same calls, for the warm-up and the peers that run by request."""
+
+    frame_rate: float
+    max_running: int
+    kv_bytes_per_token: float
+    decodes_apart: bool
+    device: str
+
+    def frames_needed(self, item: EngineInput) -> int: ...
+    def context_tokens(self, item: EngineInput) -> int: ...
+    def admit(self, items: Sequence[EngineInput]) -> list[int]: ...
+    def step(self) -> list[int]: ...
+    def running(self) -> list[int]: ...
+    def context_length(self, item_id: int) -> int: ...
+    def take_frames(self, item_id: int, final: bool = False) -> Any: ...
+    def decode(self, frames: Any) -> np.ndarray: ...
+    def take_audio(self, item_id: int, final: bool = False) -> np.ndarray: ...
+    def release(self, item_id: int) -> None: ...
+
+
+class Upstream(Protocol):
+    """A model another server runs: each request goes there and its audio comes back as it is made, on the
+    strategy's I/O thread (tts_core.engines.upstream.UpstreamEngine documents each call)."""
+
+    name: str
+    sample_rate: int
+    capabilities: Capabilities
+    options: Any  # its UpstreamOptions: url, timeout_s, max_in_flight
+
+    def voices(self) -> list: ...
+    def tokenize(self, text: str, voice: str) -> list[np.ndarray]: ...
+    def client(self) -> httpx.AsyncClient: ...
+    def audio(self, client: httpx.AsyncClient, item: EngineInput) -> AsyncIterator[np.ndarray]: ...
+    async def whole(self, client: httpx.AsyncClient, item: EngineInput) -> EngineOutput: ...
