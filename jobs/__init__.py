@@ -255,8 +255,11 @@ class JobRunner:
 
     def _progress_written(self, write: asyncio.Task) -> None:
         self._progress_writes.discard(write)
-        if not write.cancelled() and isinstance(error := write.exception(), StorageError):
-            self.outage.failed("recording a dialogue's progress", error)  # the next turn's write says it again
+        error = None if write.cancelled() else write.exception()
+        if isinstance(error, StorageError):  # the next turn's write says it again, or the job's end does
+            self.outage.failed("recording a dialogue's progress", error)
+        elif error is not None:
+            log.warning("could not record a dialogue's progress: %r", error)
 
     # --- one attempt -------------------------------------------------------------------------------
 
