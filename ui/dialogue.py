@@ -41,7 +41,7 @@ def voices_of(lines: str) -> dict[str, str]:
 
 
 def replayed(entry: dict, folder: Path) -> tuple[str, list[str]]:
-    """A dialogue of the history again: its recording, and its files to download."""
+    """A dialogue's recording, and its files to download (the recording, and its subtitles where it has them)."""
     path = folder / entry["take"] / entry["name"]
     return str(path), [str(file) for file in (path, *(path.with_suffix(f".{kind}") for kind in SUBTITLE_FORMATS))
                        if file.is_file()]
@@ -108,7 +108,7 @@ class DialoguePanel:
             entry = {"take": take.id, "name": path.name, "text": (script or "")[:500], "at": time.time(),
                      "label": ", ".join(f"{name}: {voice}" for name, voice in cast.items()),
                      "duration_s": round(audio_s, 2)}
-            return str(path), [str(path), *(str(path.with_suffix(f".{kind}")) for kind in captions)], json.dumps(entry)
+            return (*replayed(entry, self.context.out_dir), json.dumps(entry))
         except ChorusError as error:
             status = error.status
             raise refused(error) from None
