@@ -1,5 +1,6 @@
 """POST /v1/audio/dialogue: a script of several speakers' turns as one recording, whole or streamed; and with
-captions by speaker, POST /v1/audio/dialogue/captioned (docs/api.md, "Dialogue")."""
+captions by speaker, POST /v1/audio/dialogue/captioned (docs/api.md, "Dialogue"). A dialogue as a job (POST
+/v1/audio/dialogue/jobs) is one of api/jobs.py's routes, with this body and the job's options."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from tts_core.text.frontend import NormalizationOptions, requested
 from tts_core.validation import VoiceName
 
 from .errors import stream_failure
-from .schemas import STRICT, ResponseFormat
+from .schemas import STRICT, JobRequest, ResponseFormat
 from .speech import (
     AUDIO_RESPONSES,
     CAPTIONED_RESPONSES,
@@ -80,6 +81,23 @@ class CaptionedDialogueRequest(DialogueRequest):
     timestamps_format: Literal["json", "srt", "vtt"] = Field(
         "json", description="'json': the audio (base64), its words with their speakers, and its turns; "
                             "'srt' or 'vtt': subtitles by speaker only")
+
+
+class DialogueJobRequest(DialogueRequest):
+    """POST /v1/audio/dialogue/jobs: a dialogue to make in the background, with its progress in turns."""
+
+    priority: int = JobRequest.model_fields["priority"]
+    deadline_s: float | None = JobRequest.model_fields["deadline_s"]
+    captions: bool = Field(False, description="keep the captions by speaker with the recording (GET "
+                                              "/v1/audio/jobs/{id}/captions): voices that time their words only")
+
+    def job(self) -> dict:
+        """The job's request as stored: what the runner speaks (normalization options resolved) and its length."""
+        return {"script": self.plain_script(), "voices": self.voices, "model": self.model, "speed": self.speed,
+                "response_format": self.response_format, "sample_rate": self.sample_rate,
+                "normalization": self.reading().normalization.model_dump(), "input_type": self.input_type,
+                "instructions": self.instructions, "deadline_s": self.deadline_s, "captions": self.captions,
+                "characters": self.characters()}
 
 
 def _speaking(body: DialogueRequest, caller: Caller, words: bool = False) -> dict:

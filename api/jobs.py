@@ -1,4 +1,5 @@
-"""Asynchronous jobs (/v1/audio/jobs) and batch submission (/v1/audio/speech/batch)."""
+"""Asynchronous jobs (/v1/audio/jobs; a dialogue's, /v1/audio/dialogue/jobs) and batch submission
+(/v1/audio/speech/batch)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import json
 import logging
 import zipfile
 from datetime import datetime, timedelta
+from typing import Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from jobs import JobRunner
+from jobs import JobRunner, is_dialogue
 from storage import JobStatus, StorageError
 from tts_core.audio.encoding import FORMATS
 from tts_core.errors import (
@@ -29,9 +31,10 @@ from tts_core.errors import (
 from tts_core.request.access import Caller, RateLimitState
 from tts_core.service import check_format
 
+from .dialogue import DialogueJobRequest
 from .errors import invalid_input, unavailable
 from .schemas import BatchRequest, JobRequest, SpeechRequest
-from .speech import admitted, until_disconnect
+from .speech import SUBTITLE_TYPES, admitted, until_disconnect
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["jobs"])
@@ -47,8 +50,9 @@ def _unix(moment: datetime | None) -> int | None:
 
 
 def public_job(job: dict) -> dict:
-    """A job as its owner sees it (the owner and storage details stay inside)."""
+    """A job as its owner sees it (the owner and storage details stay inside); a dialogue's with its progress."""
     request, expired = job["request"], job["status"] == JobStatus.SUCCEEDED and job["result_path"] is None
+    ready = job["status"] == JobStatus.SUCCEEDED and not expired
     started, finished, created = job["started_at"], job["finished_at"], job["created_at"]
     return {
         "id": job["id"], "object": "audio.job", "status": job["status"], "attempts": job["attempts"],
@@ -56,12 +60,16 @@ def public_job(job: dict) -> dict:
         "finished_at": _unix(finished), "expires_at": _unix(job["expires_at"]),
         "timings": {"queued_s": round((started - created).total_seconds(), 3) if started else None,
                     "run_s": round((finished - started).total_seconds(), 3) if started and finished else None},
-        "request": {key: request[key] for key in ("voice", "model", "speed", "response_format")}
+        "request": {key: request[key] for key in ("voices" if is_dialogue(request) else "voice", "model", "speed",
+                                                  "response_format")}
                    | {"characters": len(request["input"]) if "input" in request else request["characters"]},
         "audio_s": job["audio_s"], "expired": expired,
         # when it fails if not done (jobs from before deadlines: the server's setting applies, not shown)
         "deadline_at": _unix(created + timedelta(seconds=request["deadline_s"])) if "deadline_s" in request else None,
-        "audio_url": None if job["status"] != JobStatus.SUCCEEDED or expired else f"/v1/audio/jobs/{job['id']}/audio",
+        "audio_url": f"/v1/audio/jobs/{job['id']}/audio" if ready else None,
+        **({} if job["turns"] is None else {
+            "progress": {"turns_done": job["turns_done"], "turns": job["turns"]},
+            "captions_url": f"/v1/audio/jobs/{job['id']}/captions" if ready and request.get("captions") else None}),
     }
 
 
@@ -76,11 +84,8 @@ def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int 
            deadline_s: float | None = None) -> dict:
     """Validate now (a bad request fails at once, not in the background), then queue."""
     service = request.app.state.service
-    if body.stream or body.stream_format is not None:
-        raise InvalidRequest("jobs are not streamed; leave out stream and stream_format", "stream",
-                             ErrorCode.UNSUPPORTED_VALUE)
+    _check_job_output(body)
     normalization = body.normalization()
-    check_format(body.response_format, body.sample_rate)
     script = service.validate(body.input, body.voice_name, body.model, body.speed, caller, body.reading())
     return _runner(request).submit(caller, {"input": body.input, "voice": script.voice.name, "model": body.model,
                                             "speed": body.speed, "response_format": body.response_format,
@@ -90,11 +95,34 @@ def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int 
                                             "instructions": body.instructions}, priority)
 
 
+def _check_job_output(body: SpeechRequest | DialogueJobRequest) -> None:
+    """A job's answer is a file: not streamed, in a format (and rate) it can be encoded in."""
+    if body.stream or body.stream_format is not None:
+        raise InvalidRequest("jobs are not streamed; leave out stream and stream_format", "stream",
+                             ErrorCode.UNSUPPORTED_VALUE)
+    check_format(body.response_format, body.sample_rate)
+
+
 @router.post("/v1/audio/jobs", status_code=202, responses=error_responses(400, 401, 429, 503))
 async def create_job(body: JobRequest, request: Request, response: Response,
                      admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
     caller, limit = admission
     job = await asyncio.to_thread(_queue, request, body, caller, body.priority, body.deadline_s)
+    response.headers["Location"] = f"/v1/audio/jobs/{job['id']}"
+    response.headers.update(limit.headers() if limit else {})
+    return public_job(job)
+
+
+@router.post("/v1/audio/dialogue/jobs", status_code=202, responses=error_responses(400, 401, 429, 503))
+async def create_dialogue_job(body: DialogueJobRequest, request: Request, response: Response,
+                              admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
+    """A dialogue made in the background: checked now as POST /v1/audio/dialogue checks it (the limits on the
+    script's text), its progress counted in turns."""
+    caller, limit = admission
+    _check_job_output(body)
+    dialogue = await request.app.state.service.admit_dialogue(body.plain_script(), body.voices, body.model,
+                                                              body.speed, caller, body.reading(), body.captions)
+    job = await asyncio.to_thread(_runner(request).submit, caller, body.job(), body.priority, len(dialogue.turns))
     response.headers["Location"] = f"/v1/audio/jobs/{job['id']}"
     response.headers.update(limit.headers() if limit else {})
     return public_job(job)
@@ -120,12 +148,7 @@ async def get_job(request: Request, job_id: str = JobId,
 async def get_job_audio(request: Request, job_id: str = JobId,
                         admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
     job = await asyncio.to_thread(_own_job, request, job_id, admission[0])
-    if job["status"] != JobStatus.SUCCEEDED:
-        raise Conflict(f"job {job_id} is {job['status']}; its audio exists once it has succeeded", "job_id",
-                       ErrorCode.JOB_NOT_READY, 2 if job["status"] in (JobStatus.QUEUED, JobStatus.RUNNING) else None)
-    if job["result_path"] is None:
-        raise Gone(f"the audio of job {job_id} has expired (results are kept for {int(_runner(request).ttl_s)} s "
-                   "after they are ready)", "job_id", ErrorCode.JOB_EXPIRED)
+    _check_result(request, job)
     runner = _runner(request)
     try:  # read whole: the sweep may delete the file at any moment, and a half-sent answer is worse than none
         data = await asyncio.to_thread(runner.result_file(job).read_bytes)
@@ -137,6 +160,35 @@ async def get_job_audio(request: Request, job_id: str = JobId,
         raise NotFound(f"the audio of job {job_id} is not readable on this server; retry", "job_id",
                        ErrorCode.JOB_RESULT_MISSING) from None
     return Response(data, media_type=job["content_type"], headers={"X-Chorus-Audio-Duration": f"{job['audio_s']:.3f}"})
+
+
+def _check_result(request: Request, job: dict) -> None:
+    """The job has succeeded and its result is kept: else 409 (not yet, or never) or 410 (expired)."""
+    if job["status"] != JobStatus.SUCCEEDED:
+        raise Conflict(f"job {job['id']} is {job['status']}; its audio exists once it has succeeded", "job_id",
+                       ErrorCode.JOB_NOT_READY, 2 if job["status"] in (JobStatus.QUEUED, JobStatus.RUNNING) else None)
+    if job["result_path"] is None:
+        raise Gone(f"the audio of job {job['id']} has expired (results are kept for {int(_runner(request).ttl_s)} s "
+                   "after they are ready)", "job_id", ErrorCode.JOB_EXPIRED)
+
+
+@router.get("/v1/audio/jobs/{job_id}/captions", responses={
+    200: {"content": {"application/json": {}, **{kind: {} for kind in SUBTITLE_TYPES.values()}},
+          "description": "The dialogue's words with their speakers and its turns (json), or subtitles by speaker"},
+    **error_responses(400, 401, 404, 409, 410)})
+async def get_job_captions(request: Request, job_id: str = JobId,
+                           timestamps_format: Literal["json", "srt", "vtt"] = Query("json"),
+                           admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
+    """A dialogue job's captions, kept with its recording when it asked for them (`captions: true`)."""
+    job = await asyncio.to_thread(_own_job, request, job_id, admission[0])
+    if not job["request"].get("captions"):
+        raise NotFound(f"job {job_id} kept no captions: a dialogue job keeps them when it is submitted with "
+                       "\"captions\": true", "job_id", ErrorCode.NOT_FOUND)
+    _check_result(request, job)
+    captions = json.loads(job["captions"])
+    if timestamps_format in SUBTITLE_TYPES:
+        return Response(captions[timestamps_format], media_type=SUBTITLE_TYPES[timestamps_format])
+    return {"words": captions["words"], "turns": captions["turns"]}
 
 
 @router.delete("/v1/audio/jobs/{job_id}", responses=error_responses(400, 401, 404, 409))

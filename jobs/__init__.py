@@ -1,5 +1,9 @@
 """Asynchronous speech jobs: rows in the database, results as files, run in the background.
 
+A job says a text, or a dialogue's script (its request has `voices`: tts_core.request.dialogue). A dialogue's row
+counts its turns made as they are made (its progress, read by any replica); an attempt makes it from its first
+turn, so a job queued again (a retry, a restart) starts counting from 0, and one that succeeds has made them all.
+
 The runner claims queued jobs a few at a time and speaks them through the same service (and
 batcher) as every other request, one priority class below the caller's interactive requests;
 the queue's aging makes sure they are never starved. Jobs are background work: a refusal for load
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -42,6 +47,7 @@ from tts_core.request.access import Caller, Tier
 from tts_core.request.operating import OperatorSettings
 from tts_core.request.script import Reading
 from tts_core.service import SpeechService, SpokenAudio
+from tts_core.text.captions import SUBTITLE_FORMATS, subtitles
 from tts_core.text.frontend import NormalizationOptions
 
 log = logging.getLogger(__name__)
@@ -74,6 +80,7 @@ class JobRunner:
         self._attempts: dict[str, int] = {}  # job id -> the attempt number running here (its lease)
         self._speaking: dict[str, asyncio.Task] = {}  # job id -> the attempt's synthesis (what a cancel stops)
         self._unsettled: dict[str, tuple[int, str, dict]] = {}  # outcomes the database did not take yet
+        self._progress_writes: set[asyncio.Task] = set()  # dialogues' turns made, on their way to the database
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
@@ -103,11 +110,11 @@ class JobRunner:
 
     # --- what the API calls ------------------------------------------------------------------------
 
-    def submit(self, caller: Caller, request: dict, priority: int = 0) -> dict:
-        """Queue a job (validated by the caller); Overloaded when the backlog is full. Its deadline is the
-        request's deadline_s if it has one (at most TTS_JOB_DEADLINE_S), else TTS_JOB_DEADLINE_S: kept in
-        the job, so a later change of the setting leaves queued jobs as they were. Blocking: call it from
-        a worker thread."""
+    def submit(self, caller: Caller, request: dict, priority: int = 0, turns: int | None = None) -> dict:
+        """Queue a job (validated by the caller; `turns`: a dialogue's); Overloaded when the backlog is full. Its
+        deadline is the request's deadline_s if it has one (at most TTS_JOB_DEADLINE_S), else TTS_JOB_DEADLINE_S:
+        kept in the job, so a later change of the setting leaves queued jobs as they were. Blocking: call it from a
+        worker thread."""
         asked = request.get("deadline_s")
         if asked is not None and asked > self.deadline_s:
             raise InvalidRequest(f"deadline_s is {asked:g}; jobs on this server may wait at most {self.deadline_s:g} s "
@@ -118,7 +125,7 @@ class JobRunner:
             raise Overloaded(f"{queued} jobs are waiting (the most this server keeps); retry after 30 s", 30,
                              ErrorCode.JOB_BACKLOG_FULL)
         job = self.storage.jobs.add(f"job_{secrets.token_hex(12)}", caller.identity, caller.tier_name,
-                                   caller.tier.priority * 100 + priority, request)
+                                   caller.tier.priority * 100 + priority, request, turns)
         loop = self._loop
         if loop is not None:  # asyncio.Event is not thread-safe: set it on its loop
             with contextlib.suppress(RuntimeError):  # the loop closed just now: the next start claims the job
@@ -229,11 +236,30 @@ class JobRunner:
         request = job["request"]
         # Jobs queued before the text front end kept their text already normalised: spoken as written.
         normalization = NormalizationOptions(**request.get("normalization", {"normalize": False}))
+        reading = Reading(normalization, request.get("input_type", "auto"), instructions=request.get("instructions"))
+        if is_dialogue(request):
+            return await self.service.speak_dialogue(
+                request["script"], request["voices"], request.get("model"), request.get("speed", 1.0),
+                request["response_format"], self._caller(job), reading, request.get("captions", False),
+                request.get("sample_rate"), on_turn=lambda made: self._record_progress(job, made))
         return await self.service.speak(request["input"], request["voice"], request.get("model"),
                                         request.get("speed", 1.0), request["response_format"], self._caller(job),
-                                        Reading(normalization, request.get("input_type", "auto"),
-                                                instructions=request.get("instructions")),
-                                        sample_rate=request.get("sample_rate"))
+                                        reading, sample_rate=request.get("sample_rate"))
+
+    def _record_progress(self, job: dict, made: int) -> None:
+        """A dialogue's turns made so far, written in the background (its synthesis goes on meanwhile)."""
+        write = asyncio.create_task(asyncio.to_thread(self.storage.jobs.progress, job["id"], self.replica,
+                                                      job["attempts"], made))
+        self._progress_writes.add(write)
+        write.add_done_callback(self._progress_written)
+
+    def _progress_written(self, write: asyncio.Task) -> None:
+        self._progress_writes.discard(write)
+        error = None if write.cancelled() else write.exception()
+        if isinstance(error, StorageError):  # the next turn's write says it again, or the job's end does
+            self.outage.failed("recording a dialogue's progress", error)
+        elif error is not None:
+            log.warning("could not record a dialogue's progress: %r", error)
 
     # --- one attempt -------------------------------------------------------------------------------
 
@@ -269,7 +295,7 @@ class JobRunner:
         expires = datetime.now(UTC) + timedelta(seconds=self.ttl_s)
         if await self._finish(job["id"], job["attempts"], JobStatus.SUCCEEDED, result_path=name,
                               content_type=spoken.content_type, audio_s=round(spoken.duration_s, 3),
-                              expires_at=expires, error=None):
+                              expires_at=expires, error=None, **_dialogue_outcome(job, spoken)):
             log.info("job %s: succeeded on %s", job["id"], self.replica)
 
     async def _wait_for_load(self, job: dict, busy: Overloaded) -> None:
@@ -352,6 +378,24 @@ class JobRunner:
         for path in old:
             if path.suffix == ".partial" or path.name not in kept:
                 path.unlink(missing_ok=True)
+
+
+def is_dialogue(request: dict) -> bool:
+    """A dialogue's job (a script and its speakers' voices), not a text's."""
+    return "voices" in request
+
+
+def _dialogue_outcome(job: dict, spoken: SpokenAudio) -> dict:
+    """What a dialogue's row keeps besides its audio: every turn made, and the captions if they were asked for (as
+    POST /v1/audio/dialogue/captioned answers them, and as subtitles)."""
+    if job["turns"] is None:
+        return {}
+    if not job["request"].get("captions"):
+        return {"turns_done": job["turns"]}
+    words = list(spoken.words or ())
+    captions = {"words": [word.as_json() for word in words], "turns": [turn.as_json() for turn in spoken.turns],
+                **{kind: subtitles(words, kind) for kind in SUBTITLE_FORMATS}}
+    return {"turns_done": job["turns"], "captions": json.dumps(captions)}
 
 
 def _modified_before(path: Path, cutoff: float) -> bool:

@@ -1,5 +1,5 @@
-"""Asynchronous speech jobs: the queue rows, the leases of the replicas that run them, and their results'
-retention."""
+"""Asynchronous speech jobs (a text, or a dialogue's script): the queue rows, the leases of the replicas that run
+them, a dialogue's progress in turns, and their results' retention."""
 
 from __future__ import annotations
 
@@ -7,21 +7,29 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 
 from .database import Database, aware, loads, now
 from .models import Job, JobStatus
+
+# An attempt starts a dialogue from its first turn: a job queued again has none of its turns made (speech jobs
+# have no turns to count).
+NO_TURNS_MADE = case((Job.turns.is_(None), None), else_=0)
+TEXT_KEYS = ("input", "script")  # what a job says: a text, or a dialogue's script
 
 
 class Jobs:
     def __init__(self, database: Database):
         self._database = database
 
-    def add(self, job_id: str, owner: str, tier: str, priority: int, request: dict) -> dict:
+    def add(self, job_id: str, owner: str, tier: str, priority: int, request: dict, turns: int | None = None
+            ) -> dict:
+        """A queued job; `turns`: a dialogue's, in all (its progress counts them)."""
         at = now()
         with self._database.transaction(write=True) as session:
             row = Job(id=job_id, owner=owner, tier=tier, priority=priority, status=JobStatus.QUEUED,
-                      request=json.dumps(request), attempts=0, created_at=at, not_before=at)
+                      request=json.dumps(request), attempts=0, created_at=at, not_before=at, turns=turns,
+                      turns_done=None if turns is None else 0)
             session.add(row)
             return _job_dict(row)
 
@@ -73,7 +81,8 @@ class Jobs:
             stale = or_(stale, Job.lease_owner == owner)
         with self._database.transaction(write=True) as session:
             return session.execute(update(Job).where(Job.status == JobStatus.RUNNING, stale)
-                                   .values(status=JobStatus.QUEUED, lease_owner=None, lease_until=None)).rowcount
+                                   .values(status=JobStatus.QUEUED, lease_owner=None, lease_until=None,
+                                           turns_done=NO_TURNS_MADE)).rowcount
 
     def cancel(self, job_id: str) -> dict | None:
         """queued|running -> cancelled, in one conditional update; None when the job had ended (or
@@ -86,8 +95,18 @@ class Jobs:
         or the lease ran out and the job was queued again or taken by another attempt: that one's row)."""
         if status != JobStatus.QUEUED:
             fields.setdefault("finished_at", now())
+        else:
+            fields.setdefault("turns_done", NO_TURNS_MADE)
         return self._move(job_id, (JobStatus.RUNNING,), status, Job.lease_owner == holder, Job.attempts == attempt,
                           **fields)
+
+    def progress(self, job_id: str, holder: str, attempt: int, turns_done: int) -> None:
+        """A dialogue's attempt has made turns_done of its turns: recorded while the attempt holds the job, and only
+        forward (writes from worker threads may land out of order)."""
+        with self._database.transaction(write=True) as session:
+            session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING,
+                                              Job.lease_owner == holder, Job.attempts == attempt,
+                                              Job.turns_done < turns_done).values(turns_done=turns_done))
 
     def _move(self, job_id: str, sources: tuple[str, ...], status: str, *conditions: Any,
               **fields: Any) -> dict | None:
@@ -111,18 +130,19 @@ class Jobs:
         at = now()
         cutoff = at - timedelta(seconds=ttl_s)
         ended_long_ago = and_(Job.status.in_((JobStatus.FAILED, JobStatus.CANCELLED)), Job.finished_at <= cutoff)
-        # add stores the request as json.dumps writes it; a dropped input leaves no "input" key
-        keeps_data = or_(Job.result_path.is_not(None), Job.request.contains('"input": '))
+        # add stores the request as json.dumps writes it; a dropped text leaves no "input" (or "script") key
+        keeps_data = or_(Job.result_path.is_not(None), Job.captions.is_not(None),
+                         *(Job.request.contains(f'"{key}": ') for key in TEXT_KEYS))
         with self._database.transaction() as session:
             rows = session.scalars(select(Job).where(keeps_data, or_(Job.expires_at <= at, ended_long_ago)))
             return [_job_dict(row) for row in rows]
 
     def expire(self, job_id: str) -> None:
-        """Forget a job's result file and input text; the other request fields and the text's length stay."""
+        """Forget a job's result file, captions and text; the other request fields and the text's length stay."""
         with self._database.transaction(write=True) as session:
             row = session.get(Job, job_id)
             if row is not None:
-                row.result_path, row.request = None, json.dumps(_without_input(loads(row.request)))
+                row.result_path, row.captions, row.request = None, None, json.dumps(_without_text(loads(row.request)))
 
     def result_paths(self) -> list[str]:
         """The result files job rows point to."""
@@ -130,10 +150,12 @@ class Jobs:
             return list(session.scalars(select(Job.result_path).where(Job.result_path.is_not(None))))
 
 
-def _without_input(request: dict) -> dict:
-    if "input" not in request:
+def _without_text(request: dict) -> dict:
+    """The request without what it says; its length stays (a dialogue's is kept in it from the start)."""
+    if not any(key in request for key in TEXT_KEYS):
         return request
-    return {key: value for key, value in request.items() if key != "input"} | {"characters": len(request["input"])}
+    return ({key: value for key, value in request.items() if key not in TEXT_KEYS}
+            | {"characters": request.get("characters", len(request.get("input", "")))})
 
 
 def _job_dict(row: Job) -> dict:
@@ -141,4 +163,5 @@ def _job_dict(row: Job) -> dict:
     return {"id": row.id, "owner": row.owner, "tier": row.tier, "priority": row.priority, "status": row.status,
             "request": loads(row.request), "attempts": row.attempts, "error": row.error,
             **{name: aware(getattr(row, name)) if getattr(row, name) else None for name in moments},
-            "result_path": row.result_path, "content_type": row.content_type, "audio_s": row.audio_s}
+            "result_path": row.result_path, "content_type": row.content_type, "audio_s": row.audio_s,
+            "turns": row.turns, "turns_done": row.turns_done, "captions": row.captions}

@@ -74,7 +74,8 @@ class ApiKey(Base):
 
 
 class Job(Base):
-    """An asynchronous speech job. Its result is a file (result_path) kept until expires_at."""
+    """An asynchronous speech job: a text, or a dialogue's script (its request has `voices`). Its result is a file
+    (result_path) kept until expires_at."""
 
     __tablename__ = "jobs"
 
@@ -83,7 +84,7 @@ class Job(Base):
     tier: Mapped[str] = mapped_column(String(64))
     priority: Mapped[int] = mapped_column(Integer)  # claim order: higher first (the tier's, then the caller's)
     status: Mapped[str] = mapped_column(String(16), index=True)  # a JobStatus
-    request: Mapped[str] = mapped_column(Text)  # JSON: input, voice, model, speed, response_format
+    request: Mapped[str] = mapped_column(Text)  # JSON: input (or script), voice (or voices), model, speed, format...
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
@@ -98,6 +99,10 @@ class Job(Base):
     # replica queues the job again)
     lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # a dialogue's: its turns in all, and how many the attempt running (or the last) has made
+    turns: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    turns_done: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    captions: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON, when asked for: words and turns
 
 
 class ReplicaRow(Base):

@@ -34,7 +34,16 @@ from .ops.metrics import Metrics
 from .request.access import Caller
 from .request.admission import Admission
 from .request.captions import CaptionWord, Timed, caption_words, timed_words
-from .request.dialogue import Dialogue, DialogueStream, ScriptText, TurnSpan, captions, compile_dialogue, recording
+from .request.dialogue import (
+    Dialogue,
+    DialogueStream,
+    ScriptText,
+    TurnProgress,
+    TurnSpan,
+    captions,
+    compile_dialogue,
+    recording,
+)
 from .request.dispatch import Scheduler, SentenceStream
 from .request.operating import DegradeAction
 from .request.script import Reading, Script
@@ -352,10 +361,11 @@ class SpeechService:
 
     async def speak_dialogue(self, script: ScriptText, voices: Mapping[str, str], model: str | None = None,
                              speed: float = 1.0, response_format: str = "mp3", caller: Caller | None = None,
-                             reading: Reading = Reading(), words: bool = False, sample_rate: int | None = None
-                             ) -> SpokenAudio:
+                             reading: Reading = Reading(), words: bool = False, sample_rate: int | None = None,
+                             on_turn: Callable[[int], None] | None = None) -> SpokenAudio:
         """A dialogue as one encoded recording, its turns queued at once (batched with everyone's work) and joined
-        at one level; cached on the whole script, as speak caches a text (not with `words`)."""
+        at one level; cached on the whole script, as speak caches a text (not with `words`). `on_turn(turns made so
+        far)` is called on the event loop as each turn's audio is made (a job's progress)."""
         check_format(response_format, sample_rate)
         dialogue = await self.admit_dialogue(script, voices, model, speed, caller, reading, words)
         actions = self.degrade.state.actions
@@ -369,6 +379,8 @@ class SpeechService:
         if use_cache:
             self.metrics.cache_lookups.labels(CacheUse.MISS).inc()
         items = await self._queue_dialogue(dialogue, caller, False, words)
+        if on_turn is not None:
+            TurnProgress(dialogue, items, on_turn)
         outputs = await self.scheduler.collect(items, dialogue.script.voice.sample_rate)
         made = await asyncio.to_thread(recording, dialogue, items, outputs)
         self.metrics.audio_seconds.inc(made.duration_s)

@@ -48,6 +48,8 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
                     "The same server answers the OpenAI-compatible API at `/v1/audio/speech`.")
         status = gr.Markdown()
         stored_history = gr.BrowserState([], storage_key="chorus-history")
+        # outside the tabs: a tab not shown yet is not rendered, and its state would be read as empty as the page loads
+        stored_dialogues = gr.BrowserState([], storage_key="chorus-dialogue-history")
         with gr.Tab("Synthesize"):
             with gr.Row():
                 with gr.Column(scale=3, min_width=320):
@@ -55,15 +57,16 @@ def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: V
                 with gr.Column(scale=2, min_width=300):
                     voices.render()
             synthesized = speak.render_player(voices.voice)
-            history.render(stored_history, synthesized, speak.player, speak.captions)
+            history.render(stored_history, synthesized, speak.player, speak.player, speak.captions)
             cloning.render(voices.voice)
         with gr.Tab("Dialogue"):
-            DialoguePanel(context).render()
+            dialogue_history = DialoguePanel(context).render(stored_dialogues)
         for render_tab in extra_tabs:
             render_tab()
         warm_up_timer = gr.Timer(1.0, active=False)
         demo.load(readiness, None, [status, warm_up_timer])
         demo.load(page, [stored_history], [voices.voice, voices.language, *cloning.page_outputs, speak.text,
                                            speak.counter, voices.voice_list, stored_history, history.history_box])
+        demo.load(dialogue_history.kept, [stored_dialogues], [stored_dialogues, dialogue_history.history_box])
         warm_up_timer.tick(readiness, None, [status, warm_up_timer], api_visibility="private")
     return demo

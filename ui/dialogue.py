@@ -1,11 +1,14 @@
 """The Dialogue tab: a script of several speakers (`Name: text` lines), a voice for each speaker, one recording to
 hear and download, with subtitles by speaker where every voice times its words. Made by the same SpeechService (and
-queue) as POST /v1/audio/dialogue; its files are kept like the synthesis tab's takes (ui/takes.py)."""
+queue) as POST /v1/audio/dialogue; its files are kept like the synthesis tab's takes (ui/takes.py), and the
+browser's last dialogues are listed below it, in the Synthesize tab's history panel (a list of their own)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from pathlib import Path
 
 import gradio as gr
 
@@ -17,6 +20,7 @@ from tts_core.request.captions import SUBTITLE_FORMATS, subtitles
 
 from . import takes
 from .context import UiContext, log, refused
+from .history import HistoryPanel
 from .speak import UI_FORMATS
 
 EXAMPLE_SCRIPT = "Ann: Hello Bob, how was the trip?\nBob: Long, but the view was lovely.\nAnn: I am glad you are home."
@@ -36,11 +40,20 @@ def voices_of(lines: str) -> dict[str, str]:
     return voices
 
 
+def replayed(entry: dict, folder: Path) -> tuple[str, list[str]]:
+    """A dialogue's recording, and its files to download (the recording, and its subtitles where it has them)."""
+    path = folder / entry["take"] / entry["name"]
+    return str(path), [str(file) for file in (path, *(path.with_suffix(f".{kind}") for kind in SUBTITLE_FORMATS))
+                       if file.is_file()]
+
+
 class DialoguePanel:
     def __init__(self, context: UiContext):
         self.context = context
 
-    def render(self) -> None:
+    def render(self, stored: gr.BrowserState) -> HistoryPanel:
+        """The tab, and its history of the dialogues `stored` in the browser (whose list the page fills as it
+        loads)."""
         default = self.context.service.catalogue.default_voice
         with gr.Row():
             with gr.Column(scale=3, min_width=320):
@@ -55,8 +68,12 @@ class DialoguePanel:
         audio = gr.Audio(label="The dialogue", type="filepath", interactive=False, elem_id="dialogue-audio")
         files = gr.File(label="Download: the recording and its subtitles", file_count="multiple", interactive=False,
                         elem_id="dialogue-files")
-        button.click(self.make, [script, voices, response_format], [audio, files], api_name="dialogue",
-                     concurrency_limit=None)
+        made = gr.State("")  # the take's history entry (JSON), for the history: not part of the answer
+        event = button.click(self.make, [script, voices, response_format], [audio, files, made], api_name="dialogue",
+                             concurrency_limit=None)
+        history = HistoryPanel(self.context, "dialogue-history", replayed, "dialogues")
+        history.render(stored, event, made, audio, files)
+        return history
 
     def _timed(self, voices: dict[str, str], caller: Caller | None) -> bool:
         """Whether every voice's model times its words (as declared), for subtitles; a voice that does not exist
@@ -70,8 +87,9 @@ class DialoguePanel:
         return all(catalogue.capabilities.get(model, Capabilities()).times_words for model in models)
 
     async def make(self, script: str, voices: str, response_format: str, request: gr.Request
-                   ) -> tuple[str, list[str]]:
-        """The recording (whole: a dialogue's turns are joined at one level once all are made) and its files."""
+                   ) -> tuple[str, list[str], str]:
+        """The recording (whole: a dialogue's turns are joined at one level once all are made), its files, and its
+        entry in the history."""
         started, status, audio_s, details = time.perf_counter(), 200, 0.0, {}
         client = request.client.host if request and request.client else "unknown"
         try:
@@ -87,7 +105,10 @@ class DialoguePanel:
             take = await asyncio.to_thread(takes.Take, self.context.out_dir)
             path = await asyncio.to_thread(take.finish, spoken.data, takes.file_stem("dialogue", script or ""),
                                            response_format, captions, "")
-            return str(path), [str(path), *(str(path.with_suffix(f".{kind}")) for kind in captions)]
+            entry = {"take": take.id, "name": path.name, "text": (script or "")[:500], "at": time.time(),
+                     "label": ", ".join(f"{name}: {voice}" for name, voice in cast.items()),
+                     "duration_s": round(audio_s, 2)}
+            return (*replayed(entry, self.context.out_dir), json.dumps(entry))
         except ChorusError as error:
             status = error.status
             raise refused(error) from None

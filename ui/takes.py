@@ -121,9 +121,9 @@ def downloads(path: Path) -> dict:
     return {**download(path), "subtitles": [download(subtitle) for subtitle in kept if subtitle.is_file()]}
 
 
-def history_html(history: list[dict], folder: Path) -> str:
+def history_html(history: list[dict], folder: Path, what: str = "syntheses") -> str:
     if not history:
-        return ('<p class="chorus-empty">Your syntheses will be listed here (the last 20, in this browser, '
+        return (f'<p class="chorus-empty">Your {what} will be listed here (the last 20, in this browser, '
                 'for an hour).</p>')
     rows = []
     for entry in history:

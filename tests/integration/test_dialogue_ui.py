@@ -1,6 +1,7 @@
 """The Dialogue tab over HTTP (Gradio's client, as a browser's page calls it) with the real bundled voice: a script
 and a voice per speaker make one recording to download, with subtitles by speaker; a bad script is refused with
-its line named."""
+its line named; in a browser, the dialogue made is kept in the tab's history, there after a reload, played again
+from it."""
 
 import pytest
 from gradio_client import Client
@@ -46,7 +47,8 @@ def test_a_bad_script_is_refused_naming_its_line(server):
 
 def test_the_tab_in_a_browser(server, browser):
     """A person opens the Dialogue tab, keeps its example script and voices and presses the button: the recording
-    and its files to download appear."""
+    and its files to download appear, and the dialogue is first in the tab's history, which the browser keeps: after
+    a reload it is still there, and its Play button brings its recording back."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ready
     from selenium.webdriver.support.ui import WebDriverWait
@@ -58,4 +60,16 @@ def test_the_tab_in_a_browser(server, browser):
     wait.until(ready.text_to_be_present_in_element((By.ID, "dialogue-files"), ".srt"))
     listed = browser.find_element(By.ID, "dialogue-files").text
     assert ".mp3" in listed and ".vtt" in listed
+    assert browser.find_elements(By.CSS_SELECTOR, "#dialogue-audio audio, #dialogue-audio [data-testid='waveform']")
+    kept = (By.CSS_SELECTOR, "#dialogue-history li")
+    wait.until(ready.text_to_be_present_in_element(kept, "Ann: Hello Bob, how was the trip?"))
+    assert "Ann: " in browser.find_element(*kept).find_element(By.TAG_NAME, "small").text  # the cast's voices
+    assert not browser.find_elements(By.CSS_SELECTOR, "#speech-history li")  # the Synthesize tab's list is its own
+
+    browser.refresh()
+    wait.until(ready.element_to_be_clickable((By.XPATH, "//button[@role='tab'][normalize-space()='Dialogue']"))).click()
+    wait.until(ready.text_to_be_present_in_element(kept, "Ann: Hello Bob"))
+    assert not browser.find_elements(By.CSS_SELECTOR, "#dialogue-files a")  # nothing made in this page yet
+    browser.find_element(By.CSS_SELECTOR, "#dialogue-history li button[data-action='replay']").click()
+    wait.until(ready.text_to_be_present_in_element((By.ID, "dialogue-files"), ".srt"))
     assert browser.find_elements(By.CSS_SELECTOR, "#dialogue-audio audio, #dialogue-audio [data-testid='waveform']")

@@ -115,19 +115,20 @@ def service(engine):
 
 
 def test_a_dialogue_in_its_voices_is_one_conversation_batched_with_other_work(engine, service):
-    admitted = []
+    admitted, made = [], []
     script = "\n".join(f"{'Ann' if speaker == 0 else 'Bob'}: {text}" for speaker, text in LINES)
     real = engine.admit
     with mock.patch.object(engine, "admit", side_effect=lambda items: admitted.extend(items) or real(items)):
         async def both():
             return await asyncio.gather(service.speak_dialogue(script, {"Ann": "tiny", "Bob": "other"},
-                                                               response_format="pcm"),
+                                                               response_format="pcm", on_turn=made.append),
                                         service.synthesize("Hello you.", "other"))
         spoken, alone = asyncio.run(both())
     [talk] = [item for item in admitted if item.voice == cast_voice(["tiny", "other"])]
     assert talk.tokens.tolist() == conversation(engine).tokens.tolist()  # the whole conversation, one input
     assert spoken.duration_s * engine.sample_rate == engine.frames_needed(talk) * engine.frame_size
     assert [(turn.speaker, turn.voice) for turn in spoken.turns] == [("Ann, Bob", "tiny, other")]
+    assert made == [len(LINES)]  # a job's progress: one conversation, its turns all made at once
     assert alone.audio.size and service.status()["engines"][engine.name]["frames_per_step"] > 1  # ran side by side
 
 

@@ -11,9 +11,12 @@ the cast's voices and the turns as the model's own multi-speaker script (tts_cor
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import contextlib
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -289,6 +292,34 @@ def _turn_indices(dialogue: Dialogue, items: list[QueuedItem]) -> list[list[int]
     for index, item in enumerate(items):
         turns[dialogue.turn_of(item.passage)].append(index)
     return turns
+
+
+class TurnProgress:
+    """Tells `on_turn(turns made so far)`, on the event loop it was made on, each time a turn's audio is all made.
+    Turns end in whatever order the queue runs them; a conversation spoken natively (one passage) is made all at
+    once; a turn with nothing to say is made from the start (and not told)."""
+
+    def __init__(self, dialogue: Dialogue, items: list[QueuedItem], on_turn: Callable[[int], None]):
+        self._loop, self._on_turn = asyncio.get_running_loop(), on_turn
+        groups = _turn_indices(dialogue, items)
+        self._weights = [len(groups)] + [0] * (len(groups) - 1) if dialogue.native else [1] * len(groups)
+        self._left = [len(group) for group in groups]
+        self.made = sum(weight for weight, left in zip(self._weights, self._left, strict=True) if not left)
+        for turn, group in enumerate(groups):
+            for index in group:
+                items[index].future.add_done_callback(lambda future, turn=turn: self._item_done(future, turn))
+
+    def _item_done(self, future: Future, turn: int) -> None:
+        """On the engine's thread (or here, if it was done already): counted on the event loop."""
+        if not future.cancelled() and future.exception() is None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: no one is left to tell
+                self._loop.call_soon_threadsafe(self._count, turn)
+
+    def _count(self, turn: int) -> None:
+        self._left[turn] -= 1
+        if self._left[turn] == 0:
+            self.made += self._weights[turn]
+            self._on_turn(self.made)
 
 
 def captions(dialogue: Dialogue, timed: Sequence[Timed]) -> list[CaptionWord]:
