@@ -44,10 +44,10 @@ from storage import JobStatus, Storage, StorageError
 from tts_core.config import Settings
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Overloaded
 from tts_core.request.access import Caller, Tier
+from tts_core.request.captions import SUBTITLE_FORMATS, subtitles
 from tts_core.request.operating import OperatorSettings
 from tts_core.request.script import Reading
 from tts_core.service import SpeechService, SpokenAudio
-from tts_core.text.captions import SUBTITLE_FORMATS, subtitles
 from tts_core.text.frontend import NormalizationOptions
 
 log = logging.getLogger(__name__)

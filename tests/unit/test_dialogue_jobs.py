@@ -14,8 +14,8 @@ from storage import JobStatus
 from tests.fakes import FakeEngine
 from tests.unit.test_jobs import CALLER, WAIT_S, WatchedJobs, WatchedStorage, run, status_is, until
 from tts_core.config import Settings
-from tts_core.ops.degrade import OperatorSettings
 from tts_core.ops.metrics import Metrics
+from tts_core.request.operating import OperatorSettings
 from tts_core.service import SpeechService
 
 TURNS = ["Ann: Hello there, Bob.", "Bob: Hello, Ann.", "Ann: How was the trip?", "Bob: Long, but lovely."]
