@@ -123,4 +123,4 @@ def test_copies_that_only_share_the_cores_are_not_chosen(start_loop, clock):
 def test_tts_engine_instances_sets_the_copies_without_measuring(start_loop, clock):
     engine = Copied(clock, lambda copies, size, padded: copies * linear_cost(size, padded))
     loop = start_loop(engine, instances=4)  # more than the engine runs: its most
-    assert engine.instances == 2 and "instance_item_s" not in loop.status()
+    assert engine.instances == 2 and loop.status().strategy.instance_item_s is None

@@ -9,6 +9,7 @@ from tests.listener import Listener
 from tts_core.config import Settings
 from tts_core.engines.base import EngineUnavailable
 from tts_core.engines.contract import EngineInput
+from tts_core.engines.kinds import KINDS
 from tts_core.engines.piper import bundled_voice_path
 from tts_core.voices.catalogue import Catalogue
 from tts_core.voices.registry import RegistryError, load_voice_engine, model_specs, read_registry
@@ -142,3 +143,16 @@ def test_a_star_names_every_voice_the_upstream_lists_and_the_files_own_entries_w
             model_specs(Settings(voices_file=path, data_dir=tmp_path))
     finally:
         listener.close()
+
+
+def test_each_entry_is_its_kinds_options_and_another_kinds_field_is_refused_naming_the_kind(tmp_path):
+    path = tmp_path / "voices.yaml"
+    path.write_text("voices:\n  a: {engine: vits, model: m}\n  b: {engine: upstream, model: m, url: 'http://x'}\n")
+    voices = read_registry(path).voices
+    assert {name: type(entry) for name, entry in voices.items()} == {
+        "a": KINDS["vits"].options, "b": KINDS["upstream"].options}
+    assert voices["b"].server == "http://x" and voices["a"].server is None
+    path.write_text("voices:\n  a: {engine: kokoro, model: m, max_in_flight: 3, upstream_voice: x}\n")
+    with pytest.raises(RegistryError, match="voices.a: Value error, upstream_voice, max_in_flight: only for engine: "
+                                            "upstream$"):
+        read_registry(path)

@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Tag, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
 
 from ..engines import ModelSpec
 from ..engines.base import VOICE_NAME, Engine, EngineUnavailable
@@ -72,8 +71,9 @@ class RegistryError(EngineUnavailable):
     """The registry file cannot be used; the message names the file and the fault."""
 
 
-class UnknownKind(BaseModel):
-    """An entry whose `engine` names no kind: validated only to say so, naming the kinds (as a Literal would)."""
+class VoiceEntry(BaseModel):
+    """An entry that is no kind's (its `engine` names none, or it is no mapping): validated only to say so, naming
+    the kinds (as a Literal would). Every other entry is its kind's options (Entry)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -90,8 +90,6 @@ def _kind_of(entry: Any) -> str:
 
 def _only_for_its_kind(entry: Any) -> Any:
     """An entry giving another kind's options is refused naming them and the kinds they are for."""
-    if not isinstance(entry, dict | VoiceOptions):
-        raise PydanticCustomError("model_type", "Input should be a valid dictionary or instance of VoiceEntry")
     if not isinstance(entry, dict) or entry.get("engine") not in KINDS:
         return entry
     own = KINDS[entry["engine"]].options.model_fields
@@ -109,16 +107,16 @@ def _in_field_order(names) -> list[str]:
     return sorted(names, key=order.index)
 
 
-VoiceEntry = Annotated[
+Entry = Annotated[
     Union[tuple(Annotated[kind.options, Tag(name)] for name, kind in KINDS.items())  # noqa: UP007
-          + (Annotated[UnknownKind, Tag(UNKNOWN)],)],
+          + (Annotated[VoiceEntry, Tag(UNKNOWN)],)],
     Discriminator(_kind_of), BeforeValidator(_only_for_its_kind)]
 
 
 class Registry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    voices: dict[str, VoiceEntry] = {}
+    voices: dict[str, Entry] = {}
 
     @model_validator(mode="after")
     def _listed_names(self):
