@@ -38,7 +38,7 @@ import httpx
 import numpy as np
 import yaml
 
-from bench.harness import BUNDLED_VOICE, OPERATOR, machine
+from bench.harness import BUNDLED_VOICE, OPERATOR, machine, scrape, server_delta
 from bench.server import ROOT, start_server
 from bench.ttfa import drained
 from tts_core.request.dialogue import SAME_SPEAKER_PAUSE_S, SPEAKER_CHANGE_PAUSE_S
@@ -138,12 +138,9 @@ def _dialogue(client: httpx.Client, turns: list[tuple[str, str]], voices: dict, 
 
 
 def measure_way(client: httpx.Client, way: str, turns: list[tuple[str, str]], voices: dict) -> dict:
-    """One way's wall time and audio (speech only: a dialogue's pauses between turns left out)."""
+    """One way's wall time and audio (speech only: a dialogue's pauses between turns left out), with the batches the
+    server ran for it."""
     drained(client)
-    if way == "dialogue":
-        _, wall, recording = _dialogue(client, turns, voices)
-        return {"wall_s": round(wall, 3), "recording_s": round(recording, 3),
-                "audio_s": round(recording - pauses_s(turns), 3)}
     if way == "first_audio":
         dialogue_first, dialogue_wall, recording = _dialogue(client, turns, voices, stream=True)
         drained(client)
@@ -151,14 +148,21 @@ def measure_way(client: httpx.Client, way: str, turns: list[tuple[str, str]], vo
         return {"dialogue_ms": round(1000 * dialogue_first, 1), "first_turn_ms": round(1000 * turn_first, 1),
                 "dialogue_stream_wall_s": round(dialogue_wall, 3), "dialogue_stream_recording_s": round(recording, 3),
                 "first_turn_stream_wall_s": round(turn_wall, 3)}
+    before = scrape(str(client.base_url))
     started = time.perf_counter()
-    if way == "sequential":
+    if way == "dialogue":
+        answers = [_dialogue(client, turns, voices)]
+    elif way == "sequential":
         answers = [_turn(client, voices[speaker], text) for speaker, text in turns]
     else:
         with ThreadPoolExecutor(len(turns)) as pool:
             answers = list(pool.map(lambda turn: _turn(client, voices[turn[0]], turn[1]), turns))
     wall = time.perf_counter() - started
-    return {"wall_s": round(wall, 3), "audio_s": round(sum(audio for _, _, audio in answers), 3),
+    batches = server_delta(before, scrape(str(client.base_url)))
+    row = {"wall_s": round(wall, 3), "server": {key: batches[key] for key in ("batches", "items_per_batch")}}
+    if way == "dialogue":
+        return {**row, "recording_s": round(answers[0][2], 3), "audio_s": round(answers[0][2] - pauses_s(turns), 3)}
+    return {**row, "audio_s": round(sum(audio for _, _, audio in answers), 3),
             "turns_s": [round(audio, 3) for _, _, audio in answers]}
 
 
@@ -193,7 +197,8 @@ def summary(made: list[dict], turns: list[tuple[str, str]]) -> dict:
         rows = [round_[way] for round_ in made]
         ways[way] = {"wall_s": _median([row["wall_s"] for row in rows]),
                      "audio_s": _median([row["audio_s"] for row in rows]),
-                     "audio_s_per_s": _median([row["audio_s"] / row["wall_s"] for row in rows])}
+                     "audio_s_per_s": _median([row["audio_s"] / row["wall_s"] for row in rows]),
+                     "items_per_batch": _median([row["server"]["items_per_batch"] or 0.0 for row in rows], 2)}
     rate = {way: [round_[way]["audio_s"] / round_[way]["wall_s"] for round_ in made] for way in ways}
     firsts = [round_["first_audio"] for round_ in made]
     by_round = {"dialogue_vs_sequential": [d / s for d, s in zip(rate["dialogue"], rate["sequential"])],

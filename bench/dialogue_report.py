@@ -13,9 +13,10 @@ ENGINE_NAMES = {"piper": "the bundled Piper voice (`en_US-joe-medium`, one-shot)
 
 
 def _ways(engine: dict) -> list[str]:
-    return ["| way | wall s | speech audio s | audio-s/s |", "| --- | --- | --- | --- |",
-            *[f"| {WAYS[way]} | {row['wall_s']} | {row['audio_s']} | {row['audio_s_per_s']} |"
-              for way, row in engine["ways"].items()]]
+    return ["| way | wall s | speech audio s | audio-s/s | items per batch (a step's requests) |",
+            "| --- | --- | --- | --- | --- |",
+            *[f"| {WAYS[way]} | {row['wall_s']} | {row['audio_s']} | {row['audio_s_per_s']} | "
+              f"{row.get('items_per_batch', 'n/a')} |" for way, row in engine["ways"].items()]]
 
 
 def _ratios(results: dict) -> list[str]:
@@ -93,13 +94,16 @@ def write_docs(results: dict, docs: Path, command: str) -> None:
         "## What the numbers mean",
         "",
         "A dialogue's turns are queued at once, every sentence a piece in the shared queue. On a one-shot engine on "
-        "a CPU the adaptive policy runs one piece at a time, so the dialogue saves what a client pays between its "
-        "requests (the round trip, admission, encoding, and the engine idle meanwhile), not synthesis. On a stepped "
-        "engine the queued pieces run together, a frame of each per step (continuous batching), and a step of many "
-        "costs little more than a step of one: the whole script takes about as long as its longest sentence. Sent "
-        "all at once through the speech API, the turns get the same batching, and the dialogue's own cost shows "
-        "against it. The first audio of a streamed dialogue waits for the whole script to be read and admitted "
-        "before its first piece is queued.",
+        "a CPU, where a padded batch costs about as much as its items one by one, the adaptive policy runs the "
+        "pieces about one at a time (the items per batch, read from the server's metrics), so queuing them at once "
+        "can save only what a client pays between its requests (a round trip, admission, encoding): the synthesis "
+        "is the same work either way, and on a busy machine that difference is within the rounds' spread. On a "
+        "stepped engine the queued pieces run together, a frame of each per step (continuous batching), and a step "
+        "of many requests costs little more than a step of one, so the script's sentences are made together "
+        "instead of one after another; sent all at once through the speech API, the turns get the same batching. A "
+        "streamed dialogue's first audio waits for the whole script to be read and admitted (every turn's text "
+        "through the front end) before its first piece is queued, where its first turn alone waits for its own "
+        "text only; this run does not say what else its first audio waits for.",
         "",
         "The machine is small and was shared: absolute figures move with whatever else ran; the ratios, measured "
         "side by side in one run, are what to read.",

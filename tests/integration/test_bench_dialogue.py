@@ -29,9 +29,11 @@ def test_the_quick_dialogue_benchmark_measures_every_way_and_its_recording_is_th
         for way in ("dialogue", "sequential", "concurrent"):
             row = engine["ways"][way]
             assert row["wall_s"] > 0 and row["audio_s"] > 0 and row["audio_s_per_s"] > 0, (name, way)
+            assert row["items_per_batch"] >= 1, (name, way)  # the server's batches (a stepped engine's steps)
         for round_ in engine["rounds"]:
             assert len(round_["sequential"]["turns_s"]) == len(round_["concurrent"]["turns_s"]) == len(turns)
             assert all(seconds > 0 for seconds in round_["sequential"]["turns_s"]), name
+            assert all(round_[way]["server"]["batches"] > 0 for way in ("dialogue", "sequential", "concurrent")), name
         assert set(engine["ratios"]) == set(engine["ranges"]) == {
             "dialogue_vs_sequential", "dialogue_vs_concurrent", "first_audio_vs_turn"}
         assert all(ratio > 0 for ratio in engine["ratios"].values()), name
