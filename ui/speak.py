@@ -18,7 +18,7 @@ from tts_core.engines import Capabilities
 from tts_core.errors import ChorusError
 from tts_core.request.access import Caller
 from tts_core.request.admission import MAX_SPEED, MIN_SPEED
-from tts_core.scheduler.dispatch import SentenceStream
+from tts_core.request.assembly import SentenceStream
 from tts_core.text.captions import SUBTITLE_FORMATS, CaptionWord, caption_words, subtitles
 
 from . import browser, takes

@@ -24,12 +24,12 @@ from ..engines import Voice
 from ..errors import Degraded, ErrorCode, InvalidRequest
 from ..ops.degrade import DegradeAction
 from ..ops.metrics import Metrics
-from ..scheduler.dispatch import SentenceStream, encoded_stream
 from ..text.captions import CaptionWord, Timed, caption_words, timed_words
 from ..text.frontend import SpokenText
 from ..voices.catalogue import Catalogue
 from .access import Caller, Tier
 from .admission import Admission
+from .assembly import SentenceStream, encoded_stream
 from .records import EngineOutput, QueuedItem
 from .script import Reading, Script
 
