@@ -3,10 +3,12 @@ calls an engine).
 
 The request's way, one room each:
   voices/catalogue.py     which voices and models exist and what a request's names mean
-  request/admission.py    validation, tier limits and degrade-mode refusals
+  request/admission.py    validation, tier limits and degrade-mode refusals (those that need none of the text read
+                          first: a stream's first sentence is then read ahead of the rest)
   scheduler/dispatch.py   pieces queued on the model's engine loop (the queue refuses waits past the target), audio
                           back
-  this module             the assembly of the answer: the cache, joining, encoding; lifecycle and status
+  request/assembly.py     the pieces placed into the answer, one way for a file and a stream
+  this module             the cache and encoding; lifecycle and status
 and beside it, voices/cloning.py: voices made from callers' clips, given to their engines as they load.
 """
 

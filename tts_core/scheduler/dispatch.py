@@ -4,7 +4,9 @@ A text is cut into sentences, short ones packed together where there are many (a
 pieces shorter, so its first audio comes sooner), tokenized, and queued as `QueuedItem`s with
 the caller's identity, priority and deadline; a stream's later pieces are due when their audio will
 be needed. The queue refuses the whole text at once if its predicted wait is past the operator's target
-(or its deadline), or as invalid if it has more pieces than could ever wait at once. Every piece ends:
+(or its deadline), or as invalid if it has more pieces than could ever wait at once. A stream's first piece may
+be queued ahead of the rest, from its first sentence read alone (`read_ahead`): the rest follows it once the whole
+text is read, if it is still the whole text's first piece (else the text is queued anew). Every piece ends:
 synthesized, failed, dropped when its caller goes, or timed out here if nothing answers it.
 """
 
