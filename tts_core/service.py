@@ -332,14 +332,8 @@ class SpeechService:
         started, target = time.monotonic(), self.admission.wait_target()
         lead = await self.scheduler.read(self.admission.lead, self.catalogue, text, voice, model, speed, caller,
                                          reading, words)
-        ahead = lead and await self.scheduler.read_ahead(lead, caller, target, words)
-        try:
-            script = await self.admit(text, voice, model, speed, caller, reading, words)
-        except BaseException:
-            for item in ahead.items if ahead else ():
-                item.abandon()
-            raise
-        items = await self.scheduler.submit(script, caller, streaming=True, target=target, words=words, ahead=ahead)
+        script, items = await self.scheduler.submit_stream(
+            lead, lambda: self.admit(text, voice, model, speed, caller, reading, words), caller, target, words)
         return SentenceStream(script, items, started, self.metrics, self.settings.request_timeout_s)
 
     # --- dialogue: several speakers' turns, one recording (tts_core.request.dialogue) ----------------------------

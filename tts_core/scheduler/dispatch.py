@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -106,6 +106,20 @@ class Scheduler:
             raise InvalidRequest("input has nothing that can be spoken", "input")
         self.metrics.characters.inc(sum(len(passage.spoken.text) for passage in script.passages))
         return items
+
+    async def submit_stream(self, lead: Script | None, whole: Callable[[], Awaitable[Script]], caller: Caller | None,
+                            target: WaitTarget, words: bool) -> tuple[Script, list[QueuedItem]]:
+        """A stream's pieces queued: the first from its first sentence read alone (`lead`, where there is one) at
+        once, then the rest once `whole()` has read the whole text, meanwhile. That reading still decides every
+        refusal, before any audio is out: the piece read ahead is dropped on one."""
+        ahead = lead and await self.read_ahead(lead, caller, target, words)
+        try:
+            script = await whole()
+        except BaseException:
+            for item in ahead.items if ahead else ():
+                item.abandon()
+            raise
+        return script, await self.submit(script, caller, True, target, words, ahead)
 
     async def read_ahead(self, lead: Script, caller: Caller | None, target: WaitTarget, words: bool
                          ) -> ReadAhead | None:
