@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -132,10 +133,13 @@ class Scheduler:
     async def _after_lead(self, passage: Passage, ahead: ReadAhead, caller: Caller | None, target: WaitTarget,
                           words: bool) -> tuple[list[QueuedItem], float]:
         """The first passage's items: the piece read ahead, then the rest; or all of them anew where the whole
-        text's first piece is another (its first sentence reads otherwise in context, or is packed with more)."""
+        text's first piece is another (its first sentence reads otherwise in context, or is packed with more). The
+        first piece's wait was checked against the target as it was queued, and the rest's is the text's own doing;
+        but in an overload the last piece's wait still counts, as it would have with the text queued at once."""
+        behind = WaitTarget(math.inf, min(target.usual_s, target.overload_s))
         try:
             queued, played_s = await self.submit_passage(replace(passage, after_lead_of=ahead.spoken), 0, True,
-                                                          caller, True, target, ahead.played_s, words)
+                                                          caller, True, behind, ahead.played_s, words)
             return [*ahead.items, *queued], played_s
         except LeadMoved:
             for item in ahead.items:
