@@ -139,6 +139,31 @@ def test_a_refusal_that_needs_the_whole_text_read_still_comes_before_any_audio_a
         service.stop()
 
 
+class CountingLexicon(Lexicon):
+    """The operator's lexicon, which the front end looks every text up in: counts the look-ups."""
+
+    looked_up = 0
+
+    def matches(self, language, text):
+        self.looked_up += 1
+        return super().matches(language, text)
+
+
+def test_refusals_that_need_no_reading_come_before_the_front_end_reads_any_of_the_text():
+    """Word timing from a voice that cannot time its words is refused on the request as sent, however long its
+    text: the front end never reads it."""
+    service = started(FakeEngine())
+    service.admission.lexicon = lexicon = CountingLexicon()
+    try:
+        for answer in (service.stream_pieces, service.speak):  # a stream, a file
+            with pytest.raises(InvalidRequest) as raised:
+                asyncio.run(answer(FIRST + REST, words=True))
+            assert raised.value.code == ErrorCode.TIMESTAMPS_UNSUPPORTED
+    finally:
+        service.stop()
+    assert lexicon.looked_up == 0
+
+
 def test_the_first_sentence_is_cut_where_one_ends_before_the_text_does():
     assert leading_sentence("One two. Three.") == "One two."
     assert leading_sentence("A heading\nand a line.") == "A heading\n"
