@@ -3,10 +3,12 @@ calls an engine).
 
 The request's way, one room each:
   voices/catalogue.py     which voices and models exist and what a request's names mean
-  request/admission.py    validation, tier limits and degrade-mode refusals
+  request/admission.py    validation, tier limits and degrade-mode refusals (those that need none of the text read
+                          first: a stream's first sentence is then read ahead of the rest)
   request/dispatch.py     pieces queued on the model's engine loop (the queue refuses waits past the target), audio
                           back
-  this module             the assembly of the answer: the cache, joining, encoding; lifecycle and status
+  request/assembly.py     the pieces placed into the answer, one way for a file and a stream
+  this module             the cache and encoding; lifecycle and status
 and beside it, voices/cloning.py: voices made from callers' clips, given to their engines as they load.
 """
 
@@ -23,7 +25,6 @@ import numpy as np
 
 from .audio.cache import AudioCache, CachedAudio, CacheUse
 from .audio.encoding import FORMATS, STREAMABLE, encode, unsupported_rate
-from .audio.playable import join, silence
 from .config import Settings
 from .degrade import DegradeController
 from .engines import Engine, ModelSpec
@@ -33,7 +34,8 @@ from .ops import gpu
 from .ops.metrics import Metrics
 from .request.access import Caller
 from .request.admission import Admission
-from .request.captions import CaptionWord, Timed, caption_words, timed_words
+from .request.assembly import Assembly, SentenceStream
+from .request.captions import CaptionWord, Timed, caption_words
 from .request.dialogue import (
     Dialogue,
     DialogueStream,
@@ -44,7 +46,7 @@ from .request.dialogue import (
     compile_dialogue,
     recording,
 )
-from .request.dispatch import Scheduler, SentenceStream
+from .request.dispatch import Scheduler
 from .request.operating import DegradeAction
 from .request.script import Reading, Script
 from .scheduler.engine_loop import EngineLoop
@@ -281,20 +283,13 @@ class SpeechService:
         return await self._joined(script, items)
 
     async def _joined(self, script: Script, items: list[QueuedItem]) -> Speech:
-        outputs = await self.scheduler.collect(items, script.voice.sample_rate)
+        outputs = await self.scheduler.collect(items, None)  # (the assembly brings them to the answer's rate)
         return await asyncio.to_thread(self._speech, script, items, outputs)
 
     def _speech(self, script: Script, items: list[QueuedItem], outputs: list[EngineOutput]) -> Speech:
-        rate = script.voice.sample_rate
-        pieces = [output.audio for output in outputs]
-        audio = join([*pieces, silence(script.pause_after_s, rate)], rate, [item.pause_s for item in items] + [0.0])
-        self.metrics.audio_seconds.inc(audio.size / rate)
-        timed, at = [], 0
-        for item, output in zip(items, outputs, strict=True):
-            at += silence(item.pause_s, rate).size
-            timed += timed_words(item, output, at / rate)
-            at += output.audio.size
-        return Speech(audio, rate, script.voice.name, len(items), Timings.of(items), tuple(timed))
+        audio, timed = Assembly(script, items).whole(outputs)
+        self.metrics.audio_seconds.inc(audio.size / script.voice.sample_rate)
+        return Speech(audio, script.voice.sample_rate, script.voice.name, len(items), Timings.of(items), tuple(timed))
 
     async def speak(self, text: str, voice: str | None = None, model: str | None = None, speed: float = 1.0,
                     response_format: str = "mp3", caller: Caller | None = None,
@@ -343,11 +338,13 @@ class SpeechService:
                             reading: Reading = Reading(), words: bool = False) -> SentenceStream:
         """Queue every sentence now and return their audio as a SentenceStream (with `words`, each piece's
         words timed: SentenceStream.timed). Refusals (validation, limits, the queue's wait) raise here,
-        before any audio exists."""
-        started = time.monotonic()
-        script = await self.admit(text, voice, model, speed, caller, reading, words)
-        items = await self.scheduler.submit(script, caller, streaming=True, target=self.admission.wait_target(),
-                                            words=words)
+        before any audio exists. The first piece is queued as soon as the first sentence is read (after the
+        refusals that need none of the text read), and is synthesized while the rest of the text is read."""
+        started, target = time.monotonic(), self.admission.wait_target()
+        lead = await self.scheduler.read(self.admission.lead, self.catalogue, text, voice, model, speed, caller,
+                                         reading, words)
+        script, items = await self.scheduler.submit_stream(
+            lead, lambda: self.admit(text, voice, model, speed, caller, reading, words), caller, target, words)
         return SentenceStream(script, items, started, self.metrics, self.settings.request_timeout_s)
 
     # --- dialogue: several speakers' turns, one recording (tts_core.request.dialogue) ----------------------------

@@ -18,8 +18,8 @@ from tts_core.engines import Capabilities
 from tts_core.errors import ChorusError
 from tts_core.request.access import Caller
 from tts_core.request.admission import MAX_SPEED, MIN_SPEED
+from tts_core.request.assembly import SentenceStream
 from tts_core.request.captions import SUBTITLE_FORMATS, CaptionWord, caption_words, subtitles
-from tts_core.request.dispatch import SentenceStream
 
 from . import browser, takes
 from .context import UiContext, log, refused

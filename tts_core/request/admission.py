@@ -1,9 +1,10 @@
 """Admission: what a request is checked for before any work is queued for it.
 
 `validate` is what holds whatever the load (names, speed, text, the caller's tier); `admit` adds
-the degrade actions that refuse work up front (shedding low tiers, capping text length). The wait
-a request would have in the queue is checked where it is queued (tts_core.request.dispatch), against
-`wait_target` from here.
+the degrade actions that refuse work up front (shedding low tiers, capping text length). Every refusal that needs
+none of the text read (`check`: names, speed, lengths, degrade mode, word timing) is decided before the front end
+reads any of it; a stream's first sentence may then be read ahead of the rest (`lead`). The wait a request would
+have in the queue is checked where it is queued (tts_core.request.dispatch), against `wait_target` from here.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ..engines.contract import FrontEnd
 from ..errors import Degraded, ErrorCode, InvalidRequest
 from ..ops.metrics import Metrics
 from ..scheduler.queue import WaitTarget
-from ..text.chunks import TextError
+from ..text.chunks import TextError, leading_sentence
 from ..text.frontend import (
     NormalizationOptions,
     UnspeakableScript,
@@ -48,12 +49,28 @@ class Admission:
                  caller: Caller | None, reading: Reading = Reading()) -> Script:
         """What to say (the front end's text for each voice's language, with its map back to the input),
         in which voices, at what speeds."""
+        voice_info, model_name = self._named(catalogue, text, voice, model, speed, caller, reading)
+        return self._read(catalogue, text, voice_info, model_name, speed, caller, reading)
+
+    def _named(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
+               caller: Caller | None, reading: Reading) -> tuple[Voice, str]:
+        """The request's voice and model, checked with its speed and its length as sent (TTS_MAX_CHARS, the
+        tier's): cheap, before the front end, whose work grows with the text."""
         voice_info, model_name = _voice(catalogue, voice, model, caller, reading.language)
         _check_speed(voice_info, speed, "speed")
         limit = self.settings.max_chars
-        if len(text) > limit:  # checked before the front end, whose work grows with the length
+        if len(text) > limit:
             raise InvalidRequest(f"input is {len(text)} characters long; the limit is {limit}", "input",
                                  ErrorCode.STRING_ABOVE_MAX_LENGTH)
+        tier = caller.tier if caller else Tier()
+        if len(text) > tier.max_chars:
+            raise InvalidRequest(f"input is {len(text)} characters long; the {caller.tier_name} tier allows "
+                                 f"{tier.max_chars}", "input", ErrorCode.TIER_TEXT_LIMIT)
+        return voice_info, model_name
+
+    def _read(self, catalogue: Catalogue, text: str, voice_info: Voice, model_name: str, speed: float,
+              caller: Caller | None, reading: Reading) -> Script:
+        """The whole text through the front end, and the limit on what it says."""
         is_ssml = reading.input_type == "ssml" or (reading.input_type == "auto" and ssml.is_ssml(text))
         try:
             if is_ssml and _front_end(catalogue, model_name).ssml:
@@ -67,11 +84,6 @@ class Admission:
             raise _unspeakable(error, voice_info, catalogue, caller) from None
         except TextError as error:
             raise InvalidRequest(str(error), "input", error.code) from None
-        # Every other length limit (TTS_MAX_CHARS, the tier's, degrade mode's cap) is on what the caller sent.
-        tier = caller.tier if caller else Tier()
-        if len(text) > tier.max_chars:
-            raise InvalidRequest(f"input is {len(text)} characters long; the {caller.tier_name} tier allows "
-                                 f"{tier.max_chars}", "input", ErrorCode.TIER_TEXT_LIMIT)
         # The work is the spoken text's, which number words make longer than what was written ("9" * 4,900 says
         # 24,500 characters): bounded here, before any of it is queued.
         spoken = sum(len(passage.spoken.text) for passage in script.passages)
@@ -79,10 +91,7 @@ class Admission:
             raise InvalidRequest(f"input is {spoken} characters long once its numbers and symbols are said as words; "
                                  f"the limit is {self.settings.max_spoken_chars}", "input",
                                  ErrorCode.SPOKEN_TEXT_ABOVE_MAX_LENGTH)
-        if reading.instructions:
-            script = replace(script, passages=tuple(replace(passage, instructions=reading.instructions)
-                                                    for passage in script.passages))
-        return script
+        return _instructed(script, reading)
 
     def _reading(self, catalogue: Catalogue, model: str, normalization: NormalizationOptions
                  ) -> tuple[NormalizationOptions, Lexicon]:
@@ -120,8 +129,20 @@ class Admission:
 
     def admit(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
               caller: Caller | None, reading: Reading = Reading(), words: bool = False) -> Script:
-        """validate(), the degrade actions that refuse work up front, and with `words` (word timestamps asked
-        for), whether every voice's model can time its words (as declared: none is loaded to find out)."""
+        """The request compiled: the refusals decided on it as sent (`check`), then the whole text read, and with
+        `words` whether the model of each voice an SSML document switches to can time its words."""
+        voice_info, model_name = self.check(catalogue, text, voice, model, speed, caller, reading, words)
+        script = self._read(catalogue, text, voice_info, model_name, speed, caller, reading)
+        for passage in script.passages if words else ():
+            _check_times_words(catalogue, passage.voice, passage.model)
+        return script
+
+    def check(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
+              caller: Caller | None, reading: Reading = Reading(), words: bool = False) -> tuple[Voice, str]:
+        """Every refusal that needs none of the text read, cheap whatever its length, decided before any of it is:
+        degrade mode's shedding, the voice, model and speed, the length limits (the server's, the tier's,
+        degrade mode's cap), and with `words` (word timestamps asked for) whether the voice's model can time its
+        words (as declared: none is loaded to find out). Returns the voice and its model's name."""
         state, settings = self.degrade.state, self.degrade.settings
         tier = caller.tier if caller else Tier()
         if DegradeAction.SHED in state.actions and tier.sheddable:
@@ -129,19 +150,33 @@ class Admission:
             retry = self._retry_after_s()
             raise Degraded("the server is under heavy load and is serving higher priorities only; "
                            f"retry after {retry} s", retry, ErrorCode.SHED_LOW_PRIORITY)
-        script = self.validate(catalogue, text, voice, model, speed, caller, reading)
-        for passage in script.passages if words else ():
-            if not catalogue.capabilities.get(passage.model, Capabilities()).times_words:
-                raise InvalidRequest(f"voice {passage.voice.name!r} ({passage.voice.model}) cannot time its words: "
-                                     "word timestamps need a model that reports its durations (Piper, VITS)", "voice",
-                                     ErrorCode.TIMESTAMPS_UNSUPPORTED)
+        voice_info, model_name = self._named(catalogue, text, voice, model, speed, caller, reading)
+        if words:
+            _check_times_words(catalogue, voice_info, model_name)
         if DegradeAction.CAP_TEXT in state.actions and len(text) > settings.cap_text_chars:
             self.metrics.degrade_actions.labels(DegradeAction.CAP_TEXT).inc()
             retry = self._retry_after_s()
             raise Degraded(f"the server is under heavy load: texts of up to {settings.cap_text_chars} characters "
                            f"are accepted now (this one has {len(text)}); longer ones again in about {retry} s",
                            retry, ErrorCode.DEGRADED_TEXT_LIMIT, "input")
-        return script
+        return voice_info, model_name
+
+    def lead(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
+             caller: Caller | None, reading: Reading = Reading(), words: bool = False) -> Script | None:
+        """For a stream: `check`, then the text's first sentence read alone, so that its first piece is queued
+        before the rest is read (the whole text's reading, `admit`, still decides every refusal, and whether
+        that piece is still its first). None where there is nothing to read ahead: an SSML document, a text of
+        one sentence, or a first sentence that says nothing alone."""
+        voice_info, model_name = self.check(catalogue, text, voice, model, speed, caller, reading, words)
+        head = leading_sentence(text)
+        if head is None or reading.input_type == "ssml" or (reading.input_type == "auto" and ssml.is_ssml(text)):
+            return None
+        try:
+            spoken = normalize_text(head, voice_info.language,
+                                    *self._reading(catalogue, model_name, reading.normalization))
+        except TextError:  # the whole text's reading says why, if it is a refusal
+            return None
+        return _instructed(Script.plain(spoken, voice_info, model_name, speed), reading)
 
     def _retry_after_s(self) -> int:
         """When a degrade-mode refusal may pass: the mode's expected end, at least a second."""
@@ -180,6 +215,21 @@ def _unspeakable(error: UnspeakableScript, voice: Voice, catalogue: Catalogue, c
     could = f"voices that can: {', '.join(able[:10])}" if able else "no voice here can"
     return InvalidRequest(f"{error.written_in}, which voice {voice.name!r} (language {voice.language}) cannot speak; "
                           f"{could}", "input", error.code)
+
+
+def _instructed(script: Script, reading: Reading) -> Script:
+    """The script with the request's instructions on each passage (for the models that take them)."""
+    if not reading.instructions:
+        return script
+    return replace(script, passages=tuple(replace(passage, instructions=reading.instructions)
+                                          for passage in script.passages))
+
+
+def _check_times_words(catalogue: Catalogue, voice: Voice, model: str) -> None:
+    if not catalogue.capabilities.get(model, Capabilities()).times_words:
+        raise InvalidRequest(f"voice {voice.name!r} ({voice.model}) cannot time its words: word timestamps need a "
+                             "model that reports its durations (Piper, VITS)", "voice",
+                             ErrorCode.TIMESTAMPS_UNSUPPORTED)
 
 
 def _check_speed(voice: Voice, speed: float, param: str, where: str = "") -> None:

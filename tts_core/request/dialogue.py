@@ -32,8 +32,8 @@ from ..text.frontend import SpokenText
 from ..voices.catalogue import Catalogue
 from .access import Caller, Tier
 from .admission import Admission
+from .assembly import SentenceStream, encoded_stream
 from .captions import CaptionWord, Timed, caption_words, timed_words
-from .dispatch import SentenceStream, encoded_stream
 from .operating import DegradeAction
 from .script import Reading, Script
 

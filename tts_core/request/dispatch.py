@@ -4,7 +4,9 @@ A text is cut into sentences, short ones packed together where there are many (a
 pieces shorter, so its first audio comes sooner), tokenized, and queued as `QueuedItem`s with
 the caller's identity, priority and deadline; a stream's later pieces are due when their audio will
 be needed. The queue refuses the whole text at once if its predicted wait is past the operator's target
-(or its deadline), or as invalid if it has more pieces than could ever wait at once. Every piece ends:
+(or its deadline), or as invalid if it has more pieces than could ever wait at once. A stream's first piece may
+be queued ahead of the rest, from its first sentence read alone (`read_ahead`): the rest follows it once the whole
+text is read, if it is still the whole text's first piece (else the text is queued anew). Every piece ends:
 synthesized, failed, dropped when its caller goes, or timed out here if nothing answers it.
 """
 
@@ -12,23 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import numpy as np
 
-from ..audio.encoding import StreamEncoder
-from ..audio.playable import JOIN_PAUSE_S, faded, resample, silence
+from ..audio.playable import JOIN_PAUSE_S, resample
 from ..config import Settings
 from ..engines.base import Engine
 from ..engines.contract import AudioPieces, EngineInput, EngineOutput
-from ..errors import DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
+from ..errors import ChorusError, DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
 from ..ops.metrics import Metrics
 from ..request.access import Caller, Tier
-from ..request.captions import Timed, timed_words
 from ..request.script import Passage, Script
 from ..scheduler.engine_loop import EngineLoop
 from ..scheduler.pool import ModelPool
@@ -45,6 +46,20 @@ SUBMIT_TRIES = 3  # a model unloaded between lookup and queueing is loaded again
 # callers' work, batched side by side).
 PIECES_PER_PASSAGE = 64
 T = TypeVar("T")
+
+
+class LeadMoved(ChorusError):
+    """A stream's piece read ahead from its first sentence is not the whole text's first piece: the whole is queued
+    anew (Scheduler.submit does; never a caller's answer). A ChorusError, to cross from an engine replica whole."""
+
+
+@dataclass
+class ReadAhead:
+    """A stream's first piece, queued from its first sentence before the rest of its text was read."""
+
+    items: list[QueuedItem]
+    played_s: float  # the stream's audio once it has played (estimated low): the rest's due times go on from there
+    spoken: str  # what the sentence says: its first piece was cut from this
 
 
 class Scheduler:
@@ -69,25 +84,69 @@ class Scheduler:
         return self.pool.loaded()
 
     async def submit(self, script: Script, caller: Caller | None, streaming: bool = False,
-                     target: WaitTarget = WaitTarget(), words: bool = False) -> list[QueuedItem]:
+                     target: WaitTarget = WaitTarget(), words: bool = False, ahead: ReadAhead | None = None
+                     ) -> list[QueuedItem]:
         """Queue a script's passages (loading their models first if need be); the items' futures resolve
         to their audio, in order. Each item knows the pause before it and its audio's sample rate, and
-        with `words`, which word of its passage each token says (voices that time words only)."""
+        with `words`, which word of its passage each token says (voices that time words only). With `ahead`
+        (a stream's first piece, queued from its first sentence: read_ahead), the rest of the first passage."""
         items: list[QueuedItem] = []
         played_s = 0.0  # a stream's audio before a passage (estimated low), for its pieces' due times
         try:
             for index, passage in enumerate(script.passages):
+                if index == 0 and ahead is not None:
+                    items, played_s = await self._after_lead(passage, ahead, caller, target, words)
+                    continue
                 queued, played_s = await self.submit_passage(passage, index, not items, caller, streaming,
                                                               target, played_s, words)
                 items += queued
         except BaseException:  # one passage refused: none of the request runs
-            for item in items:
+            for item in [*items, *(ahead.items if ahead else ())]:
                 item.abandon()
             raise
         if not items:
             raise InvalidRequest("input has nothing that can be spoken", "input")
         self.metrics.characters.inc(sum(len(passage.spoken.text) for passage in script.passages))
         return items
+
+    async def submit_stream(self, lead: Script | None, whole: Callable[[], Awaitable[Script]], caller: Caller | None,
+                            target: WaitTarget, words: bool) -> tuple[Script, list[QueuedItem]]:
+        """A stream's pieces queued: the first from its first sentence read alone (`lead`, where there is one) at
+        once, then the rest once `whole()` has read the whole text, meanwhile. That reading still decides every
+        refusal, before any audio is out: the piece read ahead is dropped on one."""
+        ahead = lead and await self.read_ahead(lead, caller, target, words)
+        try:
+            script = await whole()
+        except BaseException:
+            for item in ahead.items if ahead else ():
+                item.abandon()
+            raise
+        return script, await self.submit(script, caller, True, target, words, ahead)
+
+    async def read_ahead(self, lead: Script, caller: Caller | None, target: WaitTarget, words: bool
+                         ) -> ReadAhead | None:
+        """A stream's first piece queued from its first sentence alone (Admission.lead), while the rest of its text
+        is read; None if the sentence has nothing its voice says. The queue's refusals are decided on it here."""
+        passage = replace(lead.passages[0], first_piece_only=True)
+        items, played_s = await self.submit_passage(passage, 0, True, caller, True, target, 0.0, words)
+        return ReadAhead(items, played_s, passage.spoken.text) if items else None
+
+    async def _after_lead(self, passage: Passage, ahead: ReadAhead, caller: Caller | None, target: WaitTarget,
+                          words: bool) -> tuple[list[QueuedItem], float]:
+        """The first passage's items: the piece read ahead, then the rest; or all of them anew where the whole
+        text's first piece is another (its first sentence reads otherwise in context, or is packed with more). The
+        first piece's wait was checked against the target as it was queued, and the rest's is the text's own doing;
+        but in an overload the last piece's wait still counts, as it would have with the text queued at once."""
+        behind = WaitTarget(math.inf, min(target.usual_s, target.overload_s))
+        try:
+            queued, played_s = await self.submit_passage(replace(passage, after_lead_of=ahead.spoken), 0, True,
+                                                          caller, True, behind, ahead.played_s, words)
+            return [*ahead.items, *queued], played_s
+        except LeadMoved:
+            for item in ahead.items:
+                item.abandon()
+            ahead.items = []
+            return await self.submit_passage(passage, 0, True, caller, True, target, 0.0, words)
 
     def timeout_s(self, caller: Caller | None) -> float:
         """How long a caller's request may take: the server's limit, or its tier's where that is lower."""
@@ -108,12 +167,11 @@ class Scheduler:
         share = loop.tier_limit(tier.max_queue_share)
         most = loop.most_per_text(identity, share)
         ramped = streaming and first and not loop.engine.capabilities.makes_frames
-        chunks, cuts = ([passage.spoken.text], [False]) if passage.whole else await self.read(
-            self._pieces, passage.spoken.text, most, ramped)
+        chunks, cuts, first_word = await self._chunks(passage, most, ramped, words)
         tier_name = caller.tier_name if caller else ""
         loop.check(len(chunks), tier_name, identity, tier.priority, share, target, timeout_s)
         engine = loop.engine
-        tokenized = await self.read(_tokenized, engine, chunks, cuts, voice.name, words)
+        tokenized = await self.read(_tokenized, engine, chunks, cuts, voice.name, words, first_word)
         tokenized = [(tokens, word_ids, cut) for tokens, word_ids, cut in tokenized if tokens.size]
         if not tokenized:
             return [], played_s
@@ -124,13 +182,30 @@ class Scheduler:
                             pause_s=0.0 if cut else JOIN_PAUSE_S, cut=cut, passage=index, word_ids=word_ids)
                  for tokens, word_ids, cut in tokenized]
         first_pause = passage.pause_before_s
-        items[0].pause_s = (0.0 if first else JOIN_PAUSE_S) if first_pause is None else first_pause
+        if passage.after_lead_of is None:  # (else its first item follows the piece read ahead: its pause stands)
+            items[0].pause_s = (0.0 if first else JOIN_PAUSE_S) if first_pause is None else first_pause
         if streaming:
             played_s = _set_due_times(items, loop, speed, played_s)
             for item in items if loop.hands_out_pieces else ():  # its audio streams out as it is made
                 item.pieces = AudioPieces()
         await self._queue(items, loop, model_name, share, target)
         return items, played_s
+
+    async def _chunks(self, passage: Passage, most: int, ramped: bool, words: bool
+                      ) -> tuple[list[str], list[bool], int]:
+        """The passage's chunks to queue, whether each continues the one before, and the number of the passage's
+        words before the first (those of a piece read ahead: Passage.after_lead_of)."""
+        if passage.whole:
+            return [passage.spoken.text], [False], 0
+        chunks, cuts = await self.read(self._pieces, passage.spoken.text, most, ramped)
+        if passage.first_piece_only:
+            return chunks[:1], cuts[:1], 0
+        if passage.after_lead_of is None:
+            return chunks, cuts, 0
+        lead, _ = await self.read(self._pieces, passage.after_lead_of, most, ramped)
+        if lead[:1] != chunks[:1]:
+            raise LeadMoved(f"the text's first piece is not its first sentence's: {chunks[:1]} {lead[:1]}")
+        return chunks[1:], cuts[1:], len(text_words(chunks[0])) if words else 0
 
     def _pieces(self, text: str, most: int, ramped: bool) -> tuple[list[str], list[bool]]:
         """The text's chunks, at most `most`, and whether each continues a chunk cut before it (where `ramped`,
@@ -152,11 +227,13 @@ class Scheduler:
                 loop = await self.pool.loop(model_name)
         raise Overloaded(f"model {model_name} is being reloaded; retry", 1, ErrorCode.MODEL_RELOADING)
 
-    async def collect(self, items: list[QueuedItem], sample_rate: int) -> list[EngineOutput]:
-        """Every item's output, its audio at sample_rate, in order. If one fails or the caller goes, nothing else
-        runs for it."""
+    async def collect(self, items: list[QueuedItem], sample_rate: int | None) -> list[EngineOutput]:
+        """Every item's output, its audio at sample_rate (None: as its engine made it), in order. If one fails or the
+        caller goes, nothing else runs for it."""
         try:
             outputs = await asyncio.gather(*(output_of(item, self.settings.request_timeout_s) for item in items))
+            if sample_rate is None:
+                return outputs
             return await asyncio.to_thread(lambda: [replace(output, audio=resample(output.audio, item.sample_rate,
                                                                                    sample_rate))
                                                     for item, output in zip(items, outputs, strict=True)])
@@ -166,12 +243,12 @@ class Scheduler:
             raise
 
 
-def _tokenized(engine: Engine, chunks: list[str], cuts: list[bool], voice: str, words: bool
+def _tokenized(engine: Engine, chunks: list[str], cuts: list[bool], voice: str, words: bool, first: int = 0
                ) -> list[tuple[np.ndarray, np.ndarray | None, bool]]:
     """Each sentence's model input (an engine may read a chunk as several), with `words` the word of the passage
-    each token says (the chunks' words, in order, are the passage's), and whether it continues a chunk cut
-    before it (its chunk's first input only)."""
-    tokenized, first = [], 0
+    each token says (the chunks' words, in order, are the passage's from its `first` on), and whether it
+    continues a chunk cut before it (its chunk's first input only)."""
+    tokenized = []
     for chunk, cut in zip(chunks, cuts, strict=True):
         inputs = engine.tokenize_words(chunk, voice) if words else [(tokens, None)
                                                                      for tokens in engine.tokenize(chunk, voice)]
@@ -179,21 +256,6 @@ def _tokenized(engine: Engine, chunks: list[str], cuts: list[bool], voice: str, 
                        cut and index == 0) for index, (tokens, word_ids) in enumerate(inputs)]
         first += len(text_words(chunk)) if words else 0
     return tokenized
-
-
-async def encoded_stream(stream, response_format: str, sample_rate: int | None = None
-                         ) -> AsyncIterator[tuple[bytes, float, list]]:
-    """A stream of timed audio (a sentence stream, a dialogue's turns: `timed()`, `sample_rate`, `close()`) encoded
-    as one file in a streamable format: (bytes, seconds of audio they add, the words they speak); the last one
-    flushes the encoder. The stream is closed at the end, or when its reader stops."""
-    encoder = StreamEncoder(response_format, stream.sample_rate, sample_rate)
-    try:
-        async for audio, words in stream.timed():
-            data = await asyncio.to_thread(encoder.encode, audio)
-            yield data, audio.size / stream.sample_rate, words
-        yield await asyncio.to_thread(encoder.finish), 0.0, []
-    finally:
-        stream.close()
 
 
 async def output_of(item: QueuedItem, run_allowance_s: float) -> EngineOutput:
@@ -233,69 +295,3 @@ def _set_due_times(items: list[QueuedItem], loop: EngineLoop, speed: float, play
         item.deadline += item.due_s
         played_s += item.length * loop.audio_s_per_token / speed
     return played_s
-
-
-class SentenceStream:
-    """The audio of one queued text, sentence by sentence, strictly in order, each piece ready to
-    concatenate (edges faded, the pause in front). Closing it, or leaving a loop over it early,
-    takes the sentences not yet synthesized out of the queue."""
-
-    def __init__(self, script: Script, items: list[QueuedItem], started: float, metrics: Metrics,
-                 run_allowance_s: float):
-        self.script, self.voice, self.sample_rate, self.items = script, script.voice, script.voice.sample_rate, items
-        self._started, self._metrics, self._run_allowance_s = started, metrics, run_allowance_s
-
-    async def __aiter__(self) -> AsyncIterator[np.ndarray]:
-        async for piece, _ in self.timed():
-            yield piece
-
-    async def timed(self) -> AsyncIterator[tuple[np.ndarray, list[Timed]]]:
-        """The pieces, each with the words it speaks timed from the stream's start (when the items were
-        queued with their words; else none)."""
-        played = 0  # samples yielded
-        try:
-            for index, item in enumerate(self.items):
-                async for piece_index, output in _numbered(pieces_of(item, self._run_allowance_s)):
-                    if index == 0 and piece_index == 0:
-                        self._metrics.first_audio(time.monotonic() - self._started)
-                    piece, speech = await asyncio.to_thread(self._playable, output.audio, index, piece_index)
-                    self._metrics.audio_seconds.inc(speech / self.sample_rate)
-                    speech_at = (played + piece.size - speech) / self.sample_rate
-                    played += piece.size
-                    yield piece, timed_words(item, output, speech_at) if piece_index == 0 else []
-            if self.script.pause_after_s:
-                yield silence(self.script.pause_after_s, self.sample_rate), []
-            self._metrics.chunks_per_request.observe(len(self.items))
-        finally:
-            self.close()
-
-    def _playable(self, audio: np.ndarray, index: int, piece_index: int) -> tuple[np.ndarray, int]:
-        """Item `index`'s piece ready to concatenate, and how many of its samples are speech (the rest is the
-        pause in front). A piece a stream's ramp cut from its chunk keeps its edges: the cut falls at a clause,
-        where the whole chunk pauses too, about as long as the voice's silence at the two edges (trimmed, the
-        stream came out shorter than the file)."""
-        item = self.items[index]
-        whole = item.pieces is None
-        audio = resample(audio, item.sample_rate, self.sample_rate)
-        # a sentence's first piece fades in after the pause; only a whole one knows its end
-        piece = faded(audio, self.sample_rate, fade_in=piece_index == 0, fade_out=whole,
-                      pause_s=item.pause_s if piece_index == 0 else 0.0)
-        return piece, audio.size
-
-    def close(self) -> None:
-        for item in self.items:
-            item.abandon()
-
-    async def encoded(self, response_format: str, sample_rate: int | None = None
-                      ) -> AsyncIterator[tuple[bytes, float, list[Timed]]]:
-        """The stream encoded as one file in a streamable format (at sample_rate, if asked): (bytes, seconds of
-        audio they add, the words they speak); the last one flushes the encoder."""
-        async for encoded in encoded_stream(self, response_format, sample_rate):
-            yield encoded
-
-
-async def _numbered(pieces: AsyncIterator[EngineOutput]) -> AsyncIterator[tuple[int, EngineOutput]]:
-    index = 0
-    async for piece in pieces:
-        yield index, piece
-        index += 1

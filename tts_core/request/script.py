@@ -29,6 +29,10 @@ class Passage:
     pause_before_s: float | None = None  # None: the usual pause between sentences (none before the first)
     instructions: str | None = None  # the request's, for a model that takes them (an upstream that declares it)
     whole: bool = False  # one piece, never cut into sentences: a conversation a model speaks in one context
+    # A stream's first piece is queued as soon as its first sentence is read, before the rest of its text is:
+    first_piece_only: bool = False  # the first sentence's passage: queue its first piece, nothing else
+    after_lead_of: str | None = None  # the whole text's: its pieces after that first piece (this is what it was read
+    # from), if it is still the whole's first piece (else the scheduler says LeadMoved)
 
 
 @dataclass(frozen=True)

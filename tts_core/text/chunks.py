@@ -53,6 +53,18 @@ def complete_sentences(text: str) -> tuple[str, str]:
     return text[:cut], text[cut:]
 
 
+def leading_sentence(text: str) -> str | None:
+    """The text up to its first sentence's end (an end followed by white space, or a line end), read ahead of the
+    rest where a stream's first piece is wanted soon; None if there is no such end before the text's own. Where
+    the cut falls inside something read whole (markup, "Dr. Smith"), the first sentence reads otherwise alone:
+    the whole text's reading is the judge of that (tts_core.scheduler.dispatch)."""
+    for index, char in enumerate(text):
+        at_end = char == "\n" or (char in SENTENCE_ENDS and index + 1 < len(text) and text[index + 1].isspace())
+        if at_end and text[:index].strip() and text[index + 1:].strip():
+            return text[:index + 1]
+    return None
+
+
 def words(text: str) -> list[str]:
     """text.split(), with each pronunciation's span one word."""
     return text.split() if OPEN not in text else [text[start:end] for start, end in word_bounds(text)]
