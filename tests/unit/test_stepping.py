@@ -178,6 +178,21 @@ def test_stopping_ends_what_is_running_and_queued_with_a_clear_error(start, cloc
             each.future.result(timeout=5)
 
 
+@pytest.mark.parametrize("policy", ["adaptive", "static"])
+def test_the_warm_up_hands_the_engine_a_whole_batch_run_to_measure_its_memory_with(start, clock, policy):
+    """A stepped engine has no whole-batch call of its own: its strategy's warm-up (continuous, or a peer's)
+    hands measure_memory the run (synthesize_whole), which runs a batch through the engine's steps."""
+    class Measuring(FakeSteppedEngine):
+        made: list[int] = []
+
+        def measure_memory(self, tokens, run):
+            self.made = [output.audio.size for output in run([EngineInput(tokens, "fake-ar-voice")] * 2)]
+
+    engine = Measuring(clock=clock)
+    start(engine, policy=policy)
+    assert engine.made == [12 * FRAME] * 2  # the warm-up's 12 tokens, each input its whole audio
+
+
 def test_the_request_level_peer_holds_results_until_its_batch_is_done(start, clock):
     """Under a peer's policy a stepped engine runs one whole batch at a time (the one-shot strategy, through
     synthesize_whole, the stepped strategy's code)."""
