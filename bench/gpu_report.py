@@ -115,7 +115,7 @@ def _stepped_section(kind: str, part: dict) -> list[str]:
     return lines + [*_table(["policy", "audio-s/s", "frames per step", "steps", "answered", "delivered audio-s/s",
                              "p50 ms", "p95 ms", "out of memory", "stop s", "outcome"], rows), "",
                     *_skipped_runs(part),
-                    f"Engine ceiling (engine.synthesize of {ceiling['requests']} texts at once): "
+                    f"Engine ceiling (synthesize_whole of {ceiling['requests']} texts at once): "
                     f"{ceiling['audio_s_per_s']} audio-s/s, {ceiling['frames_per_step']} frames per step.", "",
                     *_targets(part), ""]
 

@@ -6,7 +6,7 @@ VibeVoice at the released 1.5 B layout. For each:
    counts the gaps between kernels too). On a CPU the busy share is not measured, and said so.
 2. Lower precision: where the engine offers one (`set_low_precision`), the ceiling again at it; a failure is
    recorded as one, and the check goes on.
-3. The ceiling: engine.synthesize of the first `clients` texts at once.
+3. The ceiling: synthesize_whole of the first `clients` texts at once.
 4. Served: the real engine loop (queue, policy, engine thread; in process, no HTTP) once per policy: adaptive
    (continuous batching), where the engine decodes apart adaptive again with its codec on the engine's thread
    rather than a stage of its own (`codec_stage_vs_inline`, the two back to back on the same footing), static
@@ -56,6 +56,7 @@ from tts_core.engines.contract import EngineInput
 from tts_core.ops.metrics import Metrics
 from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.records import QueuedItem
+from tts_core.scheduler.stepped import synthesize_whole
 from tts_core.scheduler.strategies import make_engine_loop
 
 # max_tokens: texts cut to this many tokens (the quick plan's requests, 2 s of audio, end well within its short runs
@@ -207,11 +208,11 @@ def _device_busy_ms(engine: SteppedEngine, steps: int) -> float:
 
 
 def ceiling(engine: SteppedEngine, token_lists: list) -> dict:
-    """engine.synthesize of these texts at once: every request runs from the first step to its last."""
+    """These texts run whole at once (synthesize_whole): every request runs from the first step to its last."""
     inputs = [item.input for item in _items(engine, token_lists)]
-    engine.synthesize(inputs[:1])  # warm
+    synthesize_whole(engine, inputs[:1])  # warm
     started = time.perf_counter()
-    outputs = engine.synthesize(inputs)
+    outputs = synthesize_whole(engine, inputs)
     seconds = time.perf_counter() - started
     frames = [output.audio.size / engine.sample_rate * engine.frame_rate for output in outputs]
     return {"requests": len(inputs), "seconds": round(seconds, 2),

@@ -45,6 +45,7 @@ from bench.workload import texts
 from tts_core.config import Settings
 from tts_core.engines.contract import EngineInput
 from tts_core.scheduler.one_shot import INSTANCES_MARGIN
+from tts_core.scheduler.strategies import synthesize_batch
 from tts_core.voices.registry import load_voice_engine
 
 PEERS = {
@@ -118,7 +119,7 @@ class EngineAlone:
     def _run_batch(self, token_lists: list) -> float:
         """Synthesizes one batch (on the engine's thread); returns its audio seconds."""
         inputs = [EngineInput(tokens, self.voice) for tokens in token_lists]
-        return sum(output.audio.size for output in self.engine.synthesize(inputs)) / self.engine.sample_rate
+        return sum(output.audio.size for output in synthesize_batch(self.engine, inputs)) / self.engine.sample_rate
 
     def _runs(self, token_lists: list, size: int) -> list[list]:
         if not self.engine.capabilities.makes_frames:  # one-shot: padded batches of this size

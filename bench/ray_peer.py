@@ -29,6 +29,7 @@ from tts_core.config import Settings
 from tts_core.engines.contract import EngineInput
 from tts_core.ops.metrics import BatchRecord, Metrics
 from tts_core.scheduler.policy import padded_tokens
+from tts_core.scheduler.strategies import synthesize_batch
 from tts_core.text.chunks import split_chunks
 from tts_core.voices.registry import load_voice_engine
 
@@ -77,7 +78,7 @@ class RaySpeech:
                      for tokens in self.engine.tokenize(chunk, self.voice)] for text in texts]
         items = [EngineInput(tokens, self.voice) for token_lists in per_text for tokens in token_lists]
         started = time.perf_counter()
-        audio = iter(output.audio for output in self.engine.synthesize(items))
+        audio = iter(output.audio for output in synthesize_batch(self.engine, items))
         self.metrics.batch_finished(self.engine.name, BatchRecord(
             time.monotonic(), self.engine.name, len(items), padded_tokens(items), sum(item.length for item in items),
             time.perf_counter() - started, MAX_BATCH_SIZE), [])

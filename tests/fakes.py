@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tts_core.engines.base import Engine, SteppedEngine, Voice
+from tts_core.engines.base import OneShotEngine, SteppedEngine, Voice
 from tts_core.engines.contract import EngineInput, EngineOutput
 from tts_core.scheduler.clock import SYSTEM_CLOCK, Clock
 
@@ -16,7 +16,7 @@ POISON = 999  # a token that makes the fake engine raise
 SAMPLES_PER_TOKEN = 100
 
 
-class FakeEngine(Engine):
+class FakeEngine(OneShotEngine):
     """Costs `cost(batch_size, padded_tokens)` seconds per call, spent sleeping on `clock` (so the loop, which
     times it on the same clock, and the test see that time pass). Each item's audio is SAMPLES_PER_TOKEN samples per
     token, filled with the item's first token so a test can tell whose audio it got."""

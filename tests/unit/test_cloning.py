@@ -16,6 +16,7 @@ from tts_core.engines import ModelSpec
 from tts_core.engines.contract import Capabilities, Shape
 from tts_core.errors import Conflict, InvalidRequest
 from tts_core.request.access import Caller, Tier
+from tts_core.scheduler.stepped import synthesize_whole
 from tts_core.voices.catalogue import Catalogue
 from tts_core.voices.cloning import ClonedVoice, ClonedVoices, read_clip
 
@@ -125,7 +126,7 @@ def test_a_saved_prompt_given_at_load_speaks_as_the_clip_does(tmp_path, one_torc
     encoder.add_voice("direct", latents)
     assert "cloned" in [voice.name for voice in loaded.voices()]
     text = "Hello there."
-    cloned, direct, default = (engine.synthesize([request(engine, text, voice)])[0].audio
+    cloned, direct, default = (synthesize_whole(engine, [request(engine, text, voice)])[0].audio
                                for engine, voice in [(loaded, "cloned"), (encoder, "direct"), (loaded, "default")])
     assert np.allclose(cloned, direct, atol=1e-5) and not np.allclose(cloned, default)
 

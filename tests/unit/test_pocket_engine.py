@@ -17,6 +17,7 @@ from tts_core.engines.base import EngineUnavailable, VoiceSpec
 from tts_core.engines.pocket_codec import read_clip
 from tts_core.engines.pocket_tts import PocketTTSEngine, describe_pocket_tts
 from tts_core.errors import InvalidRequest
+from tts_core.scheduler.stepped import synthesize_whole
 
 VOICES = {  # registry name -> entry options
     "tiny": {"fixed_length": True, "max_running": 3},  # no prompt: the shipped default voice
@@ -166,7 +167,7 @@ def test_streamed_pieces_equal_one_decode_and_synthesize_gives_whole_budgets(eng
         assert np.abs(streamed - whole).max() <= 1e-5 * np.abs(whole).max()
     texts = {"Hi.": "tiny", "Hello you.": "other", "A": "spoken"}
     batch = [request(engine, text, voice) for text, voice in texts.items()]
-    for item, out in zip(batch, engine.synthesize(batch)):
+    for item, out in zip(batch, synthesize_whole(engine, batch)):
         assert out.audio.dtype == np.float32 and np.abs(out.audio).max() <= 1.0
         assert out.audio.size == engine.frames_needed(item) * engine.frame_size
     assert engine.running() == []
@@ -191,7 +192,7 @@ def test_a_release_frees_its_row_at_once_and_leaves_nothing_behind(engine, model
         engine.context_length(second.id)
     engine.release_memory()  # with nothing running the cache goes; the next admission makes a new one
     assert engine._cache.capacity == 0
-    assert len(engine.synthesize([request(engine, "Hi.", "tiny")])[0].audio) == 38 * engine.frame_size
+    assert len(synthesize_whole(engine, [request(engine, "Hi.", "tiny")])[0].audio) == 38 * engine.frame_size
 
 
 def test_a_voice_made_from_a_clip_is_a_voice_of_its_own(engine, model):
@@ -200,8 +201,8 @@ def test_a_voice_made_from_a_clip_is_a_voice_of_its_own(engine, model):
     assert latents.dtype == np.float32 and latents.shape[1] == 32 and 25 <= len(latents) <= 28  # 2 s + a pause
     voice = engine.add_voice("clone", latents)
     assert voice in engine.voices() and not voice.speed_control
-    clone, spoken, default = (output.audio for output in
-                              engine.synthesize([request(engine, "Hi.", name) for name in ["clone", "spoken", "tiny"]]))
+    clone, spoken, default = (output.audio for output in synthesize_whole(
+        engine, [request(engine, "Hi.", name) for name in ["clone", "spoken", "tiny"]]))
     assert np.abs(clone - spoken).max() < 1e-2  # the registry's voice from the same clip
     assert np.abs(clone - default).max() > 1e-4  # tiny random weights barely listen to the voice, but they do
     engine.remove_voice("clone")

@@ -20,6 +20,7 @@ from tts_core.scheduler.policy import make_policy
 from tts_core.scheduler.queue import RequestQueue
 from tts_core.scheduler.records import QueuedItem
 from tts_core.scheduler.step_policy import ContinuousPolicy, StepView
+from tts_core.scheduler.stepped import synthesize_whole
 from tts_core.scheduler.strategies import make_engine_loop
 from tts_core.service import SpeechService
 
@@ -177,9 +178,24 @@ def test_stopping_ends_what_is_running_and_queued_with_a_clear_error(start, cloc
             each.future.result(timeout=5)
 
 
+@pytest.mark.parametrize("policy", ["adaptive", "static"])
+def test_the_warm_up_hands_the_engine_a_whole_batch_run_to_measure_its_memory_with(start, clock, policy):
+    """A stepped engine has no whole-batch call of its own: its strategy's warm-up (continuous, or a peer's)
+    hands measure_memory the run (synthesize_whole), which runs a batch through the engine's steps."""
+    class Measuring(FakeSteppedEngine):
+        made: list[int] = []
+
+        def measure_memory(self, tokens, run):
+            self.made = [output.audio.size for output in run([EngineInput(tokens, "fake-ar-voice")] * 2)]
+
+    engine = Measuring(clock=clock)
+    start(engine, policy=policy)
+    assert engine.made == [12 * FRAME] * 2  # the warm-up's 12 tokens, each input its whole audio
+
+
 def test_the_request_level_peer_holds_results_until_its_batch_is_done(start, clock):
     """Under a peer's policy a stepped engine runs one whole batch at a time (the one-shot strategy, through
-    the engine's own synthesize, which the stepped strategy's code drives)."""
+    synthesize_whole, the stepped strategy's code)."""
     engine = FakeSteppedEngine(clock=clock)
     loop = start(engine, policy="static")
     short, long = item(3, tag=1), item(30, tag=2)
@@ -336,8 +352,8 @@ def test_a_voice_without_speed_control_refuses_other_speeds(service):
     assert refused.value.param == "speed" and "speaking-rate" in refused.value.message
 
 
-def test_one_shot_synthesize_joins_late_items_and_decodes_whole_files_in_pieces():
-    """SteppedEngine.synthesize (warm-up, the benchmark's ceiling) runs more items than fit, each joining
+def test_a_whole_batch_joins_late_items_and_decodes_whole_files_in_pieces():
+    """synthesize_whole (warm-up, the benchmark's ceiling) runs more items than fit, each joining
     when a place frees, and takes each item's audio every FILE_PIECE_S (as the loop does for a file)."""
     from tts_core.engines.base import FILE_PIECE_S
 
@@ -351,7 +367,7 @@ def test_one_shot_synthesize_joins_late_items_and_decodes_whole_files_in_pieces(
 
     engine = Counting(max_running=2)
     batch = [item(40, tag=1).input, item(5, tag=2).input, item(30, tag=3).input]
-    audio = [output.audio for output in engine.synthesize(batch)]
+    audio = [output.audio for output in synthesize_whole(engine, batch)]
     assert [a.size for a in audio] == [40 * FRAME, 5 * FRAME, 30 * FRAME]
     assert [float(a[0]) for a in audio] == pytest.approx([0.001, 0.002, 0.003])  # each its own audio
     piece = math.ceil(FILE_PIECE_S * engine.frame_rate)

@@ -20,6 +20,7 @@ from tts_core.engines.vibevoice import VibeVoiceEngine, describe_vibevoice
 from tts_core.engines.vibevoice_parts import DPMSolver, encode_voice
 from tts_core.errors import InvalidRequest
 from tts_core.ops.metrics import Metrics
+from tts_core.scheduler.stepped import synthesize_whole
 from tts_core.service import SpeechService
 
 pytestmark = pytest.mark.slow  # a tiny model generating, step by step: the full run only (see pytest.ini)
@@ -175,7 +176,7 @@ def test_streamed_pieces_equal_one_decode_and_synthesize_gives_whole_budgets(eng
         assert_close(streamed, np.clip(whole, -1, 1))
     texts = {"Hi.": "tiny", "Hello you.": "other", "A": "spoken"}
     batch = [request(engine, text, voice) for text, voice in texts.items()]
-    for item, out in zip(batch, engine.synthesize(batch)):
+    for item, out in zip(batch, synthesize_whole(engine, batch)):
         assert out.audio.dtype == np.float32 and np.abs(out.audio).max() <= 1.0
         assert out.audio.size == engine.frames_needed(item) * engine.frame_size
     assert engine.running() == []
@@ -200,7 +201,7 @@ def test_a_release_frees_its_rows_at_once_and_leaves_nothing_behind(engine, clip
         engine.context_length(second.id)
     engine.release_memory()  # with nothing running the cache goes; the next admission makes a new one
     assert engine._cache.capacity == 0
-    assert len(engine.synthesize([request(engine, "Hi.", "tiny")])[0].audio) == 55 * engine.frame_size
+    assert len(synthesize_whole(engine, [request(engine, "Hi.", "tiny")])[0].audio) == 55 * engine.frame_size
 
 
 def test_a_voice_made_from_a_clip_is_a_voice_of_its_own(engine, model):
@@ -209,8 +210,8 @@ def test_a_voice_made_from_a_clip_is_a_voice_of_its_own(engine, model):
     assert latents.dtype == np.float32 and latents.shape == (15, 16)  # 2 s at 7.5 frames/s, 16-dim latents
     voice = engine.add_voice("clone", latents)
     assert voice in engine.voices() and not voice.speed_control
-    clone, spoken, default = (output.audio for output in
-                              engine.synthesize([request(engine, "Hi.", name) for name in ["clone", "spoken", "tiny"]]))
+    clone, spoken, default = (output.audio for output in synthesize_whole(
+        engine, [request(engine, "Hi.", name) for name in ["clone", "spoken", "tiny"]]))
     peak = np.abs(spoken).max()
     assert np.abs(clone - spoken).max() < 1e-2 * peak  # the registry's voice from the same clip
     assert np.abs(clone - default).max() > 1e-3 * peak  # tiny random weights barely listen to the voice, but they do

@@ -1,7 +1,9 @@
-"""What engines share: `Engine`, the one-shot shape's calls with their defaults (a batch in, its audio out: Piper,
-VITS, Kokoro), and `SteppedEngine`, the stepped shape's (autoregressive: requests stay running across calls, one frame
-per step: Pocket TTS, VibeVoice), with the voice records and helpers every engine uses. The shapes' protocols, what the
-strategies program against, are in tts_core.engines.contract. Only the engine's loop thread calls them."""
+"""What engines share: `Engine`, the calls of every shape with their defaults; `OneShotEngine`, the one-shot shape's
+(a batch in, its audio out: Piper, VITS, Kokoro); and `SteppedEngine`, the stepped shape's (autoregressive: requests
+stay running across calls, one frame per step: Pocket TTS, VibeVoice), whose whole batch the stepped strategy runs
+(tts_core.scheduler.stepped.synthesize_whole); with the voice records and helpers every engine uses. The shapes'
+protocols, what the strategies program against, are in tts_core.engines.contract. Only the engine's loop thread calls
+them."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .contract import Capabilities, EngineInput, EngineOutput, FrontEnd, Shape
+from .contract import Capabilities, EngineInput, EngineOutput, FrontEnd, Shape, WholeBatch
 
 
 class EngineUnavailable(RuntimeError):
@@ -104,13 +106,13 @@ DEFAULT_MAX_RUNNING = 16  # a stepped model's cache rows, unless its registry en
 
 
 class Engine(ABC):
-    """One loaded model. Only its engine loop's thread calls `synthesize` and the methods that touch the model;
+    """One loaded model, whatever its shape. Only its engine loop's thread calls the methods that touch the model;
     `tokenize` and `tokenize_words` run on the scheduler's text reader (one call at a time, beside the engine's
     thread), so they read only what loading set."""
 
     name: str  # unique per loaded model, used in metrics and batch keys
     sample_rate: int
-    out_of_memory_errors: tuple[type[BaseException], ...] = (MemoryError,)  # what `synthesize` raises when full
+    out_of_memory_errors: tuple[type[BaseException], ...] = (MemoryError,)  # what its model's calls raise when full
     bytes_per_padded_token: float | None = None  # device memory a batch needs per padded token, if measured
     capabilities: Capabilities = Capabilities()  # what it can do, written once (its kind's spec reads the same)
     lower_precision_parts: tuple[str, ...] = ()  # the parts of its model set_low_precision lowers (the rest stays)
@@ -156,6 +158,24 @@ class Engine(ABC):
         """Copies of its model it runs now."""
         return 1
 
+    # Device memory: engines on a device with memory to manage override these.
+
+    def free_memory_bytes(self) -> int | None:
+        """Device memory this engine could still use; None where it has none to manage."""
+        return None
+
+    def release_memory(self) -> None:
+        """Hand cached, unused memory back (device caches, allocator arenas). Called on the engine's
+        thread, between batches."""
+
+    def memory_bytes(self) -> int:
+        """What the loaded model holds (weights), for the budget of loaded models."""
+        return 0
+
+
+class OneShotEngine(Engine):
+    """A batch in, its audio out, in one call (`synthesize`)."""
+
     @abstractmethod
     def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]:
         """One output per input: its audio trimmed to its own length (and, where the engine times words, the
@@ -184,22 +204,9 @@ class Engine(ABC):
         """Wait for a batch `run` started, and hand its outputs as synthesize does."""
         return running
 
-    # Device memory: engines on a device with memory to manage override these.
-
     def measure_memory(self, tokens: np.ndarray) -> None:
-        """At warm-up: measure bytes_per_padded_token with these input ids."""
-
-    def free_memory_bytes(self) -> int | None:
-        """Device memory this engine could still use; None where it has none to manage."""
-        return None
-
-    def release_memory(self) -> None:
-        """Hand cached, unused memory back (device caches, allocator arenas). Called on the engine's
-        thread, between batches."""
-
-    def memory_bytes(self) -> int:
-        """What the loaded model holds (weights), for the budget of loaded models."""
-        return 0
+        """At warm-up: measure bytes_per_padded_token with these input ids (engines on a device with memory to
+        manage)."""
 
 
 def peak_normalize(audio: np.ndarray) -> np.ndarray:
@@ -233,10 +240,9 @@ class SteppedEngine(Engine):
     are made (`take_frames`) to be decoded (`decode`: on a codec stage of its own where the engine
     `decodes_apart`), and leave when done or abandoned (`release`), so nobody waits for
     the longest member of a batch. The engine owns its cache and keeps each running input's state under
-    the input's id; its engine loop's strategy decides who runs.
-
-    `synthesize` (one-shot) runs a batch through the same calls, driven by the stepped strategy's code (for
-    warm-up, the engine ceiling and the request-level peers).
+    the input's id; its engine loop's strategy decides who runs. A whole batch at once (warm-up, the engine
+    ceiling, the request-level peers) runs through the same calls, driven by the stepped strategy's code
+    (tts_core.scheduler.stepped.synthesize_whole).
     """
 
     # what the kind declares; its max_running is the engine's own (its cache rows, set as it is made)
@@ -299,8 +305,6 @@ class SteppedEngine(Engine):
     def release(self, item_id: int) -> None:
         """The input leaves the running set (finished or abandoned); its place is free at once."""
 
-    def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]:
-        """Decodes in FILE_PIECE_S pieces, as a served whole file is: the same driving loop."""
-        from ..scheduler.stepped import synthesize_whole
-
-        return synthesize_whole(self, batch)
+    def measure_memory(self, tokens: np.ndarray, run: WholeBatch) -> None:
+        """At warm-up: measure bytes_per_padded_token with these input ids, running whole batches through `run`
+        (the stepped strategy's synthesize_whole; engines on a device with memory to manage)."""

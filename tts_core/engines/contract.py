@@ -15,7 +15,7 @@ engine loop holds the strategy for that shape (tts_core.scheduler.strategies).
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from enum import Enum
@@ -120,8 +120,9 @@ class Capabilities:
 CLONE_HOOKS = ("voice_prompt_from_audio", "add_voice", "remove_voice")  # what an engine that clones implements
 
 
-class OneShot(Protocol):
-    """A batch in, its audio out (tts_core.engines.base.Engine documents each call)."""
+class Loaded(Protocol):
+    """What every engine a strategy drives answers, whatever its shape (tts_core.engines.base.Engine documents each
+    call)."""
 
     name: str
     sample_rate: int
@@ -131,24 +132,33 @@ class OneShot(Protocol):
     def voices(self) -> list: ...
     def tokenize(self, text: str, voice: str) -> list[np.ndarray]: ...
     def batch_key(self, voice: str, speed: float) -> Hashable: ...
+    def instance_counts(self) -> tuple[int, ...]: ...
+    def use_instances(self, count: int) -> None: ...
+    @property
+    def instances(self) -> int: ...
+    def release_memory(self) -> None: ...
+
+
+class OneShot(Loaded, Protocol):
+    """A batch in, its audio out (tts_core.engines.base.OneShotEngine documents each call)."""
+
     def synthesize(self, batch: Sequence[EngineInput]) -> list[EngineOutput]: ...
     @property
     def pipelines(self) -> bool: ...
     def prepare(self, batch: Sequence[EngineInput]) -> Any: ...
     def run(self, prepared: Any) -> Any: ...
     def finish(self, running: Any) -> list[EngineOutput]: ...
-    def instance_counts(self) -> tuple[int, ...]: ...
-    def use_instances(self, count: int) -> None: ...
-    @property
-    def instances(self) -> int: ...
     def measure_memory(self, tokens: np.ndarray) -> None: ...
-    def release_memory(self) -> None: ...
 
 
-class Stepped(OneShot, Protocol):
+WholeBatch = Callable[[Sequence[EngineInput]], list[EngineOutput]]  # a whole batch run to its last member's audio
+
+
+class Stepped(Loaded, Protocol):
     """Requests running across calls: `admit` (prefill), `step` (one frame each), `take_frames` and `decode` (audio
-    as it is made), `release` (tts_core.engines.base.SteppedEngine documents each call). Its `synthesize` runs a whole
-    batch through the same calls, for the warm-up and the peers that run by request."""
+    as it is made), `release` (tts_core.engines.base.SteppedEngine documents each call). It has no whole-batch call of
+    its own: the stepped strategy runs a whole batch through these (tts_core.scheduler.stepped.synthesize_whole), for
+    the warm-up and the peers that run by request, and hands that run to `measure_memory`."""
 
     frame_rate: float
     max_running: int
@@ -166,6 +176,7 @@ class Stepped(OneShot, Protocol):
     def decode(self, frames: Any) -> np.ndarray: ...
     def take_audio(self, item_id: int, final: bool = False) -> np.ndarray: ...
     def release(self, item_id: int) -> None: ...
+    def measure_memory(self, tokens: np.ndarray, run: WholeBatch) -> None: ...
 
 
 class Upstream(Protocol):

@@ -37,7 +37,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from ..text.chunks import words
 from ..text.pronunciation import as_text
 from .alignment import unit_words
-from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize, voice_mix
+from .base import EngineUnavailable, OneShotEngine, Voice, VoiceSpec, peak_normalize, voice_mix
 from .contract import Capabilities, EngineInput, EngineOutput
 from .instances import Instances, copy_counts, threads_per_copy
 from .stepped_torch import model_folder
@@ -339,7 +339,7 @@ def kmodel(source: str, config: Path, weights: Path) -> nn.Module:
         return KModel(repo_id=source, config=str(config), model=str(weights)).eval()
 
 
-class KokoroEngine(DeviceMemory, Engine):
+class KokoroEngine(DeviceMemory, OneShotEngine):
     capabilities = Capabilities(times_words=True, mixes_voices=True)
 
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", name: str | None = None):

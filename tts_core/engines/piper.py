@@ -39,7 +39,7 @@ from piper.voice import PiperVoice
 from ..text.chunks import words
 from ..text.pronunciation import OPEN, Pronounced, as_text, split_marked
 from .alignment import unit_words
-from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
+from .base import EngineUnavailable, OneShotEngine, Voice, VoiceSpec, peak_normalize
 from .contract import Capabilities, EngineInput, EngineOutput
 from .instances import Instances, copy_counts, cpu_cores, threads_per_copy
 
@@ -164,7 +164,7 @@ class _Sessions:
     int8: onnxruntime.InferenceSession
 
 
-class PiperEngine(Engine):
+class PiperEngine(OneShotEngine):
     def __init__(self, model_path: Path, intra_op_threads: int = 0, inter_op_threads: int = 1,
                  spinning: bool = False, noise_scale: float | None = None, noise_w: float | None = None,
                  named_voices: Sequence[VoiceSpec] = (), name: str | None = None):

@@ -13,7 +13,7 @@ from transformers import GenerationConfig
 
 from ..errors import ErrorCode, InvalidRequest
 from .base import EngineUnavailable, SteppedEngine, Voice, VoiceSpec
-from .contract import Capabilities, EngineInput, Shape
+from .contract import Capabilities, EngineInput, Shape, WholeBatch
 from .pocket_codec import read_clip
 from .vits import DTYPES, _offline, resolve_device
 
@@ -258,20 +258,20 @@ class TorchSteppedEngine(SteppedEngine):
 
     # --- device memory --------------------------------------------------------------------------
 
-    def measure_memory(self, tokens, sizes: Sequence[int] = (1, 4)) -> None:
+    def measure_memory(self, tokens, run: WholeBatch, sizes: Sequence[int] = (1, 4)) -> None:
         """CUDA only: the peak bytes a batch takes beyond the cache (whose bytes are kv_bytes_per_token),
-        per context position."""
+        per context position, each batch run whole by `run` (the stepped strategy's)."""
         if self.device != "cuda":
             return
         voice = self._voices[0].name
         batches = [[EngineInput(tokens, voice) for _ in range(size)] for size in sizes]
-        self.synthesize(batches[-1])  # the cache grows to these lengths first
+        run(batches[-1])  # the cache grows to these lengths first
         per_token = []
         for batch in batches:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
-            self.synthesize(batch)
+            run(batch)
             torch.cuda.synchronize()
             per_token.append((torch.cuda.max_memory_allocated() - before) / sum(map(self.context_tokens, batch)))
         self.bytes_per_padded_token = max(per_token)

@@ -30,7 +30,7 @@ from transformers import VitsConfig, VitsModel, VitsTokenizer
 from ..text.chunks import words
 from ..text.pronunciation import as_text
 from .alignment import unit_words
-from .base import Engine, EngineUnavailable, Voice, VoiceSpec, peak_normalize
+from .base import EngineUnavailable, OneShotEngine, Voice, VoiceSpec, peak_normalize
 from .contract import Capabilities, EngineInput, EngineOutput
 
 log = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ class DeviceMemory:
         return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
 
-class VitsEngine(DeviceMemory, Engine):
+class VitsEngine(DeviceMemory, OneShotEngine):
     capabilities = Capabilities(times_words=True)
     lower_precision_parts = LOWER_PARTS
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engines.contract import EngineInput, EngineOutput, OneShot
+from ..engines.contract import EngineInput, EngineOutput, OneShot, Stepped
 from ..errors import ChorusError, SynthesisError
 from ..ops.metrics import BatchRecord
 from .engine_loop import CALIBRATION_TEXT, Serving
@@ -47,7 +47,7 @@ class OneShotStatus:
 
 class OneShotStrategy:
     hands_out_pieces = False
-    engine: OneShot
+    engine: OneShot | Stepped  # a stepped one with its whole-batch run given (the peers that run by request)
 
     def __init__(self, serving: Serving, policy: BatchPolicy, calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16),
                  empty_cache_every: int = 100, calibration_lengths: Sequence[int] = CALIBRATION_LENGTHS,
@@ -56,6 +56,7 @@ class OneShotStrategy:
         that ends when the loop stops, tts_core.scheduler.strategies)."""
         self.serving, self.policy = serving, policy
         self.engine, self.queue, self.metrics = serving.engine, serving.queue, serving.metrics
+        self.whole_batch = synthesize  # a stepped engine's: runs its batches, which neither pipeline nor measure alone
         self.synthesize = synthesize or (lambda batch: self.engine.synthesize(batch))  # (read at each call)
         self.clock = serving.clock
         self.calibration_sizes = [s for s in calibration_sizes if 1 <= s <= policy.max_batch_size]
@@ -106,7 +107,10 @@ class OneShotStrategy:
         self._choose_instances(timed)
         for length in self.calibration_lengths:  # seed the wait predictions
             self.serving.item_cost.add(1, length, timed(1, length))
-        self.engine.measure_memory(tokens[: self.calibration_lengths[-1]])
+        if self.whole_batch is None:
+            self.engine.measure_memory(tokens[: self.calibration_lengths[-1]])
+        else:
+            self.engine.measure_memory(tokens[: self.calibration_lengths[-1]], self.whole_batch)
 
         def point(size: int, length: int) -> Callable[[], None]:
             def measure() -> None:  # the faster of two runs: others' work on the cores only ever adds time
@@ -164,7 +168,7 @@ class OneShotStrategy:
             self.metrics.dropped.labels("cancelled").inc(len(batch) - len(live))
             if live:
                 self.serving.worked = True
-                if not self.engine.pipelines:
+                if self.whole_batch is not None or not self.engine.pipelines:
                     self._execute(live)
                 elif self._launch(live):
                     in_flight = len(live)

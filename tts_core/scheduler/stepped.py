@@ -24,9 +24,9 @@ without the deferral (measured in docs/batching.md#first-audio-first).
 
 vLLM v1's split at a smaller scale: the policy plans (pure), the engine steps, this strategy delivers.
 
-The same code runs a whole batch at once (`synthesize_whole`: the engine's own `synthesize`, so its
-warm-up, the benchmark's ceiling and the request-level peers, which run a batch to its last member as one
-`generate(batch)` call does): one driving loop for every use of a stepped engine.
+The same code runs a whole batch at once (`synthesize_whole`, a stepped engine's only whole-batch run: its
+warm-up and memory measure, the benchmark's ceiling and the request-level peers, which run a batch to its last
+member as one `generate(batch)` call does): one driving loop for every use of a stepped engine.
 
 A running item's future stays pending (not "running") until it resolves: a caller that goes
 cancels it, which stops the item at the next step, and an item the engine had no memory for can
@@ -167,12 +167,15 @@ class SteppedStrategy:
         def inputs(count: int, length: int) -> list[EngineInput]:
             return [EngineInput(tokens[:length], voice) for _ in range(count)]
 
-        self.engine.synthesize(inputs(1, 4))  # cold: first runs set up kernels and caches
+        def whole(batch: Sequence[EngineInput]) -> list[EngineOutput]:
+            return synthesize_whole(self.engine, batch)
+
+        whole(inputs(1, 4))  # cold: first runs set up kernels and caches
         started = self.clock.timer()
-        outputs = self.engine.synthesize(sample := inputs(1, 12))
+        outputs = whole(sample := inputs(1, 12))
         self.serving.item_cost.add(1, 12, self.clock.timer() - started)
         self.serving.learn_audio_rate(sample, outputs)
-        self.engine.measure_memory(tokens[:12])
+        self.engine.measure_memory(tokens[:12], whole)
         return [lambda size=size, length=length: self._calibrate(inputs(size, length))
                 for length in (4, min(len(tokens), 32)) for size in self.calibration_sizes]
 
@@ -486,8 +489,8 @@ def _gone(item: QueuedItem) -> bool:
 
 def synthesize_whole(engine: Stepped, batch: Sequence[EngineInput],
                      stopping: Callable[[], bool] = lambda: False) -> list[EngineOutput]:
-    """Each input's whole audio, made by the stepped strategy on the calling thread (the engine's own
-    `synthesize`): every input joins as soon as a place is free and its audio is taken every FILE_PIECE_S,
+    """Each input's whole audio, made by the stepped strategy on the calling thread (a stepped engine has no
+    `synthesize` of its own): every input joins as soon as a place is free and its audio is taken every FILE_PIECE_S,
     as a served whole file's is. Each runs under an id of its own (an input given twice runs twice). Once all have
     ended, the first that failed raises its error. `stopping()` is asked before each step: once true (the loop
     running the batch was stopped), those not done end with a 503 model_stopped, and the engine runs none of them

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..engines.contract import OneShot, Shape
+from ..engines.contract import EngineInput, EngineOutput, OneShot, Shape
 from ..ops.metrics import Metrics
 from .engine_loop import EngineLoop, Serving
 from .one_shot import OneShotStrategy
@@ -53,3 +53,11 @@ def make_engine_loop(engine: OneShot, queue: RequestQueue, metrics: Metrics, pol
                                    calibration_sizes, empty_cache_every, STEPPED_CALIBRATION_LENGTHS,
                                    synthesize=lambda batch: synthesize_whole(engine, batch, lambda: queue.closed))
     return EngineLoop(serving, strategy)
+
+
+def synthesize_batch(engine: OneShot, batch: Sequence[EngineInput]) -> list[EngineOutput]:
+    """A whole batch's outputs, whatever the engine's shape (the benchmarks' engines alone): a stepped engine's run
+    by the stepped strategy's code (it has no whole-batch call of its own), any other's by its own `synthesize`."""
+    if engine.capabilities.shape is Shape.STEPPED:
+        return synthesize_whole(engine, batch)
+    return engine.synthesize(batch)
