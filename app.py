@@ -80,8 +80,9 @@ def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpe
         raise StartupError(str(error)) from None
     except StorageError as error:
         raise StartupError(f"the database (TTS_DATABASE_URL) cannot be read: {error}") from None
-    service = SpeechService(settings, models, Metrics(), clones=clones, make_scheduler=make_scheduler)
     request_log = RequestLogWriter(storage)
+    service = SpeechService(settings, models, Metrics(), clones=clones, make_scheduler=make_scheduler,
+                            request_log=request_log)
     control = OperatorControl(storage, service, request_log, defaults=settings.operator_defaults)
     lexicon = LexiconControl(storage, service.admission)
     control.on_reload.append(lexicon.refresh)  # the lexicon's changes, from any replica, within a refresh
@@ -89,18 +90,18 @@ def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpe
     monitor = Monitor(service)
     job_runner = JobRunner(storage, service, settings, lambda: service.degrade.settings)
     gate = AdminGate(settings.admin_token.get_secret_value() if settings.admin_token else None)
-    wyoming = _wyoming_server(settings, service, access, request_log)
+    wyoming = _wyoming_server(settings, service, access)
     control.on_reload.append(access.refresh_keys)  # keys revoked through another replica stop working here too
     replicas = ReplicaReporter(storage, service, settings.replica)
     control.on_reload.append(replicas.report)  # every second, beside the refresh: the cluster view reads them
     lifespan = _lifespan(service, request_log, control, monitor, job_runner, wyoming)
-    api = build_api(service, access, request_log, lifespan)
+    api = build_api(service, access, lifespan)
     api.state.control, api.state.monitor, api.state.admin_gate = control, monitor, gate
     api.state.jobs, api.state.lexicon, api.state.replicas = job_runner, lexicon, replicas
     api.include_router(admin_router)
     control.on_reload.append(api.state.clones.refresh)  # voices cloned or deleted through another replica
     admit_ui, identify_ui = _ui_callers(access)
-    page = build_ui(service, admit_ui, identify_ui, api.state.clones, request_log,
+    page = build_ui(service, admit_ui, identify_ui, api.state.clones,
                     [lambda: build_admin_tab(service, monitor, control, access, gate, api.state.clones, lexicon,
                                              replicas)])
     # Gradio's own run history would keep every typed text in the browser's plain localStorage: off
@@ -109,14 +110,13 @@ def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpe
     return app
 
 
-def _wyoming_server(settings: Settings, service: SpeechService, access: AccessControl,
-                    request_log: RequestLogWriter) -> WyomingServer | None:
+def _wyoming_server(settings: Settings, service: SpeechService, access: AccessControl) -> WyomingServer | None:
     """The Wyoming listener where TTS_WYOMING_PORT is set; a taken port is a mistake to say now, not a
     traceback in the lifespan."""
     if settings.wyoming_port is None:
         return None
     _check_can_listen(settings.host, settings.wyoming_port, "TTS_WYOMING_PORT")
-    return WyomingServer(service, access, request_log, settings.host, settings.wyoming_port, settings.wyoming_tier)
+    return WyomingServer(service, access, settings.host, settings.wyoming_port, settings.wyoming_tier)
 
 
 async def _announce_ready(service: SpeechService) -> None:

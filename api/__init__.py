@@ -13,13 +13,10 @@ from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from clones import VoiceClones
-from storage.request_log import RequestLogWriter
-from tts_core.ops.metrics import Metrics
 from tts_core.service import SpeechService
 
 from . import dialogue, jobs, speech, speech_socket, system, voices
 from .access import AccessControl, LimitExceeded
-from .accounting import account
 from .connections import OpenSockets
 from .errors import install_error_handlers, rate_limit_exceeded
 from .limits import BodySizeLimit
@@ -27,12 +24,12 @@ from .uploads import UploadLimit
 
 
 class RequestAccounting:
-    """Counts and times speech responses by status and writes the request log. Plain ASGI, so it
-    sees every outcome, errors included; the route leaves its details in request.state.speech."""
+    """Accounts each speech response with the service (counted and timed by status, and logged). Plain ASGI, so
+    it sees every outcome, errors included; the route leaves its details in request.state.speech."""
 
-    def __init__(self, app, metrics: Metrics, request_log: RequestLogWriter | None,
+    def __init__(self, app, service: SpeechService,
                  prefix: tuple[str, ...] = ("/v1/audio/speech", "/v1/audio/dialogue")):
-        self.app, self.metrics, self.request_log, self.prefix = app, metrics, request_log, prefix
+        self.app, self.service, self.prefix = app, service, prefix
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
@@ -55,18 +52,15 @@ class RequestAccounting:
             details = dict(scope.get("state", {}).get("speech", {}))
             status = details.pop("status", status)  # a stream that failed after its 200 was sent says so
             client = details.pop("client", None) or (scope.get("client") or ("unknown",))[0]
-            account(self.metrics, self.request_log, source="api", client=client, status=status, started=started,
-                    **details)
+            self.service.account("api", client, status, started, **details)
 
 
-def build_api(service: SpeechService, access: AccessControl, request_log: RequestLogWriter | None = None,
-              lifespan=None) -> FastAPI:
+def build_api(service: SpeechService, access: AccessControl, lifespan=None) -> FastAPI:
     app = FastAPI(title="Chorus", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Self-hosted text-to-speech with an OpenAI-compatible API.")
     add_offline_docs(app)
     app.state.service = service
     app.state.access = access
-    app.state.request_log = request_log
     app.state.clones = VoiceClones(access.storage, service)
     app.state.open_sockets = OpenSockets("WebSockets", service.settings.ws_max_per_caller,
                                          service.settings.ws_max_connections)
@@ -84,7 +78,7 @@ def build_api(service: SpeechService, access: AccessControl, request_log: Reques
     app.include_router(system.fallback)  # last: catches only what no route above matched
     app.state.api_routes = [*speech.router.routes, *dialogue.router.routes, *jobs.router.routes,
                             *voices.router.routes, *system.router.routes]
-    app.add_middleware(RequestAccounting, metrics=service.metrics, request_log=request_log)
+    app.add_middleware(RequestAccounting, service=service)
     app.add_middleware(UploadLimit, access=access, settings=service.settings)  # the UI's, mounted on this app
     app.add_middleware(BodySizeLimit, max_bytes=service.settings.max_body_bytes)
     return app

@@ -22,7 +22,7 @@ from tts_core.service import check_format
 
 from .errors import invalid_input, unavailable
 from .schemas import BatchRequest, JobRequest, SpeechRequest, error_responses
-from .speech import admitted, until_disconnect
+from .speech import admitted, ask_of, until_disconnect
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["jobs"])
@@ -72,7 +72,7 @@ def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int 
                              ErrorCode.UNSUPPORTED_VALUE)
     normalization = body.normalization()
     check_format(body.response_format, body.sample_rate)
-    script = service.validate(body.input, body.voice_name, body.model, body.speed, caller, body.reading())
+    script = service.validate(ask_of(body, caller, stream=False))
     return _runner(request).submit(caller, {"input": body.input, "voice": script.voice.name, "model": body.model,
                                             "speed": body.speed, "response_format": body.response_format,
                                             "sample_rate": body.sample_rate,
@@ -191,8 +191,7 @@ async def _zip(request: Request, items: list[tuple[int, SpeechRequest | ChorusEr
     service = request.app.state.service
 
     async def speak(item: SpeechRequest):
-        return await service.speak(item.input, item.voice_name, item.model, item.speed, item.response_format, caller,
-                                   item.reading(), sample_rate=item.sample_rate)
+        return await service.answer(ask_of(item, caller, stream=False))
 
     valid = [(index, item) for index, item in items if not isinstance(item, ChorusError)]
     spoken = await until_disconnect(request, asyncio.gather(*(speak(item) for _, item in valid),

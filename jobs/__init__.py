@@ -40,6 +40,7 @@ from tts_core.config import Settings
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Overloaded
 from tts_core.ops.degrade import OperatorSettings
 from tts_core.request.access import Caller, Tier
+from tts_core.request.ask import Ask
 from tts_core.request.script import Reading
 from tts_core.service import SpeechService, SpokenAudio
 from tts_core.text.frontend import NormalizationOptions
@@ -229,11 +230,10 @@ class JobRunner:
         request = job["request"]
         # Jobs queued before the text front end kept their text already normalised: spoken as written.
         normalization = NormalizationOptions(**request.get("normalization", {"normalize": False}))
-        return await self.service.speak(request["input"], request["voice"], request.get("model"),
-                                        request.get("speed", 1.0), request["response_format"], self._caller(job),
-                                        Reading(normalization, request.get("input_type", "auto"),
-                                                instructions=request.get("instructions")),
-                                        sample_rate=request.get("sample_rate"))
+        reading = Reading(normalization, request.get("input_type", "auto"), instructions=request.get("instructions"))
+        return await self.service.answer(Ask(request["input"], request["voice"], request.get("model"),
+                                             request.get("speed", 1.0), request["response_format"],
+                                             request.get("sample_rate"), reading, caller=self._caller(job)))
 
     # --- one attempt -------------------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 import gradio as gr
 
 from clones import VoiceClones
-from storage.request_log import RequestLogWriter
 from tts_core.service import SpeechService
 
 from .cloning import ClonePanel
@@ -24,12 +23,12 @@ from .voice_picker import VoicePicker
 
 
 def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: VoiceClones,
-             request_log: RequestLogWriter | None = None, extra_tabs: Sequence[Callable[[], None]] = ()) -> gr.Blocks:
+             extra_tabs: Sequence[Callable[[], None]] = ()) -> gr.Blocks:
     """The app's page: the synthesis tab, then each extra tab (the composition root adds Admin)."""
     out_dir = (service.settings.data_dir / "ui").resolve()  # kept with the server's other data (a volume)
     out_dir.mkdir(parents=True, exist_ok=True)
     gr.set_static_paths([out_dir])  # the player fetches the pieces from it, the history links the files
-    context = UiContext(service, admit, identify, clones, request_log, out_dir)
+    context = UiContext(service, admit, identify, clones, out_dir)
     speak, voices = SpeakPanel(context), VoicePicker(context)
     history, cloning = HistoryPanel(context), ClonePanel(context)
 

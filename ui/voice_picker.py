@@ -10,6 +10,7 @@ import time
 import gradio as gr
 
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest
+from tts_core.request.ask import Ask
 
 from . import browser
 from .context import UiContext, refused
@@ -71,7 +72,7 @@ class VoicePicker:
             key = (name, catalogue.clones.get(name))  # a clone made again under its name is a new voice
             if key not in previews:
                 caller, _ = await self.context.admit(request)
-                spoken = await service.speak(sample_text(found[0]), name, caller=caller, response_format="mp3")
+                spoken = await service.answer(Ask(sample_text(found[0]), name, response_format="mp3", caller=caller))
                 if len(previews) >= PREVIEWS_KEPT:
                     previews.pop(next(iter(previews)))
                 previews[key] = base64.b64encode(spoken.data).decode()
