@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from clones import VoiceClones
+from tts_core.config import Settings
 from tts_core.service import SpeechService
 
 from . import dialogue, jobs, speech, speech_socket, system, voices
@@ -55,15 +56,14 @@ class RequestAccounting:
             self.service.account("api", client, status, started, **details)
 
 
-def build_api(service: SpeechService, access: AccessControl, lifespan=None) -> FastAPI:
+def build_api(service: SpeechService, settings: Settings, access: AccessControl, lifespan=None) -> FastAPI:
     app = FastAPI(title="Chorus", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Self-hosted text-to-speech with an OpenAI-compatible API.")
     add_offline_docs(app)
-    app.state.service = service
+    app.state.service, app.state.settings = service, settings
     app.state.access = access
     app.state.clones = VoiceClones(access.storage, service)
-    app.state.open_sockets = OpenSockets("WebSockets", service.settings.ws_max_per_caller,
-                                         service.settings.ws_max_connections)
+    app.state.open_sockets = OpenSockets("WebSockets", settings.ws_max_per_caller, settings.ws_max_connections)
     install_error_handlers(app)
     # the routes count their callers with slowapi's Limiter (access.counted), the store the WebSocket,
     # Wyoming and the UI count against too; what it refuses answers in the error table's shape
@@ -79,8 +79,8 @@ def build_api(service: SpeechService, access: AccessControl, lifespan=None) -> F
     app.state.api_routes = [*speech.router.routes, *dialogue.router.routes, *jobs.router.routes,
                             *voices.router.routes, *system.router.routes]
     app.add_middleware(RequestAccounting, service=service)
-    app.add_middleware(UploadLimit, access=access, settings=service.settings)  # the UI's, mounted on this app
-    app.add_middleware(BodySizeLimit, max_bytes=service.settings.max_body_bytes)
+    app.add_middleware(UploadLimit, access=access, settings=settings)  # the UI's, mounted on this app
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app
 
 

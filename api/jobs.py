@@ -153,8 +153,7 @@ def _item_error(index: int, error: ChorusError) -> dict:
 async def speech_batch(body: BatchRequest, request: Request,
                        admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
     caller, _ = admission
-    service, access = request.app.state.service, request.app.state.access
-    limit = service.settings.max_batch_items
+    access, limit = request.app.state.access, request.app.state.settings.max_batch_items
     if len(body.items) > limit:
         raise InvalidRequest(f"{len(body.items)} items; at most {limit} per call (TTS_MAX_BATCH_ITEMS)", "items",
                              ErrorCode.TOO_MANY_ITEMS)

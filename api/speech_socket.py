@@ -31,6 +31,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from tts_core.audio.encoding import FORMATS
+from tts_core.config import Settings
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Unauthorized
 from tts_core.request.access import Caller
 from tts_core.request.ask import Ask
@@ -112,7 +113,7 @@ def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> 
 async def speech_socket(socket: WebSocket) -> None:
     access, open_sockets = socket.app.state.access, socket.app.state.open_sockets
     origin = socket.headers.get("origin")
-    if not origin_allowed(origin, socket.headers.get("host"), socket.app.state.service.settings.allowed_origins):
+    if not origin_allowed(origin, socket.headers.get("host"), socket.app.state.settings.allowed_origins):
         log.info("websocket refused: Origin %r is neither this server's nor in TTS_ALLOWED_ORIGINS", origin)
         await socket.close(code=1008)  # before accepting: the handshake is answered 403
         return
@@ -153,7 +154,7 @@ class SpeechConnection:
         self.socket, self.caller, self.identify = socket, caller, identify
         self.service: SpeechService = socket.app.state.service
         self.access = socket.app.state.access
-        self.settings = self.service.settings
+        self.settings: Settings = socket.app.state.settings
         self.session = Session()
         self.pending: asyncio.Queue[Utterance] = asyncio.Queue(MAX_PENDING)
         self.ids = itertools.count(1)
@@ -254,8 +255,8 @@ class SpeechConnection:
             if message.response_format is not None or message.sample_rate is not None:
                 check_format(message.response_format or session.response_format,
                              message.sample_rate or session.sample_rate, streamed=True)
-            self.service.catalogue.resolve(message.voice or session.voice, message.model or session.model,
-                                           self.caller.identity)
+            self.service.catalogue_now().resolve(message.voice or session.voice, message.model or session.model,
+                                                 self.caller.identity)
         except ChorusError as error:
             return await self._refuse(error)
         text = session.apply(message)

@@ -38,6 +38,7 @@ from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from tts_core.audio.encoding import pcm16
+from tts_core.config import Settings
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, SynthesisError
 from tts_core.request.access import Caller
 from tts_core.request.ask import Ask
@@ -115,12 +116,11 @@ class Stream:
 class WyomingServer:
     """The Wyoming TCP server, started and stopped with the app."""
 
-    def __init__(self, service: SpeechService, access: AccessControl, host: str, port: int, tier: str | None):
-        self.service, self.access = service, access
-        self.host, self.port, self.tier = host, port, tier
+    def __init__(self, service: SpeechService, access: AccessControl, settings: Settings):
+        self.service, self.access, self.settings = service, access, settings
+        self.host, self.port, self.tier = settings.host, settings.wyoming_port, settings.wyoming_tier
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task] = set()
-        settings = service.settings
         self.open_connections = OpenSockets("Wyoming connections", settings.wyoming_max_per_caller,
                                             settings.wyoming_max_connections)
 
@@ -178,7 +178,7 @@ class WyomingServer:
                            description=f"{voice.name} ({voice.model}, {voice.sample_rate} Hz)",
                            languages=[voice.language],
                            speakers=[TtsVoiceSpeaker(name=voice.speaker)] if voice.speaker else None)
-                  for voice in self.service.catalogue.voice_list(caller.identity)]
+                  for voice in self.service.catalogue_now().voice_list(caller.identity)]
         return Info(tts=[TtsProgram(name="chorus", attribution=ATTRIBUTION, installed=True, version=None,
                                     description="Chorus text to speech", voices=voices,
                                     supports_synthesize_streaming=True)])
@@ -197,7 +197,7 @@ class WyomingConnection(AsyncEventHandler):
         peer = writer.get_extra_info("peername")
         self.address = peer[0] if peer else "unknown"
         self.caller_name = caller_name(self.address)
-        self.idle_timeout_s = self.service.settings.wyoming_idle_timeout_s
+        self.idle_timeout_s = server.settings.wyoming_idle_timeout_s
         self.stream: Stream | None = None
 
     async def run(self) -> None:
@@ -207,7 +207,7 @@ class WyomingConnection(AsyncEventHandler):
             while True:
                 try:
                     async with asyncio.timeout(self.idle_timeout_s):  # the whole event: trickling bytes is idle too
-                        event = await read_event(self.reader, self.service.settings.max_body_bytes)
+                        event = await read_event(self.reader, self.server.settings.max_body_bytes)
                 except InvalidRequest as unreadable:
                     await self.write_event(error_event(unreadable))
                     if unreadable.code in UNREADABLE:
@@ -286,7 +286,7 @@ class WyomingConnection(AsyncEventHandler):
         self.stream = Stream(None, self._tally())
         try:
             voice = self._voice(event)
-            self.service.catalogue.resolve(voice, None, self.server.caller(self.address).identity)
+            self.service.catalogue_now().resolve(voice, None, self.server.caller(self.address).identity)
             await self.server.access.hit(self.server.caller(self.address))
         except ChorusError as refusal:
             self.stream.refused = True
@@ -304,7 +304,7 @@ class WyomingConnection(AsyncEventHandler):
             return
         stream.request.characters += len(text)
         complete, stream.text = complete_sentences(stream.text + text)
-        if len(stream.text) >= self.service.settings.max_chars:  # no sentence end in sight: speak it anyway
+        if len(stream.text) >= self.server.settings.max_chars:  # no sentence end in sight: speak it anyway
             complete, stream.text = complete + stream.text, ""
         await self._speak_in_stream(complete)
 
@@ -366,7 +366,7 @@ class WyomingConnection(AsyncEventHandler):
         if voice.get("name") or not voice.get("language"):
             return voice.get("name") or None
         caller = self.server.caller(self.address).identity
-        return self.service.catalogue.voice_for_language(voice["language"], None, caller)[0].name
+        return self.service.catalogue_now().voice_for_language(voice["language"], None, caller)[0].name
 
     def _tally(self) -> Tally:
         """One synthesize, or one stream from synthesize-start to synthesize-stop, as it is accounted."""

@@ -131,7 +131,7 @@ class JobRunner:
         truth; a running attempt's synthesis is stopped, a write in progress is not (it loses)."""
         job = await asyncio.to_thread(self.storage.jobs.cancel, job_id)
         if job is not None:
-            self.service.metrics.jobs_finished.labels(JobStatus.CANCELLED).inc()
+            self.service.job_finished(JobStatus.CANCELLED)
             if (speaking := self._speaking.get(job_id)) is not None:
                 speaking.cancel()
         return job
@@ -158,7 +158,7 @@ class JobRunner:
                 if free > 0 and asyncio.get_running_loop().time() >= self._held_until:
                     for job in await asyncio.to_thread(self.storage.jobs.claim, free, self.replica, self.lease_s):
                         self._launch(job)
-                self.service.metrics.jobs_state(*await asyncio.to_thread(self.storage.jobs.backlog))
+                self.service.jobs_waiting(*await asyncio.to_thread(self.storage.jobs.backlog))
                 if not self._unsettled:  # a whole round worked, and every outcome is recorded: over (if one was on)
                     self.outage.ended()
             except StorageError as error:  # the database may be unavailable for a while: keep going
@@ -313,7 +313,7 @@ class JobRunner:
             self._unsettled[job_id] = (attempt, status, fields)
             return False
         if won and status != JobStatus.QUEUED:
-            self.service.metrics.jobs_finished.labels(status).inc()
+            self.service.job_finished(status)
         return won
 
     def _settle(self, job_id: str, attempt: int, status: str, fields: dict) -> bool:

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
+from prometheus_client import CollectorRegistry
 
 from .audio.cache import AudioCache, CachedAudio, CacheUse
 from .audio.encoding import FORMATS, STREAMABLE, encode, unsupported_rate
@@ -29,7 +30,7 @@ from .config import Settings
 from .engines import Capabilities, Engine, ModelSpec
 from .errors import ChorusError, Conflict, ErrorCode, InvalidRequest
 from .ops import gpu
-from .ops.degrade import DegradeAction, DegradeController
+from .ops.degrade import DegradeAction, DegradeController, DegradeState
 from .ops.metrics import Metrics
 from .request.access import Caller
 from .request.admission import Admission
@@ -272,7 +273,40 @@ class SpeechService:
         specs = [slot.spec for slot in self.pool.slots().values() if not slot.retired]
         self.catalogue = Catalogue.build(specs, self.settings, self.clones.all())
 
+    # --- what the surfaces read ----------------------------------------------------------------
+
+    def catalogue_now(self) -> Catalogue:
+        """The voices, models, aliases and capabilities offered now: an immutable snapshot (a registry reload or a
+        cloned voice swaps in a new one)."""
+        return self.catalogue
+
+    def times_words(self, voice: str, caller: str | None = None) -> bool:
+        """Whether the voice's model times its words (its declared capabilities); InvalidRequest for a voice the
+        caller cannot use."""
+        catalogue = self.catalogue
+        _, model = catalogue.resolve_voice(voice, None, caller)
+        return catalogue.capabilities.get(model, Capabilities()).times_words
+
+    def cloning_models(self) -> list[str]:
+        """The models that can clone a voice here (none where this process's engines run elsewhere)."""
+        return self.cloner.models()
+
+    def cloning_refusal(self) -> str | None:
+        """Why this process makes no clones, if it makes none (its engines run elsewhere)."""
+        return self.cloner.refusal
+
+    def degrade_state(self) -> DegradeState:
+        return self.degrade.state
+
+    def metrics_registry(self) -> CollectorRegistry:
+        """The Prometheus metrics, as /metrics exports them."""
+        return self.metrics.registry
+
     # --- status --------------------------------------------------------------------------------
+
+    def loop_statuses(self) -> dict[str, dict]:
+        """Each loaded model's loop as it is now (EngineLoop.status), without the window's figures."""
+        return {name: loop.status() for name, loop in self.loops.items()}
 
     def queue_length(self) -> int:
         return sum(loop.queue_length for loop in self.scheduler.loads().values())
@@ -335,12 +369,13 @@ class SpeechService:
             self.request_log.record(client=client, source=source, status=status, voice=voice, characters=characters,
                                     queue_ms=queue_ms, synthesis_ms=synthesis_ms, batch_size=batch_size)
 
-    def times_words(self, voice: str, caller: str | None = None) -> bool:
-        """Whether the voice's model times its words (its declared capabilities); InvalidRequest for a voice the
-        caller cannot use."""
-        catalogue = self.catalogue
-        _, model = catalogue.resolve_voice(voice, None, caller)
-        return catalogue.capabilities.get(model, Capabilities()).times_words
+    def job_finished(self, status: str) -> None:
+        """A job ended (succeeded, failed or cancelled): counted."""
+        self.metrics.jobs_finished.labels(status).inc()
+
+    def jobs_waiting(self, queued: int, running: int, oldest_queued_s: float | None) -> None:
+        """The job backlog as the job runner counted it now (the dashboard's)."""
+        self.metrics.jobs_state(queued, running, oldest_queued_s)
 
     # --- answering -----------------------------------------------------------------------------
 

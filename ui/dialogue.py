@@ -39,7 +39,7 @@ class DialoguePanel:
         self.context = context
 
     def render(self) -> None:
-        default = self.context.service.catalogue.default_voice
+        default = self.context.service.catalogue_now().default_voice
         with gr.Row():
             with gr.Column(scale=3, min_width=320):
                 script = gr.Textbox(label="Script: a line per turn, `Name: what they say`", lines=8,

@@ -64,7 +64,7 @@ class SpeakPanel:
 
     def render_inputs(self) -> None:
         """The text, its counter, speed and format (the left column)."""
-        limit = self.context.service.settings.max_chars
+        limit = self.context.settings.max_chars
         # a hint, not a sample: grey words in the box read as words that will be spoken
         self.text = gr.Textbox(label="Text to speak", lines=6, max_length=limit, elem_id="speech-text",
                                placeholder="Type or paste the text to speak…")
@@ -87,7 +87,7 @@ class SpeakPanel:
 
     def for_caller(self, caller: Caller | None) -> tuple[gr.Textbox, str]:
         """The text box and counter for the caller's limit (its tier's, within the server's)."""
-        limit = self.context.service.settings.max_chars
+        limit = self.context.settings.max_chars
         if caller:
             limit = min(caller.tier.max_chars, limit)
         return gr.Textbox(max_length=limit), counter_html(limit, caller.tier_name if caller else None)
