@@ -194,3 +194,39 @@ def test_what_a_model_cannot_do_is_refused_from_its_spec_before_any_load():
         assert refused.value.code == "timestamps_unsupported" and "later" not in service.loops
     finally:
         service.stop()
+
+
+def test_each_request_is_accounted_once_with_how_it_ended(tmp_path):
+    """The service accounts every surface's requests alike (the metrics and the request log app.py gives it): a
+    whole answer with its voice and timings, a refusal with its status, a caller gone as 499; a tally ends once."""
+    from storage import Storage, sqlite_url
+    from storage.request_log import RequestLogWriter
+
+    storage = Storage(sqlite_url(tmp_path / "log.db"))
+    storage.migrate()
+    request_log = RequestLogWriter(storage)
+    service = SpeechService(Settings(batch_policy="sequential", voice_aliases={}, model_aliases={}), [FakeEngine()],
+                            Metrics(), request_log=request_log)
+    service.start()
+    try:
+        async def scenario():
+            with service.tally("ui", "ip:a", 6) as answered:
+                await service.answer(Ask("Hello.", "fake-voice", response_format="wav"), answered)
+            with pytest.raises(InvalidRequest), service.tally("ui", "ip:b", 1) as refused:
+                await service.answer(Ask("x", "no-such-voice"), refused)
+            with pytest.raises(asyncio.CancelledError), service.tally("websocket", "ip:c"):
+                raise asyncio.CancelledError
+            return answered, refused
+        answered, refused = asyncio.run(scenario())
+        answered.end(500)  # already ended: nothing more is recorded
+        request_log.flush()
+        rows = {row["client"]: row for row in storage.request_log.recent(10)}
+        assert len(rows) == 3 and (rows["ip:a"]["status"], rows["ip:a"]["voice"]) == (200, "fake-voice")
+        assert rows["ip:a"]["characters"] == 6 and rows["ip:a"]["batch_size"] == 1 and answered.audio_s > 0
+        assert rows["ip:b"]["status"] == 400 and refused.status == 400 and rows["ip:c"]["source"] == "websocket"
+        assert rows["ip:c"]["status"] == 499
+        counted = service.metrics_registry().get_sample_value
+        assert counted("tts_requests_total", {"source": "ui", "status": "200"}) == 1
+        assert counted("tts_requests_total", {"source": "websocket", "status": "499"}) == 1
+    finally:
+        service.stop()
