@@ -184,12 +184,12 @@ async def _captioned(body: CaptionedSpeechRequest, request: Request, caller: Cal
                      kokoro: bool) -> Response:
     service: SpeechService = request.app.state.service
     request.state.speech["characters"] = len(body.input)
-    headers = limit.headers() if limit else {}
-    if body.stream:
+    headers, ask = limit.headers() if limit else {}, ask_of(body, caller, words=True, stream=body.stream)
+    if ask.stream:
         if body.timestamps_format != "json":
             raise InvalidRequest("subtitles are made of the whole audio: send stream false for srt or vtt",
                                  "timestamps_format", ErrorCode.UNSUPPORTED_VALUE)
-        stream = await service.answer(ask_of(body, caller, words=True, stream=True))
+        stream = await service.answer(ask)
         request.state.speech["voice"] = stream.voice.name
 
         async def lines() -> AsyncIterator[str]:
@@ -204,8 +204,7 @@ async def _captioned(body: CaptionedSpeechRequest, request: Request, caller: Cal
                 request.state.speech["status"] = failure.status
                 yield json.dumps(failure.body()) + "\n"
         return StreamingResponse(lines(), media_type=NDJSON, headers={"X-Chorus-Voice": stream.voice.name, **headers})
-    spoken: SpokenAudio = await until_disconnect(request, service.answer(ask_of(body, caller, words=True,
-                                                                                 stream=False)))
+    spoken: SpokenAudio = await until_disconnect(request, service.answer(ask))
     request.state.speech.update(voice=spoken.voice, audio_s=spoken.duration_s, **asdict(spoken.timings))
     headers |= {"X-Chorus-Voice": spoken.voice, "X-Chorus-Audio-Duration": f"{spoken.duration_s:.3f}"}
     words = list(spoken.words or ())
