@@ -36,6 +36,7 @@ from jobs import JobRunner
 from storage import Storage, StorageError
 from storage.request_log import RequestLogWriter
 from tts_core.config import Settings
+from tts_core.controls import ServiceControls
 from tts_core.engines import Engine, EngineUnavailable, ModelSpec
 from tts_core.errors import InvalidSetting
 from tts_core.monitor import Monitor
@@ -75,34 +76,36 @@ def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpe
     settings = settings or Settings()
     storage, models = prepare(settings, engines)
     try:
-        access = AccessControl(storage, settings, lambda: service.degrade.settings)
+        access = AccessControl(storage, settings, lambda: controls.settings())
         clones = stored_clones(storage, settings.data_dir, [model.name for model in models])
     except ValueError as error:  # TTS_RATELIMIT_STORAGE or TTS_TRUSTED_PROXIES, named in the message
         raise StartupError(str(error)) from None
     except StorageError as error:
         raise StartupError(f"the database (TTS_DATABASE_URL) cannot be read: {error}") from None
-    service = SpeechService(settings, models, Metrics(), clones=clones, make_scheduler=make_scheduler)
     request_log = RequestLogWriter(storage)
-    control = OperatorControl(storage, service, request_log, defaults=settings.operator_defaults)
-    lexicon = LexiconControl(storage, service.admission)
+    service = SpeechService(settings, models, Metrics(), clones=clones, make_scheduler=make_scheduler,
+                            request_log=request_log)
+    controls = ServiceControls(service)  # the operator's: degrade mode, the cache, the lexicon, the registry
+    control = OperatorControl(storage, controls, request_log, defaults=settings.operator_defaults)
+    lexicon = LexiconControl(storage, controls)
     control.on_reload.append(lexicon.refresh)  # the lexicon's changes, from any replica, within a refresh
     control.reload()  # stored settings apply before the first request
     monitor = Monitor(service)
-    job_runner = JobRunner(storage, service, settings, lambda: service.degrade.settings)
+    job_runner = JobRunner(storage, service, settings, controls.settings)
     gate = AdminGate(settings.admin_token.get_secret_value() if settings.admin_token else None)
-    wyoming = _wyoming_server(settings, service, access, request_log)
+    wyoming = _wyoming_server(settings, service, access)
     control.on_reload.append(access.refresh_keys)  # keys revoked through another replica stop working here too
     replicas = ReplicaReporter(storage, service, settings.replica)
     control.on_reload.append(replicas.report)  # every second, beside the refresh: the cluster view reads them
-    lifespan = _lifespan(service, request_log, control, monitor, job_runner, wyoming)
-    api = build_api(service, access, request_log, lifespan)
-    api.state.control, api.state.monitor, api.state.admin_gate = control, monitor, gate
+    lifespan = _lifespan(service, settings, request_log, control, monitor, job_runner, wyoming)
+    api = build_api(service, settings, access, lifespan)
+    api.state.control, api.state.controls, api.state.monitor, api.state.admin_gate = control, controls, monitor, gate
     api.state.jobs, api.state.lexicon, api.state.replicas = job_runner, lexicon, replicas
     api.include_router(admin_router)
     control.on_reload.append(api.state.clones.refresh)  # voices cloned or deleted through another replica
     admit_ui, identify_ui = _ui_callers(access)
-    page = build_ui(service, admit_ui, identify_ui, api.state.clones, request_log,
-                    [lambda: build_admin_tab(service, monitor, control, access, gate, api.state.clones, lexicon,
+    page = build_ui(service, settings, admit_ui, identify_ui, api.state.clones,
+                    [lambda: build_admin_tab(controls, monitor, control, access, gate, api.state.clones, lexicon,
                                              replicas)])
     # Gradio's own run history would keep every typed text in the browser's plain localStorage: off
     app = gr.mount_gradio_app(api, page, path="/", run_history=False, css=PAGE_CSS)
@@ -110,19 +113,17 @@ def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpe
     return app
 
 
-def _wyoming_server(settings: Settings, service: SpeechService, access: AccessControl,
-                    request_log: RequestLogWriter) -> WyomingServer | None:
+def _wyoming_server(settings: Settings, service: SpeechService, access: AccessControl) -> WyomingServer | None:
     """The Wyoming listener where TTS_WYOMING_PORT is set; a taken port is a mistake to say now, not a
     traceback in the lifespan."""
     if settings.wyoming_port is None:
         return None
     _check_can_listen(settings.host, settings.wyoming_port, "TTS_WYOMING_PORT")
-    return WyomingServer(service, access, request_log, settings.host, settings.wyoming_port, settings.wyoming_tier)
+    return WyomingServer(service, access, settings)
 
 
-async def _announce_ready(service: SpeechService) -> None:
+async def _announce_ready(service: SpeechService, settings: Settings) -> None:
     """One line once the server serves, with where (the wait is in short spells: a stop is never held)."""
-    settings = service.settings
     while not await asyncio.to_thread(service.wait_ready, 1.0):
         pass
     host = "localhost" if settings.host in ("0.0.0.0", "::", "") else settings.host
@@ -131,15 +132,15 @@ async def _announce_ready(service: SpeechService) -> None:
                                      url, url, url)
 
 
-def _lifespan(service: SpeechService, request_log: RequestLogWriter, control: OperatorControl, monitor: Monitor,
-              job_runner: JobRunner, wyoming: WyomingServer | None):
+def _lifespan(service: SpeechService, settings: Settings, request_log: RequestLogWriter, control: OperatorControl,
+              monitor: Monitor, job_runner: JobRunner, wyoming: WyomingServer | None):
     """The app's lifespan: the parts start in order, and stop in the reverse order."""
 
     @asynccontextmanager
     async def lifespan(_app):
         for part in (service, request_log, control, monitor):
             part.start()
-        announcing = asyncio.create_task(_announce_ready(service))
+        announcing = asyncio.create_task(_announce_ready(service, settings))
         await job_runner.start()
         try:
             if wyoming is not None:

@@ -25,7 +25,6 @@ from tts_core.request.access import Tier, client_address
 from tts_core.request.operating import OperatorSettings
 from tts_core.text.lexicon import LexiconEntry, LexiconFileError
 from tts_core.validation import VoiceName, json_body
-from tts_core.voices.registry import registry_specs
 
 from .control import OperatorControl
 from .gate import AdminRefused
@@ -111,7 +110,7 @@ async def get_audit(request: Request, limit: int = Query(50, ge=1, le=1000), _: 
 async def get_stats(request: Request, _: str = Depends(require_admin)) -> dict:
     """This replica's figures, and `replicas`: every replica of the deployment as it last reported."""
     state = request.app.state
-    return await asyncio.to_thread(collect_stats, state.service, state.monitor, _control(request), state.access,
+    return await asyncio.to_thread(collect_stats, state.controls, state.monitor, _control(request), state.access,
                                    state.replicas)
 
 
@@ -152,11 +151,8 @@ async def revoke_key(request: Request, key_id: int = Path(ge=1, le=2**63 - 1),
 @router.post("/voices/reload", responses=error_responses(409))
 async def reload_voices(request: Request, actor: str = Depends(require_admin)):
     """Read TTS_VOICES_FILE again: new models are added, removed or changed ones unloaded once idle."""
-    service = request.app.state.service
-    taken = {name for name, slot in service.pool.slots().items() if not slot.spec.registry}
     try:
-        specs = await asyncio.to_thread(registry_specs, service.settings, taken)
-        summary = await asyncio.to_thread(service.reload_registry, specs)
+        summary = await asyncio.to_thread(request.app.state.controls.reload_registry)
     except EngineUnavailable as error:
         raise InvalidSetting(str(error), "voices_file", ErrorCode.INVALID_REGISTRY) from None
     try:
@@ -164,24 +160,20 @@ async def reload_voices(request: Request, actor: str = Depends(require_admin)):
                                 summary)
     except StorageError:  # the reload happened; a failing audit write must not hide that
         summary = {**summary, "audit_error": StorageUnavailable().message}
-    return {**summary, "voices": [voice.name for voice in service.catalogue.voice_list()]}
+    return summary
 
 
 @router.post("/models/{model}/precision/reset", responses=error_responses(404))
 async def reset_precision(request: Request, model: str = Path(max_length=128), actor: str = Depends(require_admin)):
     """After a batch failed at degrade mode's lower precision, the model stays at full; this lets degrade mode lower
     it again (tts_core.scheduler.precision)."""
-    service = request.app.state.service
-    if model not in service.pool.slots():
-        raise NotFound(f"model {model!r} does not exist", "model")
-    loop = service.loops.get(model)
-    was_off = loop.reset_precision() if loop else service.degrade.precision_off.pop(model, None) is not None
+    reset = request.app.state.controls.reset_precision(model)
     try:
         await asyncio.to_thread(request.app.state.access.storage.audit.add, actor, "precision.reset", model,
-                                {"was_off": was_off})
+                                {"was_off": reset["was_off"]})
     except StorageError:  # the reset happened; a failing audit write must not hide that
         pass
-    return {"model": model, "was_off": was_off, "precision": loop.precision if loop else None}
+    return reset
 
 
 # --- cloned voices --------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ class ReplicaReporter:
     def report(self) -> None:
         """This replica's figures now (blocking). A write that fails is logged once per outage and does not
         stop the refresh it rides on: settings are still read while writes fail."""
-        status, state = self.service.status(), self.service.degrade.state
+        status, state = self.service.status(), self.service.degrade_state()
         wait_s, wait_limit_s = self.service.queue_pressure()  # an engine replica's, for the Ray ingress's degrade mode
         try:
             self.storage.replicas.report(self.replica, self.started_at, {

@@ -17,17 +17,17 @@ from typing import Any
 
 from storage import Storage, StorageError
 from storage.request_log import RequestLogWriter
+from tts_core.controls import ServiceControls
 from tts_core.request.operating import OperatorSettings
-from tts_core.service import SpeechService
 
 log = logging.getLogger(__name__)
 
 
 class OperatorControl:
-    def __init__(self, storage: Storage, service: SpeechService, request_log: RequestLogWriter,
+    def __init__(self, storage: Storage, controls: ServiceControls, request_log: RequestLogWriter,
                  refresh_s: float = 1.0, defaults: dict[str, Any] | None = None):
         self.storage = storage
-        self.service = service
+        self.controls = controls
         self.request_log = request_log
         self.refresh_s = refresh_s
         self.defaults = defaults or {}  # deployment defaults (TTS_OPERATOR_DEFAULTS), under stored values
@@ -44,7 +44,7 @@ class OperatorControl:
 
     @property
     def settings(self) -> OperatorSettings:
-        return self.service.degrade.settings
+        return self.controls.settings()
 
     @property
     def storage_error(self) -> str | None:
@@ -61,8 +61,7 @@ class OperatorControl:
     def apply(self, settings: OperatorSettings) -> None:
         if settings == self.settings:
             return
-        self.service.degrade.configure(settings)
-        self.service.cache.resize(int(settings.cache_max_mb * 2**20))
+        self.controls.configure(settings)
         self.request_log.max_rows = settings.request_log_max_rows
         log.info("operator settings applied: %s", settings.model_dump())
 

@@ -1,8 +1,8 @@
 """The pronunciation lexicon: stored entries (storage) applied to the running front end (tts_core).
 
 `refresh` runs in OperatorControl's loop (every second, as settings are read): it reads the stored
-lexicon's version, and only when that changed the entries, which it swaps into admission as one new
-immutable Lexicon. A change made here is applied at once; one made through another replica at the
+lexicon's version, and only when that changed the entries, which it swaps into the service (ServiceControls) as
+one new immutable Lexicon. A change made here is applied at once; one made through another replica at the
 next refresh. Entries in the database that do not validate (edited outside Chorus) are skipped and
 logged once.
 """
@@ -15,7 +15,7 @@ import threading
 from pydantic import ValidationError
 
 from storage import Storage
-from tts_core.request.admission import Admission
+from tts_core.controls import ServiceControls
 from tts_core.text.lexicon import Lexicon, LexiconEntry, from_tsv, language_code, to_tsv
 
 log = logging.getLogger(__name__)
@@ -24,9 +24,9 @@ ENTRY_FIELDS = tuple(LexiconEntry.model_fields)
 
 
 class LexiconControl:
-    def __init__(self, storage: Storage, admission: Admission):
+    def __init__(self, storage: Storage, controls: ServiceControls):
         self.storage = storage
-        self.admission = admission
+        self.controls = controls
         self.version: int | None = None  # of the entries applied now; None before the first read
         self._skipped: set[int] = set()  # ids of stored entries that do not validate, logged once
         self._lock = threading.Lock()  # the refresh loop and admin changes both refresh: one at a time
@@ -38,7 +38,7 @@ class LexiconControl:
             if version == self.version:
                 return
             entries = self._valid(self.storage.lexicon.entries())
-            self.admission.lexicon = Lexicon(entries)
+            self.controls.use_lexicon(Lexicon(entries))
             self.version = version
         log.info("pronunciation lexicon version %s applied: %s entries", version, len(entries))
 

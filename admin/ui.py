@@ -9,9 +9,9 @@ import gradio as gr
 
 from access.control import AccessControl
 from clones import VoiceClones
+from tts_core.controls import ServiceControls
 from tts_core.monitor import Monitor
 from tts_core.request.access import client_address
-from tts_core.service import SpeechService
 
 from .cluster import ReplicaReporter
 from .control import OperatorControl
@@ -33,10 +33,10 @@ def _address(request: gr.Request | None, access: AccessControl) -> str:
 
 
 class AdminTab:
-    def __init__(self, service: SpeechService, monitor: Monitor, control: OperatorControl, access: AccessControl,
+    def __init__(self, controls: ServiceControls, monitor: Monitor, control: OperatorControl, access: AccessControl,
                  gate: AdminGate, clones: VoiceClones, lexicon: LexiconControl, replicas: ReplicaReporter | None):
         self.access, self.gate = access, gate
-        self.dashboard = Dashboard(service, monitor, control, access, replicas)
+        self.dashboard = Dashboard(controls, monitor, control, access, replicas)
         self.settings = SettingsPanel(control)
         self.keys = KeysPanel(access, lambda: list(control.settings.tiers))  # the tiers in force when asked
         self.clones = ClonesPanel(clones)
@@ -96,7 +96,7 @@ class AdminTab:
         return [*updates, rows if fresh else gr.skip(), rows if fresh else gr.skip()]
 
 
-def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorControl, access: AccessControl,
+def build_admin_tab(controls: ServiceControls, monitor: Monitor, control: OperatorControl, access: AccessControl,
                     gate: AdminGate, clones: VoiceClones, lexicon: LexiconControl,
                     replicas: ReplicaReporter | None = None) -> None:
     """Render the tab inside the current gr.Blocks. Its handlers are plain functions (Gradio runs them in
@@ -106,4 +106,4 @@ def build_admin_tab(service: SpeechService, monitor: Monitor, control: OperatorC
         if not gate.enabled:
             gr.Markdown("### Admin is disabled\nSet `TTS_ADMIN_TOKEN` and restart to enable the dashboard.")
             return
-        AdminTab(service, monitor, control, access, gate, clones, lexicon, replicas).render()
+        AdminTab(controls, monitor, control, access, gate, clones, lexicon, replicas).render()

@@ -12,11 +12,9 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from access.accounting import account
 from access.control import AccessControl, LimitExceeded
 from clones import VoiceClones
-from storage.request_log import RequestLogWriter
-from tts_core.ops.metrics import Metrics
+from tts_core.config import Settings
 from tts_core.service import SpeechService
 
 from . import dialogue, jobs, speech, speech_socket, system, voices
@@ -27,12 +25,12 @@ from .uploads import UploadLimit
 
 
 class RequestAccounting:
-    """Counts and times speech responses by status and writes the request log. Plain ASGI, so it
-    sees every outcome, errors included; the route leaves its details in request.state.speech."""
+    """Accounts each speech response with the service (counted and timed by status, and logged). Plain ASGI, so
+    it sees every outcome, errors included; the route leaves its details in request.state.speech."""
 
-    def __init__(self, app, metrics: Metrics, request_log: RequestLogWriter | None,
+    def __init__(self, app, service: SpeechService,
                  prefix: tuple[str, ...] = ("/v1/audio/speech", "/v1/audio/dialogue")):
-        self.app, self.metrics, self.request_log, self.prefix = app, metrics, request_log, prefix
+        self.app, self.service, self.prefix = app, service, prefix
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
@@ -55,21 +53,17 @@ class RequestAccounting:
             details = dict(scope.get("state", {}).get("speech", {}))
             status = details.pop("status", status)  # a stream that failed after its 200 was sent says so
             client = details.pop("client", None) or (scope.get("client") or ("unknown",))[0]
-            account(self.metrics, self.request_log, source="api", client=client, status=status, started=started,
-                    **details)
+            self.service.account("api", client, status, started, **details)
 
 
-def build_api(service: SpeechService, access: AccessControl, request_log: RequestLogWriter | None = None,
-              lifespan=None) -> FastAPI:
+def build_api(service: SpeechService, settings: Settings, access: AccessControl, lifespan=None) -> FastAPI:
     app = FastAPI(title="Chorus", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Self-hosted text-to-speech with an OpenAI-compatible API.")
     add_offline_docs(app)
-    app.state.service = service
+    app.state.service, app.state.settings = service, settings
     app.state.access = access
-    app.state.request_log = request_log
     app.state.clones = VoiceClones(access.storage, service)
-    app.state.open_sockets = OpenSockets("WebSockets", service.settings.ws_max_per_caller,
-                                         service.settings.ws_max_connections)
+    app.state.open_sockets = OpenSockets("WebSockets", settings.ws_max_per_caller, settings.ws_max_connections)
     install_error_handlers(app)
     # the routes count their callers with slowapi's Limiter (access.counted), the store the WebSocket,
     # Wyoming and the UI count against too; what it refuses answers in the error table's shape
@@ -84,9 +78,9 @@ def build_api(service: SpeechService, access: AccessControl, request_log: Reques
     app.include_router(system.fallback)  # last: catches only what no route above matched
     app.state.api_routes = [*speech.router.routes, *dialogue.router.routes, *jobs.router.routes,
                             *voices.router.routes, *system.router.routes]
-    app.add_middleware(RequestAccounting, metrics=service.metrics, request_log=request_log)
-    app.add_middleware(UploadLimit, access=access, settings=service.settings)  # the UI's, mounted on this app
-    app.add_middleware(BodySizeLimit, max_bytes=service.settings.max_body_bytes)
+    app.add_middleware(RequestAccounting, service=service)
+    app.add_middleware(UploadLimit, access=access, settings=settings)  # the UI's, mounted on this app
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tts_core.audio.encoding import MAX_RATE, MIN_RATE
 from tts_core.errors import ErrorCode, InvalidRequest
 from tts_core.request.access import Caller, RateLimitState
+from tts_core.request.ask import Ask
 from tts_core.request.captions import subtitles
 from tts_core.request.dialogue import MAX_NAME_CHARS, MAX_SPEAKERS
 from tts_core.request.script import Reading
@@ -100,11 +101,11 @@ class DialogueJobRequest(DialogueRequest):
                 "characters": self.characters()}
 
 
-def _speaking(body: DialogueRequest, caller: Caller, words: bool = False) -> dict:
-    """The service's arguments for this body."""
-    return {"script": body.plain_script(), "voices": body.voices, "model": body.model, "speed": body.speed,
-            "response_format": body.response_format, "caller": caller, "reading": body.reading(), "words": words,
-            "sample_rate": body.sample_rate}
+def dialogue_ask(body: DialogueRequest, caller: Caller, stream: bool, words: bool = False) -> Ask:
+    """What this body asks the service for."""
+    return Ask(model=body.model, speed=body.speed, response_format=body.response_format, sample_rate=body.sample_rate,
+               reading=body.reading(), words=words, stream=stream, caller=caller, script=body.plain_script(),
+               voices=body.voices)
 
 
 def _headers(spoken: SpokenAudio, limit: RateLimitState | None) -> dict[str, str]:
@@ -122,11 +123,11 @@ async def create_dialogue(body: DialogueRequest, request: Request,
     caller, limit = admission
     request.state.speech["characters"] = body.characters()
     if body.stream or body.stream_format is not None:
-        stream = await service.stream_dialogue(**_speaking(body, caller))
+        stream = await service.answer(dialogue_ask(body, caller, stream=True))
         chunks = audio_bytes(stream.encoded(body.response_format, body.sample_rate), request.state.speech)
         headers = limit.headers() if limit else {}
         return audio_stream(chunks, request.state.speech, body.response_format, body.stream_format, headers)
-    spoken = await until_disconnect(request, service.speak_dialogue(**_speaking(body, caller)))
+    spoken = await until_disconnect(request, service.answer(dialogue_ask(body, caller, stream=False)))
     request.state.speech.update(voice=spoken.voice, audio_s=spoken.duration_s, **asdict(spoken.timings))
     return Response(spoken.data, media_type=spoken.content_type, headers=_headers(spoken, limit))
 
@@ -144,11 +145,11 @@ async def create_captioned_dialogue(body: CaptionedDialogueRequest, request: Req
         if body.timestamps_format != "json":
             raise InvalidRequest("subtitles are made of the whole audio: send stream false for srt or vtt",
                                  "timestamps_format", ErrorCode.UNSUPPORTED_VALUE)
-        stream = await service.stream_dialogue(**_speaking(body, caller, words=True))
+        stream = await service.answer(dialogue_ask(body, caller, stream=True, words=True))
         return StreamingResponse(_captioned_lines(stream.encoded(body.response_format, body.sample_rate),
                                                   body.response_format, request.state.speech), media_type=NDJSON,
                                  headers=limit.headers() if limit else {})
-    spoken = await until_disconnect(request, service.speak_dialogue(**_speaking(body, caller, words=True)))
+    spoken = await until_disconnect(request, service.answer(dialogue_ask(body, caller, stream=False, words=True)))
     request.state.speech.update(voice=spoken.voice, audio_s=spoken.duration_s, **asdict(spoken.timings))
     words = list(spoken.words or ())
     if body.timestamps_format in SUBTITLE_TYPES:

@@ -31,10 +31,10 @@ from tts_core.errors import (
 from tts_core.request.access import Caller, RateLimitState
 from tts_core.service import check_format
 
-from .dialogue import DialogueJobRequest
+from .dialogue import DialogueJobRequest, dialogue_ask
 from .errors import invalid_input, unavailable
 from .schemas import BatchRequest, JobRequest, SpeechRequest
-from .speech import SUBTITLE_TYPES, admitted, until_disconnect
+from .speech import SUBTITLE_TYPES, admitted, ask_of, until_disconnect
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["jobs"])
@@ -86,7 +86,8 @@ def _queue(request: Request, body: SpeechRequest, caller: Caller, priority: int 
     service = request.app.state.service
     _check_job_output(body)
     normalization = body.normalization()
-    script = service.validate(body.input, body.voice_name, body.model, body.speed, caller, body.reading())
+    check_format(body.response_format, body.sample_rate)
+    script = service.validate(ask_of(body, caller, stream=False))
     return _runner(request).submit(caller, {"input": body.input, "voice": script.voice.name, "model": body.model,
                                             "speed": body.speed, "response_format": body.response_format,
                                             "sample_rate": body.sample_rate,
@@ -120,9 +121,9 @@ async def create_dialogue_job(body: DialogueJobRequest, request: Request, respon
     script's text), its progress counted in turns."""
     caller, limit = admission
     _check_job_output(body)
-    dialogue = await request.app.state.service.admit_dialogue(body.plain_script(), body.voices, body.model,
-                                                              body.speed, caller, body.reading(), body.captions)
-    job = await asyncio.to_thread(_runner(request).submit, caller, body.job(), body.priority, len(dialogue.turns))
+    ask = dialogue_ask(body, caller, stream=False, words=body.captions)
+    turns = await request.app.state.service.dialogue_turns(ask)
+    job = await asyncio.to_thread(_runner(request).submit, caller, body.job(), body.priority, turns)
     response.headers["Location"] = f"/v1/audio/jobs/{job['id']}"
     response.headers.update(limit.headers() if limit else {})
     return public_job(job)
@@ -214,8 +215,7 @@ def _item_error(index: int, error: ChorusError) -> dict:
 async def speech_batch(body: BatchRequest, request: Request,
                        admission: tuple[Caller, RateLimitState | None] = Depends(admitted)):
     caller, _ = admission
-    service, access = request.app.state.service, request.app.state.access
-    limit = service.settings.max_batch_items
+    access, limit = request.app.state.access, request.app.state.settings.max_batch_items
     if len(body.items) > limit:
         raise InvalidRequest(f"{len(body.items)} items; at most {limit} per call (TTS_MAX_BATCH_ITEMS)", "items",
                              ErrorCode.TOO_MANY_ITEMS)
@@ -252,8 +252,7 @@ async def _zip(request: Request, items: list[tuple[int, SpeechRequest | ChorusEr
     service = request.app.state.service
 
     async def speak(item: SpeechRequest):
-        return await service.speak(item.input, item.voice_name, item.model, item.speed, item.response_format, caller,
-                                   item.reading(), sample_rate=item.sample_rate)
+        return await service.answer(ask_of(item, caller, stream=False))
 
     valid = [(index, item) for index, item in items if not isinstance(item, ChorusError)]
     spoken = await until_disconnect(request, asyncio.gather(*(speak(item) for _, item in valid),

@@ -18,6 +18,7 @@ from starlette.types import Send
 from tts_core.audio.encoding import FORMATS
 from tts_core.errors import ClientGone, ErrorCode, InvalidRequest, error_responses
 from tts_core.request.access import Caller, RateLimitState
+from tts_core.request.ask import Ask
 from tts_core.request.captions import CaptionWord, caption_words, subtitles
 from tts_core.service import SpeechService, SpokenAudio
 
@@ -52,6 +53,13 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
         raise
     finally:
         watcher.cancel()
+
+
+def ask_of(body: SpeechRequest, caller: Caller, words: bool = False, stream: bool | None = None) -> Ask:
+    """What a speech body asks the service for (streamed as the body says, unless told)."""
+    streamed = (body.stream or body.stream_format is not None) if stream is None else stream
+    return Ask(body.input, body.voice_name, body.model, body.speed, body.response_format, body.sample_rate,
+               body.reading(), words, streamed, caller)
 
 
 async def admitted(request: Request) -> tuple[Caller, RateLimitState | None]:
@@ -133,16 +141,14 @@ async def create_speech(body: SpeechRequest, request: Request,
     service: SpeechService = request.app.state.service
     caller, limit = admission
     request.state.speech["characters"] = len(body.input)
-    if body.stream or body.stream_format is not None:
-        stream = await service.speak_stream(body.input, body.voice_name, body.model, body.speed,
-                                            body.response_format, caller, body.reading(), sample_rate=body.sample_rate)
+    ask = ask_of(body, caller)
+    if ask.stream:
+        stream = await service.answer(ask)
         headers = {"X-Chorus-Voice": stream.voice.name, **(limit.headers() if limit else {})}
         request.state.speech["voice"] = stream.voice.name
         chunks = audio_bytes(stream.encoded(body.response_format, body.sample_rate), request.state.speech)
         return audio_stream(chunks, request.state.speech, body.response_format, body.stream_format, headers)
-    spoken = await until_disconnect(request, service.speak(
-        body.input, body.voice_name, body.model, body.speed, body.response_format, caller, body.reading(),
-        sample_rate=body.sample_rate))
+    spoken = await until_disconnect(request, service.answer(ask))
     request.state.speech.update(voice=spoken.voice, audio_s=spoken.duration_s, **asdict(spoken.timings))
     headers = {"X-Chorus-Voice": spoken.voice, "X-Chorus-Audio-Duration": f"{spoken.duration_s:.3f}",
                "X-Chorus-Cache": spoken.cache}
@@ -178,13 +184,12 @@ async def _captioned(body: CaptionedSpeechRequest, request: Request, caller: Cal
                      kokoro: bool) -> Response:
     service: SpeechService = request.app.state.service
     request.state.speech["characters"] = len(body.input)
-    headers = limit.headers() if limit else {}
-    if body.stream:
+    headers, ask = limit.headers() if limit else {}, ask_of(body, caller, words=True, stream=body.stream)
+    if ask.stream:
         if body.timestamps_format != "json":
             raise InvalidRequest("subtitles are made of the whole audio: send stream false for srt or vtt",
                                  "timestamps_format", ErrorCode.UNSUPPORTED_VALUE)
-        stream = await service.speak_stream(body.input, body.voice_name, body.model, body.speed, body.response_format,
-                                            caller, body.reading(), words=True, sample_rate=body.sample_rate)
+        stream = await service.answer(ask)
         request.state.speech["voice"] = stream.voice.name
 
         async def lines() -> AsyncIterator[str]:
@@ -199,9 +204,7 @@ async def _captioned(body: CaptionedSpeechRequest, request: Request, caller: Cal
                 request.state.speech["status"] = failure.status
                 yield json.dumps(failure.body()) + "\n"
         return StreamingResponse(lines(), media_type=NDJSON, headers={"X-Chorus-Voice": stream.voice.name, **headers})
-    spoken: SpokenAudio = await until_disconnect(request, service.speak(
-        body.input, body.voice_name, body.model, body.speed, body.response_format, caller, body.reading(),
-        words=True, sample_rate=body.sample_rate))
+    spoken: SpokenAudio = await until_disconnect(request, service.answer(ask))
     request.state.speech.update(voice=spoken.voice, audio_s=spoken.duration_s, **asdict(spoken.timings))
     headers |= {"X-Chorus-Voice": spoken.voice, "X-Chorus-Audio-Duration": f"{spoken.duration_s:.3f}"}
     words = list(spoken.words or ())

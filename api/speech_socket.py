@@ -30,12 +30,13 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
-from access.accounting import account
 from tts_core.audio.encoding import FORMATS
+from tts_core.config import Settings
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Unauthorized
 from tts_core.request.access import Caller
+from tts_core.request.ask import Ask
 from tts_core.request.script import Reading
-from tts_core.service import SentenceStream, SpeechService, check_format
+from tts_core.service import SentenceStream, SpeechService, Tally, check_format
 from tts_core.text.frontend import NormalizationOptions, requested
 
 from .errors import invalid_input, stream_failure
@@ -85,10 +86,8 @@ class Session:
 class Utterance:
     id: int
     stream: SentenceStream
-    response_format: str
-    sample_rate: int | None
-    accepted_at: float
-    characters: int
+    ask: Ask
+    tally: Tally
 
 
 def _error_event(error: ChorusError, utterance: int | None = None) -> dict:
@@ -114,7 +113,7 @@ def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> 
 async def speech_socket(socket: WebSocket) -> None:
     access, open_sockets = socket.app.state.access, socket.app.state.open_sockets
     origin = socket.headers.get("origin")
-    if not origin_allowed(origin, socket.headers.get("host"), socket.app.state.service.settings.allowed_origins):
+    if not origin_allowed(origin, socket.headers.get("host"), socket.app.state.settings.allowed_origins):
         log.info("websocket refused: Origin %r is neither this server's nor in TTS_ALLOWED_ORIGINS", origin)
         await socket.close(code=1008)  # before accepting: the handshake is answered 403
         return
@@ -155,7 +154,7 @@ class SpeechConnection:
         self.socket, self.caller, self.identify = socket, caller, identify
         self.service: SpeechService = socket.app.state.service
         self.access = socket.app.state.access
-        self.settings = self.service.settings
+        self.settings: Settings = socket.app.state.settings
         self.session = Session()
         self.pending: asyncio.Queue[Utterance] = asyncio.Queue(MAX_PENDING)
         self.ids = itertools.count(1)
@@ -188,7 +187,7 @@ class SpeechConnection:
             while not self.pending.empty():  # accepted but never started: out of the queue, counted as given up
                 utterance = self.pending.get_nowait()
                 utterance.stream.close()
-                self._account(499, utterance.accepted_at, utterance.characters, utterance.stream.voice.name)
+                utterance.tally.end(499)
         if revoked is not None:  # said once nothing else is being sent
             log.info("websocket of %s closed: its API key was revoked", self.caller.identity)
             with suppress(WebSocketDisconnect):  # the client may have left meanwhile
@@ -245,7 +244,7 @@ class SpeechConnection:
         try:  # the keys are held in memory (access/control.py), refreshed as they change: no storage call here
             self.caller = self.identify()
         except Unauthorized:
-            self._account(Unauthorized.status, time.perf_counter(), len(message.text or ""))
+            self.service.tally("websocket", self.caller.identity, len(message.text or "")).end(Unauthorized.status)
             raise
         session, max_chars = self.session, self.settings.max_chars
         if session.buffered_chars + len(message.text or "") > max_chars:
@@ -256,25 +255,25 @@ class SpeechConnection:
             if message.response_format is not None or message.sample_rate is not None:
                 check_format(message.response_format or session.response_format,
                              message.sample_rate or session.sample_rate, streamed=True)
-            self.service.catalogue.resolve(message.voice or session.voice, message.model or session.model,
-                                           self.caller.identity)
+            self.service.catalogue_now().resolve(message.voice or session.voice, message.model or session.model,
+                                                 self.caller.identity)
         except ChorusError as error:
             return await self._refuse(error)
         text = session.apply(message)
         if text is None:
             return
-        utterance_id, accepted_at = next(self.ids), time.perf_counter()
+        utterance_id, tally = next(self.ids), self.service.tally("websocket", self.caller.identity, len(text))
+        # the buffer is cut at sentences as text arrives, so it is plain text (an SSML document may be cut)
+        ask = Ask(text, session.voice, session.model, session.speed, session.response_format, session.sample_rate,
+                  Reading(session.normalization(), "text"), stream=True, caller=self.caller)
         try:
             await self.access.hit(self.caller)
-            # the buffer is cut at sentences as text arrives, so it is plain text (an SSML document may be cut)
-            stream = await self.service.stream_pieces(text, session.voice, session.model, session.speed, self.caller,
-                                                      Reading(session.normalization(), "text"))
+            stream = await self.service.answer(ask, tally)
         except ChorusError as refusal:
-            self._account(refusal.status, accepted_at, len(text))
+            tally.end(refusal.status)
             return await self._refuse(refusal, utterance_id)
         self.speaking += 1
-        await self.pending.put(Utterance(utterance_id, stream, session.response_format, session.sample_rate,
-                                         accepted_at, len(text)))
+        await self.pending.put(Utterance(utterance_id, stream, ask, tally))
 
     async def _write(self) -> None:
         """Send the queued utterances, one after the other, each as it is synthesized."""
@@ -288,14 +287,15 @@ class SpeechConnection:
 
     async def _send(self, utterance: Utterance) -> None:
         stream, status, audio_s = utterance.stream, 499, 0.0  # 499 unless it ends: the client left first
-        output_rate = FORMATS[utterance.response_format].rate(stream.sample_rate, utterance.sample_rate)
+        response_format, sample_rate = utterance.ask.response_format, utterance.ask.sample_rate
+        output_rate = FORMATS[response_format].rate(stream.sample_rate, sample_rate)
         socket = self.socket
         try:
             await socket.send_json({"type": "started", "id": utterance.id, "voice": stream.voice.name,
-                                    "response_format": utterance.response_format, "sample_rate": output_rate,
+                                    "response_format": response_format, "sample_rate": output_rate,
                                     "sentences": len(stream.items)})
             sentence = 0
-            async for data, seconds, _ in stream.encoded(utterance.response_format, utterance.sample_rate):
+            async for data, seconds, _ in stream.encoded(response_format, sample_rate):
                 if data:
                     await socket.send_bytes(data)
                 if seconds:
@@ -313,10 +313,5 @@ class SpeechConnection:
             await self._refuse(failure, utterance.id)
         finally:
             stream.close()
-            self._account(status, utterance.accepted_at, utterance.characters, stream.voice.name, audio_s)
-
-    def _account(self, status: int, accepted_at: float, characters: int, voice: str | None = None,
-                 audio_s: float = 0.0) -> None:
-        account(self.service.metrics, self.socket.app.state.request_log, source="websocket",
-                client=self.caller.identity, status=status, started=accepted_at, characters=characters, voice=voice,
-                audio_s=audio_s)
+            utterance.tally.audio_s = audio_s
+            utterance.tally.end(status)

@@ -29,7 +29,7 @@ def _model_card(model_id: str) -> dict:
 
 @router.get("/v1/models", tags=["catalogue"])
 async def list_models(request: Request) -> dict:
-    catalogue = _service(request).catalogue
+    catalogue = _service(request).catalogue_now()
     ids = catalogue.models + sorted(catalogue.model_aliases)
     return {"object": "list", "data": [_model_card(model_id) for model_id in ids]}
 
@@ -37,14 +37,14 @@ async def list_models(request: Request) -> dict:
 @router.get("/v1/audio/models", tags=["catalogue"])
 async def list_audio_models(request: Request) -> dict:
     """The models in the shape Open WebUI and Kokoro-FastAPI's clients read: {"models": [{"id", ...}]}."""
-    catalogue = _service(request).catalogue
+    catalogue = _service(request).catalogue_now()
     return {"object": "list", "models": [_model_card(model_id)
                                          for model_id in catalogue.models + sorted(catalogue.model_aliases)]}
 
 
 @router.get("/v1/models/{model_id}", tags=["catalogue"], responses=error_responses(404))
 async def get_model(model_id: str, request: Request):
-    catalogue = _service(request).catalogue
+    catalogue = _service(request).catalogue_now()
     if model_id not in catalogue.models and model_id not in catalogue.model_aliases:
         return error_response(404, f"model {model_id!r} does not exist", "model", ErrorCode.MODEL_NOT_FOUND)
     return _model_card(model_id)
@@ -54,8 +54,8 @@ async def get_model(model_id: str, request: Request):
 async def health(request: Request) -> dict:
     """The process answers. Where upstream models are loaded, each one's circuit breaker state too (an open one is
     the upstream's outage, not a reason to restart this server: the status stays ok)."""
-    breakers = {name: status.breaker.state for name, loop in _service(request).loops.items()
-                if isinstance(status := loop.status().strategy, UpstreamStatus)}
+    breakers = {name: status.strategy.breaker.state for name, status in _service(request).loop_statuses().items()
+                if isinstance(status.strategy, UpstreamStatus)}
     return {"status": "ok", **({"upstreams": breakers} if breakers else {})}
 
 
@@ -73,7 +73,7 @@ async def status_reader(request: Request) -> None:
     """Who may read the status and metrics (the load, the models, the error rates): anyone, unless API keys
     are required or TTS_METRICS_TOKEN is set; then the metrics token (a Prometheus scraper's) or any valid
     API key, else 401. The probes (/health, /ready) stay open."""
-    token, access = _service(request).settings.metrics_token, request.app.state.access
+    token, access = request.app.state.settings.metrics_token, request.app.state.access
     if token is None and not access.require_api_key:
         return
     authorization = request.headers.get("authorization")
@@ -98,7 +98,7 @@ async def batch_status(request: Request) -> dict:
             responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
                              "description": "Prometheus text format"}, **error_responses(401)})
 async def metrics(request: Request) -> Response:
-    return Response(generate_latest(_service(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(_service(request).metrics_registry()), media_type=CONTENT_TYPE_LATEST)
 
 
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]

@@ -60,7 +60,7 @@ async def list_voices(request: Request, language: str | None = Query(None, max_l
                       model: str | None = Query(None, max_length=128, description="a model id")) -> dict:
     """The voices the caller may use: OpenAI-style `data`, and `voices` ([{"id", "name", ...}]) as Open
     WebUI and Kokoro-FastAPI's clients read them."""
-    catalogue, caller = request.app.state.service.catalogue, listed_caller(request)
+    catalogue, caller = request.app.state.service.catalogue_now(), listed_caller(request)
     aliases: dict[str, list[str]] = {}
     for alias, target in catalogue.voice_aliases.items():
         aliases.setdefault(target, []).append(alias)
@@ -87,7 +87,7 @@ async def clone_voice(request: Request, response: Response,
     # Consent is a statement, not a checkbox that any truthy word ticks: a form's bool took "yes", "1" and "on".
     record = await _clones(request).create(caller, data, name, model, consent == "true", text)
     response.headers.update(limit.headers() if limit else {})
-    catalogue = request.app.state.service.catalogue
+    catalogue = request.app.state.service.catalogue_now()
     voice, engine = catalogue.voices[record["name"]]
     return {**voice_entry(voice, engine, catalogue, [], caller.identity), "duration_s": record["duration_s"],
             "transcript": record["transcript"], "created_at": int(record["created_at"].timestamp())}

@@ -27,8 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
@@ -38,14 +37,14 @@ from wyoming.ping import Ping, Pong
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
-from access.accounting import account
 from access.control import AccessControl
-from storage.request_log import RequestLogWriter
 from tts_core.audio.encoding import pcm16
+from tts_core.config import Settings
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, SynthesisError
 from tts_core.request.access import Caller
+from tts_core.request.ask import Ask
 from tts_core.request.script import Reading
-from tts_core.service import SpeechService
+from tts_core.service import SpeechService, Tally
 from tts_core.text.chunks import complete_sentences
 
 from .connections import OpenSockets
@@ -105,26 +104,11 @@ async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Event | No
 
 
 @dataclass
-class Request:
-    """One synthesize, or one stream from synthesize-start to synthesize-stop, as it is accounted."""
-
-    accepted_at: float = field(default_factory=time.perf_counter)
-    characters: int = 0
-    status: int = 200  # the first refusal or failure's, if any
-    voice: str | None = None
-    audio_s: float = 0.0
-
-    def failed(self, status: int) -> None:
-        if self.status == 200:
-            self.status = status
-
-
-@dataclass
 class Stream:
     """A synthesize-start ... synthesize-stop stream: its voice and the text not yet spoken."""
 
     voice: str | None
-    request: Request
+    request: Tally  # the stream, from synthesize-start to synthesize-stop, as it is accounted
     refused: bool = False  # its start was refused: its text is dropped, its stop still answered
     text: str = ""
 
@@ -132,13 +116,11 @@ class Stream:
 class WyomingServer:
     """The Wyoming TCP server, started and stopped with the app."""
 
-    def __init__(self, service: SpeechService, access: AccessControl, request_log: RequestLogWriter | None,
-                 host: str, port: int, tier: str | None):
-        self.service, self.access, self.request_log = service, access, request_log
-        self.host, self.port, self.tier = host, port, tier
+    def __init__(self, service: SpeechService, access: AccessControl, settings: Settings):
+        self.service, self.access, self.settings = service, access, settings
+        self.host, self.port, self.tier = settings.host, settings.wyoming_port, settings.wyoming_tier
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task] = set()
-        settings = service.settings
         self.open_connections = OpenSockets("Wyoming connections", settings.wyoming_max_per_caller,
                                             settings.wyoming_max_connections)
 
@@ -196,7 +178,7 @@ class WyomingServer:
                            description=f"{voice.name} ({voice.model}, {voice.sample_rate} Hz)",
                            languages=[voice.language],
                            speakers=[TtsVoiceSpeaker(name=voice.speaker)] if voice.speaker else None)
-                  for voice in self.service.catalogue.voice_list(caller.identity)]
+                  for voice in self.service.catalogue_now().voice_list(caller.identity)]
         return Info(tts=[TtsProgram(name="chorus", attribution=ATTRIBUTION, installed=True, version=None,
                                     description="Chorus text to speech", voices=voices,
                                     supports_synthesize_streaming=True)])
@@ -215,7 +197,7 @@ class WyomingConnection(AsyncEventHandler):
         peer = writer.get_extra_info("peername")
         self.address = peer[0] if peer else "unknown"
         self.caller_name = caller_name(self.address)
-        self.idle_timeout_s = self.service.settings.wyoming_idle_timeout_s
+        self.idle_timeout_s = server.settings.wyoming_idle_timeout_s
         self.stream: Stream | None = None
 
     async def run(self) -> None:
@@ -225,7 +207,7 @@ class WyomingConnection(AsyncEventHandler):
             while True:
                 try:
                     async with asyncio.timeout(self.idle_timeout_s):  # the whole event: trickling bytes is idle too
-                        event = await read_event(self.reader, self.service.settings.max_body_bytes)
+                        event = await read_event(self.reader, self.server.settings.max_body_bytes)
                 except InvalidRequest as unreadable:
                     await self.write_event(error_event(unreadable))
                     if unreadable.code in UNREADABLE:
@@ -244,7 +226,7 @@ class WyomingConnection(AsyncEventHandler):
             pass
         finally:
             if self.stream is not None:  # left mid-stream
-                self._account(self.stream.request, 499)
+                self.stream.request.end(499)
 
     async def write_event(self, event: Event) -> None:
         """One event, or ConnectionAbortedError (a ConnectionError: the client is gone) when the client has not
@@ -285,7 +267,7 @@ class WyomingConnection(AsyncEventHandler):
             await self._stop()
 
     async def _synthesize(self, event: Event) -> None:
-        request = Request()
+        request = self._tally()
         try:
             text = _text(event)
             request.characters = len(text)
@@ -296,15 +278,15 @@ class WyomingConnection(AsyncEventHandler):
             request.failed(refusal.status)
             raise
         finally:
-            self._account(request)
+            request.end()
 
     async def _start(self, event: Event) -> None:
         if self.stream is not None:  # a new stream before the last one stopped: that one is given up
-            self._account(self.stream.request, 499)
-        self.stream = Stream(None, Request())
+            self.stream.request.end(499)
+        self.stream = Stream(None, self._tally())
         try:
             voice = self._voice(event)
-            self.service.catalogue.resolve(voice, None, self.server.caller(self.address).identity)
+            self.service.catalogue_now().resolve(voice, None, self.server.caller(self.address).identity)
             await self.server.access.hit(self.server.caller(self.address))
         except ChorusError as refusal:
             self.stream.refused = True
@@ -322,7 +304,7 @@ class WyomingConnection(AsyncEventHandler):
             return
         stream.request.characters += len(text)
         complete, stream.text = complete_sentences(stream.text + text)
-        if len(stream.text) >= self.service.settings.max_chars:  # no sentence end in sight: speak it anyway
+        if len(stream.text) >= self.server.settings.max_chars:  # no sentence end in sight: speak it anyway
             complete, stream.text = complete + stream.text, ""
         await self._speak_in_stream(complete)
 
@@ -334,7 +316,7 @@ class WyomingConnection(AsyncEventHandler):
         if not stream.refused:
             await self._speak_in_stream(stream.text)
         self.stream = None
-        self._account(stream.request)
+        stream.request.end()
         await self.write_event(SynthesizeStopped().event())
 
     async def _speak_in_stream(self, text: str) -> None:
@@ -347,12 +329,13 @@ class WyomingConnection(AsyncEventHandler):
             self.stream.request.failed(refusal.status)
             await self.write_event(error_event(refusal))
 
-    async def _speak(self, text: str, voice: str | None, request: Request, input_type: str) -> None:
+    async def _speak(self, text: str, voice: str | None, request: Tally, input_type: str) -> None:
         """audio-start, the audio as it is made, audio-stop. Refusals raise before audio-start; a failure
         after it is answered with an error event, and audio-stop still closes the audio."""
-        stream = await self.service.stream_pieces(text, voice, caller=self.server.caller(self.address),
-                                                  reading=Reading(input_type=input_type))
-        rate, request.voice = stream.sample_rate, stream.voice.name
+        ask = Ask(text, voice, response_format="pcm", reading=Reading(input_type=input_type), stream=True,
+                  caller=self.server.caller(self.address))
+        stream = await self.service.answer(ask, request)
+        rate = stream.sample_rate
         try:
             await self.write_event(AudioStart(rate=rate, width=WIDTH, channels=CHANNELS).event())
             try:
@@ -383,12 +366,11 @@ class WyomingConnection(AsyncEventHandler):
         if voice.get("name") or not voice.get("language"):
             return voice.get("name") or None
         caller = self.server.caller(self.address).identity
-        return self.service.catalogue.voice_for_language(voice["language"], None, caller)[0].name
+        return self.service.catalogue_now().voice_for_language(voice["language"], None, caller)[0].name
 
-    def _account(self, request: Request, status: int | None = None) -> None:
-        account(self.service.metrics, self.server.request_log, source="wyoming", client=self.caller_name,
-                status=status or request.status, started=request.accepted_at, characters=request.characters,
-                voice=request.voice, audio_s=request.audio_s)
+    def _tally(self) -> Tally:
+        """One synthesize, or one stream from synthesize-start to synthesize-stop, as it is accounted."""
+        return self.service.tally("wyoming", self.caller_name)
 
 
 def _text(event: Event) -> str:

@@ -44,6 +44,7 @@ from storage import JobStatus, Storage, StorageError
 from tts_core.config import Settings
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Overloaded
 from tts_core.request.access import Caller, Tier
+from tts_core.request.ask import Ask
 from tts_core.request.captions import SUBTITLE_FORMATS, subtitles
 from tts_core.request.operating import OperatorSettings
 from tts_core.request.script import Reading
@@ -137,7 +138,7 @@ class JobRunner:
         truth; a running attempt's synthesis is stopped, a write in progress is not (it loses)."""
         job = await asyncio.to_thread(self.storage.jobs.cancel, job_id)
         if job is not None:
-            self.service.metrics.jobs_finished.labels(JobStatus.CANCELLED).inc()
+            self.service.job_finished(JobStatus.CANCELLED)
             if (speaking := self._speaking.get(job_id)) is not None:
                 speaking.cancel()
         return job
@@ -164,7 +165,7 @@ class JobRunner:
                 if free > 0 and asyncio.get_running_loop().time() >= self._held_until:
                     for job in await asyncio.to_thread(self.storage.jobs.claim, free, self.replica, self.lease_s):
                         self._launch(job)
-                self.service.metrics.jobs_state(*await asyncio.to_thread(self.storage.jobs.backlog))
+                self.service.jobs_waiting(*await asyncio.to_thread(self.storage.jobs.backlog))
                 if not self._unsettled:  # a whole round worked, and every outcome is recorded: over (if one was on)
                     self.outage.ended()
             except StorageError as error:  # the database may be unavailable for a while: keep going
@@ -238,13 +239,15 @@ class JobRunner:
         normalization = NormalizationOptions(**request.get("normalization", {"normalize": False}))
         reading = Reading(normalization, request.get("input_type", "auto"), instructions=request.get("instructions"))
         if is_dialogue(request):
-            return await self.service.speak_dialogue(
-                request["script"], request["voices"], request.get("model"), request.get("speed", 1.0),
-                request["response_format"], self._caller(job), reading, request.get("captions", False),
-                request.get("sample_rate"), on_turn=lambda made: self._record_progress(job, made))
-        return await self.service.speak(request["input"], request["voice"], request.get("model"),
-                                        request.get("speed", 1.0), request["response_format"], self._caller(job),
-                                        reading, sample_rate=request.get("sample_rate"))
+            return await self.service.answer(
+                Ask(model=request.get("model"), speed=request.get("speed", 1.0),
+                    response_format=request["response_format"], sample_rate=request.get("sample_rate"),
+                    reading=reading, words=request.get("captions", False), caller=self._caller(job),
+                    script=request["script"], voices=request["voices"]),
+                on_turn=lambda made: self._record_progress(job, made))
+        return await self.service.answer(Ask(request["input"], request["voice"], request.get("model"),
+                                             request.get("speed", 1.0), request["response_format"],
+                                             request.get("sample_rate"), reading, caller=self._caller(job)))
 
     def _record_progress(self, job: dict, made: int) -> None:
         """A dialogue's turns made so far, written in the background (its synthesis goes on meanwhile)."""
@@ -339,7 +342,7 @@ class JobRunner:
             self._unsettled[job_id] = (attempt, status, fields)
             return False
         if won and status != JobStatus.QUEUED:
-            self.service.metrics.jobs_finished.labels(status).inc()
+            self.service.job_finished(status)
         return won
 
     def _settle(self, job_id: str, attempt: int, status: str, fields: dict) -> bool:

@@ -18,28 +18,30 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
+from prometheus_client import CollectorRegistry
 
 from .audio.cache import AudioCache, CachedAudio, CacheUse
 from .audio.encoding import FORMATS, STREAMABLE, encode, unsupported_rate
 from .config import Settings
 from .degrade import DegradeController
-from .engines import Engine, ModelSpec
+from .engines import Capabilities, Engine, ModelSpec
 from .engines.contract import EngineOutput
-from .errors import Conflict, ErrorCode, InvalidRequest
+from .errors import ChorusError, Conflict, ErrorCode, InvalidRequest
 from .ops import gpu
 from .ops.metrics import Metrics
 from .request.access import Caller
 from .request.admission import Admission
+from .request.ask import Ask
 from .request.assembly import Assembly, SentenceStream
 from .request.captions import CaptionWord, Timed, caption_words
 from .request.dialogue import (
     Dialogue,
     DialogueStream,
-    ScriptText,
     TurnProgress,
     TurnSpan,
     captions,
@@ -47,9 +49,9 @@ from .request.dialogue import (
     recording,
 )
 from .request.dispatch import Scheduler
-from .request.operating import DegradeAction
-from .request.script import Reading, Script
-from .scheduler.engine_loop import EngineLoop
+from .request.operating import DegradeAction, DegradeState
+from .request.script import Script
+from .scheduler.engine_loop import EngineLoop, LoopStatus
 from .scheduler.pool import ModelPool
 from .scheduler.queue import RequestQueue, WaitTarget
 from .scheduler.records import QueuedItem
@@ -110,18 +112,85 @@ class SpokenAudio:
     turns: tuple[TurnSpan, ...] = ()  # a dialogue's (not cached): who speaks when
 
 
+class RequestLog(Protocol):
+    """Where answered requests are written (storage.request_log.RequestLogWriter), as app.py gives it."""
+
+    def record(self, *, client: str, source: str, status: int, voice: str | None = None, characters: int = 0,
+               queue_ms: float | None = None, synthesis_ms: float | None = None, batch_size: int | None = None
+               ) -> None: ...
+
+
+CLIENT_GONE = 499  # the caller left before the whole answer was sent
+
+
+def ended_status(error: BaseException | None) -> int:
+    """The status a request that ended with this error is accounted with."""
+    if error is None:
+        return 200
+    if isinstance(error, ChorusError):
+        return error.status
+    if isinstance(error, asyncio.CancelledError | GeneratorExit):  # the caller left (or stopped it)
+        return CLIENT_GONE
+    return 500
+
+
+@dataclass(eq=False)
+class Tally:
+    """One request as it is accounted: its surface's name and client, what it asked and got, and how it ended (the
+    first refusal or failure, if any). `SpeechService.tally` makes one; `end` counts, times and logs it, once.
+    Used as a context manager, it ends when the block does, with the status of the error that ended it."""
+
+    source: str
+    client: str
+    record: Callable[[Tally], None]
+    started: float = field(default_factory=time.perf_counter)
+    characters: int = 0
+    voice: str | None = None
+    audio_s: float = 0.0
+    timings: Timings = Timings()
+    status: int = 200
+    ended: bool = False
+
+    def answered(self, answer: SpokenAudio | SentenceStream | DialogueStream) -> None:
+        if isinstance(answer, SpokenAudio):
+            self.voice, self.audio_s, self.timings = answer.voice, answer.duration_s, answer.timings
+        elif isinstance(answer, SentenceStream):
+            self.voice = answer.voice.name
+
+    def failed(self, status: int) -> None:
+        if self.status == 200:
+            self.status = status
+
+    def end(self, status: int | None = None) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        if status is not None:
+            self.status = status
+        self.record(self)
+
+    def __enter__(self) -> Tally:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.end(ended_status(error) if error is not None else None)
+
+
 class SpeechService:
     def __init__(self, settings: Settings, models: Sequence[Engine | ModelSpec], metrics: Metrics,
                  degrade: DegradeController | None = None, cache: AudioCache | None = None,
                  clones: Sequence[ClonedVoice] = (),
-                 make_scheduler: Callable[[Settings, ModelPool, Metrics], Scheduler] = Scheduler):
+                 make_scheduler: Callable[[Settings, ModelPool, Metrics], Scheduler] = Scheduler,
+                 request_log: RequestLog | None = None):
         """models: loaded engines (always kept) or model specs (the pool loads them as configured);
         clones: the cloned voices stored (given to their models as they load); make_scheduler: where passages
-        are queued (here, on the pool's engine loops, unless a deployment places them elsewhere)."""
+        are queued (here, on the pool's engine loops, unless a deployment places them elsewhere); request_log: where
+        answered requests are written (none: only counted)."""
         if not models:
             raise RuntimeError("no voices could be loaded")
         self.settings = settings
         self.metrics = metrics
+        self.request_log = request_log
         self.degrade = degrade or DegradeController()
         self.cache = cache or AudioCache(int(self.degrade.settings.cache_max_mb * 2**20))
         specs = [model if isinstance(model, ModelSpec) else ModelSpec.loaded(model) for model in models]
@@ -216,7 +285,40 @@ class SpeechService:
         specs = [slot.spec for slot in self.pool.slots().values() if not slot.retired]
         self.catalogue = Catalogue.build(specs, self.settings, self.clones.all())
 
+    # --- what the surfaces read ----------------------------------------------------------------
+
+    def catalogue_now(self) -> Catalogue:
+        """The voices, models, aliases and capabilities offered now: an immutable snapshot (a registry reload or a
+        cloned voice swaps in a new one)."""
+        return self.catalogue
+
+    def times_words(self, voice: str, caller: str | None = None) -> bool:
+        """Whether the voice's model times its words (its declared capabilities); InvalidRequest for a voice the
+        caller cannot use."""
+        catalogue = self.catalogue
+        _, model = catalogue.resolve_voice(voice, None, caller)
+        return catalogue.capabilities.get(model, Capabilities()).times_words
+
+    def cloning_models(self) -> list[str]:
+        """The models that can clone a voice here (none where this process's engines run elsewhere)."""
+        return self.cloner.models()
+
+    def cloning_refusal(self) -> str | None:
+        """Why this process makes no clones, if it makes none (its engines run elsewhere)."""
+        return self.cloner.refusal
+
+    def degrade_state(self) -> DegradeState:
+        return self.degrade.state
+
+    def metrics_registry(self) -> CollectorRegistry:
+        """The Prometheus metrics, as /metrics exports them."""
+        return self.metrics.registry
+
     # --- status --------------------------------------------------------------------------------
+
+    def loop_statuses(self) -> dict[str, LoopStatus]:
+        """Each loaded model's loop as it is now (EngineLoop.status), without the window's figures."""
+        return {name: loop.status() for name, loop in self.loops.items()}
 
     def queue_length(self) -> int:
         return sum(loop.queue_length for loop in self.scheduler.loads().values())
@@ -259,28 +361,70 @@ class SpeechService:
             return {"loaded": False, "pinned": pinned, "queue_length": 0, "ready": False}
         return {"loaded": True, "pinned": pinned, **loop.status().to_json()}
 
-    # --- synthesis -----------------------------------------------------------------------------
+    # --- accounting: every surface's requests, counted, timed and logged alike -----------------------
 
-    def validate(self, text: str, voice: str | None, model: str | None, speed: float, caller: Caller | None,
-                 reading: Reading = Reading()) -> Script:
-        """What a request is checked for whatever the load: what it says, in which voices. Blocking (the front
-        end's work grows with the text): callers on the event loop use `admit` or `synthesize`."""
-        return self.admission.validate(self.catalogue, text, voice, model, speed, caller, reading)
+    def tally(self, source: str, client: str, characters: int = 0) -> Tally:
+        """A request's accounting, from now until its surface ends it."""
+        return Tally(source, client, self._record, characters=characters)
 
-    async def admit(self, text: str, voice: str | None, model: str | None, speed: float, caller: Caller | None,
-                    reading: Reading, words: bool = False) -> Script:
+    def _record(self, tally: Tally) -> None:
+        self.account(tally.source, tally.client, tally.status, tally.started, characters=tally.characters,
+                     voice=tally.voice, audio_s=tally.audio_s, **asdict(tally.timings))
+
+    def account(self, source: str, client: str, status: int, started: float, characters: int = 0,
+                voice: str | None = None, audio_s: float = 0.0, queue_ms: float | None = None,
+                synthesis_ms: float | None = None, batch_size: int | None = None) -> None:
+        """One answered request: `started` is its time.perf_counter() when it was accepted; status 499 when the
+        caller left before the whole answer was sent."""
+        self.metrics.request_answered(source, status, time.perf_counter() - started, audio_s)
+        if self.request_log is not None:
+            self.request_log.record(client=client, source=source, status=status, voice=voice, characters=characters,
+                                    queue_ms=queue_ms, synthesis_ms=synthesis_ms, batch_size=batch_size)
+
+    def job_finished(self, status: str) -> None:
+        """A job ended (succeeded, failed or cancelled): counted."""
+        self.metrics.jobs_finished.labels(status).inc()
+
+    def jobs_waiting(self, queued: int, running: int, oldest_queued_s: float | None) -> None:
+        """The job backlog as the job runner counted it now (the dashboard's)."""
+        self.metrics.jobs_state(queued, running, oldest_queued_s)
+
+    # --- answering -----------------------------------------------------------------------------
+
+    async def answer(self, ask: Ask, tally: Tally | None = None, on_turn: Callable[[int], None] | None = None
+                     ) -> SpokenAudio | SentenceStream | DialogueStream:
+        """The one way a request is answered, from any surface: its format checked, the request validated and
+        admitted (tier limits, degrade mode), queued and assembled; whole and encoded (through the cache), or as
+        a stream (`stream.encoded(ask.response_format, ask.sample_rate)`) whose refusals raise here, before any
+        audio exists. The tally, if given, learns the voice (and a whole answer's audio and timings); `on_turn`, a
+        whole dialogue's turns made so far, as each is made (a job's progress)."""
+        check_format(ask.response_format, ask.sample_rate, streamed=ask.stream)
+        if ask.dialogue:
+            answered = await (self._stream_dialogue(ask) if ask.stream else self._speak_dialogue(ask, on_turn))
+        else:
+            answered = await (self._stream_pieces(ask) if ask.stream else self._speak(ask))
+        if tally is not None:
+            tally.answered(answered)
+        return answered
+
+    def validate(self, ask: Ask) -> Script:
+        """What a request is checked for whatever the load: what it says, in which voices (a job's, before it is
+        queued; the UI's, as it is typed). Blocking (the front end's work grows with the text)."""
+        return self.admission.validate(self.catalogue, ask.text, ask.voice, ask.model, ask.speed, ask.caller,
+                                       ask.reading)
+
+    async def synthesize(self, ask: Ask) -> Speech:
+        """The raw speech of a text, for tools and tests (validated, not admitted through degrade mode, not
+        cached, not encoded)."""
+        script = await self.scheduler.read(self.validate, ask)
+        items = await self.scheduler.submit(script, ask.caller)
+        return await self._joined(script, items)
+
+    async def _admit(self, ask: Ask) -> Script:
         """Admission.admit (validation, degrade mode's refusals, word timings where asked for) on the text reader:
         the event loop only routes."""
-        return await self.scheduler.read(self.admission.admit, self.catalogue, text, voice, model, speed, caller,
-                                         reading, words)
-
-    async def synthesize(self, text: str, voice: str | None = None, model: str | None = None,
-                         speed: float = 1.0, caller: Caller | None = None,
-                         reading: Reading = Reading()) -> Speech:
-        """The raw speech of a text (validated, not admitted through degrade mode, not cached)."""
-        script = await self.scheduler.read(self.validate, text, voice, model, speed, caller, reading)
-        items = await self.scheduler.submit(script, caller)
-        return await self._joined(script, items)
+        return await self.scheduler.read(self.admission.admit, self.catalogue, ask.text, ask.voice, ask.model,
+                                         ask.speed, ask.caller, ask.reading, ask.words)
 
     async def _joined(self, script: Script, items: list[QueuedItem]) -> Speech:
         outputs = await self.scheduler.collect(items, None)  # (the assembly brings them to the answer's rate)
@@ -291,19 +435,16 @@ class SpeechService:
         self.metrics.audio_seconds.inc(audio.size / script.voice.sample_rate)
         return Speech(audio, script.voice.sample_rate, script.voice.name, len(items), Timings.of(items), tuple(timed))
 
-    async def speak(self, text: str, voice: str | None = None, model: str | None = None, speed: float = 1.0,
-                    response_format: str = "mp3", caller: Caller | None = None,
-                    reading: Reading = Reading(), words: bool = False, sample_rate: int | None = None
-                    ) -> SpokenAudio:
+    async def _speak(self, ask: Ask) -> SpokenAudio:
         """Synthesize and encode (at sample_rate, if asked), with the caller's tier, the degrade actions, the
         queue's wait target and the cache in the way; with `words`, when each word of the input is spoken
         (not cached)."""
-        check_format(response_format, sample_rate)
-        script = await self.admit(text, voice, model, speed, caller, reading, words)
+        response_format, sample_rate, words = ask.response_format, ask.sample_rate, ask.words
+        script = await self._admit(ask)
         state, settings = self.degrade.state, self.degrade.settings
         use_cache = not words and (settings.cache_enabled or DegradeAction.CACHE_FIRST in state.actions)
         # keyed on what is said: inputs (or normalization options) that say the same share their audio
-        key = (script.model, speed, response_format, sample_rate, script.key)
+        key = (script.model, ask.speed, response_format, sample_rate, script.key)
         if use_cache and (hit := self.cache.get(key)) is not None:
             self.metrics.cache_lookups.labels(CacheUse.HIT).inc()
             if DegradeAction.CACHE_FIRST in state.actions:
@@ -311,7 +452,7 @@ class SpeechService:
             return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, CacheUse.HIT, state.actions)
         if use_cache:
             self.metrics.cache_lookups.labels(CacheUse.MISS).inc()
-        items = await self.scheduler.submit(script, caller, target=self.admission.wait_target(), words=words)
+        items = await self.scheduler.submit(script, ask.caller, target=self.admission.wait_target(), words=words)
         speech = await self._joined(script, items)
         data = await asyncio.to_thread(encode, speech.audio, speech.sample_rate, response_format, sample_rate)
         content_type = FORMATS[response_format].content_type
@@ -319,52 +460,41 @@ class SpeechService:
             self.cache.put(key, CachedAudio(data, content_type, speech.voice, speech.duration_s))
         captions = None
         if words:
-            captions = tuple(await asyncio.to_thread(caption_words, script, text, list(speech.timed_words)))
+            captions = tuple(await asyncio.to_thread(caption_words, script, ask.text, list(speech.timed_words)))
         cache_use = CacheUse.MISS if use_cache else CacheUse.OFF
         return SpokenAudio(data, content_type, speech.voice, speech.duration_s, cache_use, self.degrade.state.actions,
                            speech.timings, captions)
 
-    async def speak_stream(self, text: str, voice: str | None = None, model: str | None = None,
-                           speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None,
-                           reading: Reading = Reading(), words: bool = False, sample_rate: int | None = None
-                           ) -> SentenceStream:
-        """stream_pieces for a streamed encoded response (`stream.encoded(response_format, sample_rate)`): the
-        format and rate are checked first."""
-        check_format(response_format, sample_rate, streamed=True)
-        return await self.stream_pieces(text, voice, model, speed, caller, reading, words)
-
-    async def stream_pieces(self, text: str, voice: str | None = None, model: str | None = None,
-                            speed: float = 1.0, caller: Caller | None = None,
-                            reading: Reading = Reading(), words: bool = False) -> SentenceStream:
+    async def _stream_pieces(self, ask: Ask) -> SentenceStream:
         """Queue every sentence now and return their audio as a SentenceStream (with `words`, each piece's
         words timed: SentenceStream.timed). Refusals (validation, limits, the queue's wait) raise here,
         before any audio exists. The first piece is queued as soon as the first sentence is read (after the
         refusals that need none of the text read), and is synthesized while the rest of the text is read."""
         started, target = time.monotonic(), self.admission.wait_target()
-        lead = await self.scheduler.read(self.admission.lead, self.catalogue, text, voice, model, speed, caller,
-                                         reading, words)
-        script, items = await self.scheduler.submit_stream(
-            lead, lambda: self.admit(text, voice, model, speed, caller, reading, words), caller, target, words)
+        lead = await self.scheduler.read(self.admission.lead, self.catalogue, ask.text, ask.voice, ask.model,
+                                         ask.speed, ask.caller, ask.reading, ask.words)
+        script, items = await self.scheduler.submit_stream(lead, lambda: self._admit(ask), ask.caller, target,
+                                                           ask.words)
         return SentenceStream(script, items, started, self.metrics, self.settings.request_timeout_s)
 
     # --- dialogue: several speakers' turns, one recording (tts_core.request.dialogue) ----------------------------
 
-    async def admit_dialogue(self, script: ScriptText, voices: Mapping[str, str], model: str | None = None,
-                             speed: float = 1.0, caller: Caller | None = None, reading: Reading = Reading(),
-                             words: bool = False) -> Dialogue:
-        """The script checked and compiled (every turn as the speech API checks a text) on the text reader."""
-        return await self.scheduler.read(compile_dialogue, self.admission, self.catalogue, script, voices, model,
-                                         speed, caller, reading, words)
+    async def dialogue_turns(self, ask: Ask) -> int:
+        """A dialogue checked as `answer` checks it (its script, voices and limits, degrade mode's refusals), queueing
+        nothing: its number of turns (a dialogue job's, checked when it is submitted, counts its progress in them)."""
+        return len((await self._admit_dialogue(ask)).turns)
 
-    async def speak_dialogue(self, script: ScriptText, voices: Mapping[str, str], model: str | None = None,
-                             speed: float = 1.0, response_format: str = "mp3", caller: Caller | None = None,
-                             reading: Reading = Reading(), words: bool = False, sample_rate: int | None = None,
-                             on_turn: Callable[[int], None] | None = None) -> SpokenAudio:
+    async def _admit_dialogue(self, ask: Ask) -> Dialogue:
+        """The script checked and compiled (every turn as the speech API checks a text) on the text reader."""
+        return await self.scheduler.read(compile_dialogue, self.admission, self.catalogue, ask.script, ask.voices,
+                                         ask.model, ask.speed, ask.caller, ask.reading, ask.words)
+
+    async def _speak_dialogue(self, ask: Ask, on_turn: Callable[[int], None] | None = None) -> SpokenAudio:
         """A dialogue as one encoded recording, its turns queued at once (batched with everyone's work) and joined
-        at one level; cached on the whole script, as speak caches a text (not with `words`). `on_turn(turns made so
+        at one level; cached on the whole script, as _speak caches a text (not with `words`). `on_turn(turns made so
         far)` is called on the event loop as each turn's audio is made (a job's progress)."""
-        check_format(response_format, sample_rate)
-        dialogue = await self.admit_dialogue(script, voices, model, speed, caller, reading, words)
+        response_format, sample_rate, words = ask.response_format, ask.sample_rate, ask.words
+        dialogue = await self._admit_dialogue(ask)
         actions = self.degrade.state.actions
         use_cache = not words and (self.degrade.settings.cache_enabled or DegradeAction.CACHE_FIRST in actions)
         key = (dialogue.script.model, response_format, sample_rate, dialogue.key)
@@ -375,7 +505,7 @@ class SpeechService:
             return SpokenAudio(hit.data, hit.content_type, hit.voice, hit.duration_s, CacheUse.HIT, actions)
         if use_cache:
             self.metrics.cache_lookups.labels(CacheUse.MISS).inc()
-        items = await self._queue_dialogue(dialogue, caller, False, words)
+        items = await self._queue_dialogue(dialogue, ask.caller, False, words)
         if on_turn is not None:
             TurnProgress(dialogue, items, on_turn)
         outputs = await self.scheduler.collect(items, dialogue.script.voice.sample_rate)
@@ -389,16 +519,11 @@ class SpeechService:
         return SpokenAudio(data, content_type, voice, made.duration_s, CacheUse.MISS if use_cache else CacheUse.OFF,
                            self.degrade.state.actions, Timings.of(items), said, made.turns)
 
-    async def stream_dialogue(self, script: ScriptText, voices: Mapping[str, str], model: str | None = None,
-                              speed: float = 1.0, response_format: str = "pcm", caller: Caller | None = None,
-                              reading: Reading = Reading(), words: bool = False, sample_rate: int | None = None
-                              ) -> DialogueStream:
-        """A dialogue streamed turn by turn (`stream.encoded(response_format, sample_rate)`); refusals raise here,
-        before any audio exists."""
-        check_format(response_format, sample_rate, streamed=True)
+    async def _stream_dialogue(self, ask: Ask) -> DialogueStream:
+        """A dialogue streamed turn by turn; refusals raise here, before any audio exists."""
         started = time.monotonic()
-        dialogue = await self.admit_dialogue(script, voices, model, speed, caller, reading, words)
-        items = await self._queue_dialogue(dialogue, caller, True, words)
+        dialogue = await self._admit_dialogue(ask)
+        items = await self._queue_dialogue(dialogue, ask.caller, True, ask.words)
         return DialogueStream(dialogue, items, started, self.metrics, self.settings.request_timeout_s)
 
     async def _queue_dialogue(self, dialogue: Dialogue, caller: Caller | None, streaming: bool, words: bool

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import gradio as gr
 
 from clones import VoiceClones
-from storage.request_log import RequestLogWriter
+from tts_core.config import Settings
 from tts_core.service import SpeechService
 
 from .cloning import ClonePanel
@@ -23,13 +23,13 @@ from .speak import KEEP_FILES_S, SpeakPanel
 from .voice_picker import VoicePicker
 
 
-def build_ui(service: SpeechService, admit: Admit, identify: Identify, clones: VoiceClones,
-             request_log: RequestLogWriter | None = None, extra_tabs: Sequence[Callable[[], None]] = ()) -> gr.Blocks:
+def build_ui(service: SpeechService, settings: Settings, admit: Admit, identify: Identify, clones: VoiceClones,
+             extra_tabs: Sequence[Callable[[], None]] = ()) -> gr.Blocks:
     """The app's page: the synthesis tab, then each extra tab (the composition root adds Admin)."""
-    out_dir = (service.settings.data_dir / "ui").resolve()  # kept with the server's other data (a volume)
+    out_dir = (settings.data_dir / "ui").resolve()  # kept with the server's other data (a volume)
     out_dir.mkdir(parents=True, exist_ok=True)
     gr.set_static_paths([out_dir])  # the player fetches the pieces from it, the history links the files
-    context = UiContext(service, admit, identify, clones, request_log, out_dir)
+    context = UiContext(service, settings, admit, identify, clones, out_dir)
     speak, voices = SpeakPanel(context), VoicePicker(context)
     history, cloning = HistoryPanel(context), ClonePanel(context)
 

@@ -37,7 +37,7 @@ class ClonePanel:
 
     def render(self, voice: gr.Dropdown) -> None:
         """The panel; a new voice is chosen in `voice`."""
-        models = self.context.service.cloner.models()
+        models = self.context.service.cloning_models()
         with gr.Accordion("Clone a voice", open=False):
             self.unavailable = gr.Markdown(self.why_not(models), visible=not models, elem_id="clone-unavailable")
             with gr.Column(visible=bool(models)) as self.form:
@@ -66,13 +66,13 @@ class ClonePanel:
         """Why this server offers no cloning, in words a person reads (nothing where it does)."""
         if models:
             return ""
-        refusal = self.context.service.cloner.refusal
+        refusal = self.context.service.cloning_refusal()
         return f"**Cloning is not available here:** {refusal}." if refusal else NO_CLONING_MODEL
 
     def models_now(self) -> tuple:
         """The models that can clone, and the form or the line saying why none (the registry may have been
         reloaded since the page was built)."""
-        models = self.context.service.cloner.models()
+        models = self.context.service.cloning_models()
         return (gr.Dropdown(choices=models, value=models[0] if models else None),
                 gr.Markdown(self.why_not(models), visible=not models), gr.Column(visible=bool(models)))
 
@@ -84,7 +84,7 @@ class ClonePanel:
             caller, _ = await self.context.admit(request)
             if not clip:
                 raise InvalidRequest("record or upload a clip of the voice first", "audio")
-            data = await asyncio.to_thread(_read_upload, clip, service.settings.max_body_bytes)
+            data = await asyncio.to_thread(_read_upload, clip, self.context.settings.max_body_bytes)
             record = await self.context.clones.create(caller, data, (name or "").strip(), model or "", bool(consent),
                                                       (transcript or "").strip() or None)
         except ChorusError as error:
@@ -93,4 +93,4 @@ class ClonePanel:
             raise refused(StorageUnavailable()) from None
         return (f"Voice **{record['name']}** is ready ({record['duration_s']:.1f} s clip); it is yours to use "
                 "until an admin makes it public.",
-                gr.Dropdown(choices=voice_choices(service.catalogue, caller.identity), value=record["name"]))
+                gr.Dropdown(choices=voice_choices(service.catalogue_now(), caller.identity), value=record["name"]))

@@ -1,5 +1,5 @@
-"""What every panel of the synthesis tab shares, passed to each explicitly: the service, how a browser's
-caller is identified and admitted, the voice clones, where requests are logged, and the takes' folder."""
+"""What every panel of the synthesis tab shares, passed to each explicitly: the service and the server's settings,
+how a browser's caller is identified and admitted, the voice clones, and the takes' folder."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import gradio as gr
 
 from clones import VoiceClones
-from storage.request_log import RequestLogWriter
+from tts_core.config import Settings
 from tts_core.errors import ChorusError
 from tts_core.request.access import Caller
 from tts_core.service import SpeechService
@@ -31,10 +31,10 @@ def refused(error: ChorusError) -> gr.Error:
 @dataclass(frozen=True)
 class UiContext:
     service: SpeechService
+    settings: Settings  # the server's (its limits, its data folder)
     admit: Admit
     identify: Identify
     clones: VoiceClones
-    request_log: RequestLogWriter | None
     out_dir: Path  # each take's files (ui/takes.py), a Gradio static path
 
     def caller_of(self, request: gr.Request) -> Caller | None:

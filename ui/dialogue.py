@@ -12,10 +12,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from access.accounting import account
-from tts_core.engines import Capabilities
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest
 from tts_core.request.access import Caller
+from tts_core.request.ask import Ask
 from tts_core.request.captions import SUBTITLE_FORMATS, subtitles
 
 from . import takes
@@ -54,7 +53,7 @@ class DialoguePanel:
     def render(self, stored: gr.BrowserState) -> HistoryPanel:
         """The tab, and its history of the dialogues `stored` in the browser (whose list the page fills as it
         loads)."""
-        default = self.context.service.catalogue.default_voice
+        default = self.context.service.catalogue_now().default_voice
         with gr.Row():
             with gr.Column(scale=3, min_width=320):
                 script = gr.Textbox(label="Script: a line per turn, `Name: what they say`", lines=8,
@@ -78,47 +77,36 @@ class DialoguePanel:
     def _timed(self, voices: dict[str, str], caller: Caller | None) -> bool:
         """Whether every voice's model times its words (as declared), for subtitles; a voice that does not exist
         is left for the dialogue's own refusal, which names its speaker."""
-        catalogue = self.context.service.catalogue
         try:
-            models = [catalogue.resolve_voice(voice, None, caller.identity if caller else None)[1]
-                      for voice in voices.values()]
+            return all(self.context.service.times_words(voice, caller.identity if caller else None)
+                       for voice in voices.values())
         except InvalidRequest:
             return False
-        return all(catalogue.capabilities.get(model, Capabilities()).times_words for model in models)
 
     async def make(self, script: str, voices: str, response_format: str, request: gr.Request
                    ) -> tuple[str, list[str], str]:
         """The recording (whole: a dialogue's turns are joined at one level once all are made), its files, and its
         entry in the history."""
-        started, status, audio_s, details = time.perf_counter(), 200, 0.0, {}
         client = request.client.host if request and request.client else "unknown"
-        try:
-            caller, _ = await self.context.admit(request)
-            client = caller.identity
-            cast = voices_of(voices or "")
-            timed = self._timed(cast, caller)
-            spoken = await self.context.service.speak_dialogue(script or "", cast, None, 1.0, response_format, caller,
-                                                               words=timed)
-            audio_s, details = spoken.duration_s, {"voice": spoken.voice}
-            words = list(spoken.words or ())
-            captions = {kind: subtitles(words, kind) for kind in SUBTITLE_FORMATS} if words else {}
-            take = await asyncio.to_thread(takes.Take, self.context.out_dir)
-            path = await asyncio.to_thread(take.finish, spoken.data, takes.file_stem("dialogue", script or ""),
-                                           response_format, captions, "")
-            entry = {"take": take.id, "name": path.name, "text": (script or "")[:500], "at": time.time(),
-                     "label": ", ".join(f"{name}: {voice}" for name, voice in cast.items()),
-                     "duration_s": round(audio_s, 2)}
-            return (*replayed(entry, self.context.out_dir), json.dumps(entry))
+        try:  # accounted when the block ends: a browser that leaves is a 499
+            with self.context.service.tally("ui", client, len(script or "")) as tally:
+                caller, _ = await self.context.admit(request)
+                tally.client = caller.identity
+                cast = voices_of(voices or "")
+                ask = Ask(response_format=response_format, words=self._timed(cast, caller), caller=caller,
+                          script=script or "", voices=cast)
+                spoken = await self.context.service.answer(ask, tally)
+                words = list(spoken.words or ())
+                captions = {kind: subtitles(words, kind) for kind in SUBTITLE_FORMATS} if words else {}
+                take = await asyncio.to_thread(takes.Take, self.context.out_dir)
+                path = await asyncio.to_thread(take.finish, spoken.data, takes.file_stem("dialogue", script or ""),
+                                               response_format, captions, "")
+                entry = {"take": take.id, "name": path.name, "text": (script or "")[:500], "at": time.time(),
+                         "label": ", ".join(f"{name}: {voice}" for name, voice in cast.items()),
+                         "duration_s": round(spoken.duration_s, 2)}
+                return (*replayed(entry, self.context.out_dir), json.dumps(entry))
         except ChorusError as error:
-            status = error.status
             raise refused(error) from None
-        except (asyncio.CancelledError, GeneratorExit):  # the browser left
-            status = 499
-            raise
         except Exception:
-            status = 500
             log.exception("UI dialogue failed")
             raise gr.Error("the dialogue failed: an internal error (logged on the server)") from None
-        finally:
-            account(self.context.service.metrics, self.context.request_log, source="ui", client=client,
-                    status=status, started=started, characters=len(script or ""), audio_s=audio_s, **details)

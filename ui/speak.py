@@ -12,14 +12,14 @@ from collections.abc import Sequence
 import gradio as gr
 import numpy as np
 
-from access.accounting import account
 from tts_core.audio.encoding import encode
-from tts_core.engines import Capabilities
 from tts_core.errors import ChorusError
 from tts_core.request.access import Caller
 from tts_core.request.admission import MAX_SPEED, MIN_SPEED
+from tts_core.request.ask import Ask
 from tts_core.request.assembly import SentenceStream
 from tts_core.request.captions import SUBTITLE_FORMATS, CaptionWord, caption_words, subtitles
+from tts_core.service import Tally
 
 from . import browser, takes
 from .context import UiContext, log, refused
@@ -64,7 +64,7 @@ class SpeakPanel:
 
     def render_inputs(self) -> None:
         """The text, its counter, speed and format (the left column)."""
-        limit = self.context.service.settings.max_chars
+        limit = self.context.settings.max_chars
         # a hint, not a sample: grey words in the box read as words that will be spoken
         self.text = gr.Textbox(label="Text to speak", lines=6, max_length=limit, elem_id="speech-text",
                                placeholder="Type or paste the text to speak…")
@@ -87,37 +87,33 @@ class SpeakPanel:
 
     def for_caller(self, caller: Caller | None) -> tuple[gr.Textbox, str]:
         """The text box and counter for the caller's limit (its tier's, within the server's)."""
-        limit = self.context.service.settings.max_chars
+        limit = self.context.settings.max_chars
         if caller:
             limit = min(caller.tier.max_chars, limit)
         return gr.Textbox(max_length=limit), counter_html(limit, caller.tier_name if caller else None)
-
-    def answered(self, status: int, started: float, client: str, characters: int, audio_s: float = 0.0,
-                 **details) -> None:
-        account(self.context.service.metrics, self.context.request_log, source="ui", client=client, status=status,
-                started=started, characters=characters, audio_s=audio_s, **details)
 
     def check(self, text: str, voice: str, speed: float, response_format: str, request: gr.Request) -> list[dict]:
         """The request's text, voice and speed checked before it is queued (Gradio's validator): a refusal is
         one message at the input at fault, and the take before stays in the player."""
         started, caller = time.perf_counter(), self.context.caller_of(request)
         try:
-            self.context.service.validate(text or "", voice, None, float(speed), caller)
+            self.context.service.validate(Ask(text or "", voice, speed=float(speed), caller=caller))
         except ChorusError as error:
             log.info("UI request refused (%d %s): %s", error.status, error.code, error.message)
             client = caller.identity if caller else request.client.host if request and request.client else "unknown"
-            self.answered(error.status, started, client, len(text or ""))
+            self.context.service.account("ui", client, error.status, started, len(text or ""))
             at_fault = FIELDS.get(error.param or "", 0)
             return [gr.validate(index != at_fault, error.message) for index in range(4)]
         return [gr.validate(True, "")] * 4
 
-    async def open_stream(self, text: str, voice: str, speed: float, caller: Caller) -> tuple[SentenceStream, bool]:
+    async def open_stream(self, text: str, voice: str, speed: float, caller: Caller, tally: Tally
+                          ) -> tuple[SentenceStream, bool]:
         """The stream, with its words timed where the voice's model can time them (its declared capabilities);
-        True if they are."""
+        True if they are. Its pieces are raw (pcm): the player plays them, the take's file is encoded whole."""
         service = self.context.service
-        _, model = service.catalogue.resolve_voice(voice, None, caller.identity if caller else None)
-        timed = service.catalogue.capabilities.get(model, Capabilities()).times_words
-        return await service.stream_pieces(text, voice, None, speed, caller, words=timed), timed
+        timed = service.times_words(voice, caller.identity if caller else None)
+        ask = Ask(text, voice, speed=speed, response_format="pcm", words=timed, stream=True, caller=caller)
+        return await service.answer(ask, tally), timed
 
     async def new_take(self) -> takes.Take:
         if time.monotonic() >= self.next_prune:
@@ -128,46 +124,39 @@ class SpeakPanel:
     async def synthesize(self, text: str, voice: str, speed: float, response_format: str, request: gr.Request):
         """Plays each sentence as it is synthesized, with the words said so far, then offers the whole
         text as a file, and its subtitles."""
-        started, status, details, audio_s = time.perf_counter(), 200, {}, 0.0
-        client = request.client.host if request and request.client else "unknown"
         text = text or ""
-        try:
-            caller, _ = await self.context.admit(request)
-            client = caller.identity
-            stream, timing = await self.open_stream(text, voice, float(speed), caller)
-            details, pieces, pending, timed, words = {"voice": stream.voice.name}, [], [], [], []
-            take, rate = await self.new_take(), stream.sample_rate
-            async for piece, piece_words in stream.timed():
-                pieces.append(piece)
-                pending.append(piece)
-                timed += piece_words
-                if sum(part.size for part in pending) >= MIN_PIECE_S * rate:
+        client = request.client.host if request and request.client else "unknown"
+        try:  # accounted when the block ends: a browser that leaves (or stops the event) is a 499
+            with self.context.service.tally("ui", client, len(text)) as tally:
+                caller, _ = await self.context.admit(request)
+                tally.client = caller.identity
+                stream, timing = await self.open_stream(text, voice, float(speed), caller, tally)
+                pieces, pending, timed, words = [], [], [], []
+                take, rate = await self.new_take(), stream.sample_rate
+                async for piece, piece_words in stream.timed():
+                    pieces.append(piece)
+                    pending.append(piece)
+                    timed += piece_words
+                    if sum(part.size for part in pending) >= MIN_PIECE_S * rate:
+                        words = caption_words(stream.script, text, timed)
+                        await asyncio.to_thread(take.add_piece, np.concatenate(pending), rate)
+                        pending = []
+                        yield take.player(), words_html(text, words, timing)
+                if pending:
                     words = caption_words(stream.script, text, timed)
                     await asyncio.to_thread(take.add_piece, np.concatenate(pending), rate)
-                    pending = []
-                    yield take.player(), words_html(text, words, timing)
-            if pending:
-                words = caption_words(stream.script, text, timed)
-                await asyncio.to_thread(take.add_piece, np.concatenate(pending), rate)
-            audio = np.concatenate(pieces)
-            audio_s = audio.size / rate
-            data = await asyncio.to_thread(encode, audio, rate, response_format)
-            markup = words_html(text, words, timing, done=True)
-            captions = {kind: subtitles(words, kind) for kind in SUBTITLE_FORMATS} if words else {}
-            path = await asyncio.to_thread(take.finish, data, takes.file_stem(stream.voice.name, text),
-                                           response_format, captions, markup)
-            done = take.player(done=True, **takes.downloads(path), text=text[:500], label=voice_label(stream.voice),
-                               at=time.time(), duration_s=round(audio_s, 2))
-            yield done, markup
+                audio = np.concatenate(pieces)
+                tally.audio_s = audio.size / rate
+                data = await asyncio.to_thread(encode, audio, rate, response_format)
+                markup = words_html(text, words, timing, done=True)
+                captions = {kind: subtitles(words, kind) for kind in SUBTITLE_FORMATS} if words else {}
+                path = await asyncio.to_thread(take.finish, data, takes.file_stem(stream.voice.name, text),
+                                               response_format, captions, markup)
+                done = take.player(done=True, **takes.downloads(path), text=text[:500],
+                                   label=voice_label(stream.voice), at=time.time(), duration_s=round(tally.audio_s, 2))
+                yield done, markup
         except ChorusError as error:
-            status = error.status
             raise refused(error) from None
-        except (asyncio.CancelledError, GeneratorExit):  # the browser left (or stopped the event)
-            status = 499
-            raise
         except Exception:
-            status = 500
             log.exception("UI synthesis failed")
             raise gr.Error("synthesis failed: an internal error (logged on the server)") from None
-        finally:
-            self.answered(status, started, client, len(text), audio_s, **details)

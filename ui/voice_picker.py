@@ -10,6 +10,7 @@ import time
 import gradio as gr
 
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest
+from tts_core.request.ask import Ask
 
 from . import browser
 from .context import UiContext, refused
@@ -24,7 +25,7 @@ class VoicePicker:
         self.previews: dict[tuple, str] = {}  # (voice, its clone record) -> its sample, mp3 in base64
 
     def render(self) -> None:
-        catalogue = self.context.service.catalogue
+        catalogue = self.context.service.catalogue_now()
         self.language = gr.Dropdown(language_choices(catalogue), value="", label="Language")
         mixes = any(capabilities.mixes_voices for capabilities in catalogue.capabilities.values())
         # a mix of voices is typed (af_bella+af_sky, af_bella(2)+af_sky(1)) where a model mixes them
@@ -42,19 +43,19 @@ class VoicePicker:
     def for_caller(self, identity: str | None) -> tuple[gr.Dropdown, gr.Dropdown, str]:
         """The voice and language lists and the voice list of the caller's voices (the registry may have been
         reloaded since the page was built)."""
-        catalogue = self.context.service.catalogue
+        catalogue = self.context.service.catalogue_now()
         return (gr.Dropdown(choices=voice_choices(catalogue, identity)),
                 gr.Dropdown(choices=language_choices(catalogue, identity), value=""),
                 voice_list_html(catalogue, identity, "", catalogue.default_voice))
 
     def pick_language(self, language: str, request: gr.Request) -> gr.Dropdown:
         """The voices that speak the language, the language's own voice chosen (every voice for "")."""
-        caller, catalogue = self.context.identity_of(request), self.context.service.catalogue
+        caller, catalogue = self.context.identity_of(request), self.context.service.catalogue_now()
         chosen = catalogue.voice_for_language(language, None, caller)[0].name if language else catalogue.default_voice
         return gr.Dropdown(choices=voice_choices(catalogue, caller, language), value=chosen)
 
     def show_voices(self, language: str, chosen: str, request: gr.Request) -> str:
-        return voice_list_html(self.context.service.catalogue, self.context.identity_of(request), language or "",
+        return voice_list_html(self.context.service.catalogue_now(), self.context.identity_of(request), language or "",
                                chosen)
 
     def choose(self, event: gr.EventData) -> str:
@@ -63,7 +64,7 @@ class VoicePicker:
     async def preview(self, event: gr.EventData, request: gr.Request) -> str:
         """A short sample of the voice, made once (and counted against the caller's limit then)."""
         name, service = str(getattr(event, "voice", "")), self.context.service
-        catalogue, previews = service.catalogue, self.previews
+        catalogue, previews = service.catalogue_now(), self.previews
         try:
             found = catalogue.voices.get(name) if catalogue.visible(name, self.context.identity_of(request)) else None
             if found is None:
@@ -71,7 +72,7 @@ class VoicePicker:
             key = (name, catalogue.clones.get(name))  # a clone made again under its name is a new voice
             if key not in previews:
                 caller, _ = await self.context.admit(request)
-                spoken = await service.speak(sample_text(found[0]), name, caller=caller, response_format="mp3")
+                spoken = await service.answer(Ask(sample_text(found[0]), name, response_format="mp3", caller=caller))
                 if len(previews) >= PREVIEWS_KEPT:
                     previews.pop(next(iter(previews)))
                 previews[key] = base64.b64encode(spoken.data).decode()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import gradio as gr
 
 from access.control import AccessControl
+from tts_core.controls import ServiceControls
 from tts_core.monitor import Monitor
-from tts_core.service import SpeechService
 
 from ..charts import CHARTS, absent, cost_figure, plot_data, replica_charts, series_figure
 from ..cluster import ReplicaReporter
@@ -24,10 +24,10 @@ COST_MODEL_WORDS = (
 
 
 class Dashboard:
-    def __init__(self, service: SpeechService, monitor: Monitor, control: OperatorControl, access: AccessControl,
+    def __init__(self, controls: ServiceControls, monitor: Monitor, control: OperatorControl, access: AccessControl,
                  replicas: ReplicaReporter | None):
-        self.service, self.monitor, self.control, self.access, self.replicas = (service, monitor, control, access,
-                                                                                replicas)
+        self.controls, self.monitor, self.control, self.access, self.replicas = (controls, monitor, control, access,
+                                                                                 replicas)
 
     def render(self) -> None:
         self.state = gr.Markdown(elem_id="degrade-state")
@@ -51,7 +51,7 @@ class Dashboard:
 
     def updates(self) -> list:
         """The state, the cost model, each chart (hidden where it has nothing to draw) and the line saying why."""
-        stats = collect_stats(self.service, self.monitor, self.control, self.access, self.replicas)
+        stats = collect_stats(self.controls, self.monitor, self.control, self.access, self.replicas)
         charts = [(chart, stats["series"]) for chart in CHARTS]
         charts += [(chart, stats["replica_series"]) for chart in replica_charts(stats["replica_series"])]
         missing = [(chart.title, why) for chart, points in charts if (why := absent(points, chart))]

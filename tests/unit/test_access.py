@@ -52,6 +52,7 @@ def test_a_dead_rate_limit_store_fails_open_and_says_so(tmp_path):
     from storage.request_log import RequestLogWriter
     from tests.fakes import FakeEngine
     from tts_core.config import Settings
+    from tts_core.controls import ServiceControls
     from tts_core.monitor import Monitor
     from tts_core.ops.metrics import Metrics
     from tts_core.request.operating import OperatorSettings
@@ -64,6 +65,7 @@ def test_a_dead_rate_limit_store_fails_open_and_says_so(tmp_path):
     assert caller.tier_name == "personal" and limit is None
     assert "does not answer" in access.storage_error
     service = SpeechService(Settings(), [FakeEngine()], Metrics())
-    control = OperatorControl(storage, service, RequestLogWriter(storage))
-    stats = collect_stats(service, Monitor(service), control, access)
+    controls = ServiceControls(service)
+    control = OperatorControl(storage, controls, RequestLogWriter(storage))
+    stats = collect_stats(controls, Monitor(service), control, access)
     assert stats["storage"]["rate_limit_error"] == access.storage_error

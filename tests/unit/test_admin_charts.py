@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 from admin.charts import CHARTS, absent, cost_figure, plot_data, replica_charts, series_figure
 from admin.state import load_markdown
-from admin.stats import cost_models
 from tests.fakes import FakeEngine
+from tts_core.controls import ServiceControls
 from tts_core.ops.metrics import Metrics
 from tts_core.request.operating import OperatorSettings
 from tts_core.scheduler.engine_loop import EngineLoop, Serving
@@ -16,10 +16,11 @@ from tts_core.scheduler.policy import AdaptivePolicy, BatchPolicy, make_policy
 from tts_core.scheduler.queue import RequestQueue
 
 
-def serving(policy: BatchPolicy) -> SimpleNamespace:
-    """A service with one model's loop (not started) under this policy: all that cost_models reads."""
+def cost_models(policy: BatchPolicy) -> dict:
+    """The cost models the dashboard shows of a service with one model's loop (not started) under this policy."""
     served = Serving(FakeEngine(), RequestQueue(8), Metrics())
-    return SimpleNamespace(loops={"piper": EngineLoop(served, OneShotStrategy(served, policy))})
+    service = SimpleNamespace(loops={"piper": EngineLoop(served, OneShotStrategy(served, policy))})
+    return ServiceControls(service).cost_models()
 
 
 def flat_points(count: int = 5) -> list[dict]:
@@ -79,7 +80,7 @@ def test_the_cost_model_chart_shows_the_fit_and_the_measured_batches():
         policy.observe(size, size * 24, 0.05 + 0.002 * size * 24, calibration=True)
     policy.observe(1, 40, 0.09, real_tokens=40)
     policy.observe(1, 40, 0.09, real_tokens=40)
-    models = cost_models(serving(policy))
+    models = cost_models(policy)
     assert models["piper"]["fitted"] and len(models["piper"]["observations"]) == 5
     figure = cost_figure(models)
     traces = {trace.name: trace for trace in figure.data}
@@ -95,7 +96,7 @@ def test_the_cost_model_chart_shows_the_fit_and_the_measured_batches():
 
 
 def test_a_policy_without_a_cost_model_says_so():
-    figure = cost_figure(cost_models(serving(make_policy("static", 8, 10_000))))
+    figure = cost_figure(cost_models(make_policy("static", 8, 10_000)))
     assert "static" in figure.layout.annotations[0].text and not figure.data
 
 

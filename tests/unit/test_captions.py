@@ -10,6 +10,7 @@ from tts_core.config import Settings
 from tts_core.engines.base import Voice
 from tts_core.errors import InvalidRequest
 from tts_core.ops.metrics import Metrics
+from tts_core.request.ask import Ask
 from tts_core.request.captions import CaptionWord, caption_words, subtitles
 from tts_core.request.script import Passage, Script
 from tts_core.service import SpeechService
@@ -96,9 +97,9 @@ def test_a_voice_that_cannot_time_its_words_is_refused_for_captions():
     service.start()
     try:
         with pytest.raises(InvalidRequest) as refused:
-            asyncio.run(service.speak("hello", "fake-voice", words=True))
+            asyncio.run(service.answer(Ask("hello", "fake-voice", words=True)))
         assert refused.value.code == "timestamps_unsupported" and refused.value.param == "voice"
-        assert asyncio.run(service.speak("hello", "fake-voice")).words is None  # plain speech is unchanged
+        assert asyncio.run(service.answer(Ask("hello", "fake-voice"))).words is None  # plain speech is unchanged
     finally:
         service.stop()
 

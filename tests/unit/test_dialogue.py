@@ -17,6 +17,7 @@ from tts_core.engines.contract import EngineInput, EngineOutput
 from tts_core.errors import ErrorCode, InvalidRequest
 from tts_core.ops.metrics import Metrics
 from tts_core.request.access import Caller, Tier
+from tts_core.request.ask import Ask
 from tts_core.request.captions import CaptionWord, subtitles
 from tts_core.request.dialogue import (
     MAX_SPEAKERS,
@@ -121,7 +122,8 @@ def service():
 
 
 def speak(service, script, voices, **options):
-    return asyncio.run(service.speak_dialogue(script, voices, response_format="pcm", reading=AS_WRITTEN, **options))
+    return asyncio.run(service.answer(Ask(script=script, voices=voices, response_format="pcm", reading=AS_WRITTEN,
+                                          **options)))
 
 
 def pcm(data: bytes) -> np.ndarray:
@@ -130,8 +132,8 @@ def pcm(data: bytes) -> np.ndarray:
 
 def test_one_recording_is_the_turns_with_the_pauses_between_them(service):
     script = "Ann: One two.\nBob: Three four five.\nBob: Six.\nAnn: Seven eight."
-    spoken = asyncio.run(service.speak_dialogue(script, {"Ann": "loud-voice", "Bob": "loud-voice"},
-                                                response_format="wav", reading=AS_WRITTEN, words=False))
+    spoken = asyncio.run(service.answer(Ask(script=script, voices={"Ann": "loud-voice", "Bob": "loud-voice"},
+                                            response_format="wav", reading=AS_WRITTEN)))
     rate = 16000  # the one voice's
     lengths = [len(text) * SAMPLES_PER_TOKEN for text in ("One two.", "Three four five.", "Six.", "Seven eight.")]
     pauses = [SPEAKER_CHANGE_PAUSE_S, SAME_SPEAKER_PAUSE_S, SPEAKER_CHANGE_PAUSE_S]
@@ -173,7 +175,8 @@ def test_streamed_it_is_as_long_as_the_whole_recording_with_turns_at_one_level(s
     script, voices = "Ann: One two.\nBob: Three four five.", {"Ann": "loud-voice", "Bob": "quiet-voice"}
 
     async def streamed():
-        stream = await service.stream_dialogue(script, voices, reading=AS_WRITTEN)
+        stream = await service.answer(Ask(script=script, voices=voices, reading=AS_WRITTEN, response_format="pcm",
+                                          stream=True))
         return b"".join([data async for data, _, _ in stream.encoded("pcm")])
     whole, rate = speak(service, script, voices), 24000
     audio = pcm(asyncio.run(streamed()))
@@ -214,12 +217,12 @@ def test_all_turns_are_queued_at_once_beside_other_callers_work(service):
     engine.calls_started = threading.Semaphore(0)  # count the calls from here on
 
     async def scenario():
-        blocker = asyncio.ensure_future(service.synthesize("hold", "loud-voice"))
+        blocker = asyncio.ensure_future(service.synthesize(Ask("hold", "loud-voice")))
         assert await asyncio.to_thread(engine.calls_started.acquire, True, 5)  # "hold" runs
-        talk = asyncio.ensure_future(service.speak_dialogue("Ann: One.\nBob: Two.\nAnn: Three.",
-                                                            {"Ann": "loud-voice", "Bob": "loud-voice"},
-                                                            response_format="pcm", reading=AS_WRITTEN))
-        other = asyncio.ensure_future(service.synthesize("other", "loud-voice"))
+        talk = asyncio.ensure_future(service.answer(Ask(script="Ann: One.\nBob: Two.\nAnn: Three.",
+                                                        voices={"Ann": "loud-voice", "Bob": "loud-voice"},
+                                                        response_format="pcm", reading=AS_WRITTEN)))
+        other = asyncio.ensure_future(service.synthesize(Ask("other", "loud-voice")))
         assert await asyncio.to_thread(wait_until, lambda: loop.queue_length == 4, 5)  # 3 turns + the other text
         engine.gate.set()
         spoken = (await asyncio.gather(blocker, talk, other))[1]
@@ -241,8 +244,8 @@ def test_a_long_dialogue_is_checked_on_its_first_turns_wait_not_refused_for_its_
         assert service.loops["fake"].calibrated.wait(10)
         service.degrade.configure(OperatorSettings(queue_wait_target_s=0.5, exit_hold_s=0))
         script = "\n".join(f"{'Ann' if n % 2 else 'Bob'}: Turn number {n} is here." for n in range(40))
-        spoken = asyncio.run(service.speak_dialogue(script, {"Ann": "fake-voice", "Bob": "fake-voice"},
-                                                    response_format="pcm", caller=Caller("ip:a", "open", Tier())))
+        spoken = asyncio.run(service.answer(Ask(script=script, voices={"Ann": "fake-voice", "Bob": "fake-voice"},
+                                                response_format="pcm", caller=Caller("ip:a", "open", Tier()))))
         assert len(spoken.turns) == 40
     finally:
         service.stop()

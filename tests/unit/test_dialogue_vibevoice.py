@@ -20,6 +20,7 @@ from tts_core.engines.vibevoice import MAX_SPEAKERS, SYSTEM_PROMPT, cast_voice, 
 from tts_core.engines.vibevoice_parts import DPMSolver, encode_voice
 from tts_core.errors import ErrorCode, InvalidRequest
 from tts_core.ops.metrics import Metrics
+from tts_core.request.ask import Ask
 from tts_core.service import SpeechService
 
 pytestmark = pytest.mark.slow  # a tiny model generating, step by step: the full run only (see pytest.ini)
@@ -120,9 +121,9 @@ def test_a_dialogue_in_its_voices_is_one_conversation_batched_with_other_work(en
     real = engine.admit
     with mock.patch.object(engine, "admit", side_effect=lambda items: admitted.extend(items) or real(items)):
         async def both():
-            return await asyncio.gather(service.speak_dialogue(script, {"Ann": "tiny", "Bob": "other"},
-                                                               response_format="pcm", on_turn=made.append),
-                                        service.synthesize("Hello you.", "other"))
+            return await asyncio.gather(service.answer(Ask(script=script, voices={"Ann": "tiny", "Bob": "other"},
+                                                           response_format="pcm"), on_turn=made.append),
+                                        service.synthesize(Ask("Hello you.", "other")))
         spoken, alone = asyncio.run(both())
     [talk] = [item for item in admitted if item.voice == cast_voice(["tiny", "other"])]
     assert talk.tokens.tolist() == conversation(engine).tokens.tolist()  # the whole conversation, one input
@@ -135,5 +136,5 @@ def test_a_dialogue_in_its_voices_is_one_conversation_batched_with_other_work(en
 def test_more_speakers_than_its_context_takes_is_refused_naming_the_line(service):
     script = "\n".join(f"S{n}: Hello." for n in range(MAX_SPEAKERS + 1))
     with pytest.raises(InvalidRequest) as raised:
-        asyncio.run(service.speak_dialogue(script, {f"S{n}": "tiny" for n in range(MAX_SPEAKERS + 1)}))
+        asyncio.run(service.answer(Ask(script=script, voices={f"S{n}": "tiny" for n in range(MAX_SPEAKERS + 1)})))
     assert raised.value.code == ErrorCode.TOO_MANY_SPEAKERS and f"line {MAX_SPEAKERS + 1}" in raised.value.message

@@ -13,6 +13,7 @@ from tests.serve import wait_until
 from tts_core.config import Settings
 from tts_core.errors import ErrorCode, InvalidRequest
 from tts_core.ops.metrics import Metrics
+from tts_core.request.ask import Ask
 from tts_core.service import SpeechService
 from tts_core.text.chunks import leading_sentence
 from tts_core.text.lexicon import Lexicon
@@ -72,7 +73,7 @@ def started(engine: FakeEngine, **settings) -> SpeechService:
 
 
 async def streamed(service: SpeechService, text: str) -> np.ndarray:
-    stream = await service.stream_pieces(text)
+    stream = await service.answer(Ask(text, stream=True))
     return np.concatenate([piece async for piece in stream])
 
 
@@ -130,7 +131,8 @@ def test_a_refusal_that_needs_the_whole_text_read_still_comes_before_any_audio_a
     engine.gate.clear()  # the piece read ahead stays queued or running while the whole text is read
     try:
         with pytest.raises(InvalidRequest) as raised:
-            asyncio.run(service.stream_pieces(FIRST + " The total was 1234567 and 7654321 and 9999999 dollars."))
+            text = FIRST + " The total was 1234567 and 7654321 and 9999999 dollars."
+            asyncio.run(service.answer(Ask(text, stream=True)))
         assert raised.value.code == ErrorCode.SPOKEN_TEXT_ABOVE_MAX_LENGTH
         engine.gate.set()
         assert wait_until(lambda: service.queue_length() == 0 and not service.metrics.window()["running_items"])
@@ -155,9 +157,9 @@ def test_refusals_that_need_no_reading_come_before_the_front_end_reads_any_of_th
     service = started(FakeEngine())
     service.admission.lexicon = lexicon = CountingLexicon()
     try:
-        for answer in (service.stream_pieces, service.speak):  # a stream, a file
+        for stream in (True, False):  # a stream, a file
             with pytest.raises(InvalidRequest) as raised:
-                asyncio.run(answer(FIRST + REST, words=True))
+                asyncio.run(service.answer(Ask(FIRST + REST, words=True, stream=stream)))
             assert raised.value.code == ErrorCode.TIMESTAMPS_UNSUPPORTED
     finally:
         service.stop()

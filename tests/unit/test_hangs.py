@@ -12,6 +12,7 @@ from tests.unit.test_pool import make_service, spec
 from tts_core.engines import ModelSpec
 from tts_core.errors import DeadlineExceeded, Overloaded
 from tts_core.monitor import Monitor
+from tts_core.request.ask import Ask
 from tts_core.request.dispatch import output_of
 from tts_core.scheduler.queue import QueueClosed, RequestQueue
 
@@ -19,7 +20,7 @@ from tts_core.scheduler.queue import QueueClosed, RequestQueue
 def test_an_item_queued_on_a_model_unloaded_meanwhile_runs_on_the_reloaded_model():
     service = make_service([spec("pin", pinned=True), spec("a"), spec("b")], max_loaded_models=2)
     try:
-        script = service.validate("hello", "a-voice", None, 1.0, None)
+        script = service.validate(Ask("hello", "a-voice"))
         lookup = service.pool.loop
 
         async def scenario():

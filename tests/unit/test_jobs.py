@@ -193,15 +193,15 @@ def test_an_invalid_request_fails_at_once_without_retries(world):
 def test_overload_puts_the_job_back_until_its_retry_after_without_spending_an_attempt(world):
     storage, make = world
     service, runner = make(job_max_attempts=1)  # one failure would end it
-    speak, calls = service.speak, []
+    answer, calls = service.answer, []
 
     async def busy_twice(*args, **options):
         calls.append(time.monotonic())
         if len(calls) <= 2:
             raise Overloaded("the queue's predicted wait is over its target; retry after 1 s", 1)
-        return await speak(*args, **options)
+        return await answer(*args, **options)
 
-    service.speak = busy_twice
+    service.answer = busy_twice
     done = run_until(runner, storage, runner.submit(CALLER, request()), "succeeded")
     assert done["attempts"] == 1 and len(calls) == 3
     assert calls[1] - calls[0] >= 0.9 and calls[2] - calls[1] >= 0.9  # not before its Retry-After
@@ -215,15 +215,15 @@ def cap_refusal(retry_after_s: float = 1) -> Degraded:
 def test_a_degrade_mode_refusal_delays_the_job_until_the_mode_allows_it_without_spending_attempts(world):
     storage, make = world
     service, runner = make(job_max_attempts=1)  # one spent attempt would end it
-    speak, calls = service.speak, []
+    answer, calls = service.answer, []
 
     async def degraded_three_times(*args, **options):
         calls.append(time.monotonic())
         if len(calls) <= 3:  # longer than the 2 s and 4 s a retry used to wait: the episode lasts what it lasts
             raise cap_refusal()
-        return await speak(*args, **options)
+        return await answer(*args, **options)
 
-    service.speak = degraded_three_times
+    service.answer = degraded_three_times
     job = runner.submit(CALLER, request())
     done = run_until(runner, storage, job, "succeeded")
     assert done["attempts"] == 1 and done["error"] is None and len(calls) == 4
@@ -237,7 +237,7 @@ def test_a_job_kept_waiting_past_its_deadline_fails_with_the_reason(world):
     async def always_degraded(*args, **options):
         raise cap_refusal(retry_after_s=3600)  # the mode's expected end is far off
 
-    service.speak = always_degraded
+    service.answer = always_degraded
     job = runner.submit(CALLER, {**request(), "deadline_s": 1.5})
     failed = run_until(runner, storage, job, "failed")
     assert "not done within its deadline (1.5 s after it was queued)" in failed["error"]
@@ -260,15 +260,15 @@ def test_after_a_refusal_for_load_the_runner_claims_nothing_new_until_its_retry_
     counted as more load): the runner waits the Retry-After the server gave."""
     storage, make = world
     service, runner = make(job_concurrency=1)
-    speak, calls = service.speak, []
+    answer, calls = service.answer, []
 
-    async def refused_once(text, *args, **options):
-        calls.append((text, time.monotonic()))
+    async def refused_once(ask, *args, **options):
+        calls.append((ask.text, time.monotonic()))
         if len(calls) == 1:
             raise Overloaded("the predicted wait is 18 s, over this server's target of 10 s; retry after 1 s", 1)
-        return await speak(text, *args, **options)
+        return await answer(ask, *args, **options)
 
-    service.speak = refused_once
+    service.answer = refused_once
     first, second = runner.submit(CALLER, request("first")), runner.submit(CALLER, request("second"))
     run(runner, lambda: until(storage, lambda: all(storage.jobs.get(job["id"])["status"] == "succeeded"
                                                    for job in (first, second))))

@@ -28,7 +28,7 @@ LAYERS = {
     # 4: a request (compiling, access, admission, dispatch, captions) and the voices
     "tts_core.request": 4, "tts_core.voices": 4,
     # 5: the service and the controllers beside it
-    "tts_core.service": 5, "tts_core.monitor": 5, "tts_core.degrade": 5,
+    "tts_core.service": 5, "tts_core.monitor": 5, "tts_core.degrade": 5, "tts_core.controls": 5,
 }
 WEB_FRAMEWORKS = {"fastapi", "starlette", "gradio", "slowapi"}
 SURFACES = {"api", "ui", "admin"}

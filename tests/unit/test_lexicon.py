@@ -13,6 +13,7 @@ from admin.panels.lexicon import LexiconPanel
 from storage import AlreadyExists, Storage, sqlite_url
 from tests.fakes import FakeEngine
 from tts_core.config import Settings
+from tts_core.controls import ServiceControls
 from tts_core.engines.piper import PiperEngine, bundled_voice_path
 from tts_core.ops.metrics import Metrics
 from tts_core.service import SpeechService
@@ -143,22 +144,23 @@ def test_storage_audits_each_change_and_replicas_follow(tmp_path):
     url = sqlite_url(tmp_path / "chorus.db")
     storage = Storage(url)
     storage.migrate()
-    here = LexiconControl(storage, SpeechService(Settings(), [FakeEngine()], Metrics()).admission)
-    there = LexiconControl(Storage(url), SpeechService(Settings(), [FakeEngine()], Metrics()).admission)  # a replica
+    served_here, served_there = (SpeechService(Settings(), [FakeEngine()], Metrics()) for _ in range(2))
+    here = LexiconControl(storage, ServiceControls(served_here))
+    there = LexiconControl(Storage(url), ServiceControls(served_there))  # a replica
     here.refresh(), there.refresh()
     added = here.add(entry("Worcester", "ˈwʊstər"), "ops")
-    assert len(here.admission.lexicon) == 1 and len(there.admission.lexicon) == 0
+    assert len(served_here.admission.lexicon) == 1 and len(served_there.admission.lexicon) == 0
     with pytest.raises(AlreadyExists):
         here.add(entry("Worcester", "x"), "ops")
     there.refresh()
-    assert there.admission.lexicon.entries == (entry("Worcester", "ˈwʊstər"),)
+    assert served_there.admission.lexicon.entries == (entry("Worcester", "ˈwʊstər"),)
     changed = here.change(added["id"], entry("Worcester", "ˈwʊstɚ"), "ops")
     assert changed["ipa"] == "ˈwʊstɚ" and here.change(999, entry("x"), "ops") is None
     assert here.import_tsv("en\tWorcester\tˈwʊstɚ\nen\tNguyen\t\twin\n", "ops") == {
         "added": 1, "changed": 0, "unchanged": 1}
     assert here.delete(added["id"], "ops")["phrase"] == "Worcester" and here.delete(added["id"], "ops") is None
     there.refresh()
-    assert [item.phrase for item in there.admission.lexicon.entries] == ["Nguyen"]
+    assert [item.phrase for item in served_there.admission.lexicon.entries] == ["Nguyen"]
     actions = [row["action"] for row in storage.audit.recent()]
     assert actions == ["lexicon.delete", "lexicon.import", "lexicon.change", "lexicon.add"]
     assert here.export_tsv("en") == "language\tphrase\tipa\trespelling\tcase_sensitive\nen\tNguyen\t\twin\tfalse\n"
@@ -168,7 +170,8 @@ def test_storage_audits_each_change_and_replicas_follow(tmp_path):
 def test_the_admin_tab_section_adds_changes_imports_and_deletes(tmp_path):
     storage = Storage(sqlite_url(tmp_path / "chorus.db"))
     storage.migrate()
-    lexicon = LexiconControl(storage, SpeechService(Settings(), [FakeEngine()], Metrics()).admission)
+    service = SpeechService(Settings(), [FakeEngine()], Metrics())
+    lexicon = LexiconControl(storage, ServiceControls(service))
     with gr.Blocks() as page:
         LexiconPanel(lexicon).render(gr.State(True))
     handlers = {function.name: function.fn for function in page.fns.values()}
@@ -182,4 +185,4 @@ def test_the_admin_tab_section_adds_changes_imports_and_deletes(tmp_path):
                                                                 "en\tWorcester\tˈwʊstɚ\t\ttrue"]
     assert handlers["delete_entry"](True, 1)[0] == "Entry 1 deleted."
     assert handlers["delete_entry"](False, 2)[0] == "Sign in first."
-    assert [entry.phrase for entry in lexicon.admission.lexicon.entries] == ["Nguyen"]
+    assert [entry.phrase for entry in service.admission.lexicon.entries] == ["Nguyen"]

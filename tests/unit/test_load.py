@@ -13,6 +13,7 @@ from tts_core.errors import Overloaded
 from tts_core.monitor import Monitor
 from tts_core.ops.metrics import Metrics
 from tts_core.request.access import Caller, Tier
+from tts_core.request.ask import Ask
 from tts_core.request.operating import OperatorSettings
 from tts_core.scheduler.queue import QueueFull, RequestQueue, WaitTarget
 from tts_core.service import SpeechService
@@ -206,13 +207,13 @@ def test_a_long_text_on_an_idle_server_is_not_load(world):
     text = " ".join(f"Sentence number {n} is here." for n in range(40))  # 40 pieces: 2 s of work
 
     async def scenario():
-        long = asyncio.ensure_future(service.speak(text, "fake-voice", caller=caller("reader")))
+        long = asyncio.ensure_future(service.answer(Ask(text, "fake-voice", caller=caller("reader"))))
         assert await asyncio.to_thread(engine.calls_started.acquire, True, 5)  # its first piece runs, the rest wait
         monitor.tick()
         state = service.degrade.state
         assert not state.active and state.parts["queue_wait"] < 0.5, state
         # another caller arriving now is served next, not after the 40 pieces
-        other = asyncio.ensure_future(service.speak("Short one.", "fake-voice", caller=caller("other")))
+        other = asyncio.ensure_future(service.answer(Ask("Short one.", "fake-voice", caller=caller("other"))))
         engine.gate.set()
         await asyncio.wait_for(other, 5)
         assert not long.done()
@@ -228,7 +229,8 @@ def test_an_overload_is_refused_fast_and_raises_the_score(world):
     engine.gate.clear()
 
     async def scenario():
-        requests = [asyncio.ensure_future(service.speak(f"Caller {n} speaks.", "fake-voice", caller=caller(str(n))))
+        requests = [asyncio.ensure_future(service.answer(Ask(f"Caller {n} speaks.", "fake-voice",
+                                                             caller=caller(str(n)))))
                     for n in range(30)]
         # refusals come at once, before any synthesis runs: wait until each request is refused or queued
         for _ in range(1000):
@@ -257,12 +259,12 @@ def test_the_sentences_one_caller_sends_at_once_come_back_in_order(world):
     sentences = ["A long first sentence that goes on for quite a while before it ends.", "Short.", "Tiny."]
 
     async def scenario():
-        blocker = asyncio.ensure_future(service.speak("Someone else.", "fake-voice", caller=caller("x")))
+        blocker = asyncio.ensure_future(service.answer(Ask("Someone else.", "fake-voice", caller=caller("x"))))
         assert await asyncio.to_thread(engine.calls_started.acquire, True, 5)
         finished = []
 
         async def say(index: int, text: str, who: str):
-            await service.speak(text, "fake-voice", caller=caller(who))
+            await service.answer(Ask(text, "fake-voice", caller=caller(who)))
             finished.append((who, index))
 
         tasks = [asyncio.ensure_future(say(index, text, "webui")) for index, text in enumerate(sentences)]

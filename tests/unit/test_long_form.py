@@ -10,6 +10,7 @@ from tests.fakes import SAMPLES_PER_TOKEN, FakeEngine
 from tts_core.config import Settings
 from tts_core.engines.contract import EngineOutput
 from tts_core.ops.metrics import Metrics
+from tts_core.request.ask import Ask
 from tts_core.service import SpeechService
 
 
@@ -51,7 +52,7 @@ def test_sentences_are_joined_in_order_though_the_engine_completes_them_out_of_o
     service = running_service(engine, max_chunk_chars=400)
     engine.tagged = 0  # warm-up tokenized too
     try:
-        speech = asyncio.run(asyncio.wait_for(service.synthesize(TEXT, "fake-voice"), 10))
+        speech = asyncio.run(asyncio.wait_for(service.synthesize(Ask(TEXT, "fake-voice")), 10))
         completed = [batch[0] for batch in engine.seen]
         assert completed == [4, 2, 5, 3, 1]  # the queue ran the short sentences first...
         pause = int(0.12 * engine.sample_rate)
@@ -68,7 +69,7 @@ def test_a_stream_yields_its_sentences_in_order_whatever_order_they_complete_in(
                             Metrics())
 
     async def scenario():
-        stream = await service.stream_pieces(TEXT, "fake-voice")
+        stream = await service.answer(Ask(TEXT, "fake-voice", response_format="pcm", stream=True))
         completion = [3, 1, 4, 0, 2]
 
         def complete() -> None:
@@ -94,14 +95,14 @@ def short_request_latencies(fifo: bool) -> tuple[list[float], float]:
     long_text = " ".join(["y" * 199 + "."] * 10)
 
     async def stream_all() -> None:
-        stream = await service.stream_pieces(long_text, "fake-voice")
+        stream = await service.answer(Ask(long_text, "fake-voice", response_format="pcm", stream=True))
         async for _ in stream:
             pass
 
     async def short(delay: float) -> float:
         await asyncio.sleep(delay)
         started = time.perf_counter()
-        await service.synthesize("z" * 20, "fake-voice")
+        await service.synthesize(Ask("z" * 20, "fake-voice"))
         return time.perf_counter() - started
 
     async def scenario():
@@ -131,7 +132,7 @@ def test_a_text_of_many_short_sentences_fits_the_queue_in_packed_pieces_and_says
     service = running_service(engine, max_queue=40, max_queue_per_caller=40)
     text = " ".join(["Yes.", "No.", "Maybe."] * 200)  # 600 sentences: one piece each would be 600 items
     try:
-        speech = asyncio.run(asyncio.wait_for(service.synthesize(text, "fake-voice"), 30))
+        speech = asyncio.run(asyncio.wait_for(service.synthesize(Ask(text, "fake-voice")), 30))
         assert speech.chunks <= 40  # what the queue holds
         joins = speech.chunks - 1  # a space between pieces is no token; a pause is there instead
         pause = int(0.12 * engine.sample_rate)

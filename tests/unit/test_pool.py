@@ -10,6 +10,7 @@ from tts_core.config import Settings
 from tts_core.engines import EngineUnavailable, ModelSpec, Voice
 from tts_core.errors import Overloaded
 from tts_core.ops.metrics import Metrics
+from tts_core.request.ask import Ask
 from tts_core.service import SpeechService
 
 
@@ -50,7 +51,7 @@ def make_service(specs, **settings) -> SpeechService:
 
 
 def speak(service, voice: str):
-    return asyncio.run(asyncio.wait_for(service.synthesize("hello", voice), 10))
+    return asyncio.run(asyncio.wait_for(service.synthesize(Ask("hello", voice)), 10))
 
 
 def test_models_load_when_first_asked_for_and_pinned_ones_at_start():
@@ -110,10 +111,10 @@ def test_a_busy_model_is_not_unloaded_and_a_full_pool_answers_503():
         engine.calls_started = threading.Semaphore(0)  # count the calls from here on
 
         async def scenario():
-            busy = asyncio.ensure_future(service.synthesize("hold", "a-voice"))
+            busy = asyncio.ensure_future(service.synthesize(Ask("hold", "a-voice")))
             assert await asyncio.to_thread(engine.calls_started.acquire, True, 5)  # a is busy now
             with pytest.raises(Overloaded) as raised:
-                await service.synthesize("hello", "b-voice")
+                await service.synthesize(Ask("hello", "b-voice"))
             assert raised.value.code == "models_busy"
             engine.gate.set()
             await busy
@@ -139,8 +140,8 @@ def test_one_load_serves_every_caller_waiting_for_it_and_others_are_not_held_up(
     service = make_service([spec("fast", pinned=True), spec("slow", loads=loads, held=held)])
     try:
         async def scenario():
-            waiting = [asyncio.ensure_future(service.synthesize("hi", "slow-voice")) for _ in range(3)]
-            await asyncio.wait_for(service.synthesize("hi", "fast-voice"), 5)  # served while slow still loads
+            waiting = [asyncio.ensure_future(service.synthesize(Ask("hi", "slow-voice"))) for _ in range(3)]
+            await asyncio.wait_for(service.synthesize(Ask("hi", "fast-voice")), 5)  # served while slow still loads
             assert not any(request.done() for request in waiting)
             held.set()
             await asyncio.gather(*waiting)

@@ -17,8 +17,8 @@ from tts_core.engines import ModelSpec
 from tts_core.errors import Degraded
 from tts_core.monitor import Monitor
 from tts_core.ops.metrics import Metrics
+from tts_core.request.ask import Ask
 from tts_core.request.operating import OperatorSettings
-from tts_core.request.script import Reading
 from tts_core.scheduler.queue import WaitTarget
 from tts_core.service import SpeechService
 
@@ -93,12 +93,12 @@ def test_the_ray_ingress_status_degrade_mode_and_admission_read_its_engine_repli
         monitor.tick()
         assert service.degrade.state.active and service.degrade.state.score == 1.0
         with pytest.raises(Degraded):
-            asyncio.run(service.admit(long_text, "fake-voice", None, 1.0, None, Reading()))
+            asyncio.run(service._admit(Ask(long_text, "fake-voice")))
 
         service.scheduler.remote_loads.refresh([row(f"{engine.name}/a"), row(f"{engine.name}/b")])  # drained
         monitor.tick()
         assert service.status()["queue_length"] == 0 and not service.degrade.state.active
-        asyncio.run(service.admit(long_text, "fake-voice", None, 1.0, None, Reading()))
+        asyncio.run(service._admit(Ask(long_text, "fake-voice")))
     finally:
         service.stop()
 

@@ -8,6 +8,7 @@ from tests.serve import wait_until
 from tts_core.config import Settings
 from tts_core.errors import InvalidRequest, Overloaded
 from tts_core.ops.metrics import Metrics
+from tts_core.request.ask import Ask
 from tts_core.request.script import Reading
 from tts_core.service import SpeechService
 from tts_core.text.frontend import NormalizationOptions
@@ -35,7 +36,7 @@ def service():
 
 
 def test_sentences_are_scheduled_separately_and_joined_in_order(service):
-    speech = asyncio.run(service.synthesize("One two. Three four five.", "alloy", "tts-1"))
+    speech = asyncio.run(service.synthesize(Ask("One two. Three four five.", "alloy", model="tts-1")))
     assert speech.chunks == 2
     pause = int(0.12 * speech.sample_rate)
     assert speech.audio.size == (len("One two.") + len("Three four five.")) * SAMPLES_PER_TOKEN + pause
@@ -57,7 +58,7 @@ def test_aliases_resolve_and_broken_aliases_are_dropped(service):
 ])
 def test_invalid_requests_name_the_field(service, text, speed, param):
     with pytest.raises(InvalidRequest) as raised:
-        asyncio.run(service.synthesize(text, "alloy", "tts-1", speed))
+        asyncio.run(service.synthesize(Ask(text, "alloy", model="tts-1", speed=speed)))
     assert raised.value.param == param
 
 
@@ -69,13 +70,13 @@ def test_full_queue_is_refused_before_any_work(service):
     async def scenario():
         as_written = NormalizationOptions(normalize=False)  # "|" is the fake engine's sentence break: keep it
         # 1 runs, 3 queue
-        running = asyncio.ensure_future(service.synthesize("a|b|c|d", "alloy", reading=Reading(as_written)))
+        running = asyncio.ensure_future(service.synthesize(Ask("a|b|c|d", "alloy", reading=Reading(as_written))))
         assert await asyncio.to_thread(engine.calls_started.acquire, True, 5)  # "a" runs
-        filling = asyncio.ensure_future(service.synthesize("e", "alloy"))  # the 4th queued item
+        filling = asyncio.ensure_future(service.synthesize(Ask("e", "alloy")))  # the 4th queued item
         assert await asyncio.to_thread(wait_until, lambda: service.queue_length() == 4, 5)
         before = engine.tokenized
         with pytest.raises(Overloaded) as raised:
-            await service.synthesize("one more", "alloy")
+            await service.synthesize(Ask("one more", "alloy"))
         assert raised.value.retry_after_s >= 1
         assert engine.tokenized == before  # refused before tokenizing
         engine.gate.set()
@@ -86,8 +87,8 @@ def test_full_queue_is_refused_before_any_work(service):
 
 def test_the_front_end_runs_for_the_voices_language_and_the_cache_keys_on_what_is_said(service):
     def speak(text, **options):
-        return asyncio.run(service.speak(text, "alloy", "tts-1", response_format="wav",
-                                         reading=Reading(NormalizationOptions(**options))))
+        return asyncio.run(service.answer(Ask(text, "alloy", model="tts-1", response_format="wav",
+                                              reading=Reading(NormalizationOptions(**options)))))
 
     plain = speak("It costs $5.")
     assert plain.cache == "miss" and plain.duration_s == len("It costs five dollars.") * SAMPLES_PER_TOKEN / 16000
@@ -103,7 +104,7 @@ def test_the_front_end_runs_for_the_voices_language_and_the_cache_keys_on_what_i
 @pytest.mark.parametrize("text", ["", "   ", "😀", "<speak><break time='1s'/></speak>"])
 def test_empty_blank_and_nothing_to_say_share_one_code(service, text):
     with pytest.raises(InvalidRequest) as raised:
-        service.validate(text, "alloy", "tts-1", 1.0, None)
+        service.validate(Ask(text, "alloy", model="tts-1"))
     assert (raised.value.status, raised.value.param, raised.value.code) == (400, "input", "empty_input")
 
 
@@ -111,11 +112,11 @@ def test_a_text_the_voice_cannot_speak_names_its_language_and_the_voices_that_ca
     english, chinese = FakeEngine(), FakeEngine(name="fake-zh", voice="zh-voice", language="zh")
     service = SpeechService(Settings(voice_aliases={}, model_aliases={}), [english, chinese], Metrics())
     with pytest.raises(InvalidRequest) as raised:
-        service.validate("你好，世界。", "fake-voice", None, 1.0, None)
+        service.validate(Ask("你好，世界。", "fake-voice"))
     error = raised.value
     assert (error.status, error.param, error.code) == (400, "input", "unsupported_script")
     assert "Chinese characters" in error.message and "language en" in error.message and "zh-voice" in error.message
-    assert service.validate("你好，世界。", "zh-voice", None, 1.0, None).passages  # the voice that can, does
+    assert service.validate(Ask("你好，世界。", "zh-voice")).passages  # the voice that can, does
 
 
 def test_a_text_that_says_more_than_the_spoken_limit_is_refused_before_any_work():
@@ -123,13 +124,13 @@ def test_a_text_that_says_more_than_the_spoken_limit_is_refused_before_any_work(
     service = SpeechService(Settings(max_spoken_chars=100, voice_aliases={}, model_aliases={}), [engine], Metrics())
     digits = "9" * 30  # 30 characters, said one by one: "nine nine ..." (149)
     with pytest.raises(InvalidRequest) as raised:
-        asyncio.run(service.synthesize(f"Total: {digits}.", "fake-voice"))
+        asyncio.run(service.synthesize(Ask(f"Total: {digits}.", "fake-voice")))
     assert raised.value.code == "spoken_text_above_max_length" and raised.value.param == "input"
     assert "the limit is 100" in raised.value.message and raised.value.retry_after_s is None
     assert engine.tokenized == 0
     ssml = f'<speak><say-as interpret-as="cardinal">{digits}</say-as></speak>'
     with pytest.raises(InvalidRequest, match="once its numbers"):
-        asyncio.run(service.synthesize(ssml, "fake-voice"))
+        asyncio.run(service.synthesize(Ask(ssml, "fake-voice")))
 
 
 class ThreadRecordingEngine(FakeEngine):
@@ -163,8 +164,9 @@ def test_texts_are_read_off_the_event_loop_one_at_a_time(monkeypatch):
     engine.tokenized_on.clear()  # warm-up's own inputs
     try:
         async def speak_and_stream() -> str:
-            await service.speak("One two. Three four five.", "fake-voice", "fake", response_format="wav")
-            stream = await service.stream_pieces("Six seven. Eight.", "fake-voice", "fake")
+            await service.answer(Ask("One two. Three four five.", "fake-voice", model="fake", response_format="wav"))
+            stream = await service.answer(Ask("Six seven. Eight.", "fake-voice", model="fake", response_format="pcm",
+                                              stream=True))
             assert [piece async for piece in stream]
             return threading.current_thread().name
 
@@ -188,7 +190,43 @@ def test_what_a_model_cannot_do_is_refused_from_its_spec_before_any_load():
     service.start()
     try:
         with pytest.raises(InvalidRequest) as refused:
-            asyncio.run(service.speak("Hello there.", "later-voice", None, response_format="wav", words=True))
+            asyncio.run(service.answer(Ask("Hello there.", "later-voice", response_format="wav", words=True)))
         assert refused.value.code == "timestamps_unsupported" and "later" not in service.loops
+    finally:
+        service.stop()
+
+
+def test_each_request_is_accounted_once_with_how_it_ended(tmp_path):
+    """The service accounts every surface's requests alike (the metrics and the request log app.py gives it): a
+    whole answer with its voice and timings, a refusal with its status, a caller gone as 499; a tally ends once."""
+    from storage import Storage, sqlite_url
+    from storage.request_log import RequestLogWriter
+
+    storage = Storage(sqlite_url(tmp_path / "log.db"))
+    storage.migrate()
+    request_log = RequestLogWriter(storage)
+    service = SpeechService(Settings(batch_policy="sequential", voice_aliases={}, model_aliases={}), [FakeEngine()],
+                            Metrics(), request_log=request_log)
+    service.start()
+    try:
+        async def scenario():
+            with service.tally("ui", "ip:a", 6) as answered:
+                await service.answer(Ask("Hello.", "fake-voice", response_format="wav"), answered)
+            with pytest.raises(InvalidRequest), service.tally("ui", "ip:b", 1) as refused:
+                await service.answer(Ask("x", "no-such-voice"), refused)
+            with pytest.raises(asyncio.CancelledError), service.tally("websocket", "ip:c"):
+                raise asyncio.CancelledError
+            return answered, refused
+        answered, refused = asyncio.run(scenario())
+        answered.end(500)  # already ended: nothing more is recorded
+        request_log.flush()
+        rows = {row["client"]: row for row in storage.request_log.recent(10)}
+        assert len(rows) == 3 and (rows["ip:a"]["status"], rows["ip:a"]["voice"]) == (200, "fake-voice")
+        assert rows["ip:a"]["characters"] == 6 and rows["ip:a"]["batch_size"] == 1 and answered.audio_s > 0
+        assert rows["ip:b"]["status"] == 400 and refused.status == 400 and rows["ip:c"]["source"] == "websocket"
+        assert rows["ip:c"]["status"] == 499
+        counted = service.metrics_registry().get_sample_value
+        assert counted("tts_requests_total", {"source": "ui", "status": "200"}) == 1
+        assert counted("tts_requests_total", {"source": "websocket", "status": "499"}) == 1
     finally:
         service.stop()

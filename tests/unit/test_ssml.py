@@ -12,6 +12,7 @@ from tts_core.config import Settings
 from tts_core.engines.base import Voice
 from tts_core.errors import InvalidRequest
 from tts_core.ops.metrics import Metrics
+from tts_core.request.ask import Ask
 from tts_core.request.script import Reading
 from tts_core.service import SpeechService
 from tts_core.text.frontend import spoken_parts, ssml
@@ -148,7 +149,7 @@ def service():
 
 def test_a_break_is_that_much_silence_in_the_file_and_in_the_stream(service):
     text = '<speak><break time="200ms"/>abc<break time="750ms"/>defg. hi<break time="1s"/></speak>'
-    speech = asyncio.run(service.synthesize(text, "fake-voice"))
+    speech = asyncio.run(service.synthesize(Ask(text, "fake-voice")))
     rate = speech.sample_rate
     expected = [(0.2, 0), (0, 3), (0.75, 0), (0, 5), (JOIN_PAUSE_S, 0), (0, 2), (1.0, 0)]  # (pause s, tokens)
     assert speech.audio.size == sum(round(pause * rate) + tokens * SAMPLES_PER_TOKEN for pause, tokens in expected)
@@ -156,14 +157,14 @@ def test_a_break_is_that_much_silence_in_the_file_and_in_the_stream(service):
     assert silent[0] == 0 and speech.audio[round(0.2 * rate) + 5] != 0  # the leading break, then speech
 
     async def streamed():
-        stream = await service.stream_pieces(text, "fake-voice")
+        stream = await service.answer(Ask(text, "fake-voice", response_format="pcm", stream=True))
         return np.concatenate([piece async for piece in stream])
     assert np.array_equal(asyncio.run(streamed()), speech.audio)
 
 
 def test_voices_and_rates_switch_and_the_answer_keeps_the_requests_rate(service):
     text = '<speak>abcd <voice name="half-voice">efgh</voice> <prosody rate="fast">ijkl</prosody></speak>'
-    speech = asyncio.run(service.synthesize(text, "fake-voice", speed=2.0))
+    speech = asyncio.run(service.synthesize(Ask(text, "fake-voice", speed=2.0)))
     assert speech.sample_rate == 16000 and speech.voice == "fake-voice"
     # the 8 kHz voice's 4 tokens (400 samples) take 800 at 16 kHz; pauses between passages are the usual
     tokens = 4 * SAMPLES_PER_TOKEN
@@ -181,17 +182,17 @@ def test_voices_and_rates_switch_and_the_answer_keeps_the_requests_rate(service)
 ])
 def test_refusals_name_the_place_in_the_input(service, text, voice, says):
     with pytest.raises(InvalidRequest) as refused:
-        service.validate(text, voice, None, 2.0 if "300%" in text else 1.0, None)
+        service.validate(Ask(text, voice, speed=2.0 if "300%" in text else 1.0))
     assert says in refused.value.message and refused.value.param == "input"
 
 
 def test_input_type_decides_how_the_input_is_read(service):
     document = "<speak>one <break time='1s'/> two</speak>"
-    assert len(service.validate(document, "fake-voice", None, 1.0, None).passages) == 2
-    assert [passage.spoken.text for passage in service.validate(document, "fake-voice", None, 1.0, None,
-                                                                Reading(input_type="text")).passages] == ["one two"]
+    assert len(service.validate(Ask(document, "fake-voice")).passages) == 2
+    as_text = service.validate(Ask(document, "fake-voice", reading=Reading(input_type="text")))
+    assert [passage.spoken.text for passage in as_text.passages] == ["one two"]
     with pytest.raises(InvalidRequest, match="line 1, column 1: SSML starts with <speak>"):
-        service.validate("plain words", "fake-voice", None, 1.0, None, Reading(input_type="ssml"))
+        service.validate(Ask("plain words", "fake-voice", reading=Reading(input_type="ssml")))
     with pytest.raises(InvalidRequest) as refused:
-        service.validate("<speak>a<b></speak>", "fake-voice", None, 1.0, None)
+        service.validate(Ask("<speak>a<b></speak>", "fake-voice"))
     assert refused.value.code == "invalid_ssml"

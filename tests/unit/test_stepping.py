@@ -15,6 +15,7 @@ from tts_core.config import Settings
 from tts_core.engines.contract import AudioPieces, EngineInput
 from tts_core.errors import InvalidRequest, Overloaded, SynthesisError
 from tts_core.ops.metrics import Metrics
+from tts_core.request.ask import Ask
 from tts_core.scheduler.engine_loop import EngineLoop
 from tts_core.scheduler.policy import make_policy
 from tts_core.scheduler.queue import RequestQueue
@@ -334,10 +335,10 @@ def service():
 
 def test_a_stepped_voice_streams_and_speaks_through_the_service(service):
     async def scenario():
-        stream = await service.speak_stream("A sentence long enough for many frames.", "fake-ar-voice",
-                                            response_format="pcm")
+        stream = await service.answer(Ask("A sentence long enough for many frames.", "fake-ar-voice",
+                                          response_format="pcm", stream=True))
         pieces = [audio async for audio in stream]
-        whole = await service.synthesize("A sentence long enough for many frames.", "fake-ar-voice")
+        whole = await service.synthesize(Ask("A sentence long enough for many frames.", "fake-ar-voice"))
         return pieces, whole
 
     pieces, whole = asyncio.run(scenario())
@@ -348,7 +349,7 @@ def test_a_stepped_voice_streams_and_speaks_through_the_service(service):
 
 def test_a_voice_without_speed_control_refuses_other_speeds(service):
     with pytest.raises(InvalidRequest) as refused:
-        asyncio.run(service.synthesize("Hello there.", "fake-ar-voice", speed=1.5))
+        asyncio.run(service.synthesize(Ask("Hello there.", "fake-ar-voice", speed=1.5)))
     assert refused.value.param == "speed" and "speaking-rate" in refused.value.message
 
 

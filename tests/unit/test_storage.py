@@ -18,6 +18,7 @@ from storage.request_log import RequestLogWriter
 from tests.fakes import FakeEngine
 from tests.serve import require_tools
 from tts_core.config import Settings
+from tts_core.controls import ServiceControls
 from tts_core.ops.metrics import Metrics
 from tts_core.service import SpeechService
 
@@ -133,7 +134,7 @@ def control(tmp_path):
     storage = Storage(sqlite_url(tmp_path / "c.db"))
     storage.migrate()
     service = SpeechService(Settings(), [FakeEngine()], Metrics())
-    return OperatorControl(storage, service, RequestLogWriter(storage))
+    return OperatorControl(storage, ServiceControls(service), RequestLogWriter(storage))
 
 
 def test_a_failing_database_keeps_the_last_settings_and_says_so(control, tmp_path):

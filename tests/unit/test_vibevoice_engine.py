@@ -20,6 +20,7 @@ from tts_core.engines.vibevoice import VibeVoiceEngine, describe_vibevoice
 from tts_core.engines.vibevoice_parts import DPMSolver, encode_voice
 from tts_core.errors import InvalidRequest
 from tts_core.ops.metrics import Metrics
+from tts_core.request.ask import Ask
 from tts_core.scheduler.stepped import synthesize_whole
 from tts_core.service import SpeechService
 
@@ -273,10 +274,12 @@ def test_the_tiny_model_serves_two_requests_at_once_through_the_batcher(loaded):
         assert service.loops[engine.name].calibrated.wait(60)
 
         async def both():
-            return await asyncio.gather(service.synthesize("Hi.", "tiny"), service.synthesize("Hello you.", "other"))
+            return await asyncio.gather(service.synthesize(Ask("Hi.", "tiny")),
+                                        service.synthesize(Ask("Hello you.", "other")))
 
         async def streamed():
-            return [audio async for audio in await service.speak_stream("Hi.", "tiny", response_format="pcm")]
+            stream = await service.answer(Ask("Hi.", "tiny", response_format="pcm", stream=True))
+            return [audio async for audio in stream]
 
         short, long = asyncio.run(both())
         status = service.status()["engines"][engine.name]
