@@ -104,7 +104,7 @@ def test_the_first_piece_is_synthesized_before_the_rest_of_the_text_goes_through
 async def _whole(text: str) -> np.ndarray:
     service = started(FakeEngine())
     try:
-        return (await service.synthesize(text)).audio
+        return (await service.synthesize(Ask(text))).audio
     finally:
         service.stop()
 
@@ -119,7 +119,7 @@ def test_a_stream_is_its_file_sample_for_sample(text):
     service = started(FakeEngine())
     try:
         stream_audio = asyncio.run(streamed(service, text))
-        file_audio = asyncio.run(service.synthesize(text)).audio
+        file_audio = asyncio.run(service.synthesize(Ask(text))).audio
     finally:
         service.stop()
     assert np.array_equal(stream_audio, file_audio)
