@@ -112,9 +112,12 @@ def serving(replicas: dict[str, bool]) -> int:
 
 @pytest.mark.loopback_namespace
 @pytest.mark.timeout(900)  # room for a run beside a benchmark, on CI's slower machine
-def test_chorus_on_ray_serve_speaks_streams_shows_its_replicas_and_survives_losing_one(tmp_path):
+def test_chorus_on_ray_serve_speaks_survives_losing_a_replica_and_under_load_sees_its_replicas_queues(tmp_path):
+    """One cluster for both halves (its start is most of the time): the replica lost and replaced first, then
+    the load, whose settings the first half must not run under."""
     with chorus_on_ray(tmp_path):
         speaks_streams_shows_its_replicas_and_survives_losing_one()
+        sees_its_engine_replicas_queues_and_both_degrade()
 
 
 def speaks_streams_shows_its_replicas_and_survives_losing_one():
@@ -168,13 +171,6 @@ LOADED = {"queue_wait_target_s": 1.0, "overload_wait_target_s": 1.0, "enter_thre
           "exit_hold_s": 0.0, "cache_enabled": False, "cache_first_enabled": False}
 SHORT = "Sentence {n} says where the fox went. It ran to the river. Then it ran back home. It slept well."
 LONG = "The fox is here. " * 24  # over degrade mode's cap on text length (300 characters)
-
-
-@pytest.mark.loopback_namespace
-@pytest.mark.timeout(900)
-def test_under_load_on_ray_serve_the_ingress_sees_its_engine_replicas_queues_and_both_degrade(tmp_path):
-    with chorus_on_ray(tmp_path):
-        sees_its_engine_replicas_queues_and_both_degrade()
 
 
 def sees_its_engine_replicas_queues_and_both_degrade():
