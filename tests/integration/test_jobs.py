@@ -130,7 +130,8 @@ def test_expired_results_answer_410(tmp_path):
 
 
 def test_sigkill_with_jobs_queued_and_running_loses_and_duplicates_nothing(tmp_path):
-    texts = [f"Job {n} of the crash test says its number, {n}, and a few more words." for n in range(10)]
+    # at the kill, two run (job_concurrency 2) and three wait
+    texts = [f"Job {n} of the crash test says its number, {n}, and a few more words." for n in range(5)]
     settings = dict(calibration_sizes="1", piper_noise_scale="0", piper_noise_w="0", job_concurrency="2")
     process = start_server(tmp_path, **settings)
     ids = [httpx.post(f"{process.base_url}/v1/audio/jobs", json=body(text)).json()["id"] for text in texts]

@@ -7,7 +7,7 @@ entry (tts_core.voices.registry) is the union of their options, told apart by `e
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -90,6 +90,21 @@ def stepped_options(voices: list[VoiceSpec]) -> dict:
     max_running = [voice.max_running for voice in voices if voice.max_running]
     options["max_running"] = max(max_running) if max_running else DEFAULT_MAX_RUNNING
     return options
+
+
+def stepped_torch_kind(engine_module: Callable[[], tuple[type, Callable]]) -> Callable[..., Described]:
+    """The description of a stepped transformers model (Pocket TTS, VibeVoice): `engine_module()` imports its
+    engine class and the function describing its voices (torch and transformers: only once the registry names
+    the kind)."""
+    def describe(model: str, entries: dict[str, VoiceOptions], name: str, settings: Settings) -> Described:
+        engine, describe_voices = engine_module()
+        voices = voice_specs(entries)
+        options = stepped_options(voices)
+        capabilities = replace(engine.kind_capabilities, max_running=options["max_running"])
+        return describe_voices(model, voices), capabilities, torch_loader(
+            settings, lambda: engine(model, voices, settings.device, settings.dtype, name=name, **options))
+
+    return describe
 
 
 def torch_loader(settings: Settings, load: Loader) -> Loader:

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable
+from typing import Literal
 
-from ..kind import Described, EngineKind, VoiceOptions, stepped_options, torch_loader, voice_specs
-
-if TYPE_CHECKING:
-    from ...config import Settings
+from ..kind import EngineKind, VoiceOptions, stepped_torch_kind
 
 
 class PocketTTSVoice(VoiceOptions):
     engine: Literal["pocket_tts"]
 
 
-def describe(model: str, entries: dict[str, PocketTTSVoice], name: str, settings: Settings) -> Described:
+def _engine_module() -> tuple[type, Callable]:
     from ..pocket_tts import PocketTTSEngine, describe_pocket_tts
 
-    voices = voice_specs(entries)
-    options = stepped_options(voices)
-    capabilities = replace(PocketTTSEngine.kind_capabilities, max_running=options["max_running"])
-    return describe_pocket_tts(model, voices), capabilities, torch_loader(
-        settings, lambda: PocketTTSEngine(model, voices, settings.device, settings.dtype, name=name, **options))
+    return PocketTTSEngine, describe_pocket_tts
 
 
-KIND = EngineKind(PocketTTSVoice, describe)
+KIND = EngineKind(PocketTTSVoice, stepped_torch_kind(_engine_module))

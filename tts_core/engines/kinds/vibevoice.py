@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable
+from typing import Literal
 
-from ..kind import Described, EngineKind, VoiceOptions, stepped_options, torch_loader, voice_specs
-
-if TYPE_CHECKING:
-    from ...config import Settings
+from ..kind import EngineKind, VoiceOptions, stepped_torch_kind
 
 
 class VibeVoiceVoice(VoiceOptions):
     engine: Literal["vibevoice"]
 
 
-def describe(model: str, entries: dict[str, VibeVoiceVoice], name: str, settings: Settings) -> Described:
+def _engine_module() -> tuple[type, Callable]:
     from ..vibevoice import VibeVoiceEngine, describe_vibevoice
 
-    voices = voice_specs(entries)
-    options = stepped_options(voices)
-    capabilities = replace(VibeVoiceEngine.kind_capabilities, max_running=options["max_running"])
-    return describe_vibevoice(model, voices), capabilities, torch_loader(
-        settings, lambda: VibeVoiceEngine(model, voices, settings.device, settings.dtype, name=name, **options))
+    return VibeVoiceEngine, describe_vibevoice
 
 
-KIND = EngineKind(VibeVoiceVoice, describe)
+KIND = EngineKind(VibeVoiceVoice, stepped_torch_kind(_engine_module))
