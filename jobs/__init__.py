@@ -45,7 +45,7 @@ from tts_core.config import Settings
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Overloaded
 from tts_core.request.access import Caller, Tier
 from tts_core.request.ask import Ask
-from tts_core.request.captions import SUBTITLE_FORMATS, subtitles
+from tts_core.request.captions import every_subtitle
 from tts_core.request.operating import OperatorSettings
 from tts_core.request.script import Reading
 from tts_core.service import SpeechService, SpokenAudio
@@ -238,16 +238,14 @@ class JobRunner:
         # Jobs queued before the text front end kept their text already normalised: spoken as written.
         normalization = NormalizationOptions(**request.get("normalization", {"normalize": False}))
         reading = Reading(normalization, request.get("input_type", "auto"), instructions=request.get("instructions"))
+        asked = dict(model=request.get("model"), speed=request.get("speed", 1.0),
+                     response_format=request["response_format"], sample_rate=request.get("sample_rate"),
+                     reading=reading, caller=self._caller(job))
         if is_dialogue(request):
-            return await self.service.answer(
-                Ask(model=request.get("model"), speed=request.get("speed", 1.0),
-                    response_format=request["response_format"], sample_rate=request.get("sample_rate"),
-                    reading=reading, words=request.get("captions", False), caller=self._caller(job),
-                    script=request["script"], voices=request["voices"]),
-                on_turn=lambda made: self._record_progress(job, made))
-        return await self.service.answer(Ask(request["input"], request["voice"], request.get("model"),
-                                             request.get("speed", 1.0), request["response_format"],
-                                             request.get("sample_rate"), reading, caller=self._caller(job)))
+            return await self.service.answer(Ask(script=request["script"], voices=request["voices"],
+                                                 words=request.get("captions", False), **asked),
+                                             on_turn=lambda made: self._record_progress(job, made))
+        return await self.service.answer(Ask(request["input"], request["voice"], **asked))
 
     def _record_progress(self, job: dict, made: int) -> None:
         """A dialogue's turns made so far, written in the background (its synthesis goes on meanwhile)."""
@@ -397,7 +395,7 @@ def _dialogue_outcome(job: dict, spoken: SpokenAudio) -> dict:
         return {"turns_done": job["turns"]}
     words = list(spoken.words or ())
     captions = {"words": [word.as_json() for word in words], "turns": [turn.as_json() for turn in spoken.turns],
-                **{kind: subtitles(words, kind) for kind in SUBTITLE_FORMATS}}
+                **every_subtitle(words)}
     return {"turns_done": job["turns"], "captions": json.dumps(captions)}
 
 

@@ -15,7 +15,7 @@ import gradio as gr
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest
 from tts_core.request.access import Caller
 from tts_core.request.ask import Ask
-from tts_core.request.captions import SUBTITLE_FORMATS, subtitles
+from tts_core.request.captions import SUBTITLE_FORMATS, every_subtitle
 
 from . import takes
 from .context import UiContext, log, refused
@@ -97,7 +97,7 @@ class DialoguePanel:
                           script=script or "", voices=cast)
                 spoken = await self.context.service.answer(ask, tally)
                 words = list(spoken.words or ())
-                captions = {kind: subtitles(words, kind) for kind in SUBTITLE_FORMATS} if words else {}
+                captions = every_subtitle(words) if words else {}
                 take = await asyncio.to_thread(takes.Take, self.context.out_dir)
                 path = await asyncio.to_thread(take.finish, spoken.data, takes.file_stem("dialogue", script or ""),
                                                response_format, captions, "")

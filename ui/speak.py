@@ -18,7 +18,7 @@ from tts_core.request.access import Caller
 from tts_core.request.admission import MAX_SPEED, MIN_SPEED
 from tts_core.request.ask import Ask
 from tts_core.request.assembly import SentenceStream
-from tts_core.request.captions import SUBTITLE_FORMATS, CaptionWord, caption_words, subtitles
+from tts_core.request.captions import CaptionWord, caption_words, every_subtitle
 from tts_core.service import Tally
 
 from . import browser, takes
@@ -149,7 +149,7 @@ class SpeakPanel:
                 tally.audio_s = audio.size / rate
                 data = await asyncio.to_thread(encode, audio, rate, response_format)
                 markup = words_html(text, words, timing, done=True)
-                captions = {kind: subtitles(words, kind) for kind in SUBTITLE_FORMATS} if words else {}
+                captions = every_subtitle(words) if words else {}
                 path = await asyncio.to_thread(take.finish, data, takes.file_stem(stream.voice.name, text),
                                                response_format, captions, markup)
                 done = take.player(done=True, **takes.downloads(path), text=text[:500],

@@ -169,6 +169,11 @@ def _written(text: str) -> str:
 
 # --- subtitles --------------------------------------------------------------------------------------
 
+def every_subtitle(words: list[CaptionWord]) -> dict[str, str]:
+    """The words' cues in each subtitle format, by format: what a take or a job keeps."""
+    return {kind: subtitles(words, kind) for kind in SUBTITLE_FORMATS}
+
+
 def subtitles(words: list[CaptionWord], kind: str) -> str:
     """SubRip ("srt") or WebVTT ("vtt") cues of the words, with their punctuation: a cue is at most a line of
     CUE_MAX_CHARS and CUE_MAX_S long, and a pause of CUE_GAP_S starts a new one. A dialogue's words start a cue
