@@ -187,16 +187,24 @@ def tier_grid(browser) -> list[list[str]]:
 
 def edit_tier_cell(browser, row: int, column: int, text: str) -> None:
     """Select a cell, press Enter to edit it, replace what it holds, press Enter."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    cell = browser.find_element(By.CSS_SELECTOR, f"#tier-table [data-testid='cell-{row}-{column}']")
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", cell)
-    cell.click()
-    ActionChains(browser).send_keys(Keys.ENTER).perform()
-    WebDriverWait(browser, 10).until(lambda driver: driver.switch_to.active_element.tag_name == "textarea")
+    def editing(driver) -> bool:
+        """The cell's editor has the focus; if not, select the cell (found afresh: a save redraws the table, and
+        a click landing while it redraws selects nothing) and press Enter again."""
+        if driver.switch_to.active_element.tag_name == "textarea":
+            return True
+        cell = driver.find_element(By.CSS_SELECTOR, f"#tier-table [data-testid='cell-{row}-{column}']")
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", cell)
+        cell.click()
+        ActionChains(driver).send_keys(Keys.ENTER).perform()
+        return False
+
+    WebDriverWait(browser, 30, poll_frequency=1, ignored_exceptions=(StaleElementReferenceException,)).until(editing)
     editor = browser.switch_to.active_element
     editor.send_keys(Keys.CONTROL, "a")
     editor.send_keys(text, Keys.ENTER)
