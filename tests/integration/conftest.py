@@ -36,12 +36,16 @@ def pytest_pyfunc_call(pyfuncitem):
     if pyfuncitem.get_closest_marker("loopback_namespace") is None or os.environ.get(INSIDE_LOOPBACK_NAMESPACE):
         return None
     require_tools("unshare", "ip", install="apt-get install util-linux iproute2")
-    inner = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", pyfuncitem.nodeid]
+    inner = [sys.executable, "-m", "pytest", "-q", "-rs", "-n", "0", "-p", "no:cacheprovider", pyfuncitem.nodeid]
     command = ["unshare", "--net", "--pid", "--fork", "--mount-proc", *([] if os.geteuid() == 0 else ["-r"]),
                "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *inner]
-    with tempfile.TemporaryFile("w+") as output:  # a file, not a pipe: nothing left running can hold it open
+    # a file, not a pipe: nothing left running can hold it open; Ray's files in a folder of the test's own, since
+    # another test may run Ray in its own namespace at the same time (pytest-xdist's other worker)
+    with (tempfile.TemporaryFile("w+") as output,
+          tempfile.TemporaryDirectory(prefix="ray-", ignore_cleanup_errors=True) as ray_files):
         run = subprocess.run(command, cwd=pyfuncitem.config.rootpath, stdout=output, stderr=subprocess.STDOUT,
-                             env={**os.environ, **RAY_ONE_MACHINE, INSIDE_LOOPBACK_NAMESPACE: "1"})
+                             env={**os.environ, **RAY_ONE_MACHINE, INSIDE_LOOPBACK_NAMESPACE: "1",
+                                  "RAY_TMPDIR": ray_files})
         output.seek(0)
         said = output.read()
     if run.returncode != 0:
