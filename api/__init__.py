@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from access.control import AccessControl, LimitExceeded
 from clones import VoiceClones
 from tts_core.config import Settings
-from tts_core.service import SpeechService
+from tts_core.service import CLIENT_GONE, SpeechService
 
 from . import dialogue, jobs, speech, speech_socket, system, voices
 from .connections import OpenSockets
@@ -49,7 +49,7 @@ class RequestAccounting:
             await self.app(scope, receive, recording_send)
         finally:
             if not completed and status < 400:  # the client left before the whole answer was sent
-                status = 499
+                status = CLIENT_GONE
             details = dict(scope.get("state", {}).get("speech", {}))
             status = details.pop("status", status)  # a stream that failed after its 200 was sent says so
             client = details.pop("client", None) or (scope.get("client") or ("unknown",))[0]

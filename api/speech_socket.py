@@ -36,7 +36,7 @@ from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Unauthorized
 from tts_core.request.access import Caller
 from tts_core.request.ask import Ask
 from tts_core.request.script import Reading
-from tts_core.service import SentenceStream, SpeechService, Tally, check_format
+from tts_core.service import CLIENT_GONE, SentenceStream, SpeechService, Tally, check_format
 from tts_core.text.frontend import NormalizationOptions, requested
 
 from .errors import invalid_input, stream_failure
@@ -187,7 +187,7 @@ class SpeechConnection:
             while not self.pending.empty():  # accepted but never started: out of the queue, counted as given up
                 utterance = self.pending.get_nowait()
                 utterance.stream.close()
-                utterance.tally.end(499)
+                utterance.tally.end(CLIENT_GONE)
         if revoked is not None:  # said once nothing else is being sent
             log.info("websocket of %s closed: its API key was revoked", self.caller.identity)
             with suppress(WebSocketDisconnect):  # the client may have left meanwhile
@@ -286,7 +286,7 @@ class SpeechConnection:
                 self.active_at = time.monotonic()
 
     async def _send(self, utterance: Utterance) -> None:
-        stream, status, audio_s = utterance.stream, 499, 0.0  # 499 unless it ends: the client left first
+        stream, status, audio_s = utterance.stream, CLIENT_GONE, 0.0  # gone unless it ends: the client left first
         response_format, sample_rate = utterance.ask.response_format, utterance.ask.sample_rate
         output_rate = FORMATS[response_format].rate(stream.sample_rate, sample_rate)
         socket = self.socket

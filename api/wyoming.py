@@ -44,7 +44,7 @@ from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, SynthesisErr
 from tts_core.request.access import Caller
 from tts_core.request.ask import Ask
 from tts_core.request.script import Reading
-from tts_core.service import SpeechService, Tally
+from tts_core.service import CLIENT_GONE, SpeechService, Tally
 from tts_core.text.chunks import complete_sentences
 
 from .connections import OpenSockets
@@ -226,7 +226,7 @@ class WyomingConnection(AsyncEventHandler):
             pass
         finally:
             if self.stream is not None:  # left mid-stream
-                self.stream.request.end(499)
+                self.stream.request.end(CLIENT_GONE)
 
     async def write_event(self, event: Event) -> None:
         """One event, or ConnectionAbortedError (a ConnectionError: the client is gone) when the client has not
@@ -282,7 +282,7 @@ class WyomingConnection(AsyncEventHandler):
 
     async def _start(self, event: Event) -> None:
         if self.stream is not None:  # a new stream before the last one stopped: that one is given up
-            self.stream.request.end(499)
+            self.stream.request.end(CLIENT_GONE)
         self.stream = Stream(None, self._tally())
         try:
             voice = self._voice(event)
@@ -350,7 +350,7 @@ class WyomingConnection(AsyncEventHandler):
                 await self.write_event(error_event(failure))
             await self.write_event(AudioStop().event())
         except ConnectionError:
-            request.failed(499)
+            request.failed(CLIENT_GONE)
             raise
         finally:
             stream.close()

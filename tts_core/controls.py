@@ -28,7 +28,7 @@ class ServiceControls:
         self._service.cache.resize(int(settings.cache_max_mb * 2**20))
 
     def degrade_state(self) -> DegradeState:
-        return self._service.degrade.state
+        return self._service.degrade_state()  # the one reading, which the replicas' reports use too
 
     def cache_stats(self) -> dict:
         return self._service.cache.stats()

@@ -38,14 +38,6 @@ class VoiceOptions(BaseModel):
     pinned: bool = Field(False, description="load and warm at start-up and never unload")
     language_default: bool = Field(False, description="the voice of its language: what a request naming that "
                                    "language and no voice gets (TTS_LANGUAGE_VOICES overrides it)")
-    prompt: str | None = Field(None, min_length=1, description="voice prompt: .safetensors latents or an audio "
-                               "clip (pocket_tts, vibevoice), a voice pack .pt (kokoro); relative to the model "
-                               "folder")
-    fixed_length: bool = Field(False, description="pocket_tts, vibevoice: every request makes its whole frame "
-                               "budget (random-weight benchmark models)")
-    max_running: int | None = Field(None, ge=1, le=1024, description="pocket_tts, vibevoice: the most requests "
-                                    "running at once")
-
     # a name with a star stands for one voice for each name the kind lists (EngineKind.lists): the field the listed
     # name sets, and how (its format); None where the kind lists none
     listed_as: ClassVar[tuple[str, str] | None] = None
@@ -56,8 +48,29 @@ class VoiceOptions(BaseModel):
         return None
 
     def voice_spec(self, name: str) -> VoiceSpec:
-        return VoiceSpec(name, self.language, self.speaker, self.speed, self.prompt, self.fixed_length,
-                         self.max_running)
+        return VoiceSpec(name, self.language, self.speaker, self.speed)
+
+
+class PromptedVoiceOptions(VoiceOptions):
+    """A voice made from a prompt file (Kokoro's voice packs, the stepped models' voice prompts)."""
+
+    prompt: str | None = Field(None, min_length=1, description="voice prompt: .safetensors latents or an audio "
+                               "clip (pocket_tts, vibevoice), a voice pack .pt (kokoro); relative to the model "
+                               "folder")
+
+    def voice_spec(self, name: str) -> VoiceSpec:
+        return replace(super().voice_spec(name), prompt=self.prompt)
+
+
+class SteppedVoiceOptions(PromptedVoiceOptions):
+    """A stepped model's voice; its model-level options (any of the model's voices may set them)."""
+
+    fixed_length: bool = Field(False, description="every request makes its whole frame budget (random-weight "
+                               "benchmark models)")
+    max_running: int | None = Field(None, ge=1, le=1024, description="the most requests running at once")
+
+    def voice_spec(self, name: str) -> VoiceSpec:
+        return replace(super().voice_spec(name), fixed_length=self.fixed_length, max_running=self.max_running)
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,8 @@ def stepped_torch_kind(engine_module: Callable[[], tuple[type, Callable]]) -> Ca
     """The description of a stepped transformers model (Pocket TTS, VibeVoice): `engine_module()` imports its
     engine class and the function describing its voices (torch and transformers: only once the registry names
     the kind)."""
-    def describe(model: str, entries: dict[str, VoiceOptions], name: str, settings: Settings) -> Described:
+    def describe(model: str, entries: dict[str, SteppedVoiceOptions], name: str, settings: Settings
+                 ) -> Described:
         engine, describe_voices = engine_module()
         voices = voice_specs(entries)
         options = stepped_options(voices)

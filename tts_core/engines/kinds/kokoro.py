@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from ..kind import Described, EngineKind, VoiceOptions, torch_loader, voice_specs
+from ..kind import Described, EngineKind, PromptedVoiceOptions, torch_loader, voice_specs
 
 if TYPE_CHECKING:
     from ...config import Settings
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 HINT = "pip install -r requirements-kokoro.txt, after torch (README)"
 
 
-class KokoroVoice(VoiceOptions):
+class KokoroVoice(PromptedVoiceOptions):
     engine: Literal["kokoro"]
 
     listed_as: ClassVar[tuple[str, str] | None] = ("prompt", "voices/{}.pt")  # a pack's file

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from ..kind import EngineKind, VoiceOptions, stepped_torch_kind
+from ..kind import EngineKind, SteppedVoiceOptions, stepped_torch_kind
 
 
-class PocketTTSVoice(VoiceOptions):
+class PocketTTSVoice(SteppedVoiceOptions):
     engine: Literal["pocket_tts"]
 
 

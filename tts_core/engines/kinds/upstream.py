@@ -4,11 +4,12 @@ Voices of one model on one server share one engine; its model-level options may 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from ..base import UpstreamOptions, VoiceSpec
+from ..base import UpstreamOptions
 from ..contract import FrontEnd
 from ..kind import Described, EngineKind, VoiceOptions
 
@@ -70,8 +71,8 @@ def describe(model: str, entries: dict[str, UpstreamVoice], name: str, settings:
     from ..upstream import UpstreamEngine, describe_upstream
 
     options = upstream_options(list(entries.values()))
-    voices = [VoiceSpec(voice, entry.language, entry.speaker, entry.speed, entry.prompt, entry.fixed_length,
-                        entry.max_running, entry.upstream_voice, options) for voice, entry in entries.items()]
+    voices = [replace(entry.voice_spec(voice), upstream_voice=entry.upstream_voice, upstream=options)
+              for voice, entry in entries.items()]
     described, capabilities = describe_upstream(model, voices, name, options)
     return described, capabilities, lambda: UpstreamEngine(model, voices, name, options)
 
