@@ -460,14 +460,11 @@ def sending_until(base: str, model: str, learned, timeout_s: float, voice: str =
 def test_a_chorus_serving_piper_is_given_one_or_two_requests_at_once(chained):
     """Its engine runs one sentence at a time: a second request in flight overlaps its front end, encoding and
     HTTP with the engine's work, and more make no more audio a second (measured: 14.5, 13.1 and 13.5 audio-s/s
-    sent under limits of 1, 2 and 4)."""
+    sent under limits of 1, 2 and 4). Sent to until twice the settled count has been measured and refused (a
+    window a second: as long on a busy machine as on an idle one)."""
     base, _ = chained
-    texts = [f"Caller {number} asks for a sentence of ordinary length, one of many." for number in range(48)]
-    with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda text: speak(base, text, model="piper"), texts))
-    assert [answer.status_code for answer in answers] == [200] * len(texts)
-    status = upstream_status(base, "piper")
-    assert status["settled"] in (1, 2), status  # (the limit may be measuring twice that as the run ends)
+    status = sending_until(base, "piper", lambda status: status["above_measured"], 120)
+    assert status["settled"] in (1, 2), status
 
 
 @pytest.mark.slow
