@@ -89,7 +89,7 @@ def fronted(tmp_path_factory):
         file.write(f"  raw-voice: {{engine: upstream, model: raw, url: '{listener.url}', normalize: false, "
                    "lexicon: false, ssml: false}\n"
                    f"  kokoro-*: {{engine: upstream, model: kokoro, url: '{listener.url}'}}\n"
-                   f"  year-voice: {{engine: upstream, model: year, url: '{listener.url}'}}\n")
+                   f"  year-voice: {{engine: upstream, model: year, url: '{listener.url}', pinned: true}}\n")
     settings = Settings(data_dir=folder / "data", calibration_sizes=[1], voices_file=voices,
                         admin_token="upstream-admin-token",
                         operator_defaults={"anonymous_tier": "enterprise", "degrade_enabled": False,
