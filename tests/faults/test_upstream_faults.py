@@ -1,7 +1,9 @@
 """A replay of the upstream faults of issue 44 against a real Chorus process in front of a hostile upstream
 (tests/faults/hostile_upstream.py): a Retry-After of infinity, nonsense or a year, an answer that never ends, an
 error body that never ends, a byte of audio, a WAV. Each is answered in our error shape (or, for a WAV, with its
-samples), and the server serves normally after each; the endless answer's memory is measured."""
+samples), and the server serves normally after each; the endless answer's memory is measured. The model "brief" is
+the same upstream with a breaker that stays open 3 s at most (max_cool_down_s), so that a year's Retry-After is
+seen to open it and a healthy upstream to be used again within the test."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from tests.serve import wait_until
 pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
 
 SPEECH = {"model": "hostile", "voice": "hostile-voice", "response_format": "wav"}
+BRIEF = {"model": "brief", "voice": "brief-voice"}
+BRIEF_COOL_DOWN_S = 3  # its max_cool_down_s: longer than the first cool-down (2 s), so a year's is seen to count
 LONG_TEXT = " ".join(["An upstream that never stops sending is cut off at what this text can use."] * 4)
 MOST_GROWTH_MB = 250  # of the server's memory while three endless answers and a stream arrive (was 10 GB)
 
@@ -33,7 +37,9 @@ def fronted(tmp_path_factory) -> tuple[ServerProcess, HostileUpstream]:
     folder = tmp_path_factory.mktemp("upstream-faults")
     upstream = HostileUpstream()
     (folder / "voices.yaml").write_text(f"voices:\n  hostile-voice: {{engine: upstream, model: hostile, "
-                                        f"url: '{upstream.url}', timeout_s: 10, pinned: true}}\n")
+                                        f"url: '{upstream.url}', timeout_s: 10, pinned: true}}\n"
+                                        f"  brief-voice: {{engine: upstream, model: brief, url: '{upstream.url}', "
+                                        f"max_cool_down_s: {BRIEF_COOL_DOWN_S}, pinned: true}}\n")
     server = start_server(folder / "data", calibration_sizes="1", voices_file=str(folder / "voices.yaml"))
     yield server, upstream
     server.stop()
@@ -52,19 +58,20 @@ def refused_for_now(answer: httpx.Response) -> int:
     return int(answer.headers["Retry-After"])
 
 
-def breaker_state(server: ServerProcess) -> str:
+def breaker_state(server: ServerProcess, model: str = "hostile") -> str:
     engines = httpx.get(f"{server.base_url}/api/v1/batch/status").json()["engines"]
-    return engines["hostile"]["policy"]["breaker"]["state"]
+    return engines[model]["policy"]["breaker"]["state"]
 
 
-def serves_normally(server: ServerProcess, upstream: HostileUpstream) -> None:
+def serves_normally(server: ServerProcess, upstream: HostileUpstream, model: dict | None = None) -> None:
     """The upstream healthy again: once a breaker that failures opened lets a probe through (within its cool-down,
-    a minute at most), a request is served and the breaker closes."""
+    a minute at most), a request is served and the breaker closes (of SPEECH's model, or `model`'s)."""
+    model = model or SPEECH
     upstream.answer = Answer()
-    assert wait_until(lambda: breaker_state(server) != "open", 70, every_s=0.5)
-    answer = speak(server, f"Served normally at {time.monotonic():.6f}.")
+    assert wait_until(lambda: breaker_state(server, model["model"]) != "open", 70, every_s=0.2)
+    answer = speak(server, f"Served normally at {time.monotonic():.6f}.", **model)
     assert answer.status_code == 200, answer.text
-    assert httpx.get(f"{server.base_url}/health").json()["upstreams"]["hostile"] == "closed"
+    assert httpx.get(f"{server.base_url}/health").json()["upstreams"][model["model"]] == "closed"
 
 
 def rss_mb(pid: int) -> float:
@@ -172,12 +179,19 @@ def test_a_wav_answer_is_read_as_a_wav(fronted):
     serves_normally(server, upstream)
 
 
-def test_a_retry_after_of_a_year_opens_the_breaker_for_a_minute_and_a_healthy_upstream_is_used_again(fronted):
-    """(Last: it leaves the breaker open for up to a minute.)"""
+def test_a_retry_after_of_a_year_opens_the_breaker_for_its_bound_and_a_healthy_upstream_is_used_again(fronted):
+    """A year is answered with the bound: a minute by default; on "brief", its 3 s, for which its breaker opens
+    (refusing at once, sending nothing) before the probe finds the upstream healthy and closes it."""
     server, upstream = fronted
-    upstream.answer = Answer("status", 500, b"{}", headers={"Retry-After": "31536000"})
+    year = Answer("status", 500, b"{}", headers={"Retry-After": "31536000"})
+    upstream.answer = year
+    assert refused_for_now(speak(server, "A year, by default.")) == 60  # (one failure: its breaker stays closed)
+    serves_normally(server, upstream)
+    upstream.answer = year
     for number in range(3):
-        assert refused_for_now(speak(server, f"A year, {number}.")) == 60
-    assert httpx.get(f"{server.base_url}/health").json()["upstreams"]["hostile"] == "open"
-    assert 1 <= refused_for_now(speak(server, "While it is open.")) <= 60
-    serves_normally(server, upstream)  # healthy again: the probe goes within the minute, and closes it
+        assert refused_for_now(speak(server, f"A year, {number}.", **BRIEF)) == BRIEF_COOL_DOWN_S
+    assert httpx.get(f"{server.base_url}/health").json()["upstreams"]["brief"] == "open"
+    asked, started = len(upstream.requests), time.monotonic()
+    assert 1 <= refused_for_now(speak(server, "While it is open.", **BRIEF)) <= BRIEF_COOL_DOWN_S
+    assert time.monotonic() - started < BRIEF_COOL_DOWN_S and len(upstream.requests) == asked  # at once, not sent
+    serves_normally(server, upstream, BRIEF)  # healthy again: the probe goes after the cool-down, and closes it

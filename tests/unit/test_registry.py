@@ -31,6 +31,7 @@ def test_an_upstream_model_is_one_per_server_and_its_options_come_from_any_of_it
     path.write_text("voices:\n"
                     "  vivian: {engine: upstream, model: qwen3, url: 'http://gpu-a:8091/', language: en}\n"
                     "  ryan: {engine: upstream, model: qwen3, url: 'http://gpu-a:8091/', max_in_flight: 4,\n"
+                    "         max_cool_down_s: 5,\n"
                     "         extra_body: {task_type: CustomVoice}, api_key_env: QWEN_KEY, sample_rate: 44100}\n"
                     "  other: {engine: upstream, model: qwen3, url: 'http://gpu-b:8091', upstream_voice: vivian}\n")
     monkeypatch.setenv("QWEN_KEY", "secret")
@@ -41,6 +42,7 @@ def test_an_upstream_model_is_one_per_server_and_its_options_come_from_any_of_it
     assert first.capabilities.makes_frames and first.capabilities.max_running == 4
     engine = first.load()
     assert (engine.options.url, engine.options.max_in_flight, engine.sample_rate) == ("http://gpu-a:8091", 4, 44100)
+    assert (engine.options.max_cool_down_s, second.load().options.max_cool_down_s) == (5, 60)
     assert engine.request_body(engine_input(engine, "ryan"))["task_type"] == "CustomVoice"
     assert second.load().request_body(engine_input(engine, "other"))["voice"] == "vivian"
 
@@ -61,6 +63,7 @@ def engine_input(engine, voice: str) -> EngineInput:
     ("voices:\n  a: {engine: vits, model: m, prompt: p.pt}\n", "prompt: only for engine: kokoro, pocket_tts"),
     ("voices:\n  a: {engine: upstream, model: m, url: 'ftp://x'}\n", "voices.a.url"),
     ("voices:\n  a: {engine: upstream, model: m, url: 'http://x', api_key_env: 'sk-123'}\n", "voices.a.api_key_env"),
+    ("voices:\n  a: {engine: upstream, model: m, url: 'http://x', max_cool_down_s: 0}\n", "voices.a.max_cool_down_s"),
     ("voices:\n  a-*: {engine: vits, model: m}\n", "a-*: a name with * stands for every voice an upstream lists"),
     ("voices:\n  a-*: {engine: upstream, model: m, url: 'http://x', upstream_voice: b}\n", "no upstream_voice"),
     ("voices:\n  '*-*': {engine: upstream, model: m, url: 'http://x'}\n", "(one *"),

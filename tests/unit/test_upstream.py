@@ -130,6 +130,18 @@ def test_an_absurd_retry_after_opens_the_breaker_for_a_minute_at_most_and_a_heal
     assert breaker.state_now(MOST_COOL_DOWN_S) is BreakerState.CLOSED
 
 
+def test_an_upstreams_max_cool_down_bounds_its_breaker_and_the_retry_after_it_can_make():
+    breaker = CircuitBreaker(most_cool_down_s=3.0)
+    for _ in range(FAILURES):
+        breaker.failed(0.0, retry_after_s=31_536_000)
+    assert breaker.retry_after_s(0.0) == 3.0 and not breaker.allows(2.9) and breaker.allows(3.0)
+    for opened in range(3):  # the probe fails again and again: twice as long each time, up to the bound
+        breaker.failed(10.0 * opened)
+        assert breaker.retry_after_s(10.0 * opened) == min(3.0, 2.0 * 2 ** (opened + 1))
+        assert breaker.allows(10.0 * opened + 3.0)
+    assert bounded_retry_after(float("inf"), 3.0) == 3.0 and bounded_retry_after(1.5, 3.0) == 1.5
+
+
 @pytest.mark.parametrize("seconds, bounded", [(float("inf"), MOST_COOL_DOWN_S), (1e9, MOST_COOL_DOWN_S),
                                               (float("nan"), 0.0), (-5.0, 0.0), (None, 0.0), (7.5, 7.5)])
 def test_what_an_upstreams_retry_after_can_make_callers_wait_is_bounded(seconds, bounded):

@@ -80,6 +80,7 @@ class UpstreamOptions:
     timeout_s: float = 60.0  # the longest wait for its next bytes
     extra_body: str = "{}"  # JSON: fields sent with every request (vLLM-Omni's task_type, language, ...)
     max_in_flight: int = 16  # the most requests in flight at once (the learned number stays within it)
+    max_cool_down_s: float = 60.0  # the longest its breaker stays open, and the longest Retry-After it can make
     language: str = "en"  # its voices' language where a voice names none
     clones: bool = False  # it clones per request (vLLM-Omni's ref_audio and ref_text): Chorus's cloned voices go there
     instructions: bool = False  # it takes a request's `instructions` (how to speak): they are passed on

@@ -18,8 +18,9 @@ until the load reaches it. A 429 (or a 503 with Retry-After) halves it.
 `CircuitBreaker`: FAILURES upstream failures in a row (refused, hung, 5xx, a cut stream) open it; while open,
 requests fail at once with a Retry-After rather than wait for an upstream that is down; after the cool-down
 one request probes it (half-open), and its success closes it. Each opening in a row doubles the cool-down, up to
-MOST_COOL_DOWN_S. An upstream's own Retry-After lengthens it, never past that bound (`bounded_retry_after`): one
-that says a year, or infinity, is still probed within a minute, and is used again once it answers.
+the upstream's max_cool_down_s (MOST_COOL_DOWN_S, a minute, by default). An upstream's own Retry-After lengthens
+it, never past that bound (`bounded_retry_after`): one that says a year, or infinity, is still probed within the
+bound, and is used again once it answers.
 
 Both take the time as an argument: the strategy passes its clock's, tests a fake one.
 """
@@ -99,19 +100,20 @@ class BreakerState(StrEnum):
 
 FAILURES = 3  # in a row: the breaker opens
 FIRST_COOL_DOWN_S = 2.0
-MOST_COOL_DOWN_S = 60.0  # also the longest Retry-After an upstream's answer can make callers wait
+MOST_COOL_DOWN_S = 60.0  # by default; also the longest Retry-After an upstream's answer can make callers wait
 
 
-def bounded_retry_after(seconds: float | None) -> float:
-    """An upstream's Retry-After as the breaker and callers use it: within [0, MOST_COOL_DOWN_S] (infinity, or a
-    year, is the bound; NaN, a negative number or none is no wait of its own)."""
+def bounded_retry_after(seconds: float | None, most_s: float = MOST_COOL_DOWN_S) -> float:
+    """An upstream's Retry-After as the breaker and callers use it: within [0, most_s] (infinity, or a year, is
+    the bound; NaN, a negative number or none is no wait of its own)."""
     if seconds is None or math.isnan(seconds):
         return 0.0
-    return min(MOST_COOL_DOWN_S, max(0.0, seconds))
+    return min(most_s, max(0.0, seconds))
 
 
 class CircuitBreaker:
-    def __init__(self) -> None:
+    def __init__(self, most_cool_down_s: float = MOST_COOL_DOWN_S) -> None:
+        self.most_cool_down_s = most_cool_down_s  # the longest it stays open (the upstream's max_cool_down_s)
         self.state = BreakerState.CLOSED
         self.failures = 0  # in a row
         self.opened = 0  # times in a row it has opened (the cool-down doubles each)
@@ -140,9 +142,9 @@ class CircuitBreaker:
         self.failures += 1
         if self.state is BreakerState.HALF_OPEN or self.failures >= FAILURES:
             self.opened += 1
-            cool_down = min(MOST_COOL_DOWN_S, FIRST_COOL_DOWN_S * 2 ** (self.opened - 1))
+            cool_down = min(self.most_cool_down_s, FIRST_COOL_DOWN_S * 2 ** (self.opened - 1))
             self.state, self.probing = BreakerState.OPEN, False
-            self.open_until = now + max(cool_down, bounded_retry_after(retry_after_s))
+            self.open_until = now + max(cool_down, bounded_retry_after(retry_after_s, self.most_cool_down_s))
 
     def describe(self, now: float) -> dict:
         return {"state": self.state_now(now), "failures_in_a_row": self.failures,

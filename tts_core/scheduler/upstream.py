@@ -30,7 +30,6 @@ from ..engines.upstream import UpstreamFailed, UpstreamRejected
 from ..errors import ChorusError, ClientGone, DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
 from .engine_loop import Serving
 from .in_flight import (
-    MOST_COOL_DOWN_S,
     WINDOW_S,
     BreakerState,
     CircuitBreaker,
@@ -116,7 +115,7 @@ class UpstreamStrategy:
         self.engine, self.queue, self.metrics = serving.engine, serving.queue, serving.metrics
         self.clock = serving.clock
         self.limit = InFlightLimit(self.engine.options.max_in_flight)
-        self.breaker = CircuitBreaker()
+        self.breaker = CircuitBreaker(self.engine.options.max_cool_down_s)
         self._flights: dict[int, Flight] = {}  # by input id
         self._ended: deque[Flight] = deque()  # appended by the I/O thread, settled by the loop's
         self._area, self._area_at = 0.0, serving.clock.now()  # integral of requests in flight over time
@@ -280,7 +279,8 @@ class UpstreamStrategy:
     def _unavailable(self, why: str, now: float, retry_after_s: float | None = None) -> Overloaded:
         """A 503 whose Retry-After is the breaker's cool-down or the upstream's own, bounded (an upstream's "inf" or
         "1e9" is not what a caller is told)."""
-        wait = min(MOST_COOL_DOWN_S, max(self.breaker.retry_after_s(now), bounded_retry_after(retry_after_s), 1.0))
+        most = self.breaker.most_cool_down_s
+        wait = min(most, max(self.breaker.retry_after_s(now), bounded_retry_after(retry_after_s, most), 1.0))
         return Overloaded(f"the upstream of model {self.engine.name} is unavailable: {why}", math.ceil(wait),
                           ErrorCode.UPSTREAM_UNAVAILABLE)
 

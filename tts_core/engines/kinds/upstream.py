@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from ...config import Settings
 
 # an upstream model's options (any of its voices may set each)
-UPSTREAM_OPTIONS = ("api_key_env", "sample_rate", "timeout_s", "extra_body", "max_in_flight", "clones",
-                    "instructions", "normalize", "lexicon", "ssml")
+UPSTREAM_OPTIONS = ("api_key_env", "sample_rate", "timeout_s", "extra_body", "max_in_flight", "max_cool_down_s",
+                    "clones", "instructions", "normalize", "lexicon", "ssml")
 
 
 class UpstreamVoice(VoiceOptions):
@@ -35,6 +35,9 @@ class UpstreamVoice(VoiceOptions):
     extra_body: dict[str, Any] | None = Field(None, description="upstream: fields sent with every request")
     max_in_flight: int | None = Field(None, ge=1, le=1024, description="upstream: the most requests in flight "
                                       "(default 16; the number used is learned)")
+    max_cool_down_s: float | None = Field(None, ge=1, le=3600, description="upstream: the longest its circuit "
+                                          "breaker stays open, and the longest Retry-After its answers can make "
+                                          "callers wait (default 60)")
     clones: bool | None = Field(None, description="upstream: it clones per request (vLLM-Omni's ref_audio and "
                                 "ref_text): voices cloned here for it send their clip and transcript")
     instructions: bool | None = Field(None, description="upstream: it takes a request's instructions (how to "
