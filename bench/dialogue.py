@@ -2,7 +2,7 @@
 [--docs]`.
 
 One real server (a process on 127.0.0.1) serves two engines: the bundled Piper voice (en_US-joe-medium, one-shot)
-and a tiny random-weight Pocket TTS (autoregressive, stepped), built into a temporary folder and loaded from the
+and a tiny random-weight Pocket TTS (autoregressive, stepped), built once into ~/.cache/chorus and loaded from the
 registry by the server itself, as any model folder is. A 20-turn script of three speakers (turns of 10 to 250
 characters, a podcast's give and take) is made into one recording three ways on each engine, round after round,
 each round in another order:
@@ -38,7 +38,7 @@ import httpx
 import numpy as np
 import yaml
 
-from bench.harness import BUNDLED_VOICE, OPERATOR, machine, scrape, server_delta
+from bench.harness import BUNDLED_VOICE, OPERATOR, built_model, machine, scrape, server_delta
 from bench.server import ROOT, start_server
 from bench.ttfa import drained
 from tts_core.request.dialogue import SAME_SPEAKER_PAUSE_S, SPEAKER_CHANGE_PAUSE_S
@@ -70,13 +70,19 @@ SCRIPT = [
     ("Bob", "Make the same bread five times before you change anything."),
     ("Cy", "Write down what you did, every time. Your notes will teach you more than any book, including mine."),
 ]
-PLANS = {"full": {"rounds": 5, "turns": 20, "calibration_sizes": "1,2,4,8,16"},
-         "quick": {"rounds": 1, "turns": 6, "calibration_sizes": "1,2"}}
+# quick: a smoke run, one round of the script's shortest stretch where all 3 speak (turns 2 to 4, 108 characters)
+PLANS = {"full": {"rounds": 5, "first_turn": 0, "turns": 20, "calibration_sizes": "1,2,4,8,16"},
+         "quick": {"rounds": 1, "first_turn": 1, "turns": 3, "calibration_sizes": "1,2"}}
 POCKET_SPEAKERS = {"Ann": "pocket-ann", "Bob": "pocket-bob", "Cy": "pocket-cy"}
 ENGINES = {"piper": dict.fromkeys(("Ann", "Bob", "Cy"), BUNDLED_VOICE),  # the one bundled voice, for everyone
            "pocket-tiny": POCKET_SPEAKERS}
 WAYS = ("dialogue", "sequential", "concurrent", "first_audio")
 LENGTH_TOLERANCE = 0.03  # the recording against its turns': Piper draws its phonemes' lengths anew every time
+
+
+def plan_turns(plan: dict) -> list[tuple[str, str]]:
+    """The turns of SCRIPT a plan makes its recording of."""
+    return SCRIPT[plan["first_turn"]:plan["first_turn"] + plan["turns"]]
 
 
 def pauses_s(turns: list[tuple[str, str]]) -> float:
@@ -88,24 +94,24 @@ def pauses_s(turns: list[tuple[str, str]]) -> float:
 # --- the tiny Pocket TTS ------------------------------------------------------------------------------------
 
 def pocket_registry(folder: Path) -> Path:
-    """A tiny random-weight Pocket TTS in folder/pocket-tiny with a voice prompt per speaker, and the registry file
-    that names them (the server loads it as any model folder). Random weights never end speech: each text's length
-    is the model's own budget for it (`fixed_length`)."""
+    """The tiny random-weight Pocket TTS (built once and kept: bench/harness.py's built_model), a voice prompt per
+    speaker in folder, and the registry file in folder that names them (the server loads it as any model folder).
+    Random weights never end speech: each text's length is the model's own budget for it (`fixed_length`)."""
     from safetensors.numpy import load_file, save_file
 
-    from bench.random_model import save_random_pocket
     from tts_core.engines.pocket_tts import PROMPT_KEY
 
     with ThreadPoolExecutor(max_workers=1) as builder:  # torch on a thread that ends (bench/harness.py, EngineAlone)
-        model = builder.submit(save_random_pocket, folder / "pocket-tiny", True, 0).result()
+        model = builder.submit(built_model, "pocket-tiny").result()
     shipped = load_file(str(model / "voices" / "default.safetensors"))[PROMPT_KEY]
     entries = {}
     for seed, voice in enumerate(POCKET_SPEAKERS.values()):
         prompt = shipped if seed == 0 else np.random.default_rng(seed).standard_normal(shipped.shape).astype(
             shipped.dtype)  # another speaker: other latents of the same shape
-        save_file({PROMPT_KEY: prompt}, str(model / "voices" / f"{voice}.safetensors"))
-        entries[voice] = {"engine": "pocket_tts", "model": str(model), "prompt": f"voices/{voice}.safetensors",
-                          "fixed_length": True, "pinned": True}
+        path = folder / f"{voice}.safetensors"
+        save_file({PROMPT_KEY: prompt}, str(path))
+        entries[voice] = {"engine": "pocket_tts", "model": str(model), "prompt": str(path), "fixed_length": True,
+                          "pinned": True}
     registry = folder / "voices.yaml"
     registry.write_text(yaml.safe_dump({"voices": entries}, sort_keys=False))
     return registry
@@ -224,7 +230,7 @@ def run(quick: bool, out: Path, conditions: str = "") -> dict:
     """Measure every engine on one server, and write dialogue.json under out (`conditions`: what else the machine
     was doing, said on the page)."""
     plan_name = "quick" if quick else "full"
-    plan, turns = PLANS[plan_name], SCRIPT[:PLANS[plan_name]["turns"]]
+    plan, turns = PLANS[plan_name], plan_turns(PLANS[plan_name])
     started, stamp = time.perf_counter(), datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     results = {"plan": plan_name, "settings": plan, "machine": machine(), "started_at": stamp,
                "script": {"turns": len(turns), "speakers": len({speaker for speaker, _ in turns}),
@@ -233,7 +239,7 @@ def run(quick: bool, out: Path, conditions: str = "") -> dict:
                "length_tolerance": LENGTH_TOLERANCE, "load_average": {"start": os.getloadavg()},
                "conditions": conditions, "engines": {}}
     with tempfile.TemporaryDirectory(prefix="chorus-dialogue-bench-") as folder:
-        print("building the tiny random-weight Pocket TTS ...", flush=True)
+        print("the tiny random-weight Pocket TTS ...", flush=True)
         registry = pocket_registry(Path(folder))
         print("starting the server (the bundled Piper voice and the tiny Pocket TTS) ...", flush=True)
         # one torch thread: a tiny model's millisecond steps stall with two threads on two busy cores
@@ -275,7 +281,7 @@ def print_results(results: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="6 turns, one round (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="3 short turns, one round (a smoke run)")
     parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "dialogue",
                         help="folder for dialogue.json (default artifacts/dialogue)")
     parser.add_argument("--docs", action="store_true", help="regenerate docs/benchmarks-dialogue.md")

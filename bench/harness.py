@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import importlib.util
 import json
+import os
 import platform
 import re
+import shutil
 import statistics
 import tempfile
 import time
@@ -58,10 +61,13 @@ PLANS = {
     "full": {"workloads": ["short", "mixed", "long", "realistic"], "texts": 32, "closed_s": 25.0, "clients": 8,
              "open_fractions": [0.3, 0.6, 0.9, 1.2], "open_s": 15.0, "streams": 4, "stream_s": 20.0,
              "stream_workload": "realistic", "idle_requests": 30, "max_requests": 5000,
-             "ceiling_sizes": [1, 4, 16], "rounds": 3, "calibration_sizes": "1,2,4,8,16"},
-    "quick": {"workloads": ["mixed"], "texts": 8, "closed_s": 2.0, "clients": 4, "open_fractions": [0.5, 1.2],
-              "open_s": 2.0, "streams": 2, "stream_s": 2.0, "stream_workload": "mixed", "idle_requests": 3,
-              "max_requests": 400, "ceiling_sizes": [1, 4], "rounds": 2, "calibration_sizes": "1,2"},
+             "ceiling_sizes": [1, 4, 16], "rounds": 3, "calibration_sizes": "1,2,4,8,16", "own_control": True},
+    # a smoke run of every part (tests/integration/test_bench.py): the least load that still makes each figure, two
+    # rounds (the ratios' ranges), and the A/A control's turns on the sequential server itself (one server less)
+    "quick": {"workloads": ["mixed"], "texts": 4, "closed_s": 1.0, "clients": 2, "open_fractions": [0.5, 1.2],
+              "open_s": 1.0, "streams": 2, "stream_s": 1.0, "stream_workload": "mixed", "idle_requests": 1,
+              "max_requests": 400, "ceiling_sizes": [1, 4], "rounds": 2, "calibration_sizes": "1,2",
+              "own_control": False},
 }
 BUNDLED_VOICE = "en_US-joe-medium"
 RAY_PEER = "ray-serve"  # the external peer, run when Ray is installed (bench/ray_peer.py)
@@ -241,26 +247,41 @@ def idle_first_audio(servers: dict[str, str], plan: dict, voice: str) -> dict[st
 
 
 def built_voice(voice: str, out: Path) -> Path:
-    """A registry file for one of BUILT_VOICES: the random model is made once and kept in ~/.cache/chorus
-    (for this transformers version); random weights never end speech, so its length is fixed by the
-    model's own budget rule for the text (`fixed_length`)."""
-    import transformers
-
-    from bench.random_model import save_random_pocket
-    from bench.random_vibevoice import save_random_vibevoice
-
-    kind, size = BUILT_VOICES[voice]
-    folder = Path.home() / ".cache" / "chorus" / f"bench-{voice}-transformers-{transformers.__version__}"
-    if not (folder / "config.json").exists():
-        print(f"building the random-weight model of {voice} in {folder} ...", flush=True)
-        if kind == "vibevoice":
-            save_random_vibevoice(folder, size=size, seed=0)
-        else:
-            save_random_pocket(folder, tiny=size == "tiny", seed=0)
+    """A registry file for one of BUILT_VOICES (its model: built_model); random weights never end speech, so its
+    length is fixed by the model's own budget rule for the text (`fixed_length`)."""
+    kind, _ = BUILT_VOICES[voice]
     registry = out / "voices.yaml"
-    registry.write_text(f"voices:\n  {voice}: {{engine: {kind}, model: '{folder}', fixed_length: true, "
+    registry.write_text(f"voices:\n  {voice}: {{engine: {kind}, model: '{built_model(voice)}', fixed_length: true, "
                         "pinned: true}\n")
     return registry
+
+
+def built_model(voice: str) -> Path:
+    """The folder of one of BUILT_VOICES' random models, made once and kept in ~/.cache/chorus (for this transformers
+    version). It is built beside that folder and moved in whole, so that benchmarks run at once (the suite's workers)
+    never read a half-written model. (Torch and transformers are imported to build it only: a model already built
+    costs no import, seconds on a busy machine.)"""
+    kind, size = BUILT_VOICES[voice]
+    transformers = importlib.metadata.version("transformers")
+    folder = Path.home() / ".cache" / "chorus" / f"bench-{voice}-transformers-{transformers}"
+    if not (folder / "config.json").exists():
+        from bench.random_model import save_random_pocket
+        from bench.random_vibevoice import save_random_vibevoice
+
+        print(f"building the random-weight model of {voice} in {folder} ...", flush=True)
+        building = folder.with_name(f"{folder.name}.building-{os.getpid()}")
+        shutil.rmtree(building, ignore_errors=True)
+        if kind == "vibevoice":
+            save_random_vibevoice(building, size=size, seed=0)
+        else:
+            save_random_pocket(building, tiny=size == "tiny", seed=0)
+        try:
+            building.rename(folder)
+        except OSError:  # another run moved its own in first
+            shutil.rmtree(building)
+            if not (folder / "config.json").exists():
+                raise
+    return folder
 
 
 def _ms(seconds: float) -> float:
@@ -454,8 +475,6 @@ def machine() -> dict:
 
 
 def _cpu_count() -> int:
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -577,7 +596,8 @@ def main() -> None:
     servers, folders = {}, []
     try:
         peers = [*args.peers.split(","), *([RAY_PEER] if ray else [])]
-        print(f"starting {len(peers) + 1} servers: {', '.join([*peers, CONTROL])} ...", flush=True)
+        launched = [*peers, *([CONTROL] if plan["own_control"] or "sequential" not in peers else [])]
+        print(f"starting {len(launched)} servers: {', '.join(launched)} ...", flush=True)
 
         def launch(name: str) -> ServerProcess:
             folders.append(tempfile.TemporaryDirectory())
@@ -594,7 +614,7 @@ def main() -> None:
         # together fight for the cores: since models load on threads that end (tts_core/pool.py), libgomp
         # lets each process's lone OpenMP team spin between its parallel regions, and servers started at
         # once take far longer to be ready than in turn (docs/voices.md#autoregressive-voices).
-        for name in [*peers, CONTROL]:
+        for name in launched:
             servers[name] = launch(name)
         urls = {name: servers[name].base_url for name in peers}
         print("idle latency: the engine alone and every server, text by text in turn ...", flush=True)
@@ -604,9 +624,9 @@ def main() -> None:
             for name, first in idle_first_audio(urls, plan, args.voice).items():
                 idle[name]["idle_first_audio_p50_ms"] = first
         best_size = [ceiling["mixed"]["batch_size"]]
+        control = (servers.get(CONTROL) or servers["sequential"]).base_url
         results.update(asyncio.run(run_peers(
-            urls, servers[CONTROL].base_url, lambda: engine.ceiling("mixed", plan, best_size)["audio_s_per_s"],
-            plan, rates, args.voice)))
+            urls, control, lambda: engine.ceiling("mixed", plan, best_size)["audio_s_per_s"], plan, rates, args.voice)))
         results["engine"].update(idle["engine"])
         for name, url in urls.items():
             results["peers"][name].update(idle[name])

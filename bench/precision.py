@@ -26,7 +26,8 @@ from bench.recognition import SENTENCES, Recogniser
 from tts_core.engines.contract import EngineInput
 from tts_core.engines.piper import PiperEngine, bundled_voice_path
 
-PLANS = {"full": {"rounds": 3}, "quick": {"rounds": 1}}
+# quick: a smoke run (tests/integration/test_bench.py), a quarter of the sentences
+PLANS = {"full": {"rounds": 3, "sentences": len(SENTENCES)}, "quick": {"rounds": 1, "sentences": 5}}
 LEVELS = {"full": False, "int8": True}  # each level's set_low_precision
 TARGETS = {"int8_vs_full": (">=", 1.3), "wer_int8_minus_full": ("<=", 0.05)}
 
@@ -34,11 +35,12 @@ TARGETS = {"int8_vs_full": (">=", 1.3), "wer_int8_minus_full": ("<=", 0.05)}
 def run(quick: bool, out: Path | None = None) -> dict:
     """Measure, and write precision.json under out (if given)."""
     plan = PLANS["quick" if quick else "full"]
-    print(f"precision: the bundled voice at each level, {len(SENTENCES)} sentences, {plan['rounds']} round(s) ...",
+    sentences = SENTENCES[:plan["sentences"]]
+    print(f"precision: the bundled voice at each level, {len(sentences)} sentences, {plan['rounds']} round(s) ...",
           flush=True)
     engine = PiperEngine(bundled_voice_path(), noise_scale=0.0, noise_w=0.0)
     recogniser = Recogniser()
-    items = [EngineInput(engine.tokenize(text, engine.name)[0], engine.name) for text in SENTENCES]
+    items = [EngineInput(engine.tokenize(text, engine.name)[0], engine.name) for text in sentences]
     for low in LEVELS.values():  # the first run of a session allocates its arena
         engine.set_low_precision(low)
         engine.synthesize(items[:1])
@@ -46,7 +48,7 @@ def run(quick: bool, out: Path | None = None) -> dict:
     errors = {level: [] for level in LEVELS}
     for number in range(plan["rounds"]):
         seconds, audio = dict.fromkeys(LEVELS, 0.0), dict.fromkeys(LEVELS, 0.0)
-        for index, (text, item) in enumerate(zip(SENTENCES, items)):
+        for index, (text, item) in enumerate(zip(sentences, items)):
             for level in list(LEVELS)[:: 1 if (number + index) % 2 == 0 else -1]:
                 engine.set_low_precision(LEVELS[level])
                 started = time.perf_counter()
@@ -64,7 +66,7 @@ def run(quick: bool, out: Path | None = None) -> dict:
               "wer_int8_minus_full": round(levels["int8"]["word_error_rate"] - levels["full"]["word_error_rate"], 3)}
     verdicts = {name: "met" if (ratios[name] >= bound if sense == ">=" else ratios[name] <= bound) else "MISSED"
                 for name, (sense, bound) in TARGETS.items()}
-    results = {"plan": plan, "voice": engine.name, "sentences": len(SENTENCES), "levels": levels, "ratios": ratios,
+    results = {"plan": plan, "voice": engine.name, "sentences": len(sentences), "levels": levels, "ratios": ratios,
                "int8_vs_full_range": [round(min(speed), 3), round(max(speed), 3)], "targets": TARGETS,
                "verdicts": verdicts}
     if out:

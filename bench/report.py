@@ -176,7 +176,9 @@ def _noise(results: dict) -> str:
         return ""
     low, high = spread
     band = max(1 - low, high - 1)
-    return (f"In this run a second sequential server, configured exactly like the first (the A/A control), "
+    control = ("a second sequential server, configured exactly like the first" if results["settings"].get(
+        "own_control", True) else "the sequential server itself, run again")
+    return (f"In this run {control} (the A/A control), "
             f"served {low:.2f}x to {high:.2f}x the first one's audio-s/s in the same rounds: differences of "
             f"up to {100 * band:.0f}% between peers are within this machine's noise, not effects of a policy.")
 

@@ -288,12 +288,14 @@ async def measure_capacity(traffic: Traffic, seconds: float, clients: int) -> di
 
 async def offer(traffic: Traffic, phase: str, rate_per_s: float, seconds: float, tasks: list) -> None:
     """Poisson arrivals for `seconds` (at most twice the expected count), each request a task of
-    its own; returns when the phase's time is up, whatever the answers do."""
+    its own; returns when the phase's time is up, whatever the answers do. A phase offers at least
+    one request, and lasts until its first arrival if that comes later (a smoke run's few seconds at a
+    slow server's rate may expect only a few; a soak of minutes expects hundreds)."""
     started = time.perf_counter()
     next_at = started
-    for _ in range(int(2 * rate_per_s * seconds) + 10):
+    for sent in range(int(2 * rate_per_s * seconds) + 10):
         next_at += traffic.rng.expovariate(rate_per_s)
-        if next_at - started >= seconds:
+        if next_at - started >= seconds and sent:
             break
         await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
         tasks.append(asyncio.ensure_future(traffic.send(phase)))

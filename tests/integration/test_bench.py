@@ -56,7 +56,7 @@ def test_quick_benchmark_runs_every_peer_and_writes_complete_results(tmp_path):
     assert "| engine ceiling (no server) |" in page and "| chorus_vs_ceiling |" in page
 
 
-# Its quick plan is fixed work: three servers started, two 10 s rounds of 4 clients and an overload, each waited
+# Its quick plan is fixed work: three servers started, two 5 s rounds of 4 clients and a 10 s overload, each waited
 # out until the requests in flight are answered. On a loaded two-core machine the rounds' requests wait in the
 # upstream's queue (the random model is built first from a fresh clone): the run is given what that takes, and
 # tests/conftest.py stops its servers should it still run out.

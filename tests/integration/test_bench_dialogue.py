@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench.dialogue import ENGINES, PLANS, SCRIPT, pauses_s
+from bench.dialogue import ENGINES, PLANS, pauses_s, plan_turns
 from bench.dialogue_report import PAGE, write_docs
 from bench.server import ROOT
 
@@ -21,7 +21,7 @@ def test_the_quick_dialogue_benchmark_measures_every_way_and_its_recording_is_th
                          capture_output=True, text=True, timeout=840)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     results = json.loads((tmp_path / "dialogue.json").read_text())
-    turns = SCRIPT[:PLANS["quick"]["turns"]]
+    turns = plan_turns(PLANS["quick"])
     assert results["script"]["turns"] == len(turns) and results["script"]["speakers"] == 3
     assert set(results["engines"]) == set(ENGINES)
     for name, engine in results["engines"].items():

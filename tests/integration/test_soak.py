@@ -16,7 +16,8 @@ pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run onl
 
 @pytest.mark.timeout(900)  # a few minutes here; CI's machine is slower
 def test_tiny_soak_answers_every_request_and_writes_complete_results(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "bench", "--soak", "0.25", "--out", str(tmp_path)], cwd=ROOT,
+    # 0.1 minutes: each phase 3 s (and until its first request, bench.soak.offer)
+    run = subprocess.run([sys.executable, "-m", "bench", "--soak", "0.1", "--out", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=800)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads((tmp_path / "soak.json").read_text())
