@@ -59,7 +59,11 @@ def setup(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(setup):
-    process = start_server(setup[0], **setup[1])
+    # the UI test's Gradio client holds a heartbeat stream open until its next beat after close(): a beat a
+    # second (Gradio's default is 15 s) lets the restart test's stop end at once rather than wait to the kill
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GRADIO_HEARTBEAT_INTERVAL", "1")
+        process = start_server(setup[0], **setup[1])
     yield process
     process.stop()
 
@@ -202,6 +206,7 @@ def test_the_ui_clones_a_voice_for_its_browsers_caller(server, speech, tmp_path)
     client = Client(f"{server.base_url}/", verbose=False)
     message, voices = client.predict(handle_file(str(path)), "from-the-ui", "tiny-pocket", "", True,
                                      api_name="/clone_voice")
+    client.close()
     assert "from-the-ui" in message and voices["value"] == "from-the-ui"
     assert listed(server.base_url, {})["from-the-ui"]["owner"] == "ip:127.0.0.1"  # the browser's address
     assert "from-the-ui" not in listed(server.base_url, caller(11))
