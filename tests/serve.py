@@ -20,8 +20,10 @@ from bench.server import free_port
 @contextmanager
 def serve_in_thread(app, ready_path: str = "/ready?calibrated=true"):
     port = free_port()
+    # a connection left open (a browser's or a Gradio client's event stream) is cut 2 s into the shutdown,
+    # not waited for past the join below; the app's own shutdown runs then
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           proxy_headers=False))
+                                           proxy_headers=False, timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
@@ -40,6 +42,22 @@ def serve_in_thread(app, ready_path: str = "/ready?calibrated=true"):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@contextmanager
+def beating_every_second():
+    """Servers started inside beat Gradio's heartbeat every second (its default: 15 s). A Gradio client holds its
+    heartbeat stream open until the beat after it is closed or collected, and a server waits for open streams when
+    it stops: to its kill, 15 s on, at the default."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GRADIO_HEARTBEAT_INTERVAL", "1")
+        yield
+
+
+def leave_page(browser) -> None:
+    """Close a page's connections (the UI's heartbeat stream) before its server stops: a server waits for its
+    open connections when it stops, and one the browser holds open would keep it waiting (to its kill, 15 s on)."""
+    browser.get("about:blank")
 
 
 def wait_until(condition, timeout_s: float = 10.0, every_s: float = 0.05) -> bool:

@@ -100,7 +100,8 @@ def test_the_tier_limit_counts_the_script_text(server):
 
 def test_a_50_turn_job_survives_a_sigkill_and_ends_with_one_recording_of_its_turns_and_pauses(tmp_path):
     turns = script_of(50)
-    settings = dict(calibration_sizes="1", **DETERMINISTIC)
+    # one replica id across the restart: the job it left running is queued again at start-up, not a lease later
+    settings = dict(calibration_sizes="1", replica_id="crash-test", **DETERMINISTIC)
     process = start_server(tmp_path, **settings)
     try:
         said = {text: float(httpx.post(f"{process.base_url}/v1/audio/speech", timeout=60, json={

@@ -132,7 +132,9 @@ def test_expired_results_answer_410(tmp_path):
 def test_sigkill_with_jobs_queued_and_running_loses_and_duplicates_nothing(tmp_path):
     # at the kill, two run (job_concurrency 2) and three wait
     texts = [f"Job {n} of the crash test says its number, {n}, and a few more words." for n in range(5)]
-    settings = dict(calibration_sizes="1", piper_noise_scale="0", piper_noise_w="0", job_concurrency="2")
+    # one replica id across the restart: its jobs left running are queued again at start-up, not a lease later
+    settings = dict(calibration_sizes="1", piper_noise_scale="0", piper_noise_w="0", job_concurrency="2",
+                    replica_id="crash-test")
     process = start_server(tmp_path, **settings)
     ids = [httpx.post(f"{process.base_url}/v1/audio/jobs", json=body(text)).json()["id"] for text in texts]
     assert wait_until(lambda: any(job["status"] == "running" for job in

@@ -28,7 +28,7 @@ def server(tmp_path_factory):
     model = save_random_kokoro(folder / "tiny-kokoro", tiny=True)
     registry = folder / "voices.yaml"
     registry.write_text(f"voices:\n  '*': {{engine: kokoro, model: '{model}', pinned: true}}\n")
-    process = start_server(folder / "data", voices_file=str(registry), device="cpu", calibration_sizes="1,2",
+    process = start_server(folder / "data", voices_file=str(registry), device="cpu", calibration_sizes="1",
                            wyoming_port=str(WYOMING_PORT))
     yield process.base_url
     process.stop()

@@ -19,9 +19,13 @@ VOICE = "en_US-joe-medium"
 
 def synthesize(server: str, text: str, voice: str = VOICE, response_format: str = "wav") -> list[tuple]:
     """Every update the synthesis tab gave: (player, words)."""
-    job = Client(f"{server}/", verbose=False).submit(text, voice, 1.0, response_format, api_name="/synthesize")
-    job.result(timeout=60)
-    return job.outputs()
+    client = Client(f"{server}/", verbose=False)
+    try:
+        job = client.submit(text, voice, 1.0, response_format, api_name="/synthesize")
+        job.result(timeout=60)
+        return job.outputs()
+    finally:
+        client.close()  # its heartbeat stream ends at the next beat, not when the server stops
 
 
 def fetch(server: str, link: dict) -> bytes:
@@ -148,6 +152,7 @@ def test_the_language_list_filters_the_voices(server):
     english = client.predict("en", api_name="/pick_language")  # the voices that speak it, its own chosen
     assert english["value"] == "en_US-joe-medium" and [value for _, value in english["choices"]] == ["en_US-joe-medium"]
     assert client.predict("", api_name="/pick_language")["value"] == "en_US-joe-medium"  # any: the default
+    client.close()
 
 
 def test_the_words_line_shows_the_text_as_written(server):
@@ -168,8 +173,10 @@ def test_an_empty_text_is_refused_once_at_the_text_box(server):
     for text in ("", "   "):
         said = httpx.post(f"{server}/v1/audio/speech", json={"model": "tts-1", "voice": "alloy", "input": text})
         message = said.json()["error"]["message"]
+        client = Client(f"{server}/", verbose=False)
         with pytest.raises(ValidationError) as refused:
-            Client(f"{server}/", verbose=False).predict(text, VOICE, 1.0, "wav", api_name="/synthesize")
+            client.predict(text, VOICE, 1.0, "wav", api_name="/synthesize")
+        client.close()
         assert str(refused.value).splitlines()[1:] == [f"- text: {message}"]
 
 

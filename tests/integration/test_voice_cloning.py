@@ -15,6 +15,7 @@ from gradio_client import Client, handle_file
 from bench.server import start_server
 from tests.audio_check import decode
 from tests.pocket_models import build_tiny_pocket, request
+from tests.serve import beating_every_second
 from tests.vibevoice_models import build_tiny_vibevoice
 from tts_core.audio.encoding import encode
 from tts_core.engines.piper import PiperEngine, bundled_voice_path
@@ -59,7 +60,8 @@ def setup(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(setup):
-    process = start_server(setup[0], **setup[1])
+    with beating_every_second():  # the restart test's stop does not wait for the UI test's Gradio client
+        process = start_server(setup[0], **setup[1])
     yield process
     process.stop()
 
@@ -202,6 +204,7 @@ def test_the_ui_clones_a_voice_for_its_browsers_caller(server, speech, tmp_path)
     client = Client(f"{server.base_url}/", verbose=False)
     message, voices = client.predict(handle_file(str(path)), "from-the-ui", "tiny-pocket", "", True,
                                      api_name="/clone_voice")
+    client.close()
     assert "from-the-ui" in message and voices["value"] == "from-the-ui"
     assert listed(server.base_url, {})["from-the-ui"]["owner"] == "ip:127.0.0.1"  # the browser's address
     assert "from-the-ui" not in listed(server.base_url, caller(11))
