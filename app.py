@@ -17,8 +17,10 @@ from typing import NoReturn
 
 import gradio as gr
 import uvicorn
+from gradio.routes import App as GradioApp
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
+from starlette.routing import Mount
 
 from access.control import AccessControl
 from admin.api import router as admin_router
@@ -225,6 +227,18 @@ def settings_fault(error: ValidationError | SettingsError) -> str:
 GIL_SWITCH_INTERVAL_S = 0.001  # Python's default is 0.005
 
 
+class UiClosingServer(uvicorn.Server):
+    """uvicorn's server, which ends the UI's heartbeat streams when it stops. Each open page holds one, and on
+    SIGTERM uvicorn waits for every open connection to end: one tab left open held the stop until the process
+    manager's kill (the in-flight requests, which it should wait for, still end as they would)."""
+
+    async def shutdown(self, sockets=None) -> None:
+        for route in self.config.app.routes:
+            if isinstance(route, Mount) and isinstance(route.app, GradioApp):
+                route.app.stop_event.set()  # what Gradio's own launch() sets as it closes
+        await super().shutdown(sockets)
+
+
 def main() -> None:
     try:
         settings = Settings()
@@ -250,8 +264,10 @@ def main() -> None:
     # The event loop shares the GIL with the text reader and the engines' Python: a thread that wants it waits
     # out the holder's switch interval, several times per request; a shorter one keeps the loop's answers prompt.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                log_config=None, proxy_headers=False, http=http, ws=AnsweredHandshakeProtocol)
+    UiClosingServer(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                                   log_config=None, proxy_headers=False, http=http, ws=AnsweredHandshakeProtocol)
+                    ).run()
+
 
 
 if __name__ == "__main__":
