@@ -22,7 +22,7 @@ given too, and a run that finished fewer than half its callers' requests is mark
 Weights are random: `fixed_length` makes every request its whole frame budget.
 
 `--device cpu --quick` runs the same with the tiny models, short texts and short runs (a smoke test); `--smoke` the
-least of it that still runs every part (two callers, 3 s per policy, one-token texts).
+least of it that still runs every part (two callers of one-token texts).
 """
 
 from __future__ import annotations
@@ -66,8 +66,9 @@ FULL = {"clients": 16, "served_s": 10.0, "texts": 64, "workload": "mixed", "cali
         "max_tokens": None, "timed_steps": 10}
 QUICK = {"clients": 4, "served_s": 5.0, "texts": 16, "workload": "short", "calibration_sizes": [1, 2],
          "max_tokens": 3, "timed_steps": 5}
-# smoke: static's first batch (its 500 ms wait, then VibeVoice's 18 steps) ends well within a run on a busy CPU
-SMOKE = {**QUICK, "clients": 2, "served_s": 3.0, "texts": 2, "max_tokens": 1, "timed_steps": 1}
+# smoke: quick's 5 s a run (static's first batch, its 500 ms wait then VibeVoice's 18 steps, must end in it on a busy
+# CPU), with fewer callers and frames
+SMOKE = {**QUICK, "clients": 2, "served_s": 5.0, "texts": 2, "max_tokens": 1, "timed_steps": 1}
 PLANS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}  # quick and smoke: the tiny models
 MODELS = {"pocket_tts": "Pocket TTS, released size", "vibevoice": "VibeVoice, the released 1.5 B layout"}
 # A served run's time beyond its callers' (loading the engine, its warm-up and calibration, the stop), as first
