@@ -1,7 +1,8 @@
 """GPU check: random-weight models at released sizes through the real engines and the real engine loops.
 
-    bash bench/gpu_check.sh --out DIR                     # on CUDA (a lent GPU): under 8 minutes
-    bash bench/gpu_check.sh --device cpu --quick --out DIR   # CPU smoke test (CI), tiny models
+    bash bench/gpu_check.sh --out DIR                        # on CUDA (a lent GPU): under 8 minutes
+    bash bench/gpu_check.sh --device cpu --quick --out DIR   # CPU smoke test, tiny models (before a GPU run)
+    bash bench/gpu_check.sh --device cpu --smoke --out DIR   # the least that runs every part (the test suite's)
 
 1. VITS (MMS size):
    a. the engine alone: batch sizes 1..64 of length-sorted workload sentences (the best batches this engine
@@ -73,12 +74,18 @@ from tts_core.scheduler.strategies import make_engine_loop
 
 # shares: each part's seconds, in the order they run (on an H200, estimated: not yet measured there; 470 s in
 # all, under 8 minutes with the start); kokoro_needs_s: its servers' start, two rounds of 30 s each way, the ceiling
+# calibration_sizes: the served loop's warm-up sweep
 FULL = {"sizes": [1, 2, 4, 8, 16, 32, 64], "sweep_s": 2.0, "served_s": 10.0, "clients": 64, "sentences": 512,
         "shares": {"vits": 80.0, "pocket_tts": 110.0, "vibevoice": 110.0, "kokoro": 170.0}, "kokoro_needs_s": 170.0,
-        "run_overhead_s": 8.0}
+        "run_overhead_s": 8.0, "calibration_sizes": [1, 2, 4, 8, 16, 32, 64]}
 QUICK = {"sizes": [1, 2, 4, 8], "sweep_s": 1.0, "served_s": 4.0, "clients": 8, "sentences": 64,
          "shares": {"vits": 300.0, "pocket_tts": 300.0, "vibevoice": 300.0, "kokoro": 600.0}, "kokoro_needs_s": 0.0,
-         "run_overhead_s": 0.0}
+         "run_overhead_s": 0.0, "calibration_sizes": [1, 2, 4, 8, 16, 32, 64]}
+# the least that runs every code path (tests/integration/test_gpu_check.py): two batch sizes, each timed twice, and
+# 2 s per policy (static's first batch, after its 500 ms wait, answered within them on a busy CPU)
+SMOKE = {**QUICK, "sizes": [1, 2], "sweep_s": 0.0, "served_s": 2.0, "clients": 4, "sentences": 16,
+         "calibration_sizes": [1, 2]}
+PLANS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}  # quick and smoke: the tiny models
 POLICIES = ["adaptive", "static", "sequential"]  # in this order: where time runs short, sequential goes first
 MAX_BATCH_SIZE = 64
 MAX_BATCH_TOKENS = 1 << 20  # the memory budget, not this, bounds batches on the GPU
@@ -163,7 +170,7 @@ def served(model_dir: Path, device: str, policy_name: str, token_lists: list, pl
     metrics = Metrics()
     before = set(threading.enumerate())
     loop = make_engine_loop(engine, RequestQueue(max_size=4 * plan["clients"] + 64), metrics, policy_name,
-                            MAX_BATCH_SIZE, MAX_BATCH_TOKENS, calibration_sizes=(1, 2, 4, 8, 16, 32, 64))
+                            MAX_BATCH_SIZE, MAX_BATCH_TOKENS, calibration_sizes=plan["calibration_sizes"])
     loop.start()
     loop.ready.wait()
     threads = loop_threads(before)
@@ -195,14 +202,14 @@ def served_runs(model_dir: Path, device: str, token_lists: list, plan: dict, bud
                     f"req/s  p50 {row['p50_ms']} ms  p95 {row['p95_ms']} ms  avg batch {row['avg_batch_size']}")
 
 
-def check_vits(device: str, quick: bool, plan: dict, budget: Budget) -> dict:
+def check_vits(device: str, tiny: bool, plan: dict, budget: Budget) -> dict:
     """Part 1: the engine's sweep, its lower precision's, then served per policy."""
     result: dict = {}
     with tempfile.TemporaryDirectory() as folder:
-        model_dir = save_random_vits(Path(folder) / "random-mms", **(TINY if quick else {}))
+        model_dir = save_random_vits(Path(folder) / "random-mms", **(TINY if tiny else {}))
         engine = VitsEngine(str(model_dir), [VoiceSpec(VOICE, "en")], device=device)
         parameters = sum(p.numel() for p in engine.model.parameters())
-        result["model"] = {"config": "tiny" if quick else "VitsConfig defaults (MMS-TTS size)",
+        result["model"] = {"config": "tiny" if tiny else "VitsConfig defaults (MMS-TTS size)",
                            "parameters_m": round(parameters / 1e6, 2), "sample_rate": engine.sample_rate}
         sentences = texts("mixed", plan["sentences"], seed=7)
         token_lists = [tokens for text in sentences for tokens in engine.tokenize(text, VOICE)]
@@ -232,9 +239,10 @@ def check_vits(device: str, quick: bool, plan: dict, budget: Budget) -> dict:
     return result
 
 
-def check_kokoro(device: str, quick: bool, plan: dict, budget: Budget, out: Path) -> dict:
-    """Part 3 (see the module's docstring); on the CPU (--device cpu) only with --quick (the tiny model)."""
-    if device == "cpu" and not quick:
+def check_kokoro(device: str, plan_name: str, plan: dict, budget: Budget, out: Path) -> dict:
+    """Part 3 (see the module's docstring); on the CPU (--device cpu) only with --quick or --smoke (the tiny
+    model, bench/kokoro.py's plan of that name)."""
+    if device == "cpu" and plan_name == "full":
         return {"skipped": "not run: on the CPU, python -m bench --kokoro is the full comparison"}
     why = budget.refuses("kokoro", plan["kokoro_needs_s"])
     if why:
@@ -243,7 +251,7 @@ def check_kokoro(device: str, quick: bool, plan: dict, budget: Budget, out: Path
         from bench.kokoro import run
     except ImportError as error:  # a missing package: said, and the check goes on
         return {"skipped": f"not run: {type(error).__name__}: {error}"}
-    return run(quick, out, None if quick else "gpu")
+    return run(plan_name != "full", out, "gpu" if plan_name == "full" else plan_name)
 
 
 def run_part(name: str, device: str, budget: Budget, runner: Callable[[], dict]) -> dict:
@@ -264,22 +272,29 @@ def run_part(name: str, device: str, budget: Budget, runner: Callable[[], dict])
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--quick", action="store_true", help="tiny models, short runs (a smoke test)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="plan", action="store_const", const="quick",
+                      help="tiny models, short runs (a smoke test)")
+    size.add_argument("--smoke", dest="plan", action="store_const", const="smoke",
+                      help="tiny models, the least work that runs every part (the test suite's)")
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json")
     args = parser.parse_args()
-    plan = QUICK if args.quick else FULL
+    plan_name = args.plan or "full"
+    plan, tiny = PLANS[plan_name], plan_name != "full"
+    if args.device == "cpu":  # the tiny models' tensors: more threads only wait on each other (on a busy machine,
+        torch.set_num_threads(1)  # VITS's batch took 8x as long on two threads as on one)
     args.out.mkdir(parents=True, exist_ok=True)
     budget = Budget(plan["shares"])
-    result: dict = {"device": args.device, "quick": args.quick, "torch": torch.__version__,
+    result: dict = {"device": args.device, "plan_name": plan_name, "torch": torch.__version__,
                     "python": platform.python_version(), "plan": plan}
     if args.device == "cuda":
         result["gpu"] = torch.cuda.get_device_name(0)
         result["gpu_memory_gb"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
-    result["vits"] = run_part("vits", args.device, budget, lambda: check_vits(args.device, args.quick, plan, budget))
+    result["vits"] = run_part("vits", args.device, budget, lambda: check_vits(args.device, tiny, plan, budget))
     result["stepped"] = {kind: run_part(kind, args.device, budget, lambda kind=kind: gpu_stepped.check_part(
-        kind, args.device, args.quick, budget)) for kind in gpu_stepped.MODELS}
+        kind, args.device, plan_name, budget)) for kind in gpu_stepped.MODELS}
     result["kokoro"] = run_part("kokoro", args.device, budget,
-                                lambda: check_kokoro(args.device, args.quick, plan, budget, args.out))
+                                lambda: check_kokoro(args.device, plan_name, plan, budget, args.out))
     result.update(summary(result, budget))
     (args.out / "gpu_check.json").write_text(json.dumps(result, indent=2))
     print("parts: " + "; ".join(f"{name} {part['seconds']} s of {part['share_s']:.0f}"

@@ -21,7 +21,8 @@ and miss the work in flight at the end. The requests done, their latency and the
 given too, and a run that finished fewer than half its callers' requests is marked failed, with why.
 Weights are random: `fixed_length` makes every request its whole frame budget.
 
-`--device cpu --quick` runs the same with the tiny models, short texts and short runs (a smoke test).
+`--device cpu --quick` runs the same with the tiny models, short texts and short runs (a smoke test); `--smoke` the
+least of it that still runs every part (two callers of one-token texts).
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ FULL = {"clients": 16, "served_s": 10.0, "texts": 64, "workload": "mixed", "cali
         "max_tokens": None, "timed_steps": 10}
 QUICK = {"clients": 4, "served_s": 5.0, "texts": 16, "workload": "short", "calibration_sizes": [1, 2],
          "max_tokens": 3, "timed_steps": 5}
+# smoke: quick's 5 s a run (static's first batch, its 500 ms wait then VibeVoice's 18 steps, must end in it on a busy
+# CPU), with fewer callers and frames
+SMOKE = {**QUICK, "clients": 2, "served_s": 5.0, "texts": 2, "max_tokens": 1, "timed_steps": 1}
+PLANS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}  # quick and smoke: the tiny models
 MODELS = {"pocket_tts": "Pocket TTS, released size", "vibevoice": "VibeVoice, the released 1.5 B layout"}
 # A served run's time beyond its callers' (loading the engine, its warm-up and calibration, the stop), as first
 # guessed on an H200 (not yet measured there); after a part's first run, what it took.
@@ -87,17 +92,17 @@ def voice_clip(sample_rate: int, seconds: float = 3.0) -> np.ndarray:
     return (0.1 * np.random.default_rng(0).standard_normal(int(seconds * sample_rate))).astype(np.float32)
 
 
-def save(kind: str, folder: Path, device: str, quick: bool) -> None:
+def save(kind: str, folder: Path, device: str, tiny: bool) -> None:
     """A random model saved as a registry folder (the 1.5 B VibeVoice's weights are made on the GPU: seconds, not
     minutes, and saved at bf16)."""
     if kind == "pocket_tts":
         from bench.random_model import save_random_pocket
 
-        save_random_pocket(folder, tiny=quick, clip=voice_clip(24000))
+        save_random_pocket(folder, tiny=tiny, clip=voice_clip(24000))
         return
     from bench.random_vibevoice import save_random_vibevoice
 
-    save_random_vibevoice(folder, "tiny" if quick else "1.5b", device=device, dtype=torch.bfloat16
+    save_random_vibevoice(folder, "tiny" if tiny else "1.5b", device=device, dtype=torch.bfloat16
                           if device == "cuda" else torch.float32, clip=voice_clip(24000))
     free_device(device)
 
@@ -337,16 +342,16 @@ def engine_alone(engine: SteppedEngine, token_lists: list, longest: np.ndarray, 
     return result
 
 
-def check_model(kind: str, device: str, quick: bool, budget: Budget) -> dict:
-    plan = QUICK if quick else FULL
+def check_model(kind: str, device: str, plan_name: str, budget: Budget) -> dict:
+    plan, tiny = PLANS[plan_name], plan_name != "full"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / kind
-        save(kind, path, device, quick)
+        save(kind, path, device, tiny)
         engine = load(kind, path, device)
         whole = _token_lists(engine, plan)
         token_lists = [tokens[: plan["max_tokens"]] for tokens in whole]
-        result = {"model": {"config": "tiny" if quick else MODELS[kind], "parameters_m": _parameters_m(engine),
+        result = {"model": {"config": "tiny" if tiny else MODELS[kind], "parameters_m": _parameters_m(engine),
                             "dtype": str(engine.dtype).removeprefix("torch."), "frame_rate": engine.frame_rate,
                             "sample_rate": engine.sample_rate, "max_running": engine.max_running,
                             "decodes_apart": engine.decodes_apart},
@@ -381,11 +386,9 @@ def _ratios(result: dict) -> dict:
     return ratios
 
 
-def check_part(kind: str, device: str, quick: bool, budget: Budget) -> dict:
+def check_part(kind: str, device: str, plan_name: str, budget: Budget) -> dict:
     """One model's part, if the check's time allows it to start (else why not); one model's fault is recorded
     as its part's failure (the other parts' figures still come back)."""
-    if device == "cpu":
-        torch.set_num_threads(1)  # the tiny models' tensors: more threads only wait on each other
     # to start: about two runs' overhead (the build and the engine alone) and one run
-    why = budget.refuses(kind, 2 * RUN_OVERHEAD_S[kind] + (QUICK if quick else FULL)["served_s"])
-    return {"skipped": why} if why else check_model(kind, device, quick, budget)
+    why = budget.refuses(kind, 2 * RUN_OVERHEAD_S[kind] + PLANS[plan_name]["served_s"])
+    return {"skipped": why} if why else check_model(kind, device, plan_name, budget)

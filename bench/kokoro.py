@@ -45,7 +45,10 @@ PLANS = {"full": {"rounds": 3, "round_s": 60.0, "texts": 32, "tiny": False, "cei
                    "calibration_sizes": "1,2"},
          # bench/gpu_check.sh's part: the released size, shorter (the whole check has minutes on a lent GPU)
          "gpu": {"rounds": 2, "round_s": 30.0, "texts": 32, "tiny": False, "ceiling_sizes": [1, 4, 16],
-                 "calibration_sizes": "1,2,4,8,16"}}
+                 "calibration_sizes": "1,2,4,8,16"},
+         # bench/gpu_check.sh --smoke's (the test suite's): the least that serves over HTTP, two callers of one text
+         "smoke": {"rounds": 1, "round_s": 1.0, "texts": 1, "tiny": True, "ceiling_sizes": [1],
+                   "calibration_sizes": "1", "clients": 2}}
 TARGETS = {"chorus_vs_kokoro_fastapi": (">=", 1.0), "short_p95_vs_kokoro_fastapi": ("<=", 0.5)}
 GPU_TARGETS = {**TARGETS, "chorus_vs_kokoro_fastapi": (">=", 2.0)}  # a batch pays there; Kokoro-FastAPI runs 4 at once
 CEILING = "engine ceiling"
@@ -73,6 +76,7 @@ def peer_folders(model: Path, folder: Path) -> tuple[Path, Path]:
 
 def run(quick: bool, out: Path, plan_name: str | None = None) -> dict:
     plan = PLANS[plan_name or ("quick" if quick else "full")]
+    clients = plan.get("clients", CLIENTS)
     targets = GPU_TARGETS if torch.cuda.is_available() else TARGETS
     model = built_kokoro(plan["tiny"])
     folder = Path(tempfile.mkdtemp(prefix="chorus-kokoro-bench-"))
@@ -105,7 +109,7 @@ def run(quick: bool, out: Path, plan_name: str | None = None) -> dict:
                 if name == CEILING:
                     rounds[name].append(engine.ceiling("mixed", plan, plan["ceiling_sizes"])["audio_s_per_s"])
                     continue
-                made, elapsed = asyncio.run(closed_loop(servers[name].base_url, mixed, CLIENTS, plan["round_s"],
+                made, elapsed = asyncio.run(closed_loop(servers[name].base_url, mixed, clients, plan["round_s"],
                                                         100_000, VOICE))
                 outcomes[name] += made
                 seconds[name] += elapsed
@@ -128,7 +132,7 @@ def run(quick: bool, out: Path, plan_name: str | None = None) -> dict:
     verdicts = {name: "not measured" if ratios[name] is None else
                 "met" if (ratios[name] >= bound if sense == ">=" else ratios[name] <= bound) else "missed"
                 for name, (sense, bound) in targets.items()}
-    results = {"plan": plan, "clients": CLIENTS, "voice": VOICE, "model": str(model), "chorus_engine": chorus_engine,
+    results = {"plan": plan, "clients": clients, "voice": VOICE, "model": str(model), "chorus_engine": chorus_engine,
                "peer": {"source": source, "commit": KOKORO_FASTAPI_COMMIT} if source else None,
                "rounds": rounds, "served": served, "ratios": ratios, "targets": targets, "verdicts": verdicts}
     out.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
-"""The GPU check's CPU smoke run: the harness works end to end, every part runs (the codec stage on), every
-policy finishes requests, and its JSON is complete (speed is not checked here; the figures that matter come
+"""The GPU check's smallest CPU plan (--smoke: --quick's tiny models, with the fewest batch sizes, callers, texts
+and seconds that still run every code path): the harness works end to end, every part runs (the codec stage on),
+every policy finishes requests, and its JSON is complete (speed is not checked here; the figures that matter come
 from a GPU). Its own logic, fast: tests/unit/test_gpu_check.py."""
 
 import json
@@ -17,14 +18,14 @@ pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run onl
 @pytest.mark.timeout(1200)  # (its Kokoro part starts a server: minutes on a busy two-core machine)
 def test_gpu_check_runs_on_the_cpu_and_its_json_renders_the_docs_page(tmp_path):
     env = {key: value for key, value in os.environ.items() if key != "KOKORO_FASTAPI_DIR"}  # (CI has none)
-    run = subprocess.run(["bash", "bench/gpu_check.sh", "--device", "cpu", "--quick", "--out", str(tmp_path)],
+    run = subprocess.run(["bash", "bench/gpu_check.sh", "--device", "cpu", "--smoke", "--out", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=1140, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert list(result["parts"]) == ["vits", "pocket_tts", "vibevoice", "kokoro"]
     assert all(not part["skipped"] and part["seconds"] > 0 for part in result["parts"].values()), result["parts"]
     vits = result["vits"]
-    assert [row["batch_size"] for row in vits["sweep"]] == [1, 2, 4, 8]
+    assert result["plan_name"] == "smoke" and [row["batch_size"] for row in vits["sweep"]] == [1, 2]
     assert all(row["audio_s_per_s"] > 0 and row["seconds_per_batch"] > 0 for row in vits["sweep"])
     assert vits["low_precision"]["offered"] is False or vits["low_precision"]["sweep"]  # (none on a CPU today)
     assert [row["policy"] for row in vits["served"]] == ["adaptive", "static", "sequential"]
@@ -52,7 +53,7 @@ def test_gpu_check_runs_on_the_cpu_and_its_json_renders_the_docs_page(tmp_path):
 
 
 def assert_kokoro_ran_without_its_peer(kokoro: dict, said: str, written) -> None:
-    """`python -m bench --kokoro --quick`'s run (bench/kokoro.py), the check's Kokoro part: the tiny Kokoro over HTTP
+    """bench/kokoro.py's run (its smoke plan: the tiny model), the check's Kokoro part: the tiny Kokoro over HTTP
     and the engine ceiling ran; without Kokoro-FastAPI's folder the peer's ratios are not measured, and it says why."""
     assert "KOKORO_FASTAPI_DIR is not set: Kokoro-FastAPI is left out" in said
     assert json.loads(written.read_text())["rounds"] == kokoro["rounds"]
@@ -68,7 +69,7 @@ def assert_renders(path, result, docs):
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
     page = (docs / "benchmarks-gpu.md").read_text()
-    assert "--device cpu --quick" in page and "not a GPU" in page
+    assert "--device cpu --smoke" in page and "not a GPU" in page
     for row in result["vits"]["served"]:
         assert f"| {row['policy']} | {row['audio_s_per_s']} |" in page
     for row in result["vits"]["sweep"]:

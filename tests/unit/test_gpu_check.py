@@ -141,7 +141,7 @@ def small_result(failed_run: bool = True) -> dict:
               "skipped_runs": [], "ratios": {"adaptive_audio_s_per_s": 21.3, "step_wall_vs_busy_at_16": 122.09},
               "targets": {"adaptive_audio_s_per_s": [">=", 106.5], "step_wall_vs_busy_at_16": ["<=", 3.0]},
               "verdicts": {"adaptive_audio_s_per_s": "missed", "step_wall_vs_busy_at_16": "missed"}, "seconds": 90.0}
-    result = {"device": "cuda", "gpu": "NVIDIA H200", "gpu_memory_gb": 139.8, "quick": False, "torch": "2.11",
+    result = {"device": "cuda", "gpu": "NVIDIA H200", "gpu_memory_gb": 139.8, "plan_name": "full", "torch": "2.11",
               "python": "3.12", "plan": {"sentences": 512, "clients": 64, "served_s": 10.0},
               "vits": vits, "stepped": {"pocket_tts": pocket, "vibevoice": {"skipped": "not started", "seconds": 0.0}},
               "kokoro": {"skipped": "not started: it needs about 170 s", "seconds": 0.0}}
