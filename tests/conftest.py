@@ -52,5 +52,19 @@ def pytest_runtest_call(item):
         _stop_marked(owner)
 
 
+# The longest modules (docs/testing.md's figures), queued first: on two workers, one of them queued last would run
+# on alone at the end while the other worker idles. The rest keep their order. (The first four go two to a worker,
+# in the order given: the two that run Ray, the first and third, run one after the other.)
+LONGEST_FIRST = ["tests/integration/test_ray_serve.py", "tests/integration/test_gpu_check.py",
+                 "tests/integration/test_bench.py", "tests/integration/test_upstream.py",
+                 "tests/integration/test_kokoro_voices.py", "tests/integration/test_streaming.py",
+                 "tests/integration/test_soak.py", "tests/faults/test_text_limits.py"]
+
+
+def pytest_collection_modifyitems(items):
+    place = {module: number for number, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: place.get(item.nodeid.split("::")[0], len(place)))
+
+
 def pytest_sessionfinish(session):
     _stop_session()
