@@ -269,6 +269,5 @@ def main() -> None:
                     ).run()
 
 
-
 if __name__ == "__main__":
     main()

@@ -44,22 +44,6 @@ def serve_in_thread(app, ready_path: str = "/ready?calibrated=true"):
         thread.join(10)
 
 
-@contextmanager
-def beating_every_second():
-    """Servers started inside beat Gradio's heartbeat every second (its default: 15 s). A Gradio client holds its
-    heartbeat stream open until the beat after it is closed or collected, and a server waits for open streams when
-    it stops: to its kill, 15 s on, at the default."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_HEARTBEAT_INTERVAL", "1")
-        yield
-
-
-def leave_page(browser) -> None:
-    """Close a page's connections (the UI's heartbeat stream) before its server stops: a server waits for its
-    open connections when it stops, and one the browser holds open would keep it waiting (to its kill, 15 s on)."""
-    browser.get("about:blank")
-
-
 def wait_until(condition, timeout_s: float = 10.0, every_s: float = 0.05) -> bool:
     """Poll condition() until it is true (True) or the time is up (False)."""
     deadline = time.monotonic() + timeout_s

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from bench.server import start_server
-from tests.serve import beating_every_second, require_tools
+from tests.serve import require_tools
 
 MAX_CHARS = 1000
 INSIDE_LOOPBACK_NAMESPACE = "CHORUS_INSIDE_LOOPBACK_NAMESPACE"
@@ -62,9 +62,8 @@ OPERATOR_DEFAULTS = {"anonymous_tier": "enterprise", "degrade_enabled": False}
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> str:
-    with beating_every_second():  # its stop does not wait for the Gradio clients of test_ui.py
-        process = start_server(tmp_path_factory.mktemp("chorus"), max_chars=str(MAX_CHARS),
-                               operator_defaults=json.dumps(OPERATOR_DEFAULTS))
+    process = start_server(tmp_path_factory.mktemp("chorus"), max_chars=str(MAX_CHARS),
+                           operator_defaults=json.dumps(OPERATOR_DEFAULTS))
     yield process.base_url
     process.stop()
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from bench.server import ROOT, start_server
-from tests.serve import leave_page
 
 pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
 
@@ -35,12 +34,11 @@ return canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).d
 
 
 @pytest.fixture(scope="module")
-def ui_server(tmp_path_factory, browser):
+def ui_server(tmp_path_factory):
     """Anonymous callers on the free tier: 1,000 characters, where the server takes 5,000."""
     server = start_server(tmp_path_factory.mktemp("ui-browser"), calibration_sizes="1",
                           operator_defaults=json.dumps({"anonymous_tier": "free"}))
     yield server.base_url
-    leave_page(browser)
     server.stop()
 
 

@@ -12,18 +12,16 @@ import pytest
 from bench.server import start_server
 from tests.integration.test_ui_browser import FAILED, open_page
 from tests.pocket_models import build_tiny_pocket
-from tests.serve import leave_page
 from tts_core.audio.encoding import encode
 
 pytestmark = pytest.mark.slow  # a server and a browser
 
 
 @pytest.fixture(scope="module")
-def fresh_server(tmp_path_factory, browser):
+def fresh_server(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("ui-clone-panel"), calibration_sizes="1",
                           operator_defaults=json.dumps({"anonymous_tier": "free"}))
     yield server.base_url
-    leave_page(browser)
     server.stop()
 
 
@@ -51,7 +49,7 @@ TOASTS = """return [...document.querySelectorAll('[data-testid="toast-body"]')].
 
 
 @pytest.fixture(scope="module")
-def cloning_server(tmp_path_factory, browser):
+def cloning_server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ui-clone-form")
     pocket = build_tiny_pocket(folder / "tiny-pocket")
     registry = folder / "voices.yaml"
@@ -59,7 +57,6 @@ def cloning_server(tmp_path_factory, browser):
     server = start_server(folder / "data", voices_file=str(registry), device="cpu", calibration_sizes="1",
                           torch_threads="1", operator_defaults=json.dumps({"anonymous_tier": "free"}))
     yield server.base_url
-    leave_page(browser)
     server.stop()
 
 

@@ -15,7 +15,6 @@ from gradio_client import Client, handle_file
 from bench.server import start_server
 from tests.audio_check import decode
 from tests.pocket_models import build_tiny_pocket, request
-from tests.serve import beating_every_second
 from tests.vibevoice_models import build_tiny_vibevoice
 from tts_core.audio.encoding import encode
 from tts_core.engines.piper import PiperEngine, bundled_voice_path
@@ -60,8 +59,7 @@ def setup(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(setup):
-    with beating_every_second():  # the restart test's stop does not wait for the UI test's Gradio client
-        process = start_server(setup[0], **setup[1])
+    process = start_server(setup[0], **setup[1])
     yield process
     process.stop()
 

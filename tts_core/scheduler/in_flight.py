@@ -31,6 +31,8 @@ import math
 from collections import deque
 from enum import StrEnum
 
+from ..engines.base import UpstreamOptions
+
 # Twice as many in flight is kept only if it makes this much more audio a second: more in flight adds to every
 # request's latency, and a count's rate measured twice under the same load differs by 10-15% on a busy machine.
 GAIN = 1.15
@@ -100,7 +102,8 @@ class BreakerState(StrEnum):
 
 FAILURES = 3  # in a row: the breaker opens
 FIRST_COOL_DOWN_S = 2.0
-MOST_COOL_DOWN_S = 60.0  # by default; also the longest Retry-After an upstream's answer can make callers wait
+# by default (an upstream's max_cool_down_s); also the longest Retry-After an upstream's answer can make callers wait
+MOST_COOL_DOWN_S = UpstreamOptions.max_cool_down_s
 
 
 def bounded_retry_after(seconds: float | None, most_s: float = MOST_COOL_DOWN_S) -> float:
