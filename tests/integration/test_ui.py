@@ -25,7 +25,7 @@ def synthesize(server: str, text: str, voice: str = VOICE, response_format: str 
         job.result(timeout=60)
         return job.outputs()
     finally:
-        client.close()  # its heartbeat stream ends at the next beat, not when the server stops
+        client.close()  # its heartbeat stream and threads end here, not at the end of the session
 
 
 def fetch(server: str, link: dict) -> bytes:
