@@ -110,6 +110,31 @@ def test_the_breaker_opens_after_failures_in_a_row_probes_once_and_doubles_its_c
     assert breaker.state_now(now + 7.0) is BreakerState.CLOSED and breaker.allows(now + 7.0)
 
 
+def test_a_breaker_open_more_than_1024_times_in_a_row_stays_bounded_and_closes_once_the_upstream_answers():
+    breaker, now = CircuitBreaker(most_cool_down_s=1.0), 0.0
+    for _ in range(FAILURES):
+        breaker.failed(now)
+    for _ in range(1100):  # each probe fails: 2 ** 1024 is past a float, where the cool-down once raised
+        now += 1.0
+        assert breaker.allows(now) and not breaker.allows(now)
+        breaker.failed(now)
+        assert breaker.state is BreakerState.OPEN and breaker.retry_after_s(now) == 1.0
+    assert breaker.opened == 1101
+    now += 1.0
+    assert breaker.allows(now)
+    breaker.succeeded()
+    assert breaker.state_now(now) is BreakerState.CLOSED and breaker.allows(now)
+
+
+def test_a_probe_that_ends_saying_nothing_gives_its_slot_to_the_next_request():
+    breaker = CircuitBreaker()
+    for _ in range(FAILURES):
+        breaker.failed(0.0)
+    assert breaker.allows(2.0) and not breaker.allows(2.0)  # the probe is out
+    breaker.probe_ended()  # its caller left (or settling it raised): no answer either way
+    assert breaker.state_now(2.0) is BreakerState.HALF_OPEN and breaker.allows(2.0)
+
+
 def test_the_upstreams_retry_after_lengthens_the_cool_down():
     breaker = CircuitBreaker()
     for _ in range(FAILURES):
@@ -202,6 +227,8 @@ def test_a_missing_key_variable_stops_the_load_with_its_name(listener, monkeypat
     (Answer("json200"), UpstreamFailed, "not audio"),
     (Answer("cut"), UpstreamFailed, "cut the audio halfway"),
     (Answer("hang"), UpstreamFailed, "did not answer within 0.5 s"),
+    # a wait that is not ahead is no Retry-After: the 503 counts as the failure it is (the breaker can open)
+    (Answer("status", 503, b"{}", headers={"Retry-After": "-5"}), UpstreamFailed, "503"),
 ])
 def test_each_failure_says_what_it_is(listener, answer, kind, says):
     listener.answer = answer
@@ -284,11 +311,14 @@ def hostile():
     upstream.close()
 
 
-@pytest.mark.parametrize("said, seconds", [("inf", float("inf")), ("1e9", 1e9), ("nan", None), ("-3", 0.0),
-                                           ("soon", None), ("http-date", 30)])
+@pytest.mark.parametrize("said, seconds", [("inf", float("inf")), ("1e9", 1e9), ("nan", None), ("-3", None),
+                                           ("soon", None), ("http-date", 30), ("5_0", None), ("+5", None),
+                                           ("past-date", None), ("12", 12)])
 def test_each_form_of_retry_after_is_read_as_seconds_or_none(hostile, said, seconds):
     if said == "http-date":
         said = formatdate(time.time() + 30, usegmt=True)
+    if said == "past-date":
+        said = formatdate(time.time() - 30, usegmt=True)
     hostile.answer = Answer("status", 429, b"{}", headers={"Retry-After": said})
     with pytest.raises(UpstreamFailed) as raised:
         speak(engine_for(hostile.url))
@@ -355,6 +385,13 @@ def test_a_wav_answer_has_its_header_read_as_a_header(hostile):
     assert abs(audio.size - 24000) <= 32 and np.abs(audio[1000:20000] - expected[1000:20000]).max() < 0.05
     hostile.answer = answering(wav_of(tone.reshape(-1, 2), 24000))
     assert speak(engine).size == 12000  # two channels, read as one
+
+
+@pytest.mark.parametrize("kind", ["text/html", "TEXT/HTML", "Application/JSON; charset=utf-8"])
+def test_an_answer_typed_as_text_is_not_played_as_audio_whatever_its_case(hostile, kind):
+    hostile.answer = answering(b"<html>" + bytes(4800), kind)
+    with pytest.raises(UpstreamFailed, match="not audio"):
+        speak(engine_for(hostile.url))
 
 
 @pytest.mark.parametrize("subtype", ["PCM_U8", "PCM_24", "ULAW"])

@@ -22,6 +22,7 @@ import io
 import json
 import math
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from email.utils import parsedate_to_datetime
@@ -46,6 +47,10 @@ ERROR_BYTES = 4096  # of an error's body, read (one that never ends is not read 
 # a fifteenth of a second a character: five times that, and room for a short text's pauses)
 MOST_S_PER_CHARACTER = 1 / 3
 MOST_S_MORE = 5.0
+# A Retry-After in seconds: digits (RFC 9110), also read with a fraction or an exponent, or as inf (which the
+# strategy bounds); a sign, an underscore, nan or anything else is no Retry-After
+DELAY_SECONDS = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:[eE]\+?[0-9]+)?|inf(?:inity)?)", re.IGNORECASE | re.ASCII)
+NOT_AUDIO = ("application/json", "text/")  # content types (compared in lower case) that are never audio
 
 
 class UpstreamFailed(RuntimeError):
@@ -169,8 +174,8 @@ class UpstreamEngine(Engine):
             async with client.stream("POST", SPEECH_PATH, json=self.request_body(item)) as response:
                 if response.status_code != 200:
                     raise _failure(response.status_code, await _error_body(response), response.headers)
-                kind = response.headers.get("content-type", "")
-                if kind.startswith(("application/json", "text/")):
+                kind = response.headers.get("content-type", "").strip().lower()  # (types are case-insensitive)
+                if kind.startswith(NOT_AUDIO):
                     raise UpstreamFailed(f"upstream answered {kind!r}, not audio")
                 stream = None
                 async for data in response.aiter_bytes():
@@ -296,15 +301,16 @@ async def _error_body(response: httpx.Response) -> bytes:
 
 
 def _seconds(value: str | None) -> float | None:
-    """A Retry-After's seconds (a number, or an HTTP date); None when it says none. Not bounded here: the strategy
-    bounds what the breaker and callers make of it."""
+    """A Retry-After's seconds (RFC 9110's delay-seconds, digits; or an HTTP date); None when it says none, or
+    says a wait that is not ahead (a negative number, a date past): the answer then counts as the failure it is.
+    Not bounded here: the strategy bounds what the breaker and callers make of it."""
     if value is None:
         return None
+    value = value.strip()
+    if DELAY_SECONDS.fullmatch(value):  # (not float()'s grammar: "5_0" is not 50, "-5" is not a wait)
+        return float(value)
     try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None  # neither: the breaker's own cool-down applies
-    return None if math.isnan(seconds) else max(0.0, seconds)
+        seconds = parsedate_to_datetime(value).timestamp() - time.time()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None  # neither: the breaker's own cool-down applies
+    return seconds if seconds > 0 else None

@@ -102,6 +102,9 @@ class BreakerState(StrEnum):
 
 FAILURES = 3  # in a row: the breaker opens
 FIRST_COOL_DOWN_S = 2.0
+# the cool-down doubles at most this many times before the bound is taken (2 ** 1024 is past a float: an upstream
+# failing 1,025 openings in a row made settling raise, and left the breaker half-open with its probe taken)
+MOST_DOUBLINGS = 64
 # by default (an upstream's max_cool_down_s); also the longest Retry-After an upstream's answer can make callers wait
 MOST_COOL_DOWN_S = UpstreamOptions.max_cool_down_s
 
@@ -134,6 +137,11 @@ class CircuitBreaker:
             return True
         return False
 
+    def probe_ended(self) -> None:
+        """The probe's request ended without saying whether the upstream works (its caller left, its deadline passed
+        with audio, settling it raised, or it was never sent): the next request probes instead."""
+        self.probing = False
+
     def retry_after_s(self, now: float) -> float:
         """How long until the upstream may be tried again (0 when it may be now)."""
         return max(0.0, self.open_until - now) if self.state is BreakerState.OPEN else 0.0
@@ -145,7 +153,7 @@ class CircuitBreaker:
         self.failures += 1
         if self.state is BreakerState.HALF_OPEN or self.failures >= FAILURES:
             self.opened += 1
-            cool_down = min(self.most_cool_down_s, FIRST_COOL_DOWN_S * 2 ** (self.opened - 1))
+            cool_down = min(self.most_cool_down_s, FIRST_COOL_DOWN_S * 2.0 ** min(self.opened - 1, MOST_DOUBLINGS))
             self.state, self.probing = BreakerState.OPEN, False
             self.open_until = now + max(cool_down, bounded_retry_after(retry_after_s, self.most_cool_down_s))
 

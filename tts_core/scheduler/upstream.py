@@ -58,6 +58,7 @@ class Flight:
     ended_at: float = 0.0
     error: BaseException | None = None  # how it ended (None: with its audio)
     settled: bool = False
+    probe: bool = False  # sent as the half-open breaker's probe: its slot is given back however it ends
 
 
 POLICY = "upstream"  # its policy's name on the status page
@@ -175,7 +176,7 @@ class UpstreamStrategy:
             for item in self.queue.next_candidates(max(0, room)):  # (at the limit too: it fails the expired)
                 if not self.breaker.allows(now):  # half-open: the probe alone goes
                     break
-                self._send(item, now)
+                self._send(item, now, probe=self.breaker.state is BreakerState.HALF_OPEN)
         self._tell_queue(now)
         if self._ended:  # settled at the next turn, at once
             return
@@ -199,14 +200,16 @@ class UpstreamStrategy:
 
     # --- sending --------------------------------------------------------------------------------------------
 
-    def _send(self, item: QueuedItem, now: float) -> None:
+    def _send(self, item: QueuedItem, now: float, probe: bool = False) -> None:
         self.queue.take([item], item.cost_s)
         if item.abandoned or item.future.cancelled():
             self.queue.done(1)
             self.metrics.dropped.labels("cancelled").inc()
+            if probe:  # (never sent: the next request probes)
+                self.breaker.probe_ended()
             return
         self._count_in_flight(now)
-        flight = Flight(item, now, self._area)
+        flight = Flight(item, now, self._area, probe=probe)
         item.queue_s = now - item.enqueued_at
         self._flights[item.input.id] = flight
         self.serving.worked = True
@@ -287,6 +290,8 @@ class UpstreamStrategy:
     def _settle(self, flight: Flight, outcome: EngineOutput | ChorusError) -> None:
         """The loop's thread ends a request: its books, what it teaches, its caller's answer."""
         flight.settled = True
+        if flight.probe:  # (its outcome has told the breaker already, where it said anything)
+            self.breaker.probe_ended()
         item, now = flight.item, self.clock.now()
         self._count_in_flight(now)
         self._flights.pop(item.input.id, None)
