@@ -12,14 +12,15 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from tts_core.audio.encoding import MAX_RATE, MIN_RATE
 from tts_core.errors import ErrorCode, InvalidRequest
 from tts_core.request.access import Caller, RateLimitState
 from tts_core.request.ask import Ask
 from tts_core.request.captions import subtitles
-from tts_core.request.dialogue import MAX_NAME_CHARS, MAX_SPEAKERS
+from tts_core.request.dialogue import MAX_NAME_CHARS, MAX_SPEAKERS, listed_turn_fault
 from tts_core.request.script import Reading
 from tts_core.service import SpeechService, SpokenAudio
 from tts_core.text.frontend import NormalizationOptions, requested
@@ -66,6 +67,16 @@ class DialogueRequest(BaseModel):
     normalize: bool = True
     normalization_options: NormalizationOptions | None = None
     input_type: Literal["auto", "text", "ssml"] = Field("auto", description="how each turn's text is read")
+
+    @field_validator("script", mode="before")
+    @classmethod
+    def _turns_named(cls, script: object) -> object:
+        """A list's faults name the turn and its field (pydantic's union says "script must be a string")."""
+        if isinstance(script, list):
+            for index, entry in enumerate(script):
+                if fault := listed_turn_fault(entry, index):  # (its type is the error's code)
+                    raise PydanticCustomError(ErrorCode.INVALID_DIALOGUE, fault)
+        return script
 
     def plain_script(self) -> str | list[dict]:
         return self.script if isinstance(self.script, str) else [line.model_dump() for line in self.script]

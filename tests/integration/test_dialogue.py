@@ -104,6 +104,13 @@ def test_server_sent_events_carry_the_recording_and_its_usage(server):
      "turn 2"),
     ({"script": "Ann: " + "word " * 250}, "script", "string_above_max_length", "the limit is 1000"),
     ({"stream": True, "response_format": "flac"}, "response_format", "unsupported_value", "cannot be streamed"),
+    ({"script": [{"speaker": "Ann", "text": "Hi."}, {"speaker": "Bob"}]}, "script", "invalid_dialogue",
+     "turn 2 (script[1]): text is required"),
+    ({"script": [{"speaker": "Ann", "text": 7}]}, "script", "invalid_dialogue", "script[0]): text must be a string"),
+    ({"script": "Ann: Hi.\nA --> B: Hello.", "voices": {"Ann": "alloy", "A --> B": "echo"}}, "script",
+     "invalid_dialogue", "line 2: the speaker's name 'A --> B' holds '-->'"),
+    ({"script": [{"speaker": "X\n\n99\n00:00:00,000 --> 00:00:09,000", "text": "Hi."}],
+      "voices": {"X\n\n99\n00:00:00,000 --> 00:00:09,000": "alloy"}}, "script", "invalid_dialogue", "turn 1"),
 ])
 def test_a_bad_script_is_a_400_naming_its_line(server, body, param, code, named):
     response = dialogue(server, **body)

@@ -92,6 +92,15 @@ def test_subtitles_in_both_formats():
         "1\n01:02:05,500 --> 01:02:06,000\nlate\n")
 
 
+@pytest.mark.parametrize("kind", ["srt", "vtt"])
+def test_no_word_or_speaker_can_break_a_cue(kind):
+    words = [CaptionWord("a\x00b", 0.0, 0.5, 0, 3, speaker="X\n\n99\n00:00:00,000 --> 00:00:09,000"),
+             CaptionWord("c-->d\ne", 0.5, 1.0, 4, 7, speaker="X\n\n99\n00:00:00,000 --> 00:00:09,000")]
+    written = subtitles(words, kind)
+    assert "\x00" not in written and written.count("-->") == 1  # the one cue's own timing line
+    assert len(written.strip().split("\n\n")) == (1 if kind == "srt" else 2)  # (WebVTT's header, then its cue)
+
+
 def test_a_voice_that_cannot_time_its_words_is_refused_for_captions():
     service = SpeechService(Settings(batch_policy="sequential"), [FakeEngine()], Metrics())
     service.start()

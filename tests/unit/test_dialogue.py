@@ -59,6 +59,32 @@ def test_a_bad_script_is_refused_naming_its_line(script, named):
     assert (raised.value.param, raised.value.code) == ("script", ErrorCode.INVALID_DIALOGUE)
 
 
+@pytest.mark.parametrize("script, named", [
+    ("Ann: Hi.\nX\x00Y: Hello there.", "line 2: the speaker's name 'X\\x00Y' holds a control character"),
+    ("Ann: Hi.\nA --> B: Hello.", "line 2: the speaker's name 'A --> B' holds '-->'"),
+    ("Ann\tB: Hi.", "line 1: the speaker's name 'Ann\\tB' holds a control character"),
+    ([{"speaker": "X\n\n99\n00:00:00,000 --> 00:00:09,000", "text": "Hi."}], "turn 1: the speaker's name"),
+    ([{"speaker": "Ann\u2028B", "text": "Hi."}], "turn 1: the speaker's name"),
+])
+def test_a_speaker_name_that_could_forge_a_caption_cue_is_refused_naming_its_turn(script, named):
+    with pytest.raises(InvalidRequest) as raised:
+        parse(script)
+    assert named in raised.value.message, raised.value.message
+    assert (raised.value.param, raised.value.code) == ("script", ErrorCode.INVALID_DIALOGUE)
+
+
+@pytest.mark.parametrize("script, named", [
+    ([{"speaker": "Ann", "text": "Hi."}, {"speaker": "Bob"}], "turn 2 (script[1]): text is required"),
+    ([{"speaker": "Ann", "text": 5}], "turn 1 (script[0]): text must be a string"),
+    ([{"text": "Hi."}], "turn 1 (script[0]): speaker is required"),
+    (["Ann: Hi."], "turn 1 (script[0]) must be an object of fields"),
+])
+def test_a_list_turn_with_a_missing_or_mistyped_field_is_refused_naming_the_turn_and_field(script, named):
+    with pytest.raises(InvalidRequest) as raised:
+        parse(script)
+    assert named in raised.value.message and raised.value.param == "script"
+
+
 def test_an_unknown_speaker_is_refused_naming_its_line_and_the_speakers_given():
     turns = parse("Ann: Hello.\nBob: Hi.\nCid: Hey.")
     with pytest.raises(InvalidRequest) as raised:

@@ -199,13 +199,23 @@ def subtitles(words: list[CaptionWord], kind: str) -> str:
 def _label(speaker: str | None, kind: str) -> str:
     if speaker is None:
         return ""
+    speaker = _plain(speaker)
     if kind == "srt":
         return f"{speaker}: "
     return f"<v {html.escape(speaker.replace('>', ' '), quote=False)}>"  # a voice tag's name ends at ">"
 
 
 def _shown(word: CaptionWord) -> str:
-    return word.shown or word.word
+    return _plain(word.shown or word.word)
+
+
+def _plain(text: str) -> str:
+    """Text that cannot break a cue in either format: no control character (a NUL, a line break ends or forges a
+    cue), no "-->" (a cue's timing line); a request's speaker names are refused with those already."""
+    text = "".join(" " if unicodedata.category(char) in ("Cc", "Zl", "Zp") else char for char in text)
+    while "-->" in text:
+        text = text.replace("-->", "->")
+    return text
 
 
 def _stamp(seconds: float, separator: str) -> str:

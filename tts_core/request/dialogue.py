@@ -15,6 +15,7 @@ import asyncio
 import bisect
 import contextlib
 import re
+import unicodedata
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -60,8 +61,7 @@ def parse(script: ScriptText) -> list[Turn]:
     if isinstance(script, str):
         turns = [_turn_line(line, number) for number, line in enumerate(script.splitlines(), 1) if line.strip()]
     else:
-        turns = [_turn(entry.get("speaker", ""), entry.get("text", ""), f"turn {number}")
-                 for number, entry in enumerate(script, 1)]
+        turns = [_listed_turn(entry, number) for number, entry in enumerate(script, 1)]
     if not turns:
         raise InvalidRequest("the script has no turns: write one `Name: text` line per turn", "script",
                              ErrorCode.INVALID_DIALOGUE)
@@ -76,13 +76,53 @@ def _turn_line(line: str, number: int) -> Turn:
     return _turn(found.group(1), found.group(2), f"line {number}")
 
 
+def _listed_turn(entry: object, number: int) -> Turn:
+    fault = listed_turn_fault(entry, number - 1)
+    if fault:
+        raise InvalidRequest(f"script {fault}", "script", ErrorCode.INVALID_DIALOGUE)
+    return _turn(entry["speaker"], entry["text"], f"turn {number}")
+
+
+LISTED_FIELDS = ("speaker", "text")
+
+
+def listed_turn_fault(entry: object, index: int) -> str | None:
+    """What is wrong with a list-form turn's fields (None: nothing), naming the turn by number and index, and the
+    field: `turn 3 (script[2]): text is required`."""
+    where = f"turn {index + 1} (script[{index}])"
+    if not isinstance(entry, Mapping):
+        return f"{where} must be an object of fields speaker and text"
+    for name in LISTED_FIELDS:
+        if name not in entry:
+            return f"{where}: {name} is required"
+        if not isinstance(entry[name], str):
+            return f"{where}: {name} must be a string"
+    if extra := sorted(str(name) for name in entry if name not in LISTED_FIELDS):
+        return f"{where}: {extra[0]!r} is not a field of a turn (speaker, text)"
+    if len(entry["speaker"]) > MAX_NAME_CHARS:
+        return f"{where}: speaker must be at most {MAX_NAME_CHARS} characters long"
+    return None
+
+
 def _turn(speaker: str, text: str, where: str) -> Turn:
     speaker, text = speaker.strip(), text.strip()
     if not speaker:
         raise InvalidRequest(f"script {where}: the turn names no speaker", "script", ErrorCode.INVALID_DIALOGUE)
+    if forged := _forging(speaker):
+        raise InvalidRequest(f"script {where}: the speaker's name {_clipped(speaker)!r} holds {forged}, which "
+                             "could forge a caption cue", "script", ErrorCode.INVALID_DIALOGUE)
     if not text:
         raise InvalidRequest(f"script {where}: {speaker}'s turn is empty", "script", ErrorCode.INVALID_DIALOGUE)
     return Turn(speaker, text, where)
+
+
+def _forging(name: str) -> str | None:
+    """What in a speaker's name could break or forge a subtitle cue (its label is written into every cue)."""
+    if "-->" in name:
+        return "'-->'"
+    if any(unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp") for char in name):
+        return "a control character or line break"
+    return None
 
 
 def _clipped(text: str, most: int = 40) -> str:
