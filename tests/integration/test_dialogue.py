@@ -106,6 +106,8 @@ def test_server_sent_events_carry_the_recording_and_its_usage(server):
     ({"stream": True, "response_format": "flac"}, "response_format", "unsupported_value", "cannot be streamed"),
     ({"script": [{"speaker": "Ann", "text": "Hi."}, {"speaker": "Bob"}]}, "script", "invalid_dialogue",
      "turn 2 (script[1]): text is required"),
+    ({"script": "Ann: Hi.\nBob: Hi.\n" * 65}, "script", "text_above_queue_capacity",  # (it answered 503 for good)
+     "at least 130 pieces to synthesize on model"),
     ({"script": [{"speaker": "Ann", "text": 7}]}, "script", "invalid_dialogue", "script[0]): text must be a string"),
     ({"script": "Ann: Hi.\nA --> B: Hello.", "voices": {"Ann": "alloy", "A --> B": "echo"}}, "script",
      "invalid_dialogue", "line 2: the speaker's name 'A --> B' holds '-->'"),

@@ -4,6 +4,7 @@ one with fake engines of controlled length and loudness: turns joined with conve
 import asyncio
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -223,6 +224,19 @@ def test_a_bad_dialogue_is_refused_before_any_work(service, script, voices, para
     with pytest.raises(InvalidRequest) as raised:
         speak(service, script, voices)
     assert (raised.value.param, raised.value.code) == (param, code) and named in raised.value.message
+
+
+def test_a_script_whose_pieces_could_never_wait_in_the_queue_at_once_is_a_400_up_front(service):
+    caller = Caller("ip:10.0.0.7", "small", Tier(max_queue_share=0.01))  # 5 of the queue's 512 pieces
+    voices, ask = {"Ann": "loud-voice", "Bob": "loud-voice"}, Ask(response_format="pcm", reading=AS_WRITTEN)
+    for turns in ("Ann: Hi.\nBob: Hi.\n" * 3, [{"speaker": "Ann", "text": "Hi."}] * 6):
+        with pytest.raises(InvalidRequest) as raised:  # it answered 503 with a Retry-After, for good
+            speak(service, turns, voices, caller=caller)
+        assert (raised.value.param, raised.value.code) == ("script", ErrorCode.TEXT_ABOVE_QUEUE_CAPACITY)
+        assert "at least 6 pieces" in raised.value.message and "at most 5" in raised.value.message
+        with pytest.raises(InvalidRequest):  # a dialogue job is refused as it is submitted
+            asyncio.run(service.dialogue_turns(replace(ask, script=turns, voices=voices, caller=caller)))
+    assert speak(service, "Ann: Hi.\nBob: Hi.\n" * 2 + "Ann: Hi.", voices, caller=caller).duration_s > 0
 
 
 def test_a_tiers_limit_counts_the_whole_script_not_each_turn(service):

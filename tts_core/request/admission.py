@@ -16,7 +16,7 @@ from ..engines import Capabilities, Voice
 from ..engines.contract import FrontEnd
 from ..errors import Degraded, ErrorCode, InvalidRequest
 from ..ops.metrics import Metrics
-from ..scheduler.queue import WaitTarget
+from ..scheduler.queue import WaitTarget, most_per_text, tier_share
 from ..text.chunks import TextError, leading_sentence
 from ..text.frontend import (
     NormalizationOptions,
@@ -177,6 +177,13 @@ class Admission:
         except TextError:  # the whole text's reading says why, if it is a refusal
             return None
         return _instructed(Script.plain(spoken, voice_info, model_name, speed), reading)
+
+    def most_pieces_queued(self, caller: Caller | None) -> int:
+        """The most pieces of one request of this caller's that could ever wait in a model's queue at once (the
+        queue's size, the tier's share of it, TTS_MAX_QUEUE_PER_CALLER): a script of more is refused up front."""
+        size, tier = self.settings.max_queue, caller.tier if caller else Tier()
+        return most_per_text(size, self.settings.max_queue_per_caller, caller.identity if caller else "",
+                             tier_share(tier.max_queue_share, size))
 
     def _retry_after_s(self) -> int:
         """When a degrade-mode refusal may pass: the mode's expected end, at least a second."""

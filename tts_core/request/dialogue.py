@@ -16,6 +16,7 @@ import bisect
 import contextlib
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -199,7 +200,22 @@ def compile_dialogue(admission: Admission, catalogue: Catalogue, script: ScriptT
         raise InvalidRequest(f"the script is {spoken} characters long once its numbers and symbols are said as "
                              f"words; the limit is {admission.settings.max_spoken_chars}", "script",
                              ErrorCode.SPOKEN_TEXT_ABOVE_MAX_LENGTH)
-    return _conversation(tuple(turns), named, scripts) or _joined_script(tuple(turns), scripts)
+    dialogue = _conversation(tuple(turns), named, scripts) or _joined_script(tuple(turns), scripts)
+    _check_queue_capacity(admission, dialogue.script, caller)
+    return dialogue
+
+
+def _check_queue_capacity(admission: Admission, script: Script, caller: Caller | None) -> None:
+    """A script whose pieces on one model could never wait in the queue at once is a 400, as a text's are: each
+    passage is at least one piece, and all of them are queued together (a 503 caller_queue_full told it to retry
+    for good)."""
+    most = admission.most_pieces_queued(caller)
+    for model, passages in Counter(passage.model for passage in script.passages).items():
+        if passages > most:
+            raise InvalidRequest(f"the script makes at least {passages} pieces to synthesize on model {model} (a "
+                                 f"piece or more a turn), and at most {most} of one caller's can ever wait in this "
+                                 "server's queue at once; send it in shorter parts", "script",
+                                 ErrorCode.TEXT_ABOVE_QUEUE_CAPACITY)
 
 
 def _check_length(admission: Admission, characters: int, caller: Caller | None) -> None:

@@ -117,6 +117,18 @@ def _refuse_if_late(wait_s: float, target: WaitTarget, overloaded: bool, deadlin
                         ErrorCode.DEADLINE_UNREACHABLE)
 
 
+def most_per_text(max_size: int, max_per_caller: int, caller: str, tier_limit: int | None = None) -> int:
+    """The most pieces one text (or script) of this caller could ever have queued at once in a queue of max_size:
+    the queue's size, its tier's share (tier_limit items), the caller's share (max_per_caller; 0: none)."""
+    caps = (max_size, tier_limit, max_per_caller if caller else 0)
+    return min(cap for cap in caps if cap)
+
+
+def tier_share(queue_share: float, max_size: int) -> int | None:
+    """The most pieces a tier with this share of the queue (a fraction) may hold; None: no limit of its own."""
+    return None if queue_share >= 1 else max(1, int(queue_share * max_size))
+
+
 def _moving_average(average: float, value: float) -> float:
     return value if not average else 0.9 * average + 0.1 * value
 
@@ -310,8 +322,7 @@ class RequestQueue:
     def most_per_text(self, caller: str, tier_limit: int | None = None) -> int:
         """The most pieces one text of this caller could ever have queued at once: the queue's size, its
         tier's share (tier_limit items), the caller's share."""
-        caps = (self.max_size, tier_limit, self.max_per_caller if caller else 0)
-        return min(cap for cap in caps if cap)
+        return most_per_text(self.max_size, self.max_per_caller, caller, tier_limit)
 
     def _check_room(self, count: int, tier: str, caller: str, tier_limit: int | None) -> None:
         most = self.most_per_text(caller, tier_limit)
