@@ -92,3 +92,47 @@ def test_lower_precision_stays_off_for_the_model_when_it_is_loaded_again():
         assert again.reset_precision() and service.degrade.precision_off == {} and again.precision == "full"
     finally:
         service.stop()
+
+
+class NanLow(FailsLow):
+    """Answers NaN at its lower precision (as a Piper int8 graph whose output scale is NaN did), or always."""
+
+    always = False
+
+    def synthesize(self, batch):
+        outputs = FakeEngine.synthesize(self, batch)
+        if self.low or self.always:
+            self.seen.append([-1] * len(batch))
+            return [type(output)(np.full_like(output.audio, np.nan)) for output in outputs]
+        return outputs
+
+
+def test_audio_that_is_not_finite_at_lower_precision_is_made_again_at_full_and_it_stays_off(start_loop, clock):
+    engine = NanLow(clock=clock)
+    loop = start_loop(engine, policy="static")
+    assert loop.set_low_precision(True).result(timeout=5) is True
+    outputs = run_items(loop, clock, 3)  # served, not 200 with -32768 samples
+    assert all(np.isfinite(output.audio).all() and output.audio.size for output in outputs)
+    assert engine.seen == [[1, 2, 3], [-1] * 3, [1, 2, 3]] and not engine.low  # NaN lower, then again at full
+    assert loop.precision.startswith("full (lower precision off") and "UnsoundAudio" in loop.precision
+
+
+def test_audio_that_is_not_finite_or_far_out_of_range_is_a_500_to_retry_never_handed_on(start_loop, clock):
+    from tts_core.engines.contract import AudioPieces, UnsoundAudio
+    from tts_core.errors import ErrorCode
+
+    engine = NanLow(clock=clock)
+    engine.always = True
+    loop = start_loop(engine, policy="static")
+    items = [make_item(20, tag=n) for n in (1, 2)]
+    loop.submit(items)
+    clock.sleep(0.6)
+    for item in items:
+        error = item.future.exception(timeout=5)
+        assert isinstance(error, UnsoundAudio) and (error.status, error.code) == (500, ErrorCode.SYNTHESIS_FAILED)
+        assert "not finite" in error.message and error.retryable
+    pieces = AudioPieces()  # a stream's pieces (stepped engines, upstreams): the same check
+    pieces.push(np.full(10, 0.5, np.float32))
+    pieces.push(np.full(10, 1e30, np.float32))
+    first, following = pieces.head.result(0)
+    assert first.size == 10 and "reach 1e+30" in str(following.exception(0))

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ..errors import SynthesisError
+
 if TYPE_CHECKING:
     import httpx
 
@@ -63,6 +65,10 @@ class AudioPieces:
         self._tail = self.head
 
     def push(self, audio: np.ndarray) -> None:
+        """The next piece; a piece that is not audio (audio_fault) ends the pieces with its error instead."""
+        if (fault := audio_fault(audio)) is not None:
+            self.end(UnsoundAudio(fault))
+            return
         following: Future = Future()
         try:
             self._tail.set_result((audio, following))
@@ -77,6 +83,33 @@ class AudioPieces:
             self._tail.set_result((None, None))
         else:
             self._tail.set_exception(error)
+
+
+# Louder than this (in full scale, 1.0) is not a voice but a broken model or answer: NaN scales, +1e30 (24 dB over
+# full scale: a voice peaking past 1.0 is clipped as it is encoded; one at 16 is no voice)
+MOST_AMPLITUDE = 16.0
+
+
+def audio_fault(audio: np.ndarray) -> str | None:
+    """What makes an engine's audio unfit to send or cache (None: nothing): a sample that is not finite, or far
+    out of range. The one check every engine shape's audio passes (QueuedItem.resolve, AudioPieces.push)."""
+    if not audio.size:
+        return None
+    peak = float(np.max(np.abs(audio)))
+    if not np.isfinite(peak):
+        return f"{int(np.count_nonzero(~np.isfinite(audio)))} of its {audio.size} samples are not finite"
+    if peak > MOST_AMPLITUDE:
+        return f"its samples reach {peak:.3g}, past any voice's (full scale is 1)"
+    return None
+
+
+class UnsoundAudio(SynthesisError):
+    """An engine made audio that is not audio (audio_fault): a 500 synthesis_failed to retry, never played."""
+
+    def __init__(self, fault: str, model: str = ""):
+        where = f" in model {model}" if model else ""
+        super().__init__(f"synthesis failed{where}: the audio made is not playable ({fault}); retry, or report it "
+                         "if it repeats")
 
 
 class Shape(Enum):

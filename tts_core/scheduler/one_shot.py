@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engines.contract import EngineInput, EngineOutput, OneShot, Stepped
+from ..engines.contract import EngineInput, EngineOutput, OneShot, Stepped, UnsoundAudio, audio_fault
 from ..errors import ChorusError, SynthesisError
 from ..ops.metrics import BatchRecord
 from .engine_loop import CALIBRATION_TEXT, Serving
@@ -190,7 +190,7 @@ class OneShotStrategy:
         except Exception as error:
             self._failed(batch, error, lowered, retried_alone)
             return
-        self._deliver(batch, outputs)
+        self._deliver(batch, outputs, lowered)
 
     def _failed(self, batch: list[QueuedItem], error: Exception, lowered: bool, retried_alone: bool = False) -> None:
         """A batch that raised: run again at full precision if it ran lower (where the model then stays:
@@ -210,14 +210,18 @@ class OneShotStrategy:
         for item in batch:
             self._execute([item])
 
-    def _deliver(self, batch: list[QueuedItem], outputs: list[EngineOutput]) -> None:
+    def _deliver(self, batch: list[QueuedItem], outputs: list[EngineOutput], lowered: bool = False) -> None:
+        unsound = next((fault for output in outputs if (fault := audio_fault(output.audio))), None)
+        if unsound is not None and lowered:  # not audio at the lower precision: a failure of it (precision.py)
+            self._failed(batch, UnsoundAudio(unsound, self.engine.name), lowered)
+            return
         self.serving.memory.succeeded()
         self._batches_run += 1
         if self.empty_cache_every and self._batches_run % self.empty_cache_every == 0:
             self.engine.release_memory()
         self.serving.learn_audio_rate([item.input for item in batch], outputs)
         for item, output in zip(batch, outputs):
-            item.future.set_result(output)
+            item.resolve(output)  # (audio that is not audio is refused there, for every shape)
 
     def _out_of_memory(self, batch: list[QueuedItem], retried_alone: bool) -> None:
         """Lower the memory budget and run the batch again in halves; an item fails only when it
@@ -312,7 +316,7 @@ class OneShotStrategy:
             self._after_failure(flight.batch, error, flight.lowered)
         else:
             self.metrics.batch_finished(self.engine.name, record, flight.waits)
-            self._deliver(flight.batch, outputs)
+            self._deliver(flight.batch, outputs, flight.lowered)
         finally:
             self.queue.done(len(flight.batch))
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engines.contract import AudioPieces, EngineInput, EngineOutput
+from ..engines.contract import AudioPieces, EngineInput, EngineOutput, UnsoundAudio, audio_fault
 
 _sequence = itertools.count()
 
@@ -53,7 +53,10 @@ class QueuedItem:
         return self.input.length
 
     def resolve(self, outcome: EngineOutput | BaseException) -> None:
-        """Its audio (or why there is none), unless its caller cancelled it meanwhile (then no one waits)."""
+        """Its audio (or why there is none), unless its caller cancelled it meanwhile (then no one waits). Audio that
+        is not audio (audio_fault: NaN, +1e30) is never handed on: its caller gets a 500 to retry instead."""
+        if isinstance(outcome, EngineOutput) and (fault := audio_fault(outcome.audio)) is not None:
+            outcome = UnsoundAudio(fault)
         try:
             if isinstance(outcome, BaseException):
                 self.future.set_exception(outcome)
