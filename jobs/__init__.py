@@ -42,7 +42,7 @@ from pathlib import Path
 
 from storage import JobStatus, Storage, StorageError
 from tts_core.config import Settings
-from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Overloaded
+from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Overloaded, PartFailed
 from tts_core.request.access import Caller, Tier
 from tts_core.request.ask import Ask
 from tts_core.request.captions import every_subtitle
@@ -275,6 +275,8 @@ class JobRunner:
             await self._succeed(job, spoken)
         except asyncio.CancelledError:  # its owner cancelled it (then this finish loses) or the server stops
             await self._put_back(job, 0)
+        except PartFailed as failed:  # a part it needs failed (an upstream's 5xx): an attempt spent, backed off
+            await self._retry_or_fail(job, failed.message, failed.retry_after_s or 0)
         except Overloaded as busy:  # the server's load (a full queue, a degrade-mode action), not the job's fault
             await self._wait_for_load(job, busy)
         except ChorusError as error:
@@ -317,9 +319,11 @@ class JobRunner:
                            **({"error": reason} if reason else {}))
         self._wake_in(delay_s)
 
-    async def _retry_or_fail(self, job: dict, reason: str) -> None:
+    async def _retry_or_fail(self, job: dict, reason: str, retry_after_s: float = 0) -> None:
+        """The attempt failed: queued again after the backoff (or the failure's Retry-After, if longer), claiming
+        nothing less meanwhile, until TTS_JOB_MAX_ATTEMPTS; then failed with the reason."""
         if job["attempts"] < self.max_attempts:
-            delay = BACKOFF_S * 2 ** (job["attempts"] - 1)
+            delay = max(BACKOFF_S * 2 ** (job["attempts"] - 1), retry_after_s)
             await self._finish(job["id"], job["attempts"], JobStatus.QUEUED,
                                error=f"attempt {job['attempts']} failed: {reason}",
                                not_before=datetime.now(UTC) + timedelta(seconds=delay))

@@ -247,6 +247,12 @@ class Overloaded(ChorusError):
         super().__init__(message, code=code, retry_after_s=max(1, int(retry_after_s)))
 
 
+class PartFailed(Overloaded):
+    """Refused because a part the request needs has failed (an upstream that answers 5xx, its breaker open), not
+    for load: the same 503 and Retry-After, but a job spends an attempt on it (jobs/), backing off, and never holds
+    the runner's other work while it waits."""
+
+
 class Degraded(Overloaded):
     """Refused by a degrade-mode action (the text cap, shedding): a temporary overload, not a fault of the
     request. It passes once the mode ends (Retry-After: its expected end); jobs wait for it without spending

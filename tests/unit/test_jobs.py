@@ -27,7 +27,7 @@ from storage.models import Job
 from tests.fakes import FakeEngine
 from tests.serve import wait_until
 from tts_core.config import Settings
-from tts_core.errors import Degraded, InvalidRequest, Overloaded
+from tts_core.errors import Degraded, InvalidRequest, Overloaded, PartFailed
 from tts_core.ops.metrics import Metrics
 from tts_core.request.access import Caller, Tier
 from tts_core.request.operating import OperatorSettings
@@ -205,6 +205,34 @@ def test_overload_puts_the_job_back_until_its_retry_after_without_spending_an_at
     done = run_until(runner, storage, runner.submit(CALLER, request()), "succeeded")
     assert done["attempts"] == 1 and len(calls) == 3
     assert calls[1] - calls[0] >= 0.9 and calls[2] - calls[1] >= 0.9  # not before its Retry-After
+
+
+def test_a_failing_upstream_spends_the_jobs_attempts_with_backoff_and_holds_no_other_work(world):
+    storage, make = world
+    service, runner = make(job_max_attempts=3)
+    answer, calls = service.answer, []
+
+    async def upstream_failing(ask, *args, **options):
+        if ask.text == "upstream":
+            calls.append(time.monotonic())
+            raise PartFailed("the upstream of model x is unavailable: upstream answered 500: boom", 1,
+                             "upstream_unavailable")
+        return await answer(ask, *args, **options)
+
+    service.answer = upstream_failing
+    failing = runner.submit(CALLER, request("upstream"))
+    plain = runner.submit(CALLER, request())
+
+    async def both_end():
+        await until(storage, status_is(storage, plain, "succeeded"))
+        assert len(calls) < 3  # the plain job did not wait behind the failing one's backoff
+        await until(storage, status_is(storage, failing, "failed"))
+
+    run(runner, both_end)
+    failed = storage.jobs.get(failing["id"])  # it waited with attempts 0 until its deadline
+    assert failed["attempts"] == 3 and len(calls) == 3 and "failed after 3 attempts" in failed["error"]
+    assert "answered 500" in failed["error"] and calls[2] - calls[1] >= 0.9  # backed off, its Retry-After at least
+    assert storage.jobs.get(plain["id"])["attempts"] == 1
 
 
 def cap_refusal(retry_after_s: float = 1) -> Degraded:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..engines.contract import EngineInput, EngineOutput, Upstream
 from ..engines.upstream import UpstreamFailed, UpstreamRejected
-from ..errors import ChorusError, ClientGone, DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
+from ..errors import ChorusError, ClientGone, DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded, PartFailed
 from .engine_loop import Serving
 from .in_flight import (
     WINDOW_S,
@@ -266,26 +266,29 @@ class UpstreamStrategy:
                 self.breaker.failed(now)
                 self._count_error("deadline")
             return error
-        if isinstance(error, UpstreamFailed) and error.busy:
+        busy = isinstance(error, UpstreamFailed) and error.busy
+        if busy:
             self.limit.busy()
             self._count_error("busy")
         else:
             log.warning("upstream %s (%s): %s", name, self.engine.options.url, error)
             self.breaker.failed(now, getattr(error, "retry_after_s", None))
             self._count_error("failed")
-        return self._unavailable(str(error), now, getattr(error, "retry_after_s", None))
+        return self._unavailable(str(error), now, getattr(error, "retry_after_s", None), failed=not busy)
 
     def _count_error(self, kind: str) -> None:
         self._errors[kind] = self._errors.get(kind, 0) + 1
         self.metrics.upstream_errors.labels(self.engine.name, kind).inc()
 
-    def _unavailable(self, why: str, now: float, retry_after_s: float | None = None) -> Overloaded:
+    def _unavailable(self, why: str, now: float, retry_after_s: float | None = None, failed: bool = True
+                     ) -> Overloaded:
         """A 503 whose Retry-After is the breaker's cool-down or the upstream's own, bounded (an upstream's "inf" or
-        "1e9" is not what a caller is told)."""
+        "1e9" is not what a caller is told); a PartFailed where the upstream failed (not where it said it is busy)."""
         most = self.breaker.most_cool_down_s
         wait = min(most, max(self.breaker.retry_after_s(now), bounded_retry_after(retry_after_s, most), 1.0))
-        return Overloaded(f"the upstream of model {self.engine.name} is unavailable: {why}", math.ceil(wait),
-                          ErrorCode.UPSTREAM_UNAVAILABLE)
+        kind = PartFailed if failed else Overloaded
+        return kind(f"the upstream of model {self.engine.name} is unavailable: {why}", math.ceil(wait),
+                    ErrorCode.UPSTREAM_UNAVAILABLE)
 
     def _settle(self, flight: Flight, outcome: EngineOutput | ChorusError) -> None:
         """The loop's thread ends a request: its books, what it teaches, its caller's answer."""
