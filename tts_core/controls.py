@@ -52,8 +52,11 @@ class ServiceControls:
         """Let degrade mode lower the model's precision again after a batch failed at the lower one: whether it was
         held at full, and its precision now (None when it is not loaded). NotFound for a model that does not exist."""
         service = self._service
+        aliases = service.catalogue.model_aliases  # (a model as /v1/models lists it, or its alias)
+        named, model = model, aliases.get(model, model)
         if model not in service.pool.slots():
-            raise NotFound(f"model {model!r} does not exist", "model")
+            known = ", ".join([*sorted(service.pool.slots()), *sorted(aliases)])
+            raise NotFound(f"model {named!r} does not exist; the models: {known}", "model")
         loop = service.loops.get(model)
         was_off = loop.reset_precision() if loop else service.degrade.precision_off.pop(model, None) is not None
         return {"model": model, "was_off": was_off, "precision": loop.precision if loop else None}

@@ -36,7 +36,7 @@ class FailsLow(FakeEngine):
 def test_lower_precision_that_fails_goes_back_to_full_is_shown_and_is_reset_by_the_operator(tmp_path):
     engine = FailsLow()
     settings = Settings(data_dir=tmp_path, admin_token=TOKEN, batch_policy="sequential", calibration_sizes=[1],
-                        model_aliases={}, voice_aliases={})
+                        model_aliases={"quick": "fake"}, voice_aliases={})
     app = create_app(settings, engines=[engine])
     with serve_in_thread(app) as base:
         app.state.monitor.stop()  # the test, not the load, plays degrade mode's lower_precision action
@@ -60,4 +60,7 @@ def test_lower_precision_that_fails_goes_back_to_full_is_shown_and_is_reset_by_t
         assert loop.set_low_precision(True).result(timeout=10) is True and engine.low
         missing = httpx.post(f"{base}/admin/api/models/nope/precision/reset", headers=ADMIN)
         assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+        assert "the models: fake, quick" in missing.json()["error"]["message"]  # the valid names, listed
+        by_alias = httpx.post(f"{base}/admin/api/models/quick/precision/reset", headers=ADMIN)  # as /v1/models names it
+        assert by_alias.status_code == 200 and by_alias.json()["model"] == "fake"
         assert httpx.post(f"{base}/admin/api/models/fake/precision/reset").status_code == 401
