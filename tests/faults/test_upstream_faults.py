@@ -195,3 +195,26 @@ def test_a_retry_after_of_a_year_opens_the_breaker_for_its_bound_and_a_healthy_u
     assert 1 <= refused_for_now(speak(server, "While it is open.", **BRIEF)) <= BRIEF_COOL_DOWN_S
     assert time.monotonic() - started < BRIEF_COOL_DOWN_S and len(upstream.requests) == asked  # at once, not sent
     serves_normally(server, upstream, BRIEF)  # healthy again: the probe goes after the cool-down, and closes it
+
+
+def test_a_503_whose_retry_after_is_not_ahead_counts_as_a_failure_and_opens_the_breaker(fronted):
+    """Issue 52: `Retry-After: -5` or a past date read as 0 s and counted as "busy", so the breaker never opened."""
+    server, upstream = fronted
+    for number, said in enumerate(["-5", formatdate(time.time() - 60, usegmt=True), "5_0"]):
+        upstream.answer = Answer("status", 503, b"{}", headers={"Retry-After": said})
+        refused_for_now(speak(server, f"Not ahead, {number}.", **BRIEF))
+    assert httpx.get(f"{server.base_url}/health").json()["upstreams"]["brief"] == "open"
+    serves_normally(server, upstream, BRIEF)
+
+
+@pytest.mark.parametrize("samples", [np.full(2400, np.nan, np.float32), np.full(2400, 1e30, np.float32)])
+def test_a_float_wav_that_is_not_audio_is_a_500_to_retry_not_200_with_garbage(fronted, samples):
+    server, upstream = fronted
+    upstream.answer = Answer("body", 200, wav_of(samples, 24000, "FLOAT"), {"content-type": "audio/wav"})
+    for response_format in ("pcm", "wav"):
+        answer = speak(server, f"Not audio, {samples[0]}, {response_format}.", response_format=response_format)
+        assert answer.status_code == 500, answer.status_code  # was 200, its samples at -32768
+        assert answer.json()["error"]["code"] == "synthesis_failed" and "not playable" in answer.text
+    upstream.answer = Answer("body", 200, b"<html>" + bytes(4800), {"content-type": "TEXT/HTML"})
+    assert "not audio" in speak(server, "Typed in capitals.").json()["error"]["message"]
+    serves_normally(server, upstream)
