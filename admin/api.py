@@ -274,3 +274,21 @@ async def import_lexicon(request: Request, actor: str = Depends(require_admin)) 
         return await asyncio.to_thread(_lexicon(request).import_tsv, text, actor)
     except LexiconFileError as error:
         raise InvalidRequest(str(error), "body", ErrorCode.INVALID_LEXICON_FILE) from None
+
+
+# --- what no route above answers ----------------------------------------------------------------------
+
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
+
+
+@router.api_route("/{rest:path}", methods=ALL_METHODS, include_in_schema=False)
+async def admin_not_found(request: Request, rest: str):
+    """Unknown admin paths and wrong methods answer in the error table's shape (404, or 405 with Allow), not with
+    the mounted UI's {"detail": "Not Found"}. Last of the router's routes: only what none above matched."""
+    path = request.url.path
+    allowed = sorted({method for route in router.routes if route.endpoint is not admin_not_found
+                      and route.path_regex.match(path) for method in route.methods})
+    if allowed:
+        raise HTTPException(405, f"{request.method} is not allowed on {path}; use {', '.join(allowed)}",
+                            headers={"Allow": ", ".join(allowed)})
+    raise NotFound(f"no such route: {path}", None)

@@ -50,6 +50,16 @@ def test_invalid_values_get_422_naming_the_field(admin_server, body, field):
     assert response.json()["error"]["param"] == field
 
 
+def test_unknown_admin_paths_and_wrong_methods_answer_in_the_error_shape(admin_server):
+    missing = httpx.get(f"{admin_server}/admin/api/no-such-thing", headers=ADMIN)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"  # was {"detail": ...}
+    wrong = httpx.delete(f"{admin_server}/admin/api/stats", headers=ADMIN)
+    assert wrong.status_code == 405 and wrong.headers["Allow"] == "GET"
+    assert set(wrong.json()["error"]) == {"message", "type", "param", "code"}
+    unknown = httpx.post(f"{admin_server}/admin/api/models/piperr/precision/reset", headers=ADMIN)
+    assert unknown.status_code == 404 and "the models: " in unknown.json()["error"]["message"]
+
+
 def test_stats_show_the_live_state(admin_server):
     stats = httpx.get(f"{admin_server}/admin/api/stats", headers=ADMIN).json()
     assert stats["degrade"]["active"] is False and stats["gpu"] is None
