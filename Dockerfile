@@ -44,6 +44,8 @@ RUN python -c "from tts_core.engines.piper import PiperEngine, bundled_voice_pat
 VOLUME /data
 
 EXPOSE 7860 10200
+# Healthy once /ready answers 200: the models loaded at start are warm and calibrated (a restart on the same /data
+# reuses the calibration kept there: healthy in about the time to load them). 503 until then fails the check.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ['TTS_PORT'], timeout=4)"]
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ['TTS_PORT'], timeout=4)"]
 CMD ["python", "app.py"]

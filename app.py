@@ -11,6 +11,7 @@ import re
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import NoReturn
@@ -86,7 +87,7 @@ def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpe
         raise StartupError(f"the database (TTS_DATABASE_URL) cannot be read: {error}") from None
     request_log = RequestLogWriter(storage)
     service = SpeechService(settings, models, Metrics(), clones=clones, make_scheduler=make_scheduler,
-                            request_log=request_log)
+                            request_log=request_log, calibrations=storage.calibrations)
     controls = ServiceControls(service)  # the operator's: degrade mode, the cache, the lexicon, the registry
     control = OperatorControl(storage, controls, request_log, defaults=settings.operator_defaults)
     lexicon = LexiconControl(storage, controls)
@@ -228,14 +229,25 @@ GIL_SWITCH_INTERVAL_S = 0.001  # Python's default is 0.005
 
 
 class UiClosingServer(uvicorn.Server):
-    """uvicorn's server, which ends the UI's heartbeat streams when it stops. Each open page holds one, and on
-    SIGTERM uvicorn waits for every open connection to end: one tab left open held the stop until the process
-    manager's kill (the in-flight requests, which it should wait for, still end as they would)."""
+    """uvicorn's server, stopping within a bound and letting what is in flight finish. On SIGTERM it stops
+    listening; the speech WebSockets' utterances begun (or queued) are sent whole, `done` event included, before
+    uvicorn closes the sockets (1012: it did so at once, cutting them); it ends the UI's heartbeat streams (each
+    open page holds one, and uvicorn waits for every open connection to end: one tab left open held the stop until
+    the process manager's kill); and what is still running after TTS_SHUTDOWN_GRACE_S in all is cut (uvicorn
+    waited for ever on a stream whose client stopped reading). The in-flight HTTP requests end as they would."""
 
     async def shutdown(self, sockets=None) -> None:
-        for route in self.config.app.routes:
+        app, grace_s = self.config.app, self.config.timeout_graceful_shutdown or 0.0
+        started = time.monotonic()
+        for server in self.servers:
+            server.close()  # no new connections while the WebSockets finish (uvicorn closes them again: no harm)
+        if (speaking := await app.state.speech_sockets.finish_utterances(grace_s)):
+            logging.getLogger("chorus").warning("stopping: %d WebSockets still speaking after %g s are closed",
+                                                speaking, grace_s)
+        for route in app.routes:
             if isinstance(route, Mount) and isinstance(route.app, GradioApp):
                 route.app.stop_event.set()  # what Gradio's own launch() sets as it closes
+        self.config.timeout_graceful_shutdown = max(0.1, grace_s - (time.monotonic() - started))
         await super().shutdown(sockets)
 
 
@@ -260,12 +272,14 @@ def main() -> None:
     # idle keep-alive ones close after 5 s. ws: websockets, with the handshakes it refuses answered and closed.
     # Connections are capped per address and in all (a file descriptor each); a trusted proxy's count in all only.
     connections = OpenSockets("HTTP connections", settings.http_max_per_caller, settings.http_max_connections)
-    http = bounded_http_protocol(settings.header_timeout_s, connections, trusted_proxy(settings.trusted_proxies))
+    http = bounded_http_protocol(settings.header_timeout_s, connections, trusted_proxy(settings.trusted_proxies),
+                                 settings.write_timeout_s)
     # The event loop shares the GIL with the text reader and the engines' Python: a thread that wants it waits
     # out the holder's switch interval, several times per request; a shorter one keeps the loop's answers prompt.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     UiClosingServer(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                                   log_config=None, proxy_headers=False, http=http, ws=AnsweredHandshakeProtocol)
+                                   log_config=None, proxy_headers=False, http=http, ws=AnsweredHandshakeProtocol,
+                                   timeout_graceful_shutdown=settings.shutdown_grace_s)
                     ).run()
 
 

@@ -64,6 +64,7 @@ def build_api(service: SpeechService, settings: Settings, access: AccessControl,
     app.state.access = access
     app.state.clones = VoiceClones(access.storage, service)
     app.state.open_sockets = OpenSockets("WebSockets", settings.ws_max_per_caller, settings.ws_max_connections)
+    app.state.speech_sockets = speech_socket.SpeechSockets()  # what a stop waits for (finish_utterances)
     install_error_handlers(app)
     # the routes count their callers with slowapi's Limiter (access.counted), the store the WebSocket,
     # Wyoming and the UI count against too; what it refuses answers in the error table's shape

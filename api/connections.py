@@ -81,6 +81,8 @@ class BoundedHttpProtocol(H11Protocol):
     """
 
     deadline_s: ClassVar[float] = 10.0
+    write_timeout_s: ClassVar[float] = 30.0  # a client that takes nothing sent to it this long is cut off
+    _write_stalled: asyncio.TimerHandle | None = None
     open_connections: ClassVar[OpenSockets | None] = None  # the HTTP connections open, per caller and in all
     is_proxy: ClassVar[Callable[[str], bool]] = staticmethod(lambda peer: False)  # counted in all only
     _deadline: asyncio.TimerHandle | None = None
@@ -134,7 +136,32 @@ class BoundedHttpProtocol(H11Protocol):
             self.transport.write(self.conn.send(event))
         self.transport.close()
 
+    def pause_writing(self) -> None:
+        """The client takes nothing of what is sent (its socket's buffers are full): a stream's send waits. One that
+        stops reading and stays connected held its stream, and a stop, for ever; after write_timeout_s it is cut
+        off, as a client that left (the stream ends, its engine work is freed)."""
+        super().pause_writing()
+        if self._write_stalled is None:
+            self._write_stalled = self.loop.call_later(self.write_timeout_s, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._disarm_write_timeout()
+
+    def _disarm_write_timeout(self) -> None:
+        if self._write_stalled is not None:
+            self._write_stalled.cancel()
+            self._write_stalled = None
+
+    def _write_timed_out(self) -> None:
+        self._write_stalled = None
+        if not self.transport.is_closing():
+            self.logger.info("%s - cut off: it took nothing sent to it for %s s", client_name(self.client),
+                             self.write_timeout_s)
+        self.transport.abort()  # what is still buffered for it is dropped: close() would wait to send it
+
     def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_write_timeout()
         self._disarm_deadline()
         self._uncount()
         super().connection_lost(exc)
@@ -162,11 +189,13 @@ class BoundedHttpProtocol(H11Protocol):
 
 
 def bounded_http_protocol(deadline_s: float, connections: OpenSockets | None = None,
-                          is_proxy: Callable[[str], bool] = lambda peer: False) -> type[BoundedHttpProtocol]:
-    """The protocol class to hand uvicorn (Config(http=...)), with this deadline and these caps (a trusted
-    proxy's connections, each many callers', count in all only)."""
+                          is_proxy: Callable[[str], bool] = lambda peer: False,
+                          write_timeout_s: float = 30.0) -> type[BoundedHttpProtocol]:
+    """The protocol class to hand uvicorn (Config(http=...)), with this deadline, this write timeout and these caps
+    (a trusted proxy's connections, each many callers', count in all only)."""
     return type("BoundedHttpProtocol", (BoundedHttpProtocol,),
-                {"deadline_s": deadline_s, "open_connections": connections, "is_proxy": staticmethod(is_proxy)})
+                {"deadline_s": deadline_s, "open_connections": connections, "is_proxy": staticmethod(is_proxy),
+                 "write_timeout_s": write_timeout_s})
 
 
 def _refusal_bytes(refusal: ChorusError) -> bytes:

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from tts_core.audio.encoding import FORMATS
 from tts_core.config import Settings
-from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Unauthorized
+from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Overloaded, Unauthorized
 from tts_core.request.access import Caller
 from tts_core.request.ask import Ask
 from tts_core.request.script import Reading
@@ -147,6 +147,37 @@ def _invalid_message(invalid: ValidationError) -> ChorusError:
     return invalid_input(invalid.errors(), model=SocketMessage)
 
 
+class SpeechSockets:
+    """The speech WebSockets open: on SIGTERM the server waits (a bounded time) for the utterances they have
+    begun or queued to be sent whole, `done` event included, as it does for HTTP streams, before it closes them
+    (1012); meanwhile they take no new utterance (an `error` event says the server is stopping)."""
+
+    def __init__(self):
+        self.open: set[SpeechConnection] = set()
+        self.stopping = False
+        self._changed = asyncio.Event()  # an utterance has ended, or a socket has closed
+
+    def changed(self) -> None:
+        self._changed.set()
+
+    async def finish_utterances(self, timeout_s: float) -> int:
+        """Stop taking utterances, and wait until those accepted have been sent or `timeout_s` has passed;
+        returns how many sockets are still speaking."""
+        self.stopping = True
+        deadline = time.monotonic() + timeout_s
+        while (speaking := sum(1 for connection in self.open if connection.speaking)) and \
+                (left_s := deadline - time.monotonic()) > 0:
+            self._changed.clear()
+            with suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left_s)
+        return speaking
+
+
+def _stopping_error() -> ChorusError:
+    return Overloaded("the server is stopping: send this utterance again, to another server or once it is back", 1,
+                      ErrorCode.MODEL_STOPPED)
+
+
 class SpeechConnection:
     """One speech WebSocket: reads the client's messages, queues its utterances, sends their audio."""
 
@@ -160,8 +191,17 @@ class SpeechConnection:
         self.ids = itertools.count(1)
         self.speaking = 0  # utterances accepted and not yet ended: the socket is not idle while one is
         self.active_at = time.monotonic()  # the client's last message, or the end of the last utterance
+        self.sockets: SpeechSockets = socket.app.state.speech_sockets
 
     async def serve(self) -> None:
+        self.sockets.open.add(self)
+        try:
+            await self._serve()
+        finally:
+            self.sockets.open.discard(self)
+            self.sockets.changed()
+
+    async def _serve(self) -> None:
         writer = asyncio.ensure_future(self._write())
         revoked: Unauthorized | None = None
         try:
@@ -262,6 +302,8 @@ class SpeechConnection:
         text = session.apply(message)
         if text is None:
             return
+        if self.sockets.stopping:
+            return await self._refuse(_stopping_error())
         utterance_id, tally = next(self.ids), self.service.tally("websocket", self.caller.identity, len(text))
         # the buffer is cut at sentences as text arrives, so it is plain text (an SSML document may be cut)
         ask = Ask(text, session.voice, session.model, session.speed, session.response_format, session.sample_rate,
@@ -284,6 +326,7 @@ class SpeechConnection:
             finally:
                 self.speaking -= 1
                 self.active_at = time.monotonic()
+                self.sockets.changed()
 
     async def _send(self, utterance: Utterance) -> None:
         stream, status, audio_s = utterance.stream, CLIENT_GONE, 0.0  # gone unless it ends: the client left first

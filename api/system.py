@@ -59,12 +59,13 @@ async def health(request: Request) -> dict:
     return {"status": "ok", **({"upstreams": breakers} if breakers else {})}
 
 
-@router.get("/ready", tags=["probes"], responses={503: {"description": "Warming up"}, **error_responses(400)})
+@router.get("/ready", tags=["probes"], responses={503: {"description": "Warming up or calibrating"},
+                                                  **error_responses(400)})
 async def ready(request: Request, calibrated: bool = Query(
-        False, description="true: 200 only once the batchers' calibration sweeps have run too (benchmarks)")):
-    """200 once the server serves: warmed up. The calibration sweep runs after, between the first requests."""
-    service = _service(request)
-    if service.ready and (service.calibrated or not calibrated):
+        False, description="kept for older probes: /ready waits for the calibration in any case")):
+    """200 once the models loaded at start serve as they will go on serving: loaded, warmed up and calibrated (a
+    calibration kept from an earlier start on this machine counts: then in about the time to load them)."""
+    if _service(request).ready:
         return {"status": "ready"}
     return JSONResponse({"status": "warming_up"}, status_code=503, headers={"Retry-After": "2"})
 

@@ -18,6 +18,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy import text
 
 from .audit import AuditLog
+from .calibrations import Calibrations
 from .cloned_voices import ClonedVoices
 from .database import AlreadyExists, Database, StorageError, guarded
 from .jobs import Jobs
@@ -51,6 +52,7 @@ class Storage:
         self.replicas = Replicas(self._database)
         self.cloned_voices = ClonedVoices(self._database)
         self.lexicon = Lexicon(self._database)
+        self.calibrations = Calibrations(self._database)
 
     def migrate(self, revision: str = "head") -> None:
         """Upgrade the schema (an empty database is created from scratch)."""

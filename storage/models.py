@@ -159,3 +159,16 @@ class LexiconVersion(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     version: Mapped[int] = mapped_column(Integer)
+
+
+class CalibrationRow(Base):
+    """A model's calibration sweep as last measured on one machine with one set of the settings it depends on
+    (tts_core.scheduler.calibration): a restart with the same reuses it instead of sweeping again first."""
+
+    __tablename__ = "calibrations"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of `described`
+    model: Mapped[str] = mapped_column(String(256))
+    described: Mapped[str] = mapped_column(Text)  # JSON: the model, its settings and the machine the key is of
+    rows: Mapped[str] = mapped_column(Text)  # JSON: [[batch size, padded tokens, seconds], ...]
+    measured_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -96,6 +96,8 @@ class Settings(BaseSettings):
     http_max_per_caller: int = Field(256, ge=1)  # HTTP connections one address may hold open (a trusted proxy: no cap)
     http_max_connections: int = Field(1024, ge=1)  # HTTP connections open at once, all callers together
     header_timeout_s: float = Field(10.0, gt=0)  # an HTTP request's headers and body must arrive whole within this
+    write_timeout_s: float = Field(30.0, gt=0)  # a client that takes none of what is sent to it this long is cut off
+    shutdown_grace_s: float = Field(30.0, ge=0)  # on SIGTERM: the longest in-flight work is waited for, then cut
     ws_idle_timeout_s: float = Field(300.0, gt=0)  # a WebSocket with no message and nothing spoken this long is closed
     ws_max_per_caller: int = Field(8, ge=1)  # WebSockets one caller may hold open
     ws_max_connections: int = Field(256, ge=1)  # WebSockets open at once, all callers together

@@ -51,6 +51,7 @@ from .request.dialogue import (
 from .request.dispatch import Scheduler
 from .request.operating import DegradeAction, DegradeState
 from .request.script import Script
+from .scheduler.calibration import CalibrationStore
 from .scheduler.engine_loop import EngineLoop, LoopStatus
 from .scheduler.pool import ModelPool
 from .scheduler.queue import RequestQueue, WaitTarget
@@ -181,16 +182,18 @@ class SpeechService:
                  degrade: DegradeController | None = None, cache: AudioCache | None = None,
                  clones: Sequence[ClonedVoice] = (),
                  make_scheduler: Callable[[Settings, ModelPool, Metrics], Scheduler] = Scheduler,
-                 request_log: RequestLog | None = None):
+                 request_log: RequestLog | None = None, calibrations: CalibrationStore | None = None):
         """models: loaded engines (always kept) or model specs (the pool loads them as configured);
         clones: the cloned voices stored (given to their models as they load); make_scheduler: where passages
         are queued (here, on the pool's engine loops, unless a deployment places them elsewhere); request_log: where
-        answered requests are written (none: only counted)."""
+        answered requests are written (none: only counted); calibrations: where the models' calibration
+        sweeps are kept across restarts (none: swept at each start)."""
         if not models:
             raise RuntimeError("no voices could be loaded")
         self.settings = settings
         self.metrics = metrics
         self.request_log = request_log
+        self.calibrations = calibrations
         self.degrade = degrade or DegradeController()
         self.cache = cache or AudioCache(int(self.degrade.settings.cache_max_mb * 2**20))
         specs = [model if isinstance(model, ModelSpec) else ModelSpec.loaded(model) for model in models]
@@ -215,7 +218,7 @@ class SpeechService:
         return make_engine_loop(engine, queue, metrics, settings.batch_policy, settings.max_batch_size,
                                 settings.max_batch_tokens, settings.calibration_sizes, settings.min_free_mem_mb,
                                 settings.empty_cache_every, settings.cpu_cache_mb, settings.engine_instances,
-                                settings.codec_stage, self.degrade.precision_off)
+                                settings.codec_stage, self.degrade.precision_off, self.calibrations)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -233,18 +236,19 @@ class SpeechService:
 
     @property
     def ready(self) -> bool:
-        """The pinned models are warm (others warm up when they are first loaded): serving."""
-        return self._pinned_all(lambda loop: loop.ready.is_set())
+        """The pinned models serve as they will go on serving: warmed up and calibrated (a model pinned later, by a
+        registry reload, counts once it is calibrated too). What GET /ready answers 200 for."""
+        return self._pinned_all(lambda loop: loop.ready.is_set() and loop.calibrated.is_set())
 
     @property
     def calibrated(self) -> bool:
-        """The pinned models' calibration sweeps have run too (between the first requests)."""
+        """The pinned models are calibrated (their sweeps have run, or kept calibrations were reused)."""
         return self._pinned_all(lambda loop: loop.calibrated.is_set())
 
     def wait_ready(self, timeout_s: float | None = None) -> bool:
-        """Block until the pinned models serve (the ones loaded at start: they have their loops by now)."""
+        """Block until the pinned models are ready (the ones loaded at start: they have their loops by now)."""
         loops = [slot.loop for slot in self.pool.slots().values() if slot.spec.pinned and slot.loop]
-        return all(loop.ready.wait(timeout_s) for loop in loops)
+        return all(loop.ready.wait(timeout_s) and loop.calibrated.wait(timeout_s) for loop in loops)
 
     def _pinned_all(self, check) -> bool:
         return all(slot.loop is not None and check(slot.loop)

@@ -120,16 +120,17 @@ def test_an_empty_wyoming_port_turns_the_images_wyoming_off(monkeypatch):
 
 
 def test_the_image_command_serves_and_keeps_its_data_across_a_restart(tmp_path):
-    """As `docker run -e TTS_ADMIN_TOKEN -v chorus-data:/data chorus`, then `docker restart`: /health and the
-    image's HEALTHCHECK answer, Wyoming answers on its port, the admin token from the environment opens the
-    admin API, the database is a file under the data folder, and a key made before the restart is still there."""
+    """As `docker run -e TTS_ADMIN_TOKEN -v chorus-data:/data chorus`, then `docker restart`: /ready (what the
+    image's HEALTHCHECK asks: the models calibrated) and the HEALTHCHECK answer, Wyoming answers on its port, the
+    admin token from the environment opens the admin API, the database is a file under the data folder, and a key
+    made before the restart is still there."""
     data_dir, port, wyoming_port, token = tmp_path / "data", free_port(), free_port(), "a-token-from-the-environment"
     admin = {"Authorization": f"Bearer {token}"}
     base = f"http://127.0.0.1:{port}"
     for run in ("first", "after the restart"):
         process, env = image_process(data_dir, port, wyoming_port, token)
         try:
-            assert comes_up(process, base + "/health"), (tmp_path / "image.log").read_text()
+            assert comes_up(process, base + "/ready"), (tmp_path / "image.log").read_text()
             assert subprocess.run(healthcheck_command(), env=env, timeout=30).returncode == 0
             assert wyoming_describe(wyoming_port)["type"] == "info"
             if run == "first":

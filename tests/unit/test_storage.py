@@ -33,7 +33,7 @@ def tables(path) -> set[str]:
 def test_empty_database_is_migrated_to_head(tmp_path):
     storage = Storage(sqlite_url(tmp_path / "new.db"))
     storage.migrate()
-    assert storage.revision() == "0010"
+    assert storage.revision() == "0011"
     expected = {"settings", "audit_log", "request_log", "api_keys", "jobs", "cloned_voices", "lexicon",
                 "lexicon_version", "alembic_version"}
     assert expected <= tables(tmp_path / "new.db")
@@ -49,11 +49,11 @@ def test_old_database_upgrades_and_keeps_its_data(tmp_path):
     assert "request_log" not in tables(path)
     upgraded = Storage(sqlite_url(path))
     upgraded.migrate()
-    assert upgraded.revision() == "0010"
+    assert upgraded.revision() == "0011"
     assert upgraded.settings.read() == {"cap_text_chars": 111}
     assert upgraded.audit.recent()[0]["new_value"] == 111
     upgraded.migrate()  # idempotent
-    assert upgraded.revision() == "0010"
+    assert upgraded.revision() == "0011"
 
 
 def test_a_cloned_voice_is_stored_once_and_each_change_is_audited(tmp_path):

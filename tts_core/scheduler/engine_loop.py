@@ -28,6 +28,7 @@ from ..engines.base import Engine
 from ..engines.contract import EngineInput, EngineOutput
 from ..errors import ErrorCode, Overloaded
 from ..ops.metrics import Metrics
+from .calibration import CalibrationStore, Row, calibration_key
 from .faults import FaultCounts, Faults
 from .memory import MemoryBudget, release_heap
 from .policy import ItemCost
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 
 RELEASE_AFTER_IDLE_S = 2.0  # idle this long after work before its memory is handed back
+RECHECK_QUIET_S = 5.0  # a kept calibration's background recheck runs only once the engine was idle this long
 
 CALIBRATION_TEXT = (
     "The calibration sweep measures how long this engine takes for batches of several sizes, "
@@ -153,12 +155,16 @@ class Strategy(Protocol):
 
 
 class EngineLoop:
-    def __init__(self, serving: Serving, strategy: Strategy):
-        self.serving, self.strategy = serving, strategy
+    def __init__(self, serving: Serving, strategy: Strategy, calibrations: CalibrationStore | None = None):
+        """calibrations: where calibration sweeps are kept across restarts (None: swept at every start)."""
+        self.serving, self.strategy, self.calibrations = serving, strategy, calibrations
+        self._kept: tuple[str, dict] | None = None  # the key this model's calibration is kept under, and its meaning
+        self.swept = threading.Event()  # the sweep has ended (the recheck of a kept calibration's too)
+        self._worked_at = 0.0  # when the engine last ran a turn of work (a recheck waits for quiet after it)
         self.engine, self.queue, self.metrics = serving.engine, serving.queue, serving.metrics
         self.memory = serving.memory  # the device-memory budget
         self.ready = threading.Event()  # serving: warmed up, the wait predictions seeded
-        self.calibrated = threading.Event()  # the calibration sweep has run (between requests, once ready)
+        self.calibrated = threading.Event()  # calibrated: the sweep has run, or a kept calibration was reused
         self._precision_asked = Precision.FULL  # what degrade mode last asked for
         self._errands: deque[tuple[Callable[[], Any], Future]] = deque()  # run_on_engine's calls, in order
         self._errands_lock = threading.Lock()
@@ -296,23 +302,16 @@ class EngineLoop:
     # --- the engine thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        sweep: deque[Callable[[], None]] = deque()
-        try:
-            sweep.extend(self.strategy.warm_up())
-        except Exception:
-            log.exception("warm-up of %s failed; serving without calibration", self.engine.name)
-        finally:
-            self.serving.worked = True  # the calibration sweep's memory goes back once idle
-            self.ready.set()
+        sweep = self._warm_up()
         while not self.queue.closed:
             try:
                 self._run_errands()
-                if sweep and self.strategy.idle():  # one point of the sweep, then the queue is looked at again
-                    self._calibrate_next(sweep)
+                if sweep and self._calibrate_now(sweep):  # one run of the sweep, then the queue is looked at again
                     continue
                 if not sweep:
-                    self._calibrated()
+                    self._sweep_ended(complete=True)
                 self.strategy.step()
+                self._worked_at = self.serving.clock.now()
             except Exception as error:  # the loop outlives any bug in one turn (whose requests have ended)
                 self.faults.failed(error)
                 if backoff_s := self.faults.backoff_s():  # (an arrival or an errand ends the wait)
@@ -326,6 +325,52 @@ class EngineLoop:
             self.strategy.stopped()
         except Exception:
             log.exception("%s: ending what ran at the stop failed", self.engine.name)
+
+    def _warm_up(self) -> deque[Callable[[], None]]:
+        """The strategy's warm-up; returns its calibration sweep's runs. Where a calibration is kept for this
+        model, its settings and this machine, it is used at once (calibrated), and the sweep is its recheck."""
+        sweep: deque[Callable[[], None]] = deque()
+        try:
+            sweep.extend(self.strategy.warm_up())
+            if sweep:
+                self._reuse_kept()
+        except Exception:
+            log.exception("warm-up of %s failed; serving without calibration", self.engine.name)
+        finally:
+            self.serving.worked = True  # the calibration sweep's memory goes back once idle
+            self._worked_at = self.serving.clock.now()
+            self.ready.set()
+        return sweep
+
+    def _reuse_kept(self) -> None:
+        calibrate = getattr(self.strategy, "calibrate", None)  # a strategy whose calibration can be kept
+        if self.calibrations is None or calibrate is None:
+            return
+        self._kept = calibration_key(self.engine.name, self.strategy.calibration_settings())
+        try:
+            rows = self.calibrations.load(self._kept[0])
+        except Exception:
+            log.exception("%s: reading its kept calibration failed; sweeping", self.engine.name)
+            return
+        if rows:
+            calibrate(rows)
+            self.calibrated.set()
+            log.info("%s is calibrated: kept from its last start (%d batches timed on this machine and settings); "
+                     "checked again in the background while idle", self.engine.name, len(rows))
+
+    def _calibrate_now(self, sweep: deque[Callable[[], None]]) -> bool:
+        """Run the sweep's next run where the engine is free for it: nothing queued or running, and for the
+        recheck of a kept calibration (no one waits on it) idle for RECHECK_QUIET_S too, so that callers sending
+        one text after another do not meet it. False: a turn of work comes first."""
+        if not self.strategy.idle():
+            return False
+        if self.calibrated.is_set():
+            quiet_at = self._worked_at + RECHECK_QUIET_S
+            if self.serving.clock.now() < quiet_at:
+                self.queue.wait_until(quiet_at)  # (an arrival or an errand ends the wait)
+                return True
+        self._calibrate_next(sweep)
+        return True
 
     def _fail_errands(self) -> None:
         with self._errands_lock:
@@ -354,11 +399,30 @@ class EngineLoop:
         except Exception:
             sweep.clear()
             log.exception("calibration of %s failed; serving with what it measured", self.engine.name)
+            self._sweep_ended(complete=False)
         if not sweep:
-            self._calibrated()
+            self._sweep_ended(complete=True)
 
-    def _calibrated(self) -> None:
-        if not self.calibrated.is_set():
-            self.calibrated.set()
-            figures = json.dumps(self.strategy.status().to_json(), default=float)
-            log.info("%s is calibrated: %s", self.engine.name, figures)
+    def _sweep_ended(self, complete: bool) -> None:
+        """The sweep has run (or failed): what it measured is the cost model's seed from now on (a recheck's
+        replaces the kept one), kept for the next start where it ran whole."""
+        if self.swept.is_set():
+            return
+        rechecked = self.calibrated.is_set()
+        measured: list[Row] = list(getattr(self.strategy, "measured", ()))
+        if measured and (complete or not rechecked):
+            self.strategy.calibrate(measured)
+            if complete and self._kept is not None:
+                self._keep(measured)
+        self.calibrated.set()
+        self.swept.set()
+        figures = json.dumps(self.strategy.status().to_json(), default=float)
+        log.info("%s is calibrated%s: %s", self.engine.name, " again (the kept calibration's recheck)" if rechecked
+                 else "", figures)
+
+    def _keep(self, measured: list[Row]) -> None:
+        key, described = self._kept
+        try:
+            self.calibrations.save(key, described, measured)
+        except Exception:
+            log.exception("%s: keeping its calibration failed (the next start sweeps again)", self.engine.name)

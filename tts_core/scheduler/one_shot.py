@@ -65,6 +65,7 @@ class OneShotStrategy:
         self._batches_run = 0
         self._candidate_limit = 2 * policy.max_batch_size
         self.instances = instances  # copies of the engine's model (TTS_ENGINE_INSTANCES); 0: chosen by measurement
+        self.measured: list[tuple[int, int, float]] = []  # the sweep's batches: size, padded tokens, seconds
         self.instance_times: dict[int, float] = {}  # copies -> seconds an item took at warm-up, where measured
         self._in_flight: _InFlight | None = None  # a pipelining engine's batch on the device, not yet landed
         self._landed = 0.0  # when the last batch landed (the loop's clock's timer)
@@ -112,14 +113,32 @@ class OneShotStrategy:
         else:
             self.engine.measure_memory(tokens[: self.calibration_lengths[-1]], self.whole_batch)
 
-        def point(size: int, length: int) -> Callable[[], None]:
-            def measure() -> None:  # the faster of two runs: others' work on the cores only ever adds time
-                self.policy.observe(size, size * length, min(timed(size, length), timed(size, length)),
-                                    calibration=True)
-            return measure
+        def point(size: int, length: int) -> list[Callable[[], None]]:
+            first: list[float] = []
 
-        return [point(size, length) for length in self.calibration_lengths for size in self.calibration_sizes
-                ] if self.policy.learns else []
+            def run() -> None:  # the faster of two runs: others' work on the cores only ever adds time
+                seconds = timed(size, length)
+                if first:
+                    self.measured.append((size, size * length, min(first[0], seconds)))
+                first.append(seconds)
+            return [run, run]  # each its own run of the sweep: work that arrives between the two goes first
+
+        self.measured.clear()
+        return [run for length in self.calibration_lengths for size in self.calibration_sizes
+                for run in point(size, length)] if self.policy.learns else []
+
+    def calibrate(self, rows: Sequence[tuple[int, int, float]]) -> None:
+        """The sweep's rows (size, padded tokens, seconds), this start's or kept from an earlier one: the policy's
+        cost model is seeded by them."""
+        self.policy.calibrate(rows)
+
+    def calibration_settings(self) -> dict:
+        """What the sweep's timings depend on besides the machine (tts_core.scheduler.calibration)."""
+        policy = {name: value for name, value in self.policy.describe().items() if name != "cost_model"}
+        return {"engine": f"{type(self.engine).__module__}.{type(self.engine).__qualname__}",
+                "device": str(getattr(self.engine, "device", "cpu")), "precision": self.serving.precision.describe(),
+                "policy": policy, "sizes": list(self.calibration_sizes), "lengths": list(self.calibration_lengths),
+                "instances": self.engine.instances, "whole_batch": self.whole_batch is not None}
 
     def _choose_instances(self, timed: Callable[[int, int], float]) -> None:
         """TTS_ENGINE_INSTANCES copies of the model (the most the engine runs, at most), or (0) the count whose

@@ -64,6 +64,12 @@ class CostModel:
         if self.fitted:
             self.coefficients = self._fit()
 
+    def reseed(self, rows: Sequence[tuple[float, float, float]]) -> None:
+        """Replace the calibration rows (a sweep measured again, or one kept from an earlier start)."""
+        self._seed = [(float(size), float(padded), float(seconds)) for size, padded, seconds in rows]
+        if self.fitted:
+            self.coefficients = self._fit()
+
     def observations(self) -> list[dict]:
         """The batches the model is fitted on (calibration rows, then the recent window): at most
         the sweep's points plus `window`. Another thread may read them: under the GIL, copying a list
@@ -141,6 +147,9 @@ class BatchPolicy:
                 real_tokens: int | None = None) -> None:
         pass
 
+    def calibrate(self, rows: Sequence[tuple[int, int, float]]) -> None:
+        """The calibration sweep's batches (size, padded tokens, the faster run's seconds), replacing any before."""
+
     def describe(self) -> dict:
         return {"name": self.name, "max_batch_size": self.max_batch_size, "max_batch_tokens": self.max_batch_tokens}
 
@@ -199,6 +208,9 @@ class AdaptivePolicy(BatchPolicy):
             if seconds * (1 + self.min_gain) > alone:
                 self.solo_left = SOLO_AFTER_MISS
         self.cost_model.add(*self._per_copy(batch_size, padded), seconds, calibration)
+
+    def calibrate(self, rows: Sequence[tuple[int, int, float]]) -> None:
+        self.cost_model.reseed([(*self._per_copy(size, padded), seconds) for size, padded, seconds in rows])
 
     def _per_copy(self, batch_size: int, padded: int) -> tuple[int, int]:
         """A batch's size and padded tokens as one copy of the model runs them: with copies (the engine's
