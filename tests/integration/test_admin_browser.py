@@ -119,7 +119,7 @@ def test_admin_tab_renders_live_charts(browser, admin_server, served):
     assert drawn[COST_TITLE]["traces"]["predicted: one batch of n"] >= 2
     assert drawn[COST_TITLE]["legend"] < 0  # under the axes, clear of the points
     state = browser.find_element(By.ID, "degrade-state").text
-    assert "normal" in state and "queue wait 0.00" in state and "queue_wait_target_s" in state
+    assert "normal" in state and "queue wait 0.00" in state and "“Longest queue wait (s)” in Settings" in state
     height = browser.execute_script("return document.documentElement.scrollHeight")
     print(f"Admin tab's dashboard: {height} px tall at {browser.get_window_size()['width']} px wide")
     assert height < 2600  # 4,252 px when the settings, keys, voices, lexicon and audit log were below the charts
@@ -162,7 +162,7 @@ def test_admin_tab_renders_live_charts(browser, admin_server, served):
     field.clear()
     field.send_keys("250")
     browser.find_element(By.XPATH, "//button[contains(., 'Save settings')]").click()
-    wait.until(lambda driver: "Saved and applied: cap_text_chars" in driver.page_source)
+    wait.until(lambda driver: "Saved and applied: Text cap (characters)" in driver.page_source)
     settings = httpx.get(f"{admin_server}/admin/api/settings", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert settings["settings"]["cap_text_chars"] == 250
     open_section(browser, wait, "Audit log")
@@ -239,7 +239,7 @@ def test_tier_table_saves_and_reloads(browser, admin_server):
     for column, text in enumerate(["studio", "5/second", "3", "2000", "", "0.25", "30"]):
         if text:
             edit_tier_cell(browser, 4, column, text)
-    save_settings_and_wait(browser, wait, "Saved and applied: tiers")
+    save_settings_and_wait(browser, wait, "Saved and applied: Caller tiers")
     read = httpx.get(f"{admin_server}/admin/api/settings", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     tiers = read["settings"]["tiers"]
     assert tiers["free"]["priority"] == 7
@@ -250,7 +250,7 @@ def test_tier_table_saves_and_reloads(browser, admin_server):
     browser.find_element(By.CSS_SELECTOR, "#anonymous-tier input").click()
     wait.until(ready.element_to_be_clickable((By.XPATH, "//li[@data-testid='dropdown-option' and "
                                                         "contains(., 'studio')]"))).click()
-    save_settings_and_wait(browser, wait, "Saved and applied: anonymous_tier")
+    save_settings_and_wait(browser, wait, "Saved and applied: Tier of callers without a key")
     read = httpx.get(f"{admin_server}/admin/api/settings", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert read["settings"]["anonymous_tier"] == "studio"
 
