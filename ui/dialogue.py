@@ -40,7 +40,7 @@ def voices_of(lines: str) -> dict[str, str]:
             continue
         name, colon, voice = line.partition(":")
         if not colon or not name.strip() or not voice.strip():
-            raise InvalidRequest(f"voices line {number}: {line.strip()!r} is not `Name: voice`", "voices",
+            raise InvalidRequest(f"voices line {number}: {line.strip()!r} is not a line \"Name: voice\"", "voices",
                                  ErrorCode.INVALID_DIALOGUE)
         voices[name.strip()] = voice.strip()
     return voices
