@@ -90,8 +90,28 @@ def test_admin_tab_on_a_phone_in_dark_mode(browser, admin_server, served):
         for place, name in (("degrade-state", "admin-phone-dark.png"), ("cost-model", "admin-phone-dark-cost.png")):
             browser.execute_script(f"document.getElementById('{place}').scrollIntoView()")
             assert browser.save_screenshot(str(ARTIFACTS / name))
+        the_sections_and_empty_tables_read_on_a_phone(browser, WebDriverWait(browser, 30))
     finally:
         browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+SECTIONS = ["Dashboard", "Settings", "API keys", "Voices and lexicon", "Audit log"]
+
+
+def the_sections_and_empty_tables_read_on_a_phone(browser, wait) -> None:
+    """Every section's tab in sight (wrapped, none behind a "•••" menu); the empty tables say what goes there and
+    how, the cloned voices that this server cannot clone; nothing wider than the screen."""
+    from selenium.webdriver.common.by import By
+
+    shown = [tab.text for tab in browser.find_elements(By.CSS_SELECTOR, "#admin-sections [role=tablist] button")]
+    assert shown == SECTIONS and not browser.find_elements(By.CSS_SELECTOR, "#admin-sections .overflow-menu button")
+    open_section(browser, wait, "Voices and lexicon")
+    wait.until(lambda driver: "Cloning is not available on this server" in driver.page_source)
+    assert "No cloned voices yet" in browser.page_source and "No entries yet" in browser.page_source
+    open_section(browser, wait, "API keys")
+    wait.until(lambda driver: "No API keys yet" in driver.page_source)
+    assert browser.execute_script("return document.documentElement.scrollWidth") <= 390
+    open_section(browser, wait, "Dashboard")
 
 
 def test_admin_tab_renders_live_charts(browser, admin_server, served):
