@@ -16,8 +16,10 @@ from tts_core.scheduler.upstream import UpstreamStatus
 def _queue_wait(value: float, settings: OperatorSettings, gpu: dict | None, limit_s: float) -> str:
     target = limit_s or settings.queue_wait_target_s
     wait = f"{target:g} s or more" if value >= 1 else f"{value * target:.1f} s"
-    which = ("`queue_wait_target_s`" if target == settings.queue_wait_target_s else
-             "`overload_wait_target_s`, in force while work comes in faster than the engine does it")
+    fields = OperatorSettings.model_fields  # a setting as the Settings tab labels it
+    which = (f"“{fields['queue_wait_target_s'].title}” in Settings" if target == settings.queue_wait_target_s else
+             f"“{fields['overload_wait_target_s'].title}” in Settings, in force while work comes in faster than "
+             "the engine does it")
     return (f"a new caller's sentence would wait {wait} before its synthesis starts (predicted from the work queued "
             f"ahead of it and the engine's measured speed), over the {target:g} s target, {which}")
 

@@ -17,13 +17,13 @@ from .cluster import ReplicaReporter
 from .control import OperatorControl
 from .gate import AdminGate, AdminRefused
 from .lexicon import LexiconControl
-from .panels.audit import AuditLog
+from .panels.audit import NO_CHANGES, AuditLog
 from .panels.clones import ClonesPanel
 from .panels.dashboard import Dashboard
 from .panels.keys import KeysPanel
 from .panels.lexicon import LexiconPanel
 from .panels.settings import SettingsPanel
-from .panels.tables import LOCAL_TIMES_JS
+from .panels.tables import LOCAL_TIMES_JS, hinted
 
 
 def _address(request: gr.Request | None, access: AccessControl) -> str:
@@ -57,14 +57,15 @@ class AdminTab:
         signing_in = login.click(self.sign_in, [token], [signed_in, login_box, panel, login_message, *self.keys.outputs,
                                                          *self.settings.inputs.values()],
                                  api_visibility="private")
-        signing_in.then(self.clones.list_clones, [signed_in], [self.clones.table], api_visibility="private"
-                        ).then(self.lexicon.list_lexicon, [signed_in], [self.lexicon.table], api_visibility="private")
-        timer.tick(self.refresh, [signed_in, audit_shown], [*self.dashboard.outputs, self.audit.table, audit_shown],
+        signing_in.then(self.clones.list_clones, [signed_in], self.clones.outputs, api_visibility="private"
+                        ).then(self.lexicon.list_lexicon, [signed_in], self.lexicon.outputs, api_visibility="private")
+        timer.tick(self.refresh, [signed_in, audit_shown],
+                   [*self.dashboard.outputs, self.audit.table, audit_shown, self.audit.hint],
                    api_visibility="private", show_progress="hidden")
 
     def _sections(self, signed_in: gr.State) -> None:
         """A tab per concern: on one page the tab was 4,252 px tall, its settings alone a screen and a half."""
-        with gr.Tabs(elem_id="admin-sections"):
+        with gr.Tabs(elem_id="admin-sections", overflow_behavior="wrap"):  # on a phone: two rows, none hidden
             with gr.Tab("Dashboard"):
                 self.dashboard.render()
             with gr.Tab("Settings"):
@@ -89,11 +90,12 @@ class AdminTab:
     def refresh(self, is_signed_in: bool, shown: list | None):
         """The dashboard, and the audit log (whatever changed it: this tab, the admin API, another replica)."""
         if not is_signed_in:
-            return [gr.skip()] * (len(self.dashboard.outputs) + 2)
+            return [gr.skip()] * (len(self.dashboard.outputs) + 3)
         updates = self.dashboard.updates()
         rows = self.audit.rows()
-        fresh = rows is not None and rows != shown
-        return [*updates, rows if fresh else gr.skip(), rows if fresh else gr.skip()]
+        if rows is None or rows == shown:
+            return [*updates, gr.skip(), gr.skip(), gr.skip()]
+        return [*updates, rows, rows, hinted(rows, NO_CHANGES)]
 
 
 def build_admin_tab(controls: ServiceControls, monitor: Monitor, control: OperatorControl, access: AccessControl,

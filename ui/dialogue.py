@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from pathlib import Path
 
@@ -23,6 +24,12 @@ from .history import HistoryPanel
 from .speak import UI_FORMATS
 
 EXAMPLE_SCRIPT = "Ann: Hello Bob, how was the trip?\nBob: Long, but the view was lovely.\nAnn: I am glad you are home."
+EXAMPLE_SPEAKERS = ("Ann", "Bob")
+FIELDS = {"script": 0, "voices": 1, "response_format": 2}  # the dialogue's inputs, by a refusal's param
+ONE_VOICE = ("**This server has one voice**, so every speaker sounds the same. For distinct speakers add a voice: "
+             "another Piper voice (its `NAME.onnx` and `NAME.onnx.json` in the voices folder, `TTS_VOICES_DIR`, "
+             "then a restart), a multi-speaker model (each speaker is a voice) or a Kokoro model in the voice "
+             "registry; see docs/voices.md.")
 
 
 def voices_of(lines: str) -> dict[str, str]:
@@ -33,10 +40,27 @@ def voices_of(lines: str) -> dict[str, str]:
             continue
         name, colon, voice = line.partition(":")
         if not colon or not name.strip() or not voice.strip():
-            raise InvalidRequest(f"voices line {number}: {line.strip()!r} is not `Name: voice`", "voices",
+            raise InvalidRequest(f"voices line {number}: {line.strip()!r} is not a line \"Name: voice\"", "voices",
                                  ErrorCode.INVALID_DIALOGUE)
         voices[name.strip()] = voice.strip()
     return voices
+
+
+def default_cast(voices: list[str]) -> tuple[str, str]:
+    """The example's speakers, each a voice of its own where the server has several, and what the tab says of
+    it (why they sound alike where it has one)."""
+    first = voices[0] if voices else ""
+    second = next((voice for voice in voices if voice != first), first)
+    words = ONE_VOICE if first == second else (
+        "Each speaker a voice of the Synthesize tab's list (a mix or a cloned voice too); the example's two are "
+        "distinct voices of this server's.")
+    return f"{EXAMPLE_SPEAKERS[0]}: {first}\n{EXAMPLE_SPEAKERS[1]}: {second}", words
+
+
+def dialogue_stem(voices: dict[str, str]) -> str:
+    """A download's name a phone shows whole: the speakers, then "dialogue" ("ann-bob-dialogue")."""
+    names = "-".join(re.sub(r"[^\w]", "", name.lower())[:10] for name in list(voices)[:3])
+    return f"{names}-dialogue".strip("-") if names.strip("-") else "dialogue"
 
 
 def replayed(entry: dict, folder: Path) -> tuple[str, list[str]]:
@@ -53,15 +77,15 @@ class DialoguePanel:
     def render(self, stored: gr.BrowserState) -> HistoryPanel:
         """The tab, and its history of the dialogues `stored` in the browser (whose list the page fills as it
         loads)."""
-        default = self.context.service.catalogue_now().default_voice
+        cast, words = default_cast([voice.name for voice in self.context.service.catalogue_now().voice_list()])
         with gr.Row():
             with gr.Column(scale=3, min_width=320):
-                script = gr.Textbox(label="Script: a line per turn, `Name: what they say`", lines=8,
+                script = gr.Textbox(label="Script: a line per turn, Name: what they say", lines=8,
                                     value=EXAMPLE_SCRIPT, elem_id="dialogue-script")
             with gr.Column(scale=2, min_width=300):
-                voices = gr.Textbox(label="Voices: a line per speaker, `Name: voice` (any voice of the Synthesize "
-                                          "tab's list, a mix, a cloned voice)", lines=4,
-                                    value=f"Ann: {default}\nBob: {default}", elem_id="dialogue-voices")
+                voices = gr.Textbox(label="Voices: a line per speaker, Name: voice", lines=4, value=cast,
+                                    elem_id="dialogue-voices")
+                gr.Markdown(words, elem_id="dialogue-voices-help")
                 response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format", min_width=120)
         button = gr.Button("Make the dialogue", variant="primary", elem_id="make-dialogue")
         audio = gr.Audio(label="The dialogue", type="filepath", interactive=False, elem_id="dialogue-audio")
@@ -69,10 +93,23 @@ class DialoguePanel:
                         elem_id="dialogue-files")
         made = gr.State("")  # the take's history entry (JSON), for the history: not part of the answer
         event = button.click(self.make, [script, voices, response_format], [audio, files, made], api_name="dialogue",
-                             concurrency_limit=None)
+                             concurrency_limit=None, validator=self.check)
         history = HistoryPanel(self.context, "dialogue-history", replayed, "dialogues")
         history.render(stored, event, made, audio, files)
         return history
+
+    async def check(self, script: str, voices: str, response_format: str, request: gr.Request) -> list[dict]:
+        """The dialogue checked before it is queued (Gradio's validator), as the API checks it: a refusal is one
+        message at the input at fault, and the recording before stays, with its downloads."""
+        try:
+            cast = voices_of(voices or "")
+            await self.context.service.dialogue_turns(Ask(response_format=response_format, script=script or "",
+                                                          voices=cast, caller=self.context.caller_of(request)))
+        except ChorusError as error:
+            log.info("UI dialogue refused (%d %s): %s", error.status, error.code, error.message)
+            at_fault = FIELDS.get(error.param or "", 1 if error.param and "voice" in error.param else 0)
+            return [gr.validate(index != at_fault, error.message) for index in range(3)]
+        return [gr.validate(True, "")] * 3
 
     def _timed(self, voices: dict[str, str], caller: Caller | None) -> bool:
         """Whether every voice's model times its words (as declared), for subtitles; a voice that does not exist
@@ -99,7 +136,7 @@ class DialoguePanel:
                 words = list(spoken.words or ())
                 captions = every_subtitle(words) if words else {}
                 take = await asyncio.to_thread(takes.Take, self.context.out_dir)
-                path = await asyncio.to_thread(take.finish, spoken.data, takes.file_stem("dialogue", script or ""),
+                path = await asyncio.to_thread(take.finish, spoken.data, dialogue_stem(cast),
                                                response_format, captions, "")
                 entry = {"take": take.id, "name": path.name, "text": (script or "")[:500], "at": time.time(),
                          "label": ", ".join(f"{name}: {voice}" for name, voice in cast.items()),

@@ -9,9 +9,12 @@ import gradio as gr
 from storage import StorageError
 
 from ..control import OperatorControl
-from .tables import datatypes, time_cell
+from .tables import datatypes, empty_hint, time_cell
 
 AUDIT_COLUMNS = ["time", "actor", "action", "what", "old value", "new value"]
+NO_CHANGES = ("**No changes yet.** Every change an admin makes, here or through the admin API (settings, keys, "
+              "cloned voices, the lexicon), is listed here, newest first, with who made it and the values before "
+              "and after.")
 
 
 def _value(value) -> str:
@@ -24,8 +27,10 @@ class AuditLog:
 
     def render(self) -> None:
         """The table is refreshed with the dashboard, and sent again only when its rows change."""
-        self.table = gr.Dataframe(headers=AUDIT_COLUMNS, interactive=False, elem_id="audit-log",
+        # wrapped: a setting's new value (the tiers' JSON) is read whole, not cut at the column's edge
+        self.table = gr.Dataframe(headers=AUDIT_COLUMNS, interactive=False, elem_id="audit-log", wrap=True,
                                   datatype=datatypes(AUDIT_COLUMNS, ("time",)))
+        self.hint = empty_hint(NO_CHANGES)
 
     def rows(self) -> list[list] | None:
         """The newest entries; None when the database fails (the state line above says so)."""

@@ -10,9 +10,11 @@ from access.control import AccessControl
 from storage import StorageError
 from tts_core.errors import StorageUnavailable
 
-from .tables import datatypes, time_cell
+from .tables import datatypes, empty_hint, hinted, time_cell
 
 KEY_COLUMNS = ["id", "prefix", "name", "tier", "created", "revoked"]
+NO_KEYS = ("**No API keys yet.** Create one above: a name (who it is for) and a tier (its rate limit and priority). "
+           "A caller sends it as `Authorization: Bearer <key>`; it is shown once, when it is made.")
 
 
 class KeysPanel:
@@ -25,8 +27,9 @@ class KeysPanel:
             self.tier_choice = gr.Dropdown(self.tiers(), label="Tier", scale=1, elem_id="key-tier")
             create_key = gr.Button("Create key", scale=1)
         key_message = gr.Markdown()
-        self.table = gr.Dataframe(headers=KEY_COLUMNS, interactive=False,
+        self.table = gr.Dataframe(headers=KEY_COLUMNS, interactive=False, wrap=True, elem_id="key-table",
                                   datatype=datatypes(KEY_COLUMNS, ("created", "revoked")))
+        self.hint = empty_hint(NO_KEYS)
         with gr.Row():
             self.revoke_choice = gr.Dropdown([], value=None, label="key to revoke", scale=2, elem_id="revoke-key")
             revoke = gr.Button("Revoke key", variant="stop", scale=1)
@@ -37,11 +40,11 @@ class KeysPanel:
     @property
     def outputs(self) -> list:
         """What listing() fills."""
-        return [self.table, self.revoke_choice, self.tier_choice]
+        return [self.table, self.revoke_choice, self.tier_choice, self.hint]
 
-    def listing(self) -> tuple[list[list], gr.Dropdown, gr.Dropdown]:
-        """The keys table, the keys still in force to choose one to revoke from, and the tiers (a tier added
-        since the page was built among them)."""
+    def listing(self) -> tuple[list[list], gr.Dropdown, gr.Dropdown, str]:
+        """The keys table, the keys still in force to choose one to revoke from, the tiers (a tier added
+        since the page was built among them) and the hint under an empty table."""
         try:
             keys = self.access.storage.keys.all()
         except StorageError:
@@ -50,7 +53,7 @@ class KeysPanel:
                  time_cell(k["revoked_at"])] for k in keys]
         choices = [(f"{k['name']} ({k['tier']}, {k['prefix']}…, id {k['id']})", k["id"]) for k in keys
                    if not k["revoked_at"]]
-        return rows, gr.Dropdown(choices=choices, value=None), gr.Dropdown(choices=self.tiers())
+        return rows, gr.Dropdown(choices=choices, value=None), gr.Dropdown(choices=self.tiers()), hinted(rows, NO_KEYS)
 
     def make_key(self, is_signed_in: bool, name: str, tier: str):
         if not is_signed_in or not name or not tier:

@@ -13,9 +13,12 @@ from tts_core.errors import StorageUnavailable
 from tts_core.text.lexicon import LexiconEntry, LexiconFileError
 
 from ..lexicon import LexiconControl
-from .tables import datatypes, time_cell
+from .tables import datatypes, empty_hint, hinted, time_cell
 
 LEXICON_COLUMNS = ["id", "language", "phrase", "ipa", "respelling", "case sensitive", "updated", "by"]
+NO_ENTRIES = ("**No entries yet.** An entry says how every voice of its language says a word or phrase (names, "
+              "brands, jargon): add one with the form below (the phrase and its IPA or a respelling, the id left "
+              "empty), or paste TSV and import it.")
 
 
 def _entry_id(given: str | int | None) -> int | None:
@@ -33,8 +36,9 @@ class LexiconPanel:
     def render(self, signed_in: gr.State) -> None:
         """The table is filled when the admin signs in (list_lexicon)."""
         gr.Markdown("### Pronunciation lexicon")
-        self.table = gr.Dataframe(headers=LEXICON_COLUMNS, interactive=False,
+        self.table = gr.Dataframe(headers=LEXICON_COLUMNS, interactive=False, wrap=True, elem_id="lexicon-table",
                                   datatype=datatypes(LEXICON_COLUMNS, ("updated",)))
+        self.hint = empty_hint(NO_ENTRIES)
         with gr.Row():
             # a text box: a number box shows 0 when empty, and 0 is no entry's id
             entry_id = gr.Textbox(label="Entry id", placeholder="empty: a new entry", max_length=19, scale=1)
@@ -49,9 +53,9 @@ class LexiconPanel:
         tsv = gr.Code(label="TSV: language, phrase, ipa, respelling, case_sensitive", language=None)
         message = gr.Markdown()
         form = [entry_id, language, phrase, ipa, respelling, case_sensitive]
-        save.click(self.save_entry, [signed_in, *form], [message, self.table], api_visibility="private")
-        delete.click(self.delete_entry, [signed_in, entry_id], [message, self.table], api_visibility="private")
-        import_.click(self.import_tsv, [signed_in, tsv], [message, self.table], api_visibility="private")
+        save.click(self.save_entry, [signed_in, *form], [message, *self.outputs], api_visibility="private")
+        delete.click(self.delete_entry, [signed_in, entry_id], [message, *self.outputs], api_visibility="private")
+        import_.click(self.import_tsv, [signed_in, tsv], [message, *self.outputs], api_visibility="private")
         export.click(self.export_tsv, [signed_in], [tsv, message], api_visibility="private")
 
     def rows(self) -> list[list]:
@@ -62,28 +66,37 @@ class LexiconPanel:
         return [[e["id"], e["language"], e["phrase"], e["ipa"] or "", e["respelling"] or "",
                  "yes" if e["case_sensitive"] else "no", time_cell(e["updated_at"]), e["updated_by"]] for e in rows]
 
+    @property
+    def outputs(self) -> list:
+        """What a listing fills: the table, and the hint under it while it is empty."""
+        return [self.table, self.hint]
+
+    def listing(self) -> tuple[list[list], str]:
+        rows = self.rows()
+        return rows, hinted(rows, NO_ENTRIES)
+
     def list_lexicon(self, is_signed_in: bool):
-        return self.rows() if is_signed_in else gr.skip()
+        return self.listing() if is_signed_in else (gr.skip(), gr.skip())
 
     def _run(self, is_signed_in: bool, change: Callable[[], str]) -> tuple:
         """The change's message and the entries after it, or why it was not done."""
         if not is_signed_in:
-            return "Sign in first.", gr.skip()
+            return "Sign in first.", gr.skip(), gr.skip()
         try:
-            return change(), self.rows()
+            return change(), *self.listing()
         except ValidationError as error:
             return "Not done: " + "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}"
-                                             for e in error.errors()), gr.skip()
+                                             for e in error.errors()), gr.skip(), gr.skip()
         except (AlreadyExists, LexiconFileError) as error:
-            return f"Not done: {error}", gr.skip()
+            return f"Not done: {error}", gr.skip(), gr.skip()
         except StorageError:
-            return f"Not done: {StorageUnavailable().message}", gr.skip()
+            return f"Not done: {StorageUnavailable().message}", gr.skip(), gr.skip()
 
     def save_entry(self, is_signed_in: bool, given: str, language: str, phrase: str, ipa: str, respelling: str,
                    case_sensitive: bool):
         number = _entry_id(given)
         if number == 0:
-            return "Not done: the entry id is a whole number (or empty, for a new entry).", gr.skip()
+            return "Not done: the entry id is a whole number (or empty, for a new entry).", gr.skip(), gr.skip()
 
         def change() -> str:
             entry = LexiconEntry(language=language, phrase=phrase, ipa=ipa or None, respelling=respelling or None,
@@ -97,7 +110,7 @@ class LexiconPanel:
     def delete_entry(self, is_signed_in: bool, given: str):
         number = _entry_id(given)
         if not number:
-            return "Give the id of the entry to delete.", gr.skip()
+            return "Give the id of the entry to delete.", gr.skip(), gr.skip()
         return self._run(is_signed_in, lambda: f"Entry {number} deleted." if self.lexicon.delete(number, "admin-ui")
                          else f"No entry with id {number}.")
 

@@ -27,11 +27,19 @@ TIERS_GROUP = "Caller tiers"  # the tiers table and the anonymous tier
 
 def _input(name: str) -> gr.components.Component:
     info = FIELDS[name]
+    described = _named(info.description or "", "“{}”")  # another setting by its label, not its field name
     if info.annotation is bool:
-        return gr.Checkbox(label=info.title, info=info.description)
+        return gr.Checkbox(label=info.title, info=described)
     if info.annotation is str:
-        return gr.Textbox(label=info.title, info=info.description)
-    return gr.Number(label=info.title, info=info.description, precision=0 if info.annotation is int else None)
+        return gr.Textbox(label=info.title, info=described)
+    return gr.Number(label=info.title, info=described, precision=0 if info.annotation is int else None)
+
+
+def _named(message: str, shown: str = "{}") -> str:
+    """The message with each setting's field name as the form's label ("cap_text_chars" is "Text cap
+    (characters)"), shaped by `shown`."""
+    return re.sub(r"\b[a-z]+(?:_[a-z]+)+\b", lambda found: shown.format(FIELDS[found[0]].title)
+                  if found[0] in FIELDS else found[0], message)
 
 
 def _form_inputs() -> dict:
@@ -63,8 +71,7 @@ def _labelled(message: str) -> str:
     ("tiers.free.priority must be ..." is "tier free, priority must be ...")."""
     message = re.sub(r"\btiers\.([^.\s]+)\.(\w+)",
                      lambda found: f"tier {found[1]}, {COLUMNS.get(found[2], found[2])}", message)
-    return re.sub(r"\b[a-z]+(?:_[a-z]+)+\b", lambda found: FIELDS[found[0]].title if found[0] in FIELDS
-                  else found[0], message)
+    return _named(message)
 
 
 class SettingsPanel:
@@ -99,7 +106,7 @@ class SettingsPanel:
             return f"Not saved: {_labelled(invalid.message)}", *unchanged
         except StorageError:
             return f"Not saved: {StorageUnavailable().message}", *unchanged
-        return f"Saved and applied: {', '.join(changes)}", *self.form_values()
+        return f"Saved and applied: {', '.join(FIELDS[name].title for name in changes)}", *self.form_values()
 
     def _changes(self, values: tuple) -> dict:
         """The form's values that differ from the settings in force (InvalidSetting: one that is not a value)."""

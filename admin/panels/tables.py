@@ -7,6 +7,8 @@ from __future__ import annotations
 import html
 from datetime import UTC, datetime
 
+import gradio as gr
+
 LOCAL_TIMES_JS = """
 const local = () => {
   for (const time of document.querySelectorAll('time[datetime]:not([data-local])')) {
@@ -28,6 +30,16 @@ def time_cell(moment: str | datetime | None) -> str:
     moment = (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC)
     return (f'<time datetime="{html.escape(moment.isoformat())}">'
             f'{moment.strftime("%Y-%m-%d %H:%M:%S")} UTC</time>')
+
+
+def empty_hint(words: str) -> gr.Markdown:
+    """What an empty table is for and how a row gets there, under it (shown until the table has rows: hinted)."""
+    return gr.Markdown(words, elem_classes=["chorus-empty-table"])
+
+
+def hinted(rows: list, words: str) -> str:
+    """The hint under a table: its words while the table is empty, nothing once it has rows."""
+    return "" if rows else words
 
 
 def datatypes(columns: list[str], times: tuple[str, ...]) -> list[str]:

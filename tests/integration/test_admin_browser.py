@@ -90,8 +90,28 @@ def test_admin_tab_on_a_phone_in_dark_mode(browser, admin_server, served):
         for place, name in (("degrade-state", "admin-phone-dark.png"), ("cost-model", "admin-phone-dark-cost.png")):
             browser.execute_script(f"document.getElementById('{place}').scrollIntoView()")
             assert browser.save_screenshot(str(ARTIFACTS / name))
+        the_sections_and_empty_tables_read_on_a_phone(browser, WebDriverWait(browser, 30))
     finally:
         browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+SECTIONS = ["Dashboard", "Settings", "API keys", "Voices and lexicon", "Audit log"]
+
+
+def the_sections_and_empty_tables_read_on_a_phone(browser, wait) -> None:
+    """Every section's tab in sight (wrapped, none behind a "•••" menu); the empty tables say what goes there and
+    how, the cloned voices that this server cannot clone; nothing wider than the screen."""
+    from selenium.webdriver.common.by import By
+
+    shown = [tab.text for tab in browser.find_elements(By.CSS_SELECTOR, "#admin-sections [role=tablist] button")]
+    assert shown == SECTIONS and not browser.find_elements(By.CSS_SELECTOR, "#admin-sections .overflow-menu button")
+    open_section(browser, wait, "Voices and lexicon")
+    wait.until(lambda driver: "Cloning is not available on this server" in driver.page_source)
+    assert "No cloned voices yet" in browser.page_source and "No entries yet" in browser.page_source
+    open_section(browser, wait, "API keys")
+    wait.until(lambda driver: "No API keys yet" in driver.page_source)
+    assert browser.execute_script("return document.documentElement.scrollWidth") <= 390
+    open_section(browser, wait, "Dashboard")
 
 
 def test_admin_tab_renders_live_charts(browser, admin_server, served):
@@ -119,7 +139,7 @@ def test_admin_tab_renders_live_charts(browser, admin_server, served):
     assert drawn[COST_TITLE]["traces"]["predicted: one batch of n"] >= 2
     assert drawn[COST_TITLE]["legend"] < 0  # under the axes, clear of the points
     state = browser.find_element(By.ID, "degrade-state").text
-    assert "normal" in state and "queue wait 0.00" in state and "queue_wait_target_s" in state
+    assert "normal" in state and "queue wait 0.00" in state and "“Longest queue wait (s)” in Settings" in state
     height = browser.execute_script("return document.documentElement.scrollHeight")
     print(f"Admin tab's dashboard: {height} px tall at {browser.get_window_size()['width']} px wide")
     assert height < 2600  # 4,252 px when the settings, keys, voices, lexicon and audit log were below the charts
@@ -162,7 +182,7 @@ def test_admin_tab_renders_live_charts(browser, admin_server, served):
     field.clear()
     field.send_keys("250")
     browser.find_element(By.XPATH, "//button[contains(., 'Save settings')]").click()
-    wait.until(lambda driver: "Saved and applied: cap_text_chars" in driver.page_source)
+    wait.until(lambda driver: "Saved and applied: Text cap (characters)" in driver.page_source)
     settings = httpx.get(f"{admin_server}/admin/api/settings", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert settings["settings"]["cap_text_chars"] == 250
     open_section(browser, wait, "Audit log")
@@ -239,7 +259,7 @@ def test_tier_table_saves_and_reloads(browser, admin_server):
     for column, text in enumerate(["studio", "5/second", "3", "2000", "", "0.25", "30"]):
         if text:
             edit_tier_cell(browser, 4, column, text)
-    save_settings_and_wait(browser, wait, "Saved and applied: tiers")
+    save_settings_and_wait(browser, wait, "Saved and applied: Caller tiers")
     read = httpx.get(f"{admin_server}/admin/api/settings", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     tiers = read["settings"]["tiers"]
     assert tiers["free"]["priority"] == 7
@@ -250,7 +270,7 @@ def test_tier_table_saves_and_reloads(browser, admin_server):
     browser.find_element(By.CSS_SELECTOR, "#anonymous-tier input").click()
     wait.until(ready.element_to_be_clickable((By.XPATH, "//li[@data-testid='dropdown-option' and "
                                                         "contains(., 'studio')]"))).click()
-    save_settings_and_wait(browser, wait, "Saved and applied: anonymous_tier")
+    save_settings_and_wait(browser, wait, "Saved and applied: Tier of callers without a key")
     read = httpx.get(f"{admin_server}/admin/api/settings", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert read["settings"]["anonymous_tier"] == "studio"
 

@@ -15,6 +15,10 @@ pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run onl
 # TTS_MAX_BATCH_ITEMS items of 12 sentences: far more than the wait target lets one caller queue, so the
 # batch is held to its share (the rest of its items are refused at once, 503 in the manifest)
 ITEMS, SENTENCES = 32, 12
+# Bounds on a wait for an event (each wait ends as soon as its event is seen): met only where the server hangs, so a
+# busy machine (the suite beside other work) is slower but still passes; the batch's share, set by the engine's
+# measured speed, may be a few items there, so the test waits on the queue's peak, not on a size
+HANG_S = 300
 DROPPED = r'tts_dropped_items_total\{reason="cancelled"\}'
 
 
@@ -36,19 +40,19 @@ def test_a_zip_batch_whose_client_hangs_up_has_its_items_dropped(server):
     host, port = server.removeprefix("http://").split(":")
     most = 0
 
-    def past_its_peak() -> bool:  # the engine has taken a few since the most queued: every admitted item is in
+    def past_its_peak() -> bool:  # the engine has taken some since the most queued: the admitted items are in
         nonlocal most
         length = queue_length(server)
         most = max(most, length)
-        return most > 2 * SENTENCES and length < most - 2
+        return most >= 2 and 0 < length < most
 
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(b"POST /v1/audio/speech/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        assert wait_until(past_its_peak, 30), "the batch never queued"
+        assert wait_until(past_its_peak, HANG_S), "the batch never queued"
         synthesized_before, queued = synthesized_items(server), queue_length(server)
     # the client has gone: what was queued for it is dropped, not synthesized, and the server is idle soon
-    assert wait_until(lambda: queue_length(server) == 0, 10), "the server kept working for a client that left"
+    assert wait_until(lambda: queue_length(server) == 0, HANG_S), "the server kept working for a client that left"
 
     def dropped() -> float:
         return metric(server, DROPPED) - dropped_before
@@ -57,5 +61,5 @@ def test_a_zip_batch_whose_client_hangs_up_has_its_items_dropped(server):
         return synthesized_items(server) - synthesized_before
 
     # every item queued at the hang-up ends, dropped or (the few the engine took before it heard) synthesized
-    assert wait_until(lambda: dropped() + synthesized() >= queued, 10), (queued, dropped(), synthesized())
+    assert wait_until(lambda: dropped() + synthesized() >= queued, HANG_S), (queued, dropped(), synthesized())
     assert dropped() > synthesized(), f"of {queued} queued, {dropped()} dropped and {synthesized()} synthesized"

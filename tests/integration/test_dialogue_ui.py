@@ -73,3 +73,44 @@ def test_the_tab_in_a_browser(server, browser):
     browser.find_element(By.CSS_SELECTOR, "#dialogue-history li button[data-action='replay']").click()
     wait.until(ready.text_to_be_present_in_element((By.ID, "dialogue-files"), ".srt"))
     assert browser.find_elements(By.CSS_SELECTOR, "#dialogue-audio audio, #dialogue-audio [data-testid='waveform']")
+
+
+# What Gradio shows for an event that failed: a toast, and an "Error" badge over an output.
+FAILED = """return document.querySelectorAll(
+  '[data-testid="toast-body"], [data-testid="status-tracker"] .error').length"""
+
+
+@pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)])
+def test_a_refusal_is_shown_at_its_input_and_the_recording_stays(server, browser, width, height):
+    """A bad voices line is refused at the voices box (not a toast over the tab, not "Error" over the recording),
+    the recording made before and its downloads stay; the labels read without markup, the voices' help says this
+    server has one voice and how to add one, and the download names (the speakers') read whole on a phone."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.integration.test_ui_browser import save_screenshot
+
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": width < 600})
+    try:
+        wait = WebDriverWait(browser, 90)
+        browser.get(f"{server}/")
+        wait.until(ready.element_to_be_clickable((By.XPATH, "//button[@role='tab'][normalize-space()='Dialogue']"))
+                   ).click()
+        assert "`" not in browser.find_element(By.ID, "dialogue-script").text
+        assert "has one voice" in browser.find_element(By.ID, "dialogue-voices-help").text
+        wait.until(ready.element_to_be_clickable((By.ID, "make-dialogue"))).click()
+        wait.until(ready.text_to_be_present_in_element((By.ID, "dialogue-files"), ".srt"))
+        files = browser.find_element(By.ID, "dialogue-files")
+        assert "ann-bob-dialogue\n.mp3" in files.text  # whole, not "dialogue-… .mp3"
+        voices = browser.find_element(By.CSS_SELECTOR, "#dialogue-voices textarea")
+        voices.send_keys("\nCid without a colon")
+        browser.find_element(By.ID, "make-dialogue").click()
+        wait.until(ready.text_to_be_present_in_element((By.ID, "dialogue-voices"), "voices line 3"))
+        assert browser.execute_script(FAILED) == 0
+        assert "ann-bob-dialogue\n.mp3" in browser.find_element(By.ID, "dialogue-files").text
+        assert browser.execute_script("return document.documentElement.scrollWidth") <= width
+        save_screenshot(browser, f"dialogue-refused-{'phone' if width < 600 else 'desktop'}.png")
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})

@@ -39,3 +39,18 @@ def test_the_storage_line_gives_a_sqlite_files_full_path():
     assert _database("sqlite:///data/chorus.db") == f"SQLite file `{Path('data/chorus.db').resolve()}`"
     assert _database("sqlite:////srv/chorus.db") == "SQLite file `/srv/chorus.db`"
     assert _database("postgresql+psycopg://chorus:***@db/chorus") == "`postgresql+psycopg://chorus:***@db/chorus`"
+
+
+def test_the_forms_help_names_settings_by_their_labels():
+    """The Queue help said `overload_wait_target_s`: another setting is named as the form labels it."""
+    import re
+
+    import gradio as gr
+
+    from admin.panels.settings import _form_inputs
+
+    with gr.Blocks():
+        inputs = _form_inputs()
+    helps = {name: component.info or "" for name, component in inputs.items()}
+    assert "“Longest queue wait in an overload (s)”" in helps["queue_wait_target_s"]
+    assert not [name for name, words in helps.items() if re.search(r"\b[a-z]+_[a-z_]+\b", words)], helps

@@ -2,6 +2,7 @@
 subtitles made of them."""
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -99,6 +100,19 @@ def test_no_word_or_speaker_can_break_a_cue(kind):
     written = subtitles(words, kind)
     assert "\x00" not in written and written.count("-->") == 1  # the one cue's own timing line
     assert len(written.strip().split("\n\n")) == (1 if kind == "srt" else 2)  # (WebVTT's header, then its cue)
+
+
+def cue_texts(words: list[CaptionWord]) -> list[str]:
+    return [block.split("\n")[-1] for block in subtitles(words, "vtt").strip().split("\n\n")[1:]]
+
+
+def test_a_cue_never_spans_a_sentence_end():
+    # the issue's: 0.375 s between the sentences, short of a pause, made "Hello there. This is a subtitle test, with"
+    text = "Hello there. This is a subtitle test, with more. Dr. Smith said “Go!” Then e.g. this? Yes! Fine"
+    words = caption_words_of(text)
+    packed = [replace(word, start=index * 0.3, end=index * 0.3 + 0.3) for index, word in enumerate(words)]
+    assert cue_texts(packed) == ["Hello there.", "This is a subtitle test, with more.", "Dr. Smith said “Go!”",
+                                 "Then e.g. this?", "Yes!", "Fine"]
 
 
 def test_a_voice_that_cannot_time_its_words_is_refused_for_captions():

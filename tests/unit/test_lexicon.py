@@ -173,11 +173,15 @@ def test_the_admin_tab_section_adds_changes_imports_and_deletes(tmp_path):
     service = SpeechService(Settings(), [FakeEngine()], Metrics())
     lexicon = LexiconControl(storage, ServiceControls(service))
     with gr.Blocks() as page:
-        LexiconPanel(lexicon).render(gr.State(True))
+        panel = LexiconPanel(lexicon)
+        panel.render(gr.State(True))
     handlers = {function.name: function.fn for function in page.fns.values()}
+    rows, hint = panel.list_lexicon(True)  # an empty lexicon says what goes there and how
+    assert rows == [] and "No entries yet" in hint and "form below" in hint
     assert handlers["save_entry"](True, None, "en", "Worcester", "ˈwʊstər", "", False)[0] == "Entry 1 added."
     assert "give ipa, respelling or both" in handlers["save_entry"](True, None, "en", "Worcester", "", "", False)[0]
-    message, rows = handlers["save_entry"](True, "1", "en", "Worcester", "ˈwʊstɚ", "", True)
+    message, rows, hint = handlers["save_entry"](True, "1", "en", "Worcester", "ˈwʊstɚ", "", True)
+    assert hint == ""
     assert message == "Entry 1 changed." and rows[0][1:6] == ["en", "Worcester", "ˈwʊstɚ", "", "yes"]
     assert "line 1" in handlers["import_tsv"](True, "en\tbad\n")[0]
     assert handlers["import_tsv"](True, "en\tNguyen\t\twin\n")[0] == "Imported: 1 added, 0 changed, 0 unchanged."

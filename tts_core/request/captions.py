@@ -17,8 +17,9 @@ from dataclasses import dataclass, replace
 from ..engines.base import word_spans
 from ..engines.contract import EngineOutput
 from ..scheduler.records import QueuedItem
-from ..text.chunks import word_bounds
+from ..text.chunks import SENTENCE_ENDS, word_bounds
 from ..text.frontend import SpokenText
+from ..text.frontend.english_words import TITLES
 from ..text.frontend.pieces import PRONUNCIATION, TEXT
 from ..text.pronunciation import Pronounced
 from .script import Script
@@ -27,6 +28,7 @@ SUBTITLE_FORMATS = ("srt", "vtt")
 CUE_MAX_CHARS = 42  # a subtitle line, as broadcasters keep it
 CUE_MAX_S = 5.0
 CUE_GAP_S = 0.6  # a pause this long starts a new cue
+CLOSING_QUOTES = "\"'”’»)"
 # Punctuation a subtitle keeps beside a word, as written: sentence and clause marks and quotes. Not brackets,
 # asterisks or underscores, which in the input are as often markdown or SSML as text.
 PUNCTUATION_AFTER = ".,;:!?…\"'”’»"
@@ -176,14 +178,13 @@ def every_subtitle(words: list[CaptionWord]) -> dict[str, str]:
 
 def subtitles(words: list[CaptionWord], kind: str) -> str:
     """SubRip ("srt") or WebVTT ("vtt") cues of the words, with their punctuation: a cue is at most a line of
-    CUE_MAX_CHARS and CUE_MAX_S long, and a pause of CUE_GAP_S starts a new one. A dialogue's words start a cue
-    where the speaker changes, labelled with who speaks ("Ann: " in SubRip, WebVTT's voice tag <v Ann>)."""
+    CUE_MAX_CHARS and CUE_MAX_S long, never spans a sentence's end, and a pause of CUE_GAP_S starts a new one. A
+    dialogue's words start a cue where the speaker changes, labelled with who speaks ("Ann: " in SubRip, WebVTT's
+    voice tag <v Ann>)."""
     cues: list[list[CaptionWord]] = []
     for word in words:
         cue = cues[-1] if cues else None
-        if (cue is None or word.speaker != cue[-1].speaker or word.start - cue[-1].end >= CUE_GAP_S
-                or word.end - cue[0].start > CUE_MAX_S
-                or sum(len(_shown(each)) + 1 for each in cue) + len(_shown(word)) > CUE_MAX_CHARS):
+        if cue is None or _starts_cue(cue, word):
             cues.append([word])
         else:
             cue.append(word)
@@ -194,6 +195,22 @@ def subtitles(words: list[CaptionWord], kind: str) -> str:
     if kind == "srt":
         return "\n".join(f"{number}\n{block}" for number, block in enumerate(blocks, 1))
     return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def _starts_cue(cue: list[CaptionWord], word: CaptionWord) -> bool:
+    """Whether the word starts a cue of its own after `cue`: another speaker, a pause, a sentence ended, or the
+    cue full."""
+    return (word.speaker != cue[-1].speaker or word.start - cue[-1].end >= CUE_GAP_S
+            or _ends_sentence(cue[-1], word) or word.end - cue[0].start > CUE_MAX_S
+            or sum(len(_shown(each)) + 1 for each in cue) + len(_shown(word)) > CUE_MAX_CHARS)
+
+
+def _ends_sentence(word: CaptionWord, following: CaptionWord) -> bool:
+    """Whether a sentence ends after the word: its mark (".", "?", "!", "…", a quote after it allowed) before a
+    word that does not start in lower case, and not a title's ("Mr. Smith") or an abbreviation's ("e.g. these")."""
+    shown = _shown(word).rstrip(CLOSING_QUOTES)
+    return (bool(shown) and shown[-1] in SENTENCE_ENDS and word.word not in TITLES
+            and not _shown(following).lstrip(PUNCTUATION_BEFORE)[:1].islower())
 
 
 def _label(speaker: str | None, kind: str) -> str:
