@@ -91,7 +91,8 @@ class DialogueJobRequest(DialogueRequest):
     priority: int = JobRequest.model_fields["priority"]
     deadline_s: float | None = JobRequest.model_fields["deadline_s"]
     captions: bool = Field(False, description="keep the captions by speaker with the recording (GET "
-                                              "/v1/audio/jobs/{id}/captions): voices that time their words only")
+                                              "/v1/audio/jobs/{id}/captions); words a voice does not time are found "
+                                              "in its audio")
 
     def job(self) -> dict:
         """The job's request as stored: what the runner speaks (normalization options resolved) and its length."""
