@@ -2,15 +2,20 @@
 aligned against the bundled Piper voice's own timings, estimated for other languages, and the benchmark that
 measures both (bench/alignment.py, its quick plan)."""
 
+import asyncio
 import sys
 
 import numpy as np
 import pytest
 
 from bench import alignment as bench_alignment
+from tests.fakes import FakeEngine
 from tts_core.audio.word_timing import ALIGNED, ESTIMATED, WordTimer, combined, estimate, voiced_frames
+from tts_core.config import Settings
 from tts_core.engines.piper import PiperEngine, bundled_voice_path
 from tts_core.ops.metrics import Metrics
+from tts_core.request.ask import Ask
+from tts_core.service import SpeechService
 
 # bench/recognition.py's kind of sentence (the benchmark's own are held out of the tests)
 SENTENCES = ["The weather today is sunny and warm.", "Please call me tomorrow morning at home.",
@@ -92,3 +97,31 @@ def test_the_alignment_benchmark_quick_plan_measures_both_ways(tmp_path):
         assert results[way]["words"] > 30 and results[way]["median_ms"] >= 0 and results[way]["cpu_s_per_audio_s"] > 0
     assert results["within_bars"] and results["fell_back"] == 0
     assert len(bench_alignment.SENTENCES) >= 40
+
+
+def test_a_dialogues_words_are_found_in_each_turn_whole_and_streamed():
+    """Voices that do not time their words (two rates: the recording's is the higher) in a dialogue: each turn's
+    words, with its speaker, inside that turn's span of the recording; streamed, the same words in order."""
+    engines = [FakeEngine(name="a", voice="a-voice", language="fr"),
+               FakeEngine(name="b", voice="b-voice", language="fr", sample_rate=24000)]
+    service = SpeechService(Settings(batch_policy="sequential"), engines, Metrics())
+    service.start()
+    script, voices = "Ann: Un deux trois.\nBob: Quatre cinq.\nAnn: Six.", {"Ann": "a-voice", "Bob": "b-voice"}
+    try:
+        spoken = asyncio.run(service.answer(Ask(script=script, voices=voices, response_format="pcm", words=True)))
+        said = [(word.speaker, word.word) for word in spoken.words]
+        assert said == [("Ann", "Un"), ("Ann", "deux"), ("Ann", "trois"), ("Bob", "Quatre"), ("Bob", "cinq"),
+                        ("Ann", "Six")]
+        assert {word.timing for word in spoken.words} == {ESTIMATED}
+        turn_of = [0, 0, 0, 1, 1, 2]
+        for word, turn in zip(spoken.words, turn_of, strict=True):
+            span = spoken.turns[turn]
+            assert span.start - 0.011 <= word.start <= word.end <= span.end + 0.011
+
+        async def streamed():
+            stream = await service.answer(Ask(script=script, voices=voices, response_format="pcm", words=True,
+                                              stream=True))
+            return [words async for _, _, words in stream.encoded("pcm")]
+        assert [(word.speaker, word.word) for words in asyncio.run(streamed()) for word in words] == said
+    finally:
+        service.stop()
