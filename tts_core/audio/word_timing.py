@@ -12,6 +12,7 @@ engine's own durations), `aligned`, `estimated`.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import re
 import threading
@@ -34,6 +35,7 @@ FRAME_S = 0.01  # pocketsphinx's frame step, and the voiced frames' length
 # A frame is voiced within this many dB of the loudest frame of the piece (quiet consonants stay voiced, the
 # pauses between words and sentences do not).
 VOICED_DB = -35.0
+MAX_DECODERS = max(2, os.cpu_count() or 2)  # alignments at once (each decoder holds its model's tables): more wait
 MAX_ADDED_WORDS = 20_000  # words made up for the dictionary before a decoder is made anew (its memory stays bounded)
 # How letters sound, roughly, for a word the English dictionary lacks (a name, a made-up word): the aligner only
 # needs sounds near enough to find where the word is.
@@ -148,13 +150,14 @@ class _Decoder:
 
 class WordTimer:
     """Times a piece's words in its audio: aligned (English, pocketsphinx there) or estimated. Safe for any number
-    of threads (each alignment takes a decoder of its own; decoders are made as needed, a second or so each, and
-    kept). `observe(way, cpu_s, audio_s)` is told each piece's cost."""
+    of threads (each alignment takes a decoder of its own, at most MAX_DECODERS at once; decoders are made as
+    needed, a second or so each, and kept). `observe(way, cpu_s, audio_s)` is told each piece's cost."""
 
     def __init__(self, observe: Callable[[str, float, float], None] | None = None):
         self._observe = observe
         self._idle: queue.SimpleQueue[_Decoder] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._decoders = threading.BoundedSemaphore(MAX_DECODERS)
         self._missing: str | None = None  # why pocketsphinx cannot run here, once found
 
     def way_for(self, language: str | None) -> str:
@@ -196,18 +199,20 @@ class WordTimer:
         flat = [part for word_parts in parts for part in word_parts]
         if not flat:
             return None
-        try:
-            decoder = self._idle.get_nowait()
-        except queue.Empty:
-            decoder = _Decoder()
-        try:
-            found = decoder.segments(flat, int16(resample(audio, sample_rate, ALIGNER_RATE)))
-        except Exception as error:  # an alignment the decoder refuses: estimated instead
-            log.debug("alignment failed: %s", error)
-            found = []
-        finally:
-            if decoder.added < MAX_ADDED_WORDS:
-                self._idle.put(decoder)
+        pcm = int16(resample(audio, sample_rate, ALIGNER_RATE))
+        with self._decoders:
+            try:
+                decoder = self._idle.get_nowait()
+            except queue.Empty:
+                decoder = _Decoder()
+            try:
+                found = decoder.segments(flat, pcm)
+            except Exception as error:  # an alignment the decoder refuses: estimated instead
+                log.debug("alignment failed: %s", error)
+                found = []
+            finally:
+                if decoder.added < MAX_ADDED_WORDS:
+                    self._idle.put(decoder)
         if not found:
             return None
         return _on_voice(_per_word(parts, found), voiced_frames(audio, sample_rate), audio.size / sample_rate)
