@@ -12,7 +12,6 @@ engine's own durations), `aligned`, `estimated`.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import re
 import threading
@@ -35,7 +34,9 @@ FRAME_S = 0.01  # pocketsphinx's frame step, and the voiced frames' length
 # A frame is voiced within this many dB of the loudest frame of the piece (quiet consonants stay voiced, the
 # pauses between words and sentences do not).
 VOICED_DB = -35.0
-MAX_DECODERS = max(2, os.cpu_count() or 2)  # alignments at once (each decoder holds its model's tables): more wait
+# Alignments at once: each decoder holds its model (about 90 MB, measured), and two align about 100 s of audio a
+# second (0.02 CPU s per audio s: bench/alignment.py); more wait their turn.
+MAX_DECODERS = 2
 MAX_ADDED_WORDS = 20_000  # words made up for the dictionary before a decoder is made anew (its memory stays bounded)
 # How letters sound, roughly, for a word the English dictionary lacks (a name, a made-up word): the aligner only
 # needs sounds near enough to find where the word is.
