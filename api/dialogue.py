@@ -19,7 +19,7 @@ from tts_core.audio.encoding import MAX_RATE, MIN_RATE
 from tts_core.errors import ErrorCode, InvalidRequest
 from tts_core.request.access import Caller, RateLimitState
 from tts_core.request.ask import Ask
-from tts_core.request.captions import subtitles
+from tts_core.request.captions import subtitles, word_timings
 from tts_core.request.dialogue import MAX_NAME_CHARS, MAX_SPEAKERS, listed_turn_fault
 from tts_core.request.script import Reading
 from tts_core.service import SpeechService, SpokenAudio
@@ -33,6 +33,7 @@ from .speech import (
     CAPTIONED_RESPONSES,
     NDJSON,
     SUBTITLE_TYPES,
+    WORD_TIMINGS_HEADER,
     admitted,
     audio_bytes,
     audio_stream,
@@ -101,7 +102,8 @@ class DialogueJobRequest(DialogueRequest):
     priority: int = JobRequest.model_fields["priority"]
     deadline_s: float | None = JobRequest.model_fields["deadline_s"]
     captions: bool = Field(False, description="keep the captions by speaker with the recording (GET "
-                                              "/v1/audio/jobs/{id}/captions): voices that time their words only")
+                                              "/v1/audio/jobs/{id}/captions); words a voice does not time are found "
+                                              "in its audio")
 
     def job(self) -> dict:
         """The job's request as stored: what the runner speaks (normalization options resolved) and its length."""
@@ -159,16 +161,19 @@ async def create_captioned_dialogue(body: CaptionedDialogueRequest, request: Req
         stream = await service.answer(dialogue_ask(body, caller, stream=True, words=True))
         return StreamingResponse(_captioned_lines(stream.encoded(body.response_format, body.sample_rate),
                                                   body.response_format, request.state.speech), media_type=NDJSON,
-                                 headers=limit.headers() if limit else {})
+                                 headers={**(limit.headers() if limit else {}),
+                                          WORD_TIMINGS_HEADER: service.word_timing(stream.dialogue.script)})
     spoken = await until_disconnect(request, service.answer(dialogue_ask(body, caller, stream=False, words=True)))
     request.state.speech.update(voice=spoken.voice, audio_s=spoken.duration_s, **asdict(spoken.timings))
     words = list(spoken.words or ())
+    headers = {**_headers(spoken, limit), WORD_TIMINGS_HEADER: word_timings(words) or "none"}
     if body.timestamps_format in SUBTITLE_TYPES:
         return Response(subtitles(words, body.timestamps_format), media_type=SUBTITLE_TYPES[body.timestamps_format],
-                        headers=_headers(spoken, limit))
+                        headers=headers)
     answer = {"audio": base64.b64encode(spoken.data).decode(), "response_format": body.response_format,
-              "words": [word.as_json() for word in words], "turns": [turn.as_json() for turn in spoken.turns]}
-    return Response(json.dumps(answer), media_type="application/json", headers=_headers(spoken, limit))
+              "words": [word.as_json() for word in words], "turns": [turn.as_json() for turn in spoken.turns],
+              **({"word_timings": way} if (way := word_timings(words)) else {})}
+    return Response(json.dumps(answer), media_type="application/json", headers=headers)
 
 
 async def _captioned_lines(encoded: AsyncIterator, response_format: str, details: dict) -> AsyncIterator[str]:
@@ -178,8 +183,9 @@ async def _captioned_lines(encoded: AsyncIterator, response_format: str, details
         async for data, seconds, words in encoded:
             details["audio_s"] += seconds
             if data or words:
+                timings = {"word_timings": way} if (way := word_timings(words)) else {}
                 yield json.dumps({"audio": base64.b64encode(data).decode(), "response_format": response_format,
-                                  "words": [word.as_json() for word in words]}) + "\n"
+                                  "words": [word.as_json() for word in words], **timings}) + "\n"
     except Exception as error:  # the status line is sent: the failure is the last line
         failure = stream_failure(error)
         details["status"] = failure.status

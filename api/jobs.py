@@ -189,7 +189,8 @@ async def get_job_captions(request: Request, job_id: str = JobId,
     captions = json.loads(job["captions"])
     if timestamps_format in SUBTITLE_TYPES:
         return Response(captions[timestamps_format], media_type=SUBTITLE_TYPES[timestamps_format])
-    return {"words": captions["words"], "turns": captions["turns"]}
+    way = captions.get("word_timings")  # (kept by jobs since words of every voice are timed: native, aligned, ...)
+    return {"words": captions["words"], "turns": captions["turns"], **({"word_timings": way} if way else {})}
 
 
 @router.delete("/v1/audio/jobs/{job_id}", responses=error_responses(400, 401, 404, 409))

@@ -19,7 +19,7 @@ from tts_core.audio.encoding import FORMATS
 from tts_core.errors import ClientGone, ErrorCode, InvalidRequest, error_responses
 from tts_core.request.access import Caller, RateLimitState
 from tts_core.request.ask import Ask
-from tts_core.request.captions import CaptionWord, caption_words, subtitles
+from tts_core.request.captions import CaptionWord, caption_words, subtitles, word_timings
 from tts_core.service import SpeechService, SpokenAudio
 
 from .errors import stream_failure
@@ -170,14 +170,20 @@ CAPTIONED_RESPONSES = {
     **error_responses(400, 401, 413, 429, 500, 503, 504)}
 
 
+WORD_TIMINGS_HEADER = "X-Chorus-Word-Timings"  # how the words were timed: native, aligned, estimated
+
+
 def _answer(audio: bytes, response_format: str, words: list[CaptionWord], kokoro: bool) -> dict:
-    """One captioned answer (or streamed piece): ours, or Kokoro-FastAPI's shape at its path."""
+    """One captioned answer (or streamed piece): ours, or Kokoro-FastAPI's shape at its path; with how its words
+    were timed where it has any (`word_timings`)."""
     encoded = base64.b64encode(audio).decode()
+    timings = {"word_timings": way} if (way := word_timings(words)) else {}
     if kokoro:
         return {"audio": encoded, "audio_format": response_format,
                 "timestamps": [{"word": word.word, "start_time": round(word.start, 3), "end_time": round(word.end, 3)}
-                               for word in words]}
-    return {"audio": encoded, "response_format": response_format, "words": [word.as_json() for word in words]}
+                               for word in words], **timings}
+    return {"audio": encoded, "response_format": response_format, "words": [word.as_json() for word in words],
+            **timings}
 
 
 async def _captioned(body: CaptionedSpeechRequest, request: Request, caller: Caller, limit: RateLimitState | None,
@@ -191,6 +197,7 @@ async def _captioned(body: CaptionedSpeechRequest, request: Request, caller: Cal
                                  "timestamps_format", ErrorCode.UNSUPPORTED_VALUE)
         stream = await service.answer(ask)
         request.state.speech["voice"] = stream.voice.name
+        headers[WORD_TIMINGS_HEADER] = service.word_timing(stream.script)  # as planned: each line says its own
 
         async def lines() -> AsyncIterator[str]:
             try:
@@ -208,6 +215,7 @@ async def _captioned(body: CaptionedSpeechRequest, request: Request, caller: Cal
     request.state.speech.update(voice=spoken.voice, audio_s=spoken.duration_s, **asdict(spoken.timings))
     headers |= {"X-Chorus-Voice": spoken.voice, "X-Chorus-Audio-Duration": f"{spoken.duration_s:.3f}"}
     words = list(spoken.words or ())
+    headers[WORD_TIMINGS_HEADER] = word_timings(words) or "none"
     if body.timestamps_format in SUBTITLE_TYPES:
         return Response(subtitles(words, body.timestamps_format), media_type=SUBTITLE_TYPES[body.timestamps_format],
                         headers=headers)

@@ -1,6 +1,6 @@
-"""Speech heard back by an offline recogniser (pocketsphinx, a dev requirement): its word error rate against
-the text that was spoken. The intelligibility tests and the precision benchmark (bench/precision.py) listen
-the same way."""
+"""Speech heard back by an offline recogniser (pocketsphinx, which the server also aligns words with:
+tts_core/audio/word_timing.py): its word error rate against the text that was spoken. The intelligibility tests
+and the precision benchmark (bench/precision.py) listen the same way."""
 
 from __future__ import annotations
 

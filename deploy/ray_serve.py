@@ -43,6 +43,7 @@ from app import create_app
 from clones import VoiceClones, stored_clones
 from deploy.replica_load import DeploymentLoad, RemoteLoads
 from storage import Storage, StorageError
+from tts_core.audio.word_timing import SaidWords, WordTimer
 from tts_core.config import Settings
 from tts_core.engines import EngineUnavailable
 from tts_core.engines.contract import AudioPieces, EngineOutput
@@ -152,7 +153,8 @@ class EngineReplica:
         now = time.monotonic()
         try:  # from here on, however the call ends (the ingress cancels it: its caller went), nothing is left queued
             yield (Event.QUEUED, [{**{name: getattr(item, name) for name in DESCRIBED},
-                               "deadline_in_s": item.deadline - now, "streamed": item.pieces is not None}
+                               "deadline_in_s": item.deadline - now, "streamed": item.pieces is not None,
+                               "said": item.said and (item.said.first, item.said.words, item.said.language)}
                               for item in items], played_s)
             for number, item in enumerate(items):
                 try:
@@ -211,7 +213,7 @@ class RemoteScheduler(Scheduler):
         if kind == Event.REFUSED:
             raise answer[0]
         descriptions, played_s = answer
-        items = [_standing_in(description) for description in descriptions]
+        items = [_standing_in(description, self.word_timer) for description in descriptions]
         loop = asyncio.get_running_loop()
 
         def given_up(future) -> None:  # called where it was cancelled: maybe a thread of its own
@@ -230,10 +232,14 @@ class RemoteScheduler(Scheduler):
         return self.remote_loads.loads()
 
 
-def _standing_in(description: dict) -> QueuedItem:
+def _standing_in(description: dict, word_timer: WordTimer) -> QueuedItem:
+    """The ingress's piece for an engine replica's: its words, where the engine does not time them, are timed here
+    (where the answer is assembled)."""
     described = {name: description[name] for name in DESCRIBED}
+    said = description.get("said")
     return QueuedItem(**described, deadline=time.monotonic() + description["deadline_in_s"],
-                      pieces=AudioPieces() if description["streamed"] else None)
+                      pieces=AudioPieces() if description["streamed"] else None,
+                      said=SaidWords(*said, word_timer) if said else None)
 
 
 async def _deliver(events: DeploymentResponseGenerator, items: list[QueuedItem]) -> None:

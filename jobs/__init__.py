@@ -45,7 +45,7 @@ from tts_core.config import Settings
 from tts_core.errors import ChorusError, ErrorCode, InvalidRequest, Overloaded, PartFailed
 from tts_core.request.access import Caller, Tier
 from tts_core.request.ask import Ask
-from tts_core.request.captions import every_subtitle
+from tts_core.request.captions import every_subtitle, word_timings
 from tts_core.request.operating import OperatorSettings
 from tts_core.request.script import Reading
 from tts_core.service import SpeechService, SpokenAudio
@@ -399,7 +399,7 @@ def _dialogue_outcome(job: dict, spoken: SpokenAudio) -> dict:
         return {"turns_done": job["turns"]}
     words = list(spoken.words or ())
     captions = {"words": [word.as_json() for word in words], "turns": [turn.as_json() for turn in spoken.turns],
-                **every_subtitle(words)}
+                "word_timings": word_timings(words), **every_subtitle(words)}
     return {"turns_done": job["turns"], "captions": json.dumps(captions)}
 
 

@@ -41,7 +41,6 @@ class ErrorCode(StrEnum):
     VOICE_MODEL_MISMATCH = "voice_model_mismatch"  # the voice belongs to another model than the one named
     UNSUPPORTED_LANGUAGE = "unsupported_language"  # no voice here speaks the language asked for
     LANGUAGE_MISMATCH = "language_mismatch"  # the voice named does not speak the language named
-    TIMESTAMPS_UNSUPPORTED = "timestamps_unsupported"  # word timestamps asked of a model that cannot time words
     INVALID_JSON = "invalid_json"  # a body or message that is not JSON (or nests too deeply)
     BODY_TOO_LARGE = "body_too_large"  # a body (413), a WebSocket message or a UI clip over TTS_MAX_BODY_BYTES
     UPLOAD_TOO_LARGE = "upload_too_large"  # an upload larger than the uploads' room could ever hold (413)

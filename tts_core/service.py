@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from .audio.cache import AudioCache, CachedAudio, CacheUse
 from .audio.encoding import FORMATS, STREAMABLE, encode, unsupported_rate
+from .audio.word_timing import NATIVE, combined
 from .config import Settings
 from .degrade import DegradeController
 from .engines import Capabilities, Engine, ModelSpec
@@ -302,6 +303,15 @@ class SpeechService:
         catalogue = self.catalogue
         _, model = catalogue.resolve_voice(voice, None, caller)
         return catalogue.capabilities.get(model, Capabilities()).times_words
+
+    def word_timing(self, script: Script) -> str:
+        """How a script's words will be timed, as its stream's header says before any are (tts_core.audio.word_timing:
+        native where each passage's model times them, else aligned or estimated; a piece's own may still fall back
+        to estimated)."""
+        catalogue = self.catalogue
+        return combined([NATIVE if catalogue.capabilities.get(passage.model, Capabilities()).times_words
+                         else self.scheduler.word_timer.way_for(passage.voice.language)
+                         for passage in script.passages]) or NATIVE
 
     def cloning_models(self) -> list[str]:
         """The models that can clone a voice here (none where this process's engines run elsewhere)."""

@@ -3,6 +3,7 @@ whole files of the model's own length, streams that arrive piece by piece, reque
 together in one step (continuous batching), and a clear 400 for what the model cannot do."""
 
 import asyncio
+import base64
 import json
 import math
 
@@ -13,7 +14,7 @@ from websockets.sync.client import connect
 from bench.server import start_server
 from tests.audio_check import decode
 from tests.pocket_models import build_tiny_pocket
-from tests.serve import metric
+from tests.serve import metric, metric_total
 
 pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
 
@@ -91,3 +92,29 @@ def test_requests_from_several_callers_run_together_in_one_step(pocket):
 def test_a_speed_the_model_cannot_do_is_refused(pocket):
     response = speak(pocket, "Faster, please.", speed=1.5)
     assert response.status_code == 400 and response.json()["error"]["param"] == "speed"
+
+
+def test_its_captioned_speech_has_words_found_in_its_audio(pocket):
+    """Pocket TTS does not time its words: the captioned route finds them in its audio (aligned, or estimated where
+    the aligner cannot place them in a random model's sounds), in order and inside the audio, whole, as subtitles
+    and streamed; never an error. The aligner's cost is in the metrics."""
+    text = "Hello there, from an autoregressive voice. It times nothing itself."
+    body = {"model": "tts-1", "voice": "pocket", "input": text, "response_format": "wav"}
+    whole = httpx.post(f"{pocket}/v1/audio/speech/captioned", json=body, timeout=120)
+    assert whole.status_code == 200, whole.text
+    answer, ways = whole.json(), {"aligned", "estimated", "aligned,estimated"}
+    assert answer["word_timings"] in ways and whole.headers["x-chorus-word-timings"] == answer["word_timings"]
+    assert [word["word"] for word in answer["words"]] == [word.strip(",.") for word in text.split()]
+    samples, rate = decode(base64.b64decode(answer["audio"]), "wav")
+    starts = [word["start"] for word in answer["words"]]
+    assert starts == sorted(starts) and answer["words"][-1]["end"] <= samples.size / rate + 0.01
+    srt = httpx.post(f"{pocket}/v1/audio/speech/captioned", json={**body, "timestamps_format": "srt"}, timeout=120)
+    assert srt.status_code == 200 and srt.text.startswith("1\n00:00:") and "Hello" in srt.text
+    streamed = httpx.post(f"{pocket}/v1/audio/speech/captioned", json={**body, "stream": True,
+                                                                      "response_format": "pcm"}, timeout=120)
+    lines = [json.loads(line) for line in streamed.text.splitlines()]
+    assert streamed.status_code == 200 and streamed.headers["x-chorus-word-timings"] in ways
+    assert all("error" not in line for line in lines)
+    assert [word["word"] for line in lines for word in line["words"]] == [word.strip(",.") for word in text.split()]
+    assert {line["word_timings"] for line in lines if line["words"]} <= ways
+    assert metric_total(pocket, r"tts_word_timing_audio_seconds_total\{way=\"(?:aligned|estimated)\"\}") > 0

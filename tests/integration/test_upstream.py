@@ -372,6 +372,9 @@ def test_an_upstream_answering_wav_has_its_header_read_not_played(fronted):
 # --- a real upstream: another Chorus -------------------------------------------------------------------------
 
 
+CHAINED_UPSTREAM: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def chained(tmp_path_factory):
     """(Chorus's base URL, its Wyoming port), in front of a second Chorus serving the bundled Piper voice (as its
@@ -384,6 +387,7 @@ def chained(tmp_path_factory):
     upstream = start_server(folder / "upstream", voices_file=str(folder / "pocket.yaml"), device="cpu",
                             calibration_sizes="1,2", torch_threads="1", max_queue="4096",
                             operator_defaults=json.dumps(SERVE_ALL))
+    CHAINED_UPSTREAM["url"] = upstream.base_url  # (for the tests that ask it too: its own word timings)
     voices = registry(folder, upstream.base_url, model="piper")
     with open(voices, "a") as file:
         file.write(f"  pocket: {{engine: upstream, model: pocket_tts, url: '{upstream.base_url}'}}\n")
@@ -431,6 +435,29 @@ def test_speech_streams_jobs_and_wyoming_through_a_chorus_upstream(listener_limi
 
     start, audio = asyncio.run(asyncio.wait_for(wyoming(), 60))
     assert start.rate == 24000 and abs(len(audio) / 2 / 24000 - duration_s(whole.content)) < 0.5
+
+
+@pytest.mark.slow
+def test_captioned_speech_through_a_chorus_upstream_has_its_words_aligned(chained):
+    """The upstream answers audio only: the front aligns its words to it, near where the upstream's own Piper voice
+    times the same sentence (two syntheses of it, within the benchmark's bars though the voice's sampling noise moves
+    its words a little), in JSON, SRT and VTT, each saying `aligned`."""
+    base, _ = chained
+    text = "Please remember to lock the back door before you leave tonight."
+    body = {**SPEECH, "model": "piper", "input": text}
+    front = httpx.post(f"{base}/v1/audio/speech/captioned", json=body, timeout=60)
+    assert front.status_code == 200, front.text
+    assert front.json()["word_timings"] == "aligned" and front.headers["x-chorus-word-timings"] == "aligned"
+    own = httpx.post(f"{CHAINED_UPSTREAM['url']}/v1/audio/speech/captioned", timeout=60,
+                     json={**body, "model": "tts-1", "voice": "alloy"}).json()
+    assert own["word_timings"] == "native"
+    assert [word["word"] for word in front.json()["words"]] == [word["word"] for word in own["words"]]
+    differences = np.abs([aligned["start"] - native["start"]
+                          for aligned, native in zip(front.json()["words"], own["words"], strict=True)])
+    assert np.median(differences) <= 0.060 and np.percentile(differences, 90) <= 0.120, differences  # (23, 52 ms)
+    for kind in ("srt", "vtt"):
+        cues = httpx.post(f"{base}/v1/audio/speech/captioned", json={**body, "timestamps_format": kind}, timeout=60)
+        assert cues.status_code == 200 and cues.headers["x-chorus-word-timings"] == "aligned" and "Please" in cues.text
 
 
 def sending_until(base: str, model: str, learned, timeout_s: float, voice: str = "far-voice") -> dict:

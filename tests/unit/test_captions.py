@@ -9,7 +9,6 @@ import pytest
 from tests.fakes import FakeEngine
 from tts_core.config import Settings
 from tts_core.engines.base import Voice
-from tts_core.errors import InvalidRequest
 from tts_core.ops.metrics import Metrics
 from tts_core.request.ask import Ask
 from tts_core.request.captions import CaptionWord, caption_words, subtitles
@@ -115,16 +114,27 @@ def test_a_cue_never_spans_a_sentence_end():
                                  "Then e.g. this?", "Yes!", "Fine"]
 
 
-def test_a_voice_that_cannot_time_its_words_is_refused_for_captions():
-    service = SpeechService(Settings(batch_policy="sequential"), [FakeEngine()], Metrics())
-    service.start()
-    try:
-        with pytest.raises(InvalidRequest) as refused:
-            asyncio.run(service.answer(Ask("hello", "fake-voice", words=True)))
-        assert refused.value.code == "timestamps_unsupported" and refused.value.param == "voice"
-        assert asyncio.run(service.answer(Ask("hello", "fake-voice"))).words is None  # plain speech is unchanged
-    finally:
-        service.stop()
+def test_a_voice_that_cannot_time_its_words_has_them_found_in_its_audio():
+    """Words asked of a voice whose engine does not time them are found in its audio once it is made: in order,
+    inside the audio, saying how (estimated where the voice is not English; aligned or estimated in English)."""
+    for language, ways in (("fr", {"estimated"}), ("en", {"aligned", "estimated"})):
+        service = SpeechService(Settings(batch_policy="sequential"), [FakeEngine(language=language)], Metrics())
+        service.start()
+        try:
+            text = "Un deux trois. Quatre cinq." if language == "fr" else "One two three. Four five."
+            spoken = asyncio.run(service.answer(Ask(text, "fake-voice", words=True)))
+            assert [word.word for word in spoken.words] == ["Un", "deux", "trois", "Quatre", "cinq"] if (
+                language == "fr") else ["One", "two", "three", "Four", "five"]
+            assert {word.timing for word in spoken.words} <= ways
+            starts = [word.start for word in spoken.words]
+            assert starts == sorted(starts) and 0 <= starts[0] and spoken.words[-1].end <= spoken.duration_s + 1e-6
+            assert all(word.start <= word.end for word in spoken.words)
+            assert asyncio.run(service.answer(Ask(text, "fake-voice"))).words is None  # plain speech is unchanged
+            costs = service.metrics.registry.get_sample_value("tts_word_timing_audio_seconds_total",
+                                                              {"way": spoken.words[0].timing})
+            assert costs and costs > 0  # the timing's cost is in the metrics
+        finally:
+            service.stop()
 
 
 def test_markup_beside_a_word_is_not_part_of_it_and_webvtt_cues_are_escaped():

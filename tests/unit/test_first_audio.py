@@ -152,15 +152,15 @@ class CountingLexicon(Lexicon):
 
 
 def test_refusals_that_need_no_reading_come_before_the_front_end_reads_any_of_the_text():
-    """Word timing from a voice that cannot time its words is refused on the request as sent, however long its
-    text: the front end never reads it."""
+    """A speed out of range is refused on the request as sent, however long its text: the front end never reads
+    it."""
     service = started(FakeEngine())
     service.admission.lexicon = lexicon = CountingLexicon()
     try:
         for stream in (True, False):  # a stream, a file
             with pytest.raises(InvalidRequest) as raised:
-                asyncio.run(service.answer(Ask(FIRST + REST, words=True, stream=stream)))
-            assert raised.value.code == ErrorCode.TIMESTAMPS_UNSUPPORTED
+                asyncio.run(service.answer(Ask(FIRST + REST, speed=9.0, words=True, stream=stream)))
+            assert raised.value.param == "speed"
     finally:
         service.stop()
     assert lexicon.looked_up == 0

@@ -1,5 +1,6 @@
 import asyncio
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -178,20 +179,22 @@ def test_texts_are_read_off_the_event_loop_one_at_a_time(monkeypatch):
 
 
 def test_what_a_model_cannot_do_is_refused_from_its_spec_before_any_load():
-    """Word timings asked of a model that declares none: refused without loading it (nor any other)."""
+    """A speed asked of a voice whose model has no speaking-rate control: refused without loading it (nor any
+    other)."""
     from tts_core.engines import ModelSpec
 
     def load():
         raise AssertionError("a refusal must not load the model")
 
-    unloaded = ModelSpec("later", FakeEngine(name="later", voice="later-voice").voices(), load, pinned=False,
-                         source=("later",))
+    voices = [replace(voice, speed_control=False) for voice in FakeEngine(name="later", voice="later-voice").voices()]
+    unloaded = ModelSpec("later", voices, load, pinned=False, source=("later",))
     service = SpeechService(Settings(batch_policy="sequential"), [FakeEngine(), unloaded], Metrics())
     service.start()
     try:
         with pytest.raises(InvalidRequest) as refused:
-            asyncio.run(service.answer(Ask("Hello there.", "later-voice", response_format="wav", words=True)))
-        assert refused.value.code == "timestamps_unsupported" and "later" not in service.loops
+            asyncio.run(service.answer(Ask("Hello there.", "later-voice", speed=1.5, response_format="wav",
+                                           words=True)))
+        assert refused.value.code == "unsupported_value" and "later" not in service.loops
     finally:
         service.stop()
 

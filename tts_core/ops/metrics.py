@@ -120,6 +120,17 @@ class Metrics:
                                              buckets=LATENCY_BUCKETS, registry=r)
         self.chunks_per_request = Histogram("tts_chunks_per_request", "Streamed requests: sentences per request",
                                             buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        # words timed after synthesis, for engines that do not time them (tts_core.audio.word_timing)
+        self.word_timing_seconds = Histogram("tts_word_timing_cpu_seconds", "CPU seconds spent timing one piece's "
+                                             "words after synthesis, by way (aligned, estimated)", ["way"],
+                                             buckets=LATENCY_BUCKETS, registry=r)
+        self.word_timing_audio_seconds = Counter("tts_word_timing_audio_seconds", "Seconds of audio whose words were "
+                                                 "timed after synthesis, by way", ["way"], registry=r)
+
+    def word_timing(self, way: str, cpu_s: float, audio_s: float) -> None:
+        """One piece's words timed after synthesis: its cost (their ratio is the aligner's CPU per audio second)."""
+        self.word_timing_seconds.labels(way).observe(cpu_s)
+        self.word_timing_audio_seconds.labels(way).inc(audio_s)
 
     def jobs_state(self, queued: int, running: int, oldest_queued_s: float | None) -> None:
         self.job_backlog = (queued, running, oldest_queued_s)

@@ -129,20 +129,16 @@ class Admission:
 
     def admit(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
               caller: Caller | None, reading: Reading = Reading(), words: bool = False) -> Script:
-        """The request compiled: the refusals decided on it as sent (`check`), then the whole text read, and with
-        `words` whether the model of each voice an SSML document switches to can time its words."""
+        """The request compiled: the refusals decided on it as sent (`check`), then the whole text read. Words
+        (`words`) are never refused: a voice whose model does not time them has them found in its audio."""
         voice_info, model_name = self.check(catalogue, text, voice, model, speed, caller, reading, words)
-        script = self._read(catalogue, text, voice_info, model_name, speed, caller, reading)
-        for passage in script.passages if words else ():
-            _check_times_words(catalogue, passage.voice, passage.model)
-        return script
+        return self._read(catalogue, text, voice_info, model_name, speed, caller, reading)
 
     def check(self, catalogue: Catalogue, text: str, voice: str | None, model: str | None, speed: float,
               caller: Caller | None, reading: Reading = Reading(), words: bool = False) -> tuple[Voice, str]:
         """Every refusal that needs none of the text read, cheap whatever its length, decided before any of it is:
         degrade mode's shedding, the voice, model and speed, the length limits (the server's, the tier's,
-        degrade mode's cap), and with `words` (word timestamps asked for) whether the voice's model can time its
-        words (as declared: none is loaded to find out). Returns the voice and its model's name."""
+        degrade mode's cap). Returns the voice and its model's name."""
         state, settings = self.degrade.state, self.degrade.settings
         tier = caller.tier if caller else Tier()
         if DegradeAction.SHED in state.actions and tier.sheddable:
@@ -151,8 +147,6 @@ class Admission:
             raise Degraded("the server is under heavy load and is serving higher priorities only; "
                            f"retry after {retry} s", retry, ErrorCode.SHED_LOW_PRIORITY)
         voice_info, model_name = self._named(catalogue, text, voice, model, speed, caller, reading)
-        if words:
-            _check_times_words(catalogue, voice_info, model_name)
         if DegradeAction.CAP_TEXT in state.actions and len(text) > settings.cap_text_chars:
             self.metrics.degrade_actions.labels(DegradeAction.CAP_TEXT).inc()
             retry = self._retry_after_s()
@@ -230,13 +224,6 @@ def _instructed(script: Script, reading: Reading) -> Script:
         return script
     return replace(script, passages=tuple(replace(passage, instructions=reading.instructions)
                                           for passage in script.passages))
-
-
-def _check_times_words(catalogue: Catalogue, voice: Voice, model: str) -> None:
-    if not catalogue.capabilities.get(model, Capabilities()).times_words:
-        raise InvalidRequest(f"voice {voice.name!r} ({voice.model}) cannot time its words: word timestamps need a "
-                             "model that reports its durations (Piper, VITS)", "voice",
-                             ErrorCode.TIMESTAMPS_UNSUPPORTED)
 
 
 def _check_speed(voice: Voice, speed: float, param: str, where: str = "") -> None:

@@ -30,6 +30,7 @@ class Assembly:
     def __init__(self, script: Script, items: list[QueuedItem]):
         self.script, self.items, self.sample_rate = script, items, script.voice.sample_rate
         self.placed = 0  # samples of the answer so far
+        self._heard: dict[int, tuple[float, list[np.ndarray]]] = {}  # an item handed out in pieces, words untimed
 
     def place(self, index: int, piece_index: int, output: EngineOutput) -> tuple[np.ndarray, int, list[Timed]]:
         """Piece `piece_index` of item `index`'s audio (a stepped engine hands an item out in pieces; else its one
@@ -44,7 +45,18 @@ class Assembly:
                       pause_s=item.pause_s if piece_index == 0 else 0.0)
         speech_at = (self.placed + piece.size - audio.size) / self.sample_rate
         self.placed += piece.size
+        if item.said is not None and item.pieces is not None:  # its words are found in its whole audio: `finish`
+            self._heard.setdefault(index, (speech_at, []))[1].append(audio)
+            return piece, audio.size, []
         return piece, audio.size, timed_words(item, output, speech_at) if piece_index == 0 else []
+
+    def finish(self, index: int) -> list[Timed]:
+        """The words of item `index`, handed out in pieces, timed once its last piece is placed (a stepped engine's
+        stream: words an engine does not time are found in the sentence's whole audio); else none."""
+        if index not in self._heard:
+            return []
+        speech_at, pieces = self._heard.pop(index)
+        return timed_words(self.items[index], EngineOutput(np.concatenate(pieces)), speech_at, self.sample_rate)
 
     def ending(self) -> np.ndarray:
         """The silence after the last piece (an SSML document's closing pause; else none)."""
@@ -86,6 +98,8 @@ class SentenceStream:
                     piece, speech, words = await asyncio.to_thread(assembly.place, index, piece_index, output)
                     self._metrics.audio_seconds.inc(speech / self.sample_rate)
                     yield piece, words
+                if words := await asyncio.to_thread(assembly.finish, index):
+                    yield np.zeros(0, dtype=np.float32), words
             if self.script.pause_after_s:
                 yield assembly.ending(), []
             self._metrics.chunks_per_request.observe(len(self.items))

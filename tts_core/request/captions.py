@@ -1,10 +1,11 @@
 """Word timestamps: when each word of the caller's input is spoken, and subtitles made of them.
 
 An engine that times words (Capabilities.times_words) says which word of a chunk each token speaks and how
-many samples each token spans; the scheduler numbers the words across their passage
-(QueuedItem.word_ids). Here those times are carried back through the front end's pieces to the
-caller's input: spoken words that say one written thing ("five dollars" for "$5", the words of an SSML
-<sub> alias) make one caption word, named as the caller wrote it.
+many samples each token spans; the scheduler numbers the words across their passage (QueuedItem.word_ids). An
+engine that does not has its words found in its audio once it is made (aligned or estimated: QueuedItem.said,
+tts_core.audio.word_timing). Here those times are carried back through the front end's pieces to the caller's
+input: spoken words that say one written thing ("five dollars" for "$5", the words of an SSML <sub> alias) make
+one caption word, named as the caller wrote it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from __future__ import annotations
 import bisect
 import html
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
+from ..audio.word_timing import NATIVE, WAYS, combined
 from ..engines.base import word_spans
 from ..engines.contract import EngineOutput
 from ..scheduler.records import QueuedItem
@@ -44,22 +48,33 @@ class CaptionWord:
     input_end: int
     speaker: str | None = None  # a dialogue's: who says it
     shown: str = ""  # the word with the punctuation written beside it, as subtitles show it ("there.")
+    timing: str = NATIVE  # how its time was found: native, aligned or estimated (tts_core.audio.word_timing)
 
     def as_json(self) -> dict:
         said = {"word": self.word, "start": round(self.start, 3), "end": round(self.end, 3)}
         return said if self.speaker is None else {**said, "speaker": self.speaker}
 
 
-Timed = tuple[int, int, float, float]  # (passage, spoken word of the passage, start s, end s)
+class Timed(NamedTuple):
+    passage: int
+    word: int  # the spoken word of the passage
+    start: float  # seconds in the answer
+    end: float
+    way: str = NATIVE  # how it was timed (tts_core.audio.word_timing)
 
 
-def timed_words(item: QueuedItem, output: EngineOutput, start_s: float) -> list[Timed]:
-    """The item's words with their times (from its output's token spans), its speech starting at start_s in the
-    answer."""
+def timed_words(item: QueuedItem, output: EngineOutput, start_s: float, audio_rate: int | None = None) -> list[Timed]:
+    """The item's words with their times, its speech starting at start_s in the answer: from its output's token
+    spans, or (an engine that does not time words) found in its audio, at audio_rate (None: its engine's)."""
+    if item.said is not None:
+        said = item.said
+        timing = said.timer.time_words(said.words, output.audio, audio_rate or item.sample_rate, said.language)
+        return [Timed(item.passage, said.first + index, start_s + start, start_s + end, timing.way)
+                for index, (start, end) in enumerate(timing.spans)]
     if item.word_ids is None or output.token_samples is None:
         return []
     rate = item.sample_rate
-    return [(item.passage, word, start_s + first / rate, start_s + end / rate)
+    return [Timed(item.passage, word, start_s + first / rate, start_s + end / rate)
             for word, (first, end) in word_spans(item.word_ids, output.token_samples).items()]
 
 
@@ -67,7 +82,7 @@ def caption_words(script: Script, text: str, timed: list[Timed]) -> list[Caption
     """The caller's words (of `text`, the input as sent) with when they are spoken, in order."""
     layouts: dict[int, _Layout] = {}
     captions: list[CaptionWord] = []
-    for passage, word, start, end in timed:
+    for passage, word, start, end, way in (Timed(*each) for each in timed):  # (a plain 4-tuple is native)
         layout = layouts.get(passage) or layouts.setdefault(passage, _Layout(script.passages[passage].spoken, text))
         span = layout.source_span(word)
         if span is None:
@@ -77,9 +92,16 @@ def caption_words(script: Script, text: str, timed: list[Timed]) -> list[Caption
             # the same written word, or one written with no space after the last ("H2O" says "H two O")
             span = min(span[0], last.input_start), max(span[1], last.input_end)
             start, end = last.start, max(end, last.end)
+            way = max(way, last.timing, key=WAYS.index)
             captions.pop()
-        captions.append(CaptionWord(layout.written.get(span) or _written(text[span[0]:span[1]]), start, end, *span))
+        captions.append(CaptionWord(layout.written.get(span) or _written(text[span[0]:span[1]]), start, end, *span,
+                                    timing=way))
     return _punctuated(text, [caption for caption in captions if caption.word])
+
+
+def word_timings(words: Sequence[CaptionWord]) -> str | None:
+    """How an answer's words were timed, as its `word_timings` field and X-Chorus-Word-Timings header say it."""
+    return combined([word.timing for word in words])
 
 
 def _punctuated(text: str, captions: list[CaptionWord]) -> list[CaptionWord]:

@@ -335,7 +335,7 @@ def recording(dialogue: Dialogue, items: list[QueuedItem], outputs: list[EngineO
         start = at
         for index, pause in zip(indices, sentence_pauses, strict=True):
             at += silence(pause, rate).size
-            timed += timed_words(items[index], outputs[index], at / rate)
+            timed += timed_words(items[index], outputs[index], at / rate, rate)
             at += outputs[index].audio.size
         spans.append(TurnSpan(*dialogue.who(turn), start / rate, at / rate))
     audio = join([*turns, silence(dialogue.script.pause_after_s, rate)], rate, [*pauses, 0.0])
@@ -381,9 +381,9 @@ class TurnProgress:
 def captions(dialogue: Dialogue, timed: Sequence[Timed]) -> list[CaptionWord]:
     """The script's words, each with its speaker and when it is spoken (named as written in its turn)."""
     by_turn: dict[int, list[Timed]] = {}
-    for passage, word, start, end in timed:
-        turn = dialogue.turn_of(passage)
-        by_turn.setdefault(turn, []).append((passage - dialogue.first_passages[turn], word, start, end))
+    for each in (Timed(*each) for each in timed):
+        turn = dialogue.turn_of(each.passage)
+        by_turn.setdefault(turn, []).append(each._replace(passage=each.passage - dialogue.first_passages[turn]))
     return [replace(word, speaker=dialogue.turns[turn].speaker) for turn, words in sorted(by_turn.items())
             for word in caption_words(dialogue.turn_scripts[turn], dialogue.turns[turn].text, words)]
 
@@ -428,8 +428,8 @@ class DialogueStream:
                 async for piece, timed in stream.timed():
                     gain = gain_for(piece, self.sample_rate) if gain is None else gain
                     offset = played / self.sample_rate
-                    words = captions(self.dialogue, [(passage, word, start + offset, end + offset)
-                                                     for passage, word, start, end in timed])
+                    words = captions(self.dialogue, [each._replace(start=each.start + offset, end=each.end + offset)
+                                                     for each in timed])
                     played += piece.size
                     yield scaled(piece, gain), words
             if self.dialogue.script.pause_after_s:

@@ -24,7 +24,9 @@ from typing import TypeVar
 import numpy as np
 
 from ..audio.playable import JOIN_PAUSE_S, resample
+from ..audio.word_timing import SaidWords, WordTimer
 from ..config import Settings
+from ..engines.alignment import share_out
 from ..engines.base import Engine
 from ..engines.contract import AudioPieces, EngineInput, EngineOutput
 from ..errors import ChorusError, DeadlineExceeded, ErrorCode, InvalidRequest, Overloaded
@@ -67,6 +69,7 @@ class Scheduler:
         self.settings = settings
         self.pool = pool
         self.metrics = metrics
+        self.word_timer = WordTimer(metrics.word_timing)  # words of engines that do not time them
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="text-reader")
 
     async def read(self, function: Callable[..., T], *args) -> T:
@@ -172,15 +175,16 @@ class Scheduler:
         loop.check(len(chunks), tier_name, identity, tier.priority, share, target, timeout_s)
         engine = loop.engine
         tokenized = await self.read(_tokenized, engine, chunks, cuts, voice.name, words, first_word)
-        tokenized = [(tokens, word_ids, cut) for tokens, word_ids, cut in tokenized if tokens.size]
+        tokenized = [each for each in tokenized if each[0].size]
         if not tokenized:
             return [], played_s
         deadline = time.monotonic() + timeout_s
         key = engine.batch_key(voice.name, speed)
         items = [QueuedItem(EngineInput(tokens, voice.name, speed, passage.instructions), key=key, deadline=deadline,
                             priority=tier.priority, tier=tier_name, caller=identity, sample_rate=engine.sample_rate,
-                            pause_s=0.0 if cut else JOIN_PAUSE_S, cut=cut, passage=index, word_ids=word_ids)
-                 for tokens, word_ids, cut in tokenized]
+                            pause_s=0.0 if cut else JOIN_PAUSE_S, cut=cut, passage=index, word_ids=word_ids,
+                            said=None if said is None else SaidWords(*said, voice.language, self.word_timer))
+                 for tokens, word_ids, cut, said in tokenized]
         first_pause = passage.pause_before_s
         if passage.after_lead_of is None:  # (else its first item follows the piece read ahead: its pause stands)
             items[0].pause_s = (0.0 if first else JOIN_PAUSE_S) if first_pause is None else first_pause
@@ -244,18 +248,34 @@ class Scheduler:
 
 
 def _tokenized(engine: Engine, chunks: list[str], cuts: list[bool], voice: str, words: bool, first: int = 0
-               ) -> list[tuple[np.ndarray, np.ndarray | None, bool]]:
+               ) -> list[tuple[np.ndarray, np.ndarray | None, bool, tuple[int, tuple[str, ...]] | None]]:
     """Each sentence's model input (an engine may read a chunk as several), with `words` the word of the passage
     each token says (the chunks' words, in order, are the passage's from its `first` on), and whether it
-    continues a chunk cut before it (its chunk's first input only)."""
+    continues a chunk cut before it (its chunk's first input only). With `words` from an engine that does not
+    time them: the words each input says instead (the number of its first, and the words), to be timed in its
+    audio (a chunk read as several inputs shares its words out by their lengths)."""
     tokenized = []
+    native = words and engine.capabilities.times_words
     for chunk, cut in zip(chunks, cuts, strict=True):
-        inputs = engine.tokenize_words(chunk, voice) if words else [(tokens, None)
-                                                                     for tokens in engine.tokenize(chunk, voice)]
+        inputs = engine.tokenize_words(chunk, voice) if native else [(tokens, None)
+                                                                      for tokens in engine.tokenize(chunk, voice)]
+        said = _said(text_words(chunk), [tokens.size for tokens, _ in inputs], first) if words and not native else None
         tokenized += [(tokens, None if word_ids is None else np.where(word_ids >= 0, word_ids + first, -1),
-                       cut and index == 0) for index, (tokens, word_ids) in enumerate(inputs)]
+                       cut and index == 0, said[index] if said else None)
+                      for index, (tokens, word_ids) in enumerate(inputs)]
         first += len(text_words(chunk)) if words else 0
     return tokenized
+
+
+def _said(chunk_words: list[str], lengths: list[int], first: int) -> list[tuple[int, tuple[str, ...]]]:
+    """The words each of a chunk's inputs says: all of them where it is one; else shared out by the inputs'
+    lengths, in order."""
+    if len(lengths) == 1:
+        return [(first, tuple(chunk_words))]
+    owners = share_out(lengths, len(chunk_words)) if len(chunk_words) >= len(lengths) else np.arange(len(chunk_words))
+    return [(first + int(np.searchsorted(owners, index)),
+             tuple(word for word, owner in zip(chunk_words, owners, strict=True) if owner == index))
+            for index in range(len(lengths))]
 
 
 async def output_of(item: QueuedItem, run_allowance_s: float) -> EngineOutput:

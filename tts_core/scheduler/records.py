@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..audio.word_timing import SaidWords
 from ..engines.contract import AudioPieces, EngineInput, EngineOutput, UnsoundAudio, audio_fault
 
 _sequence = itertools.count()
@@ -37,6 +38,7 @@ class QueuedItem:
     cut: bool = False  # a stream's piece cut from the chunk before it: joined with no pause and no quiet edges
     passage: int = 0  # which passage of its script it speaks (tts_core.request.script)
     word_ids: np.ndarray | None = None  # asked for word timestamps: each input token's word of the passage, or -1
+    said: SaidWords | None = None  # asked for word timestamps of an engine that does not time words: its words
     enqueued_at: float = 0.0
     rank: float = 0.0  # the queue's virtual start for it, when the next batch was last chosen
     future: Future = field(default_factory=Future)
