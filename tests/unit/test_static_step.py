@@ -28,7 +28,7 @@ def folder(tmp_path_factory):
 
 
 def engine_of(folder, **options) -> PocketTTSEngine:
-    options = {"max_running": 4, "seed": 7, "step_context": 128, "step_backend": "aot_eager", **options}
+    options = {"max_running": 4, "seed": 7, "step_backend": "aot_eager", **options}
     return PocketTTSEngine(str(folder), [], device="cpu", **options)
 
 
@@ -87,8 +87,10 @@ def test_the_compiled_step_is_one_graph_per_bucket_checked_against_eager(compile
 def test_fifty_steps_of_joins_and_leaves_recompile_nothing_and_match_eager(folder, compiled):
     joins = {0: 2, 3: 1, 5: 3, 11: 2, 17: 4, 26: 3, 35: 2, 42: 3}
     graphs = counters["stats"]["unique_graphs"]
+    before = compiled.step_status()["steps_compiled"]
     made, steps = run(compiled, joins, steps=50)
     assert steps == 50 and counters["stats"]["unique_graphs"] == graphs  # no recompile (dynamo's counters)
+    assert compiled.step_status()["steps_compiled"] - before == 50 and compiled._cache.capacity == 512
     eager, _ = run(engine_of(folder, step_mode="eager"), joins, steps=50)
     assert made.keys() == eager.keys() and len(made) >= 6
     for index, frames in made.items():
@@ -107,14 +109,14 @@ class DifferentWhenCompiled(PocketTTSEngine):
 
 
 def test_a_compiled_step_that_differs_or_fails_to_compile_leaves_the_model_eager(folder):
-    differs = DifferentWhenCompiled(str(folder), [], device="cpu", max_running=2, step_context=128,
+    differs = DifferentWhenCompiled(str(folder), [], device="cpu", max_running=2,
                                     step_mode="compiled", step_backend="aot_eager")
     status = differs.step_status()
     assert status["step_mode"] == "eager" and "differs from eager by 0.01" in status["step_mode_reason"]
     assert differs._runner.compiled == {}
     fails = engine_of(folder, max_running=2, step_mode="compiled", step_backend="no-such-backend")
     assert fails.step_status()["step_mode"] == "eager"
-    assert "compiling the step for 1@128 failed" in fails.step_status()["step_mode_reason"]
+    assert "compiling the step for 1@512 failed" in fails.step_status()["step_mode_reason"]
     made, _ = run(fails, {0: 2})  # and it serves, eager
     assert len(made) == 2
 

@@ -123,14 +123,16 @@ class PocketTTSEngine(TorchSteppedEngine):
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
                  name: str | None = None, max_running: int = DEFAULT_MAX_RUNNING, fixed_length: bool = False,
                  temperature: float = 0.7, seed: int | None = None, step_mode: str = "auto",
-                 step_context: int = STEP_CONTEXT, step_backend: str = "inductor"):
+                 step_context: int = STEP_CONTEXT, step_backend: str = "inductor",
+                 step_buckets: Sequence[int] | None = None):
         """source: a hub id or a local folder; voices: the registry's voices on this model (none: the
         shipped ones); fixed_length: every request makes its whole frame budget (random weights);
         temperature: of the flow head's noise (0: greedy); step_mode: auto, eager or compiled (static_step.py);
-        step_context: the cache positions per row the compiled steps are made for; step_backend: torch.compile's."""
+        step_context: the cache positions per row the compiled steps are made for; step_backend: torch.compile's;
+        step_buckets: the buckets compiled (None: all; the others step eager; a benchmark's)."""
         self._place(source, device, dtype, name, seed)
         self._runner = StepRunner(self._step_body, self.device, step_mode, step_backend)
-        self.step_context = step_context
+        self.step_context, self._compiled_buckets = step_context, step_buckets
         self._prefixes: dict[str, tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]] = {}  # _prefix
         self.max_running, self.fixed_length, self.temperature = max_running, fixed_length, temperature
         with _loading(source):
@@ -364,7 +366,7 @@ class PocketTTSEngine(TorchSteppedEngine):
         if self._runner.mode != "compiled":
             return
         self._reserve(self.step_context)
-        for count in self._sizes:
+        for count in self._compiled_buckets or self._sizes:
             if not self._runner.prepare((count, self._cache.capacity), partial(self._check, count)):
                 break
         self._state.reset(slice(0, self.max_running))

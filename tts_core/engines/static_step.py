@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -106,6 +107,7 @@ class StepRunner:
     compiled: dict[tuple, Callable] = field(default_factory=dict)  # (bucket, capacity) -> its checked graph
     compile_s: dict[str, float] = field(default_factory=dict)  # by "bucket@capacity"
     reason: str = ""  # why it runs eager, where compiled was asked
+    ran: Counter = field(default_factory=Counter)  # steps run, "compiled" or "eager"
     _compiled_body: Callable | None = None
 
     def __post_init__(self):
@@ -146,9 +148,11 @@ class StepRunner:
         return False
 
     def run(self, key: tuple, count: int, noise: torch.Tensor):
-        step = self.compiled.get(key, self.body)
-        return step(count, noise)
+        step = self.compiled.get(key)
+        self.ran["eager" if step is None else "compiled"] += 1
+        return (step or self.body)(count, noise)
 
     def describe(self) -> dict:
         return {"step_mode": self.running, "step_compile_s": dict(self.compile_s),
-                "step_compile_total_s": round(sum(self.compile_s.values()), 2), "step_mode_reason": self.reason}
+                "step_compile_total_s": round(sum(self.compile_s.values()), 2), "step_mode_reason": self.reason,
+                "steps_compiled": self.ran["compiled"], "steps_eager": self.ran["eager"]}
