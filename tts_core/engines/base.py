@@ -99,6 +99,7 @@ class VoiceSpec:
     prompt: str | None = None  # a voice-prompted model's prompt file (relative: to the model folder)
     fixed_length: bool = False  # model-level: every request makes its whole frame budget (random weights)
     max_running: int | None = None  # model-level: the most requests a stepped model runs at once
+    step_mode: str | None = None  # model-level: a stepped model's step, auto, eager or compiled (None: auto)
     upstream_voice: str | None = None  # an upstream's: the voice's name there (None: the same name)
     upstream: UpstreamOptions | None = None  # model-level: an upstream model's connection
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -68,9 +68,13 @@ class SteppedVoiceOptions(PromptedVoiceOptions):
     fixed_length: bool = Field(False, description="every request makes its whole frame budget (random-weight "
                                "benchmark models)")
     max_running: int | None = Field(None, ge=1, le=1024, description="the most requests running at once")
+    step_mode: Literal["auto", "eager", "compiled"] | None = Field(
+        None, description="the step: eager, compiled per running-set bucket at load (checked against eager, "
+        "eager if it fails), or auto (compiled on CUDA, eager on the CPU); default auto")
 
     def voice_spec(self, name: str) -> VoiceSpec:
-        return replace(super().voice_spec(name), fixed_length=self.fixed_length, max_running=self.max_running)
+        return replace(super().voice_spec(name), fixed_length=self.fixed_length, max_running=self.max_running,
+                       step_mode=self.step_mode)
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,7 @@ def stepped_options(voices: list[VoiceSpec]) -> dict:
     options: dict = dict(fixed_length=any(voice.fixed_length for voice in voices))
     max_running = [voice.max_running for voice in voices if voice.max_running]
     options["max_running"] = max(max_running) if max_running else DEFAULT_MAX_RUNNING
+    options["step_mode"] = next((voice.step_mode for voice in voices if voice.step_mode), "auto")
     return options
 
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,7 @@ from ..text.pronunciation import as_text
 from .base import DEFAULT_MAX_RUNNING, Voice, VoiceSpec
 from .contract import EngineInput
 from .pocket_codec import DecoderState, StreamingDecoder, encode_voice
+from .static_step import CHECK_STEPS, StepRunner, StepState, bucket_of, buckets
 from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
 from .vits import _loading
 
@@ -51,6 +53,7 @@ MODEL_LANGUAGE = "en"  # Pocket TTS speaks English
 PROMPT_KEY = "audio_prompt_latents"  # the tensor a voice file holds: (frames, latent_dim)
 # The released checkpoints' generation values (generation_pocket_tts.py), where a model's config sets none.
 GENERATION_DEFAULTS = {"num_flow_steps": 1, "eos_threshold": -4.0, "min_frames_before_eos": 6}
+STEP_CONTEXT = 512  # cache positions per row the compiled steps are made for (a longer request: eager)
 DESCRIBE_FILES = ["*.json", "voices/*", "codec/*.json"]  # what describing a hub model reads
 
 
@@ -98,7 +101,7 @@ class _Running:
     frames_after_eos: int
     decoder: DecoderState
     length: int = 0  # cache positions written
-    latents: list[torch.Tensor] = field(default_factory=list)  # its frames, normalised, (1, latent_dim) each
+    made: int = 0  # frames made (they are in the state's frames buffer, its row's)
     taken: int = 0  # frames already turned into audio
     countdown: int = -1  # frames still to make after its end of speech; -1 until that is seen
     done: bool = False
@@ -119,11 +122,17 @@ class PocketTTSEngine(TorchSteppedEngine):
 
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
                  name: str | None = None, max_running: int = DEFAULT_MAX_RUNNING, fixed_length: bool = False,
-                 temperature: float = 0.7, seed: int | None = None):
+                 temperature: float = 0.7, seed: int | None = None, step_mode: str = "auto",
+                 step_context: int = STEP_CONTEXT, step_backend: str = "inductor",
+                 step_buckets: Sequence[int] | None = None):
         """source: a hub id or a local folder; voices: the registry's voices on this model (none: the
         shipped ones); fixed_length: every request makes its whole frame budget (random weights);
-        temperature: of the flow head's noise (0: greedy)."""
+        temperature: of the flow head's noise (0: greedy); step_mode: auto, eager or compiled (static_step.py);
+        step_context: the cache positions per row the compiled steps are made for; step_backend: torch.compile's;
+        step_buckets: the buckets compiled (None: all; the others step eager; a benchmark's)."""
         self._place(source, device, dtype, name, seed)
+        self._runner = StepRunner(self._step_body, self.device, step_mode, step_backend)
+        self.step_context, self._compiled_buckets = step_context, step_buckets
         self._prefixes: dict[str, tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]] = {}  # _prefix
         self.max_running, self.fixed_length, self.temperature = max_running, fixed_length, temperature
         with _loading(source):
@@ -135,6 +144,9 @@ class PocketTTSEngine(TorchSteppedEngine):
                 self.add_voice(voice_name, self._read_prompt(path))
         self._cache = SlotCache(self.model.config, max_running, self.dtype, self.device)
         self.kv_bytes_per_token = float(self._cache.bytes_per_token)
+        self._state, self._sizes = self._new_state(), buckets(max_running)
+        self._latent_ids = torch.full((max_running, 1), self.model.config.audio_latent_token_id, device=self.device)
+        self._compile_steps()
 
     def _load_models(self, folder: Path) -> None:
         """The codec from <folder>/codec when there is one: a processor saved with its codec records
@@ -152,7 +164,8 @@ class PocketTTSEngine(TorchSteppedEngine):
                                                                        local_files_only=True)
         self.model.to(self.device).eval()
         if self.device == "cpu" and torch.backends.mkldnn.is_available():  # (fp32: the only precision on a CPU)
-            prepack_linears(self.model)
+            if self._runner.mode == "eager":  # (a compiled step cannot trace oneDNN's modules: inductor packs its own)
+                prepack_linears(self.model)
             prepack_linears(self.codec)
         self._read_settings()
 
@@ -218,9 +231,8 @@ class PocketTTSEngine(TorchSteppedEngine):
     def latents(self, item_id: int) -> torch.Tensor:
         """The frames a running item has made, in the codec's space (frames, latent_dim)."""
         run = self._running[item_id]
-        if not run.latents:
-            return torch.zeros(0, self.model.config.latent_dim)
-        return self.model.denormalize_latents(torch.cat(run.latents))
+        frames = self._state["frames"][self._rows.index(run), : run.made]
+        return self.model.denormalize_latents(frames).cpu()
 
     @torch.inference_mode()
     def admit(self, items: Sequence[EngineInput]) -> list[int]:
@@ -230,13 +242,20 @@ class PocketTTSEngine(TorchSteppedEngine):
             raise ValueError(f"{self.name}: {len(items)} joiners do not fit in {self.max_running} rows")
         joiners = [_Running(item, self._prompt_ids(item), self._voice_prompt(item), self.frames_needed(item),
                             self._frames_after_eos(item), self._decoder.new_state()) for item in items]
-        self._cache.reserve(max(len(run.prompt) + run.budget for run in self._rows + joiners), len(self._rows))
-        hidden, eos_logits = self._prefill(joiners, first_row=len(self._rows))
+        self._reserve(max(len(run.prompt) + run.budget for run in self._rows + joiners))
+        first = len(self._rows)
+        hidden, eos_logits = self._prefill(joiners, first_row=first)
+        rows = slice(first, first + len(joiners))
+        for name, values in (("positions", [len(run.prompt) for run in joiners]), ("made", [0] * len(joiners)),
+                             ("budget", [run.budget for run in joiners]), ("countdown", [-1] * len(joiners)),
+                             ("tail", [run.frames_after_eos for run in joiners]), ("done", [False] * len(joiners))):
+            self._state[name][rows] = torch.tensor(values, device=self.device)
         for run in joiners:  # only now: a prefill that fails (out of memory) leaves the running set as it was
             run.length = len(run.prompt)
             self._rows.append(run)
             self._running[run.item.id] = run
-        return self._advance(joiners, hidden, eos_logits)
+        _, ended = self._record(rows, hidden, eos_logits, self._noise(len(joiners), len(joiners)))
+        return self._finished(joiners, ended)
 
     def _prefill(self, joiners: list[_Running], first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each joiner's cache row starts from its voice's cached prefix (`_prefix`); the rest of the prompts
@@ -283,63 +302,136 @@ class PocketTTSEngine(TorchSteppedEngine):
         self._prefixes = {**kept, voice: (prompt, keys, values)}
         return keys, values
 
+    # --- the step over static state (static_step.py) --------------------------------------------------
+
+    def _new_state(self) -> StepState:
+        width = int(self.model.config.latent_dim)
+        long, flag = torch.long, torch.bool
+        return StepState(self.max_running, self.device, {
+            "positions": ((), long, 0), "made": ((), long, 0), "budget": ((), long, 0), "countdown": ((), long, -1),
+            "tail": ((), long, 0), "done": ((), flag, True),  # padding rows are done: never reported
+            "last": ((width,), torch.float32, 0.0),  # each row's previous frame (normalised)
+            "frames": ((0, width), torch.float32, 0.0)})  # each row's frames, as long as the cache
+
+    def _reserve(self, length: int) -> None:
+        """Cache room for `length` positions per row (at least `step_context` when compiled, so that the
+        compiled graphs' capacity holds), and the frames buffer as long."""
+        self._cache.reserve(max(length, self.step_context if self._runner.mode == "compiled" else 0), len(self._rows))
+        if self._state["frames"].shape[1] != self._cache.capacity:
+            self._state.grow("frames", (self._cache.capacity, int(self.model.config.latent_dim)), len(self._rows))
+
+    def _step_body(self, count: int, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of the first `count` rows (running and padding) from the state alone: the backbone over the
+        whole cache (its capacity; later positions masked), the flow head, the stop rule. Returns the frames
+        and which rows ended at this step."""
+        state, capacity = self._state, self._cache.capacity
+        positions = state["positions"][:count]
+        mask = torch.arange(capacity, device=self.device)[None, :] <= positions[:, None]
+        self._cache.start_step(positions, capacity)
+        out = self.model(input_ids=self._latent_ids[:count], audio_latents=state["last"][:count, None].to(self.dtype),
+                         position_ids=positions[:, None], attention_mask=mask[:, None, None, :],
+                         past_key_values=self._cache, use_cache=True)
+        state["positions"][:count] += (~state["done"][:count]).long()  # a done row rewrites one unused position
+        return self._record(slice(0, count), out.last_hidden_state[:, -1], out.logits[:, -1, 0], noise)
+
+    def _record(self, rows: slice, hidden: torch.Tensor, eos_logits: torch.Tensor, noise: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The flow head turns these rows' hidden states into their next frames, written to the frames buffer;
+        then generate's stopping rule on the device: the budget, or the end of speech plus a short tail."""
+        state = self._state
+        frames = self.model.sample_latent(hidden, noise.to(hidden.dtype), self.num_flow_steps).float()
+        done, made = state["done"][rows], state["made"][rows]
+        active = ~done
+        at = torch.arange(rows.start, rows.stop, device=self.device)
+        state["frames"][at, made.clamp(max=state["frames"].shape[1] - 1)] = frames  # (a done row: past its frames)
+        state["last"][rows] = torch.where(active[:, None], frames, state["last"][rows])
+        made = made + active.long()
+        state["made"][rows] = made
+        ended = made >= state["budget"][rows]
+        if not self.fixed_length:
+            countdown = state["countdown"][rows]
+            seen = (countdown < 0) & (made > self.min_frames_before_eos) & (eos_logits.float() > self.eos_threshold)
+            countdown = torch.where(seen, state["tail"][rows], countdown)
+            ended = ended | (countdown == 0)
+            countdown = torch.where(countdown > 0, countdown - 1, countdown)
+            state["countdown"][rows] = torch.where(active, countdown, state["countdown"][rows])
+        ended = ended & active
+        state["done"][rows] = done | ended
+        return frames, ended
+
+    @torch.inference_mode()
+    def _compile_steps(self) -> None:
+        """Compiled mode, at load: the step compiled for every bucket at `step_context` positions, each checked
+        against eager (static_step.py); any failure leaves the model eager, its reason in `step_status`."""
+        if self._runner.mode != "compiled":
+            return
+        self._reserve(self.step_context)
+        for count in self._compiled_buckets or self._sizes:
+            if not self._runner.prepare((count, self._cache.capacity), partial(self._check, count)):
+                break
+        self._state.reset(slice(0, self.max_running))
+
+    def _check(self, count: int, eager, compiled) -> float:
+        """The largest difference between the frames of `CHECK_STEPS` steps of `count` running rows, eager and
+        compiled, each from the same state (zero cache, rows at different positions, random last frames) and noise."""
+        width = int(self.model.config.latent_dim)
+        checking = torch.Generator(device=self.device).manual_seed(0)
+        last = torch.randn(count, width, generator=checking, device=self.device)
+        noises = [torch.randn(count, width, generator=checking, device=self.device) for _ in range(CHECK_STEPS)]
+        made = []
+        for step in (eager, compiled):
+            for tensor in self._cache.keys + self._cache.values:
+                tensor.zero_()
+            self._state.reset(slice(0, count))
+            for name, value in (("positions", torch.arange(count) * 3 + 1), ("last", last), ("done", False),
+                                ("budget", self._cache.capacity - 1)):
+                self._state[name][:count] = value if not torch.is_tensor(value) else value.to(self.device)
+            made.append(torch.stack([step(count, noise)[0].clone() for noise in noises]))
+        for tensor in self._cache.keys + self._cache.values:
+            tensor.zero_()
+        return float((made[0] - made[1]).abs().max())
+
+    def _noise(self, rows: int, count: int) -> torch.Tensor:
+        """The flow head's noise for `count` rows, drawn before the step for the `rows` running (as many
+        draws as the unpadded step made: a seed gives the same frames padded or not)."""
+        noise = torch.zeros(count, self.model.config.latent_dim, device=self.device)
+        if self.temperature > 0:
+            noise[:rows].normal_(generator=self._generator).mul_(math.sqrt(self.temperature))
+        return noise
+
     @torch.inference_mode()
     def step(self) -> list[int]:
         if not self._rows:
             return []
-        count = len(self._rows)
-        positions = torch.tensor([run.length for run in self._rows], device=self.device)
-        read = max(run.length for run in self._rows) + 1
-        mask = torch.arange(read, device=self.device)[None, :] <= positions[:, None]
-        previous = torch.cat([run.latents[-1] for run in self._rows]).to(self.dtype)
-        ids = torch.full((count, 1), self.model.config.audio_latent_token_id, device=self.device)
-        self._cache.start_step(positions, read)
-        out = self.model(input_ids=ids, audio_latents=previous[:, None, :], position_ids=positions[:, None],
-                         attention_mask=mask[:, None, None, :], past_key_values=self._cache, use_cache=True)
+        count = bucket_of(len(self._rows), self._sizes)
+        key = (count, self._cache.capacity)
+        _, ended = self._runner.run(key, count, self._noise(len(self._rows), count))
         for run in self._rows:
-            if not run.done:  # a finished row not yet released rewrites one unused position
+            if not run.done:
                 run.length += 1
-        return self._advance(self._rows, out.last_hidden_state[:, -1], out.logits[:, -1, 0])
+        return self._finished(self._rows, ended)
 
-    def _advance(self, rows: list[_Running], hidden: torch.Tensor, eos_logits: torch.Tensor) -> list[int]:
-        """The flow head turns each row's hidden state into its next frame; returns the rows that end."""
-        noise = torch.zeros(len(rows), self.model.config.latent_dim, device=self.device)
-        if self.temperature > 0:
-            noise.normal_(generator=self._generator).mul_(math.sqrt(self.temperature))
-        frames = self.model.sample_latent(hidden, noise.to(hidden.dtype), self.num_flow_steps).float()
+    def _finished(self, rows: list[_Running], ended: torch.Tensor) -> list[int]:
+        """The one host read a step: which rows ended."""
         finished = []
-        for row, (run, eos_logit) in enumerate(zip(rows, eos_logits.float().tolist())):
+        for run, flag in zip(rows, ended.tolist()):
             if run.done:
                 continue
-            run.latents.append(frames[row: row + 1])
-            run.done = self._ends(run, eos_logit)
-            if run.done:
+            run.made += 1
+            if flag:
+                run.done = True
                 finished.append(run.item.id)
         return finished
-
-    def _ends(self, run: _Running, eos_logit: float) -> bool:
-        """generate's stopping rule for one row: its budget, or its end of speech plus a short tail."""
-        made = len(run.latents)
-        if made >= run.budget:
-            return True
-        if self.fixed_length:
-            return False
-        if run.countdown < 0 and made > self.min_frames_before_eos and eos_logit > self.eos_threshold:
-            run.countdown = run.frames_after_eos
-        if run.countdown == 0:
-            return True
-        if run.countdown > 0:
-            run.countdown -= 1
-        return False
 
     @torch.inference_mode()
     def take_frames(self, item_id: int, final: bool = False) -> _Piece | None:
         """Nothing is held back by the streaming decoder, so `final` needs no flush."""
         run = self._running.get(item_id)
-        if run is None or run.taken == len(run.latents):
+        if run is None or run.taken == run.made:
             return None
-        piece = _Piece(torch.cat(run.latents[run.taken:]), run.decoder, first=run.taken == 0)
-        run.taken = len(run.latents)
+        row = self._rows.index(run)  # (a copy: the row may be reused before the codec decodes it)
+        piece = _Piece(self._state["frames"][row, run.taken: run.made].clone(), run.decoder, first=run.taken == 0)
+        run.taken = run.made
         return piece
 
     @torch.inference_mode()
@@ -359,7 +451,14 @@ class PocketTTSEngine(TorchSteppedEngine):
         last = self._rows.pop()
         if last is not run:  # the last row fills the hole: rows stay 0..n-1
             self._cache.move(len(self._rows), row, last.length)
+            self._state.move(len(self._rows), row)
             self._rows[row] = last
+        self._state.reset(slice(len(self._rows), len(self._rows) + 1))  # padding again
+
+    def release_memory(self) -> None:
+        super().release_memory()
+        if not self._rows:  # the frames buffer too
+            self._state.grow("frames", (0, int(self.model.config.latent_dim)), 0)
 
     def _weights(self) -> list[torch.nn.Module]:
         return [self.model, self.codec]

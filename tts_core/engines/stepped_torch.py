@@ -15,6 +15,7 @@ from ..errors import ErrorCode, InvalidRequest
 from .base import EngineUnavailable, SteppedEngine, Voice, VoiceSpec
 from .contract import Capabilities, EngineInput, Shape, WholeBatch
 from .pocket_codec import read_clip
+from .static_step import StepRunner
 from .vits import DTYPES, _offline, resolve_device
 
 DEFAULT_VOICE = "default"  # the shipped voice a registry voice without a prompt speaks with
@@ -177,6 +178,7 @@ class TorchSteppedEngine(SteppedEngine):
     model_language: str  # what its voices speak unless the registry says otherwise
     prompt_key: str  # the tensor a voice file holds: (frames, width)
     _cache: SlotCache
+    _runner: StepRunner  # runs the step: eager, or compiled per bucket (static_step.py)
 
     def _place(self, source: str, device: str, dtype: str, name: str | None, seed: int | None) -> None:
         """Name, device, precision, the noise generator (the engine's own: the global one stays as it is)."""
@@ -252,6 +254,10 @@ class TorchSteppedEngine(SteppedEngine):
 
     def running(self) -> list[int]:
         return list(self._running)
+
+    def step_status(self) -> dict:
+        """How the step runs (eager or compiled, and why), and what compiling took, by bucket@capacity."""
+        return self._runner.describe()
 
     def context_length(self, item_id: int) -> int:
         return self._running[item_id].length

@@ -55,6 +55,7 @@ from ..errors import ErrorCode, InvalidRequest
 from ..text.pronunciation import as_text
 from .base import DEFAULT_MAX_RUNNING, Voice, VoiceSpec
 from .contract import EngineInput
+from .static_step import StepRunner
 from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
 from .vibevoice_parts import DPMSolver, StreamCaches, encode_voice
 from .vits import _loading
@@ -113,12 +114,16 @@ class VibeVoiceEngine(TorchSteppedEngine):
 
     def __init__(self, source: str, voices: Sequence[VoiceSpec], device: str = "auto", dtype: str = "fp32",
                  name: str | None = None, max_running: int = DEFAULT_MAX_RUNNING, fixed_length: bool = False,
-                 temperature: float = 1.0, seed: int | None = None):
+                 temperature: float = 1.0, seed: int | None = None, step_mode: str = "auto"):
         """source: a hub id or a local folder; voices: the registry's voices on this model (none: the
         shipped ones); fixed_length: every request makes its whole frame budget (random weights);
         temperature: the variance of the diffusion's starting noise (1: the model's own; 0: none, a
-        deterministic run)."""
+        deterministic run); step_mode: VibeVoice's step runs eager whatever is asked (its static step is
+        not built yet; `step_status` says so)."""
         self._place(source, device, dtype, name, seed)
+        self._runner = StepRunner(self.step, self.device, step_mode)
+        if self._runner.mode == "compiled":
+            self._runner.mode, self._runner.reason = "eager", "VibeVoice's step has no compiled form yet"
         self.max_running, self.fixed_length, self.temperature = max_running, fixed_length, temperature
         with _loading(source):
             folder = model_folder(source)

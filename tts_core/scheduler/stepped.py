@@ -107,12 +107,13 @@ class SteppedStatus:
     codec_busy_share: float
     codec_waiting: int
     codec_jobs: FaultCounts
+    step: dict = field(default_factory=dict)  # how the step runs: eager or compiled, why, the compile time
 
     def to_json(self) -> dict:
         return {"policy": self.policy, "running": self.running, "steps_per_s": self.steps_per_s,
                 "frames_per_step": self.frames_per_step, "codec_thread": self.codec_thread,
                 "engine_busy_share": self.engine_busy_share, "codec_busy_share": self.codec_busy_share,
-                "codec_waiting": self.codec_waiting, **self.codec_jobs.to_json("codec_job")}
+                "codec_waiting": self.codec_waiting, **self.codec_jobs.to_json("codec_job"), **self.step}
 
 
 class SteppedStrategy:
@@ -149,7 +150,8 @@ class SteppedStrategy:
         rate = self.metrics.step_rate(self.engine.name)
         return SteppedStatus(self.policy.describe(), len(self.engine.running()), rate["steps_per_s"],
                              rate["frames_per_step"], self.codec.threaded, self.engine_busy.share(),
-                             self.codec.busy.share(), self.codec.waiting(), self.codec.faults.counts())
+                             self.codec.busy.share(), self.codec.waiting(), self.codec.faults.counts(),
+                             getattr(self.engine, "step_status", dict)())
 
     def cost_model(self) -> dict:
         """Seconds a step, its size the requests running."""
