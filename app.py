@@ -51,7 +51,8 @@ from tts_core.scheduler.memory import limit_heap_arenas
 from tts_core.scheduler.pool import ModelPool
 from tts_core.service import SpeechService
 from tts_core.voices.registry import model_specs
-from ui import build_ui
+from ui import build_ui, takes_folder
+from ui import files as ui_files
 from ui.browser import PAGE_CSS
 
 
@@ -106,6 +107,7 @@ def create_app(settings: Settings | None = None, engines: list[Engine | ModelSpe
     api.state.jobs, api.state.lexicon, api.state.replicas = job_runner, lexicon, replicas
     api.include_router(admin_router)
     control.on_reload.append(api.state.clones.refresh)  # voices cloned or deleted through another replica
+    api.include_router(ui_files.router(takes_folder(settings)))  # the UI's files, by take and name (no paths)
     admit_ui, identify_ui = _ui_callers(access)
     page = build_ui(service, settings, admit_ui, identify_ui, api.state.clones,
                     [lambda: build_admin_tab(controls, monitor, control, access, gate, api.state.clones, lexicon,

@@ -3,11 +3,12 @@ history and cloning, each building its components and wiring its events, sharing
 through the same SpeechService (and batcher) as the API, and clones voices through the same VoiceClones;
 the voice list is the browser's caller's (its own cloned voices, and the public ones). The player, the
 counter and the lists' buttons run in the browser (ui/browser.py); each synthesis's files and the
-history are in ui/takes.py."""
+history are in ui/takes.py, served by ui/files.py's route (app.py includes it)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import gradio as gr
 
@@ -23,13 +24,18 @@ from .speak import KEEP_FILES_S, SpeakPanel
 from .voice_picker import VoicePicker
 
 
+def takes_folder(settings: Settings) -> Path:
+    """The takes' files (ui/takes.py), kept with the server's other data (a volume)."""
+    folder = (settings.data_dir / "ui").resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def build_ui(service: SpeechService, settings: Settings, admit: Admit, identify: Identify, clones: VoiceClones,
              extra_tabs: Sequence[Callable[[], None]] = ()) -> gr.Blocks:
     """The app's page: the synthesis tab, then each extra tab (the composition root adds Admin)."""
-    out_dir = (settings.data_dir / "ui").resolve()  # kept with the server's other data (a volume)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    gr.set_static_paths([out_dir])  # the player fetches the pieces from it, the history links the files
-    context = UiContext(service, settings, admit, identify, clones, out_dir)
+    # the player fetches the pieces, and the links download the files, through ui/files.py's route (app.py)
+    context = UiContext(service, settings, admit, identify, clones, takes_folder(settings))
     speak, voices = SpeakPanel(context), VoicePicker(context)
     history, cloning = HistoryPanel(context), ClonePanel(context)
 

@@ -179,7 +179,10 @@ update();
 # and "Batch cost model." began with a lighter letter. Its Bold file is whole: semibold text uses it. (Relative,
 # as the theme's own faces are: it works under any path prefix.)
 PAGE_CSS = """@font-face { font-family: "Source Sans Pro"; font-weight: 600; font-style: normal;
-  src: url("static/fonts/SourceSansPro/SourceSansPro-Bold.woff2") format("woff2"); }"""
+  src: url("static/fonts/SourceSansPro/SourceSansPro-Bold.woff2") format("woff2"); }
+.chorus-refusal { color: var(--error-icon-color); margin-top: var(--spacing-sm); font-weight: var(--weight-semibold); }
+#speech-text:has(.chorus-refusal) textarea { box-shadow: 0 0 3px 1px var(--error-icon-color), var(--shadow-inset);
+  border-color: transparent; }"""
 
 WORDS_CSS = (".chorus-words { white-space: pre-wrap; font-size: var(--text-lg); color: var(--body-text-color); } "
              ".chorus-word.spoken { background: var(--color-accent); color: var(--button-primary-text-color); "
@@ -205,6 +208,29 @@ if (textBlock) new MutationObserver(() => {
   if (shown && shown !== refusal) shown.scrollIntoView({block: 'center'});
   refusal = shown;
 }).observe(textBlock, {childList: true, subtree: true});
+"""
+# An empty text is answered here, at the box, in the words and look of the server's refusals there (Gradio's
+# validator, which answers the others with a 422): it sends no request. Typing takes the message away.
+EMPTY_TEXT_JS = """
+const refuseEmpty = (event) => {
+  const block = document.querySelector('#speech-text'), box = block?.querySelector('textarea');
+  const message = element.querySelector('.chorus-count')?.dataset.empty;
+  if (!event.target.closest?.('#synthesize') || !box || !message || box.value.trim()) return;
+  event.preventDefault();
+  event.stopImmediatePropagation();  // before Gradio's own handler (delegated below the document): no request
+  let shown = block.querySelector('.chorus-refusal');
+  if (!shown) {
+    shown = document.createElement('div');
+    shown.className = 'validation-error chorus-refusal';
+    (block.querySelector('[data-testid="block-info"]') || block).append(shown);
+  }
+  shown.textContent = message;
+  box.focus();
+};
+document.addEventListener('click', refuseEmpty, true);
+document.addEventListener('input', (event) => {
+  if (event.target.closest?.('#speech-text')) document.querySelector('#speech-text .chorus-refusal')?.remove();
+}, true);
 """
 COUNTER_CSS = """font-size: var(--text-sm); color: var(--body-text-color-subdued); text-align: right;
 .chorus-full { color: var(--error-text-color, var(--color-accent)); font-weight: bold; }"""
@@ -265,4 +291,16 @@ HISTORY_CSS = """
   border: 1px solid var(--border-color-primary); border-radius: var(--radius-md); font-size: var(--text-sm);
   background: var(--background-fill-secondary); color: var(--body-text-color); text-decoration: none; }
 .chorus-empty { color: var(--body-text-color-subdued); }
+"""
+
+# The Dialogue tab's recording and its files: each name whole, wrapped where a phone has no room for it.
+RECORDING_CSS = "audio { width: 100%; }"
+FILES_CSS = """
+.chorus-files-title { margin: 0 0 var(--spacing-sm); font-weight: var(--weight-semibold);
+  color: var(--body-text-color); }
+.chorus-file-list { list-style: none; margin: 0; padding: 0; }
+.chorus-file-list li { display: flex; flex-wrap: wrap; align-items: baseline; gap: 0 var(--spacing-md); margin: 0;
+  padding: var(--spacing-xs) 0; color: var(--body-text-color-subdued); }
+.chorus-file-list a { min-width: 0; margin: 0; padding: 0; color: var(--link-text-color); overflow-wrap: anywhere;
+  font-size: var(--text-md); }
 """

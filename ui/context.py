@@ -35,7 +35,7 @@ class UiContext:
     admit: Admit
     identify: Identify
     clones: VoiceClones
-    out_dir: Path  # each take's files (ui/takes.py), a Gradio static path
+    out_dir: Path  # each take's files (ui/takes.py), which ui/files.py serves
 
     def caller_of(self, request: gr.Request) -> Caller | None:
         try:

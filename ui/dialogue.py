@@ -1,11 +1,13 @@
 """The Dialogue tab: a script of several speakers (`Name: text` lines), a voice for each speaker, one recording to
 hear and download, with subtitles by speaker where every voice times its words. Made by the same SpeechService (and
-queue) as POST /v1/audio/dialogue; its files are kept like the synthesis tab's takes (ui/takes.py), and the
-browser's last dialogues are listed below it, in the Synthesize tab's history panel (a list of their own)."""
+queue) as POST /v1/audio/dialogue; its files are kept like the synthesis tab's takes (ui/takes.py) and linked through
+the same route (ui/files.py), and the browser's last dialogues are listed below it, in the Synthesize tab's history
+panel (a list of their own)."""
 
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import re
 import time
@@ -18,13 +20,14 @@ from tts_core.request.access import Caller
 from tts_core.request.ask import Ask
 from tts_core.request.captions import SUBTITLE_FORMATS, every_subtitle
 
-from . import takes
+from . import browser, takes
 from .context import UiContext, log, refused
 from .history import HistoryPanel
 from .speak import UI_FORMATS
 
 EXAMPLE_SCRIPT = "Ann: Hello Bob, how was the trip?\nBob: Long, but the view was lovely.\nAnn: I am glad you are home."
 EXAMPLE_SPEAKERS = ("Ann", "Bob")
+SUBTITLE_NAMES = {"srt": "SubRip", "vtt": "WebVTT"}
 FIELDS = {"script": 0, "voices": 1, "response_format": 2}  # the dialogue's inputs, by a refusal's param
 ONE_VOICE = ("**This server has one voice**, so every speaker sounds the same. For distinct speakers add a voice: "
              "another Piper voice (its `NAME.onnx` and `NAME.onnx.json` in the voices folder, `TTS_VOICES_DIR`, "
@@ -63,11 +66,23 @@ def dialogue_stem(voices: dict[str, str]) -> str:
     return f"{names}-dialogue".strip("-") if names.strip("-") else "dialogue"
 
 
-def replayed(entry: dict, folder: Path) -> tuple[str, list[str]]:
-    """A dialogue's recording, and its files to download (the recording, and its subtitles where it has them)."""
+def files_html(path: Path) -> str:
+    """The dialogue's files to download (the recording, and its subtitles where it has them), each by its whole name
+    (a phone wraps it), linked through ui/files.py's route."""
+    kept = [(path, f"the recording ({path.suffix[1:].upper()})"),
+            *((path.with_suffix(f".{kind}"), f"subtitles by speaker ({SUBTITLE_NAMES[kind]})")
+              for kind in SUBTITLE_FORMATS)]
+    items = "".join(f'<li><a class="chorus-download" href="{html.escape(takes.file_url(file))}" '
+                    f'download="{html.escape(file.name)}">{html.escape(file.name)}</a> <small>{what}</small></li>'
+                    for file, what in kept if file.is_file())
+    return f'<p class="chorus-files-title">Download</p><ul class="chorus-file-list">{items}</ul>'
+
+
+def replayed(entry: dict, folder: Path) -> tuple[str, str]:
+    """A dialogue's recording (a player) and its files to download."""
     path = folder / entry["take"] / entry["name"]
-    return str(path), [str(file) for file in (path, *(path.with_suffix(f".{kind}") for kind in SUBTITLE_FORMATS))
-                       if file.is_file()]
+    return (f'<audio controls preload="metadata" src="{html.escape(takes.file_url(path))}"></audio>',
+            files_html(path))
 
 
 class DialoguePanel:
@@ -88,9 +103,8 @@ class DialoguePanel:
                 gr.Markdown(words, elem_id="dialogue-voices-help")
                 response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format", min_width=120)
         button = gr.Button("Make the dialogue", variant="primary", elem_id="make-dialogue")
-        audio = gr.Audio(label="The dialogue", type="filepath", interactive=False, elem_id="dialogue-audio")
-        files = gr.File(label="Download: the recording and its subtitles", file_count="multiple", interactive=False,
-                        elem_id="dialogue-files")
+        audio = gr.HTML("", elem_id="dialogue-audio", css_template=browser.RECORDING_CSS)
+        files = gr.HTML("", elem_id="dialogue-files", css_template=browser.FILES_CSS)
         made = gr.State("")  # the take's history entry (JSON), for the history: not part of the answer
         event = button.click(self.make, [script, voices, response_format], [audio, files, made], api_name="dialogue",
                              concurrency_limit=None, validator=self.check)
@@ -121,9 +135,9 @@ class DialoguePanel:
             return False
 
     async def make(self, script: str, voices: str, response_format: str, request: gr.Request
-                   ) -> tuple[str, list[str], str]:
-        """The recording (whole: a dialogue's turns are joined at one level once all are made), its files, and its
-        entry in the history."""
+                   ) -> tuple[str, str, str]:
+        """The recording (whole: a dialogue's turns are joined at one level once all are made) to play, its files to
+        download, and its entry in the history."""
         client = request.client.host if request and request.client else "unknown"
         try:  # accounted when the block ends: a browser that leaves is a 499
             with self.context.service.tally("ui", client, len(script or "")) as tally:

@@ -20,6 +20,7 @@ from tts_core.request.ask import Ask
 from tts_core.request.assembly import SentenceStream
 from tts_core.request.captions import CaptionWord, caption_words, every_subtitle
 from tts_core.service import Tally
+from tts_core.text.frontend import nothing_to_say
 
 from . import browser, takes
 from .context import UiContext, log, refused
@@ -31,6 +32,7 @@ PRUNE_EVERY_S = 60  # sweeping the folder on every request would cost a director
 MIN_PIECE_S = 0.5  # pieces shorter than this (a stepped engine's frames) go to the player together
 TRAILING_PUNCTUATION = re.compile(r"[^\w\s]*")
 FIELDS = {"voice": 1, "speed": 2, "response_format": 3}  # the synthesis's inputs after the text (0), by param
+EMPTY_TEXT = str(nothing_to_say("", ""))  # the server's refusal of an empty text, in its words
 
 
 def words_html(text: str, words: Sequence[CaptionWord], timed: bool, done: bool = False) -> str:
@@ -52,8 +54,10 @@ def words_html(text: str, words: Sequence[CaptionWord], timed: bool, done: bool 
 
 
 def counter_html(limit: int, tier: str | None) -> str:
-    """What the character counter starts from: the caller's limit (its tier's, within the server's)."""
-    return (f'<span class="chorus-count" data-limit="{limit}">0</span> / {limit:,} characters'
+    """What the character counter starts from: the caller's limit (its tier's, within the server's); and what the
+    page says of an empty text, as the server would (the page answers it without asking: browser.EMPTY_TEXT_JS)."""
+    return (f'<span class="chorus-count" data-limit="{limit}" data-empty="{html.escape(EMPTY_TEXT)}">0</span>'
+            f' / {limit:,} characters'
             + (f" ({html.escape(tier)} tier)" if tier else ""))
 
 
@@ -69,7 +73,8 @@ class SpeakPanel:
         self.text = gr.Textbox(label="Text to speak", lines=6, max_length=limit, elem_id="speech-text",
                                placeholder="Type or paste the text to speak…")
         self.counter = gr.HTML(counter_html(limit, None), elem_id="char-counter",
-                               js_on_load=browser.COUNTER_JS, css_template=browser.COUNTER_CSS)
+                               js_on_load=browser.COUNTER_JS + browser.EMPTY_TEXT_JS,
+                               css_template=browser.COUNTER_CSS)
         with gr.Row():
             self.speed = gr.Slider(MIN_SPEED, MAX_SPEED, value=1.0, step=0.05, label="Speed", min_width=160)
             self.response_format = gr.Dropdown(UI_FORMATS, value="mp3", label="Format", min_width=120)

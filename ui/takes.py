@@ -28,6 +28,7 @@ from tts_core.request.captions import SUBTITLE_FORMATS
 HISTORY_SIZE = 20
 TAKE = re.compile(r"[0-9a-f]{12}")
 FILE_NAME = re.compile(r"[\w-]{1,80}\.[a-z0-9]{2,4}")
+ROUTE = "ui/files"  # where the browser fetches a take's files (ui/files.py)
 
 
 def prune(folder: Path, older_than_s: float) -> None:
@@ -48,8 +49,17 @@ def file_stem(voice: str, text: str) -> str:
 
 
 def file_url(path: Path) -> str:
-    """Where the browser fetches a file of the folder (a Gradio static path)."""
-    return f"gradio_api/file={quote(str(path))}"
+    """Where the browser fetches a file of a take (ui/files.py): its take's id and its name, relative to the page (so
+    it works under any path prefix), never the server's path."""
+    return f"{ROUTE}/{path.parent.name}/{quote(path.name)}"
+
+
+def kept_file(folder: Path, take: str, name: str) -> Path | None:
+    """A take's file by what a browser asks for (a take's id and a file's name, never a path), if it is there."""
+    if not (TAKE.fullmatch(take) and FILE_NAME.fullmatch(name)):
+        return None
+    path = folder / take / name
+    return path if path.is_file() else None
 
 
 class Take:
@@ -87,8 +97,7 @@ def entries(history: object, folder: Path) -> list[dict]:
         return []
     kept = []
     for entry in history[:HISTORY_SIZE]:
-        if (isinstance(entry, dict) and TAKE.fullmatch(str(entry.get("take"))) and FILE_NAME.fullmatch(
-                str(entry.get("name"))) and (folder / entry["take"] / entry["name"]).is_file()):
+        if isinstance(entry, dict) and kept_file(folder, str(entry.get("take")), str(entry.get("name"))):
             kept.append(entry)
     return kept
 

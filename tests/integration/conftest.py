@@ -79,7 +79,8 @@ def speak(server):
 
 @pytest.fixture(scope="module")
 def browser():
-    """A headless Chromium (Debian's chromium and chromium-driver), one a test module."""
+    """A headless Chromium (Debian's chromium and chromium-driver), one a test module; its console is kept for
+    driver.get_log("browser")."""
     require_tools("chromium", "chromedriver", install="apt-get install chromium chromium-driver")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -90,6 +91,7 @@ def browser():
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage", "--window-size=1400,1900"):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, failed requests too (get_log)
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
     yield driver
     driver.quit()

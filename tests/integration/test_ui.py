@@ -1,7 +1,6 @@
 import json
 import re
 from html.parser import HTMLParser
-from pathlib import Path
 from urllib.parse import unquote
 
 import httpx
@@ -182,9 +181,15 @@ def test_an_empty_text_is_refused_once_at_the_text_box(server):
 
 def test_the_takes_are_kept_under_the_data_folder(fake_server):
     base, data_dir = fake_server
+    """...and linked by the take's id and the file's name (ui/files.py), not by their path on the server."""
     player = json.loads(synthesize(base, "Kept with the data.", voice="fake-voice")[-1][0])
-    path = Path(unquote(player["download"].split("file=", 1)[1]))
-    assert path.is_file() and path.is_relative_to(data_dir.resolve() / "ui")
+    route, take, name = player["download"].rsplit("/", 2)
+    path = data_dir.resolve() / "ui" / take / unquote(name)
+    assert route == "ui/files" and path.is_file() and fetch(base, player) == path.read_bytes()
+    said = httpx.get(f"{base}/ui/files/{take}/words.html")  # what the take keeps for itself is not served
+    assert said.status_code == 404 and said.json()["error"]["code"] == "not_found"
+    for forged in (f"{take}/..%2F..%2Fui.db", f"..%2F{take}/{name}", "0123456789ab/gone.mp3"):
+        assert httpx.get(f"{base}/ui/files/{forged}").status_code == 404
 
 
 def test_gradios_own_run_history_is_off(server):

@@ -7,11 +7,14 @@ sets CHORUS_REQUIRE_TOOLS=1, so in CI a missing browser fails the tests instead 
 
 import json
 import os
+import re
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bench.server import ROOT, start_server
+from tests.audio_check import decode
 
 pytestmark = pytest.mark.slow  # servers, browsers or clusters: the full run only (see pytest.ini)
 
@@ -28,6 +31,11 @@ FAILED = """return document.querySelectorAll(
 LOOKS = """const box = arguments[0].getBoundingClientRect(), style = getComputedStyle(arguments[0]);
 return {top: box.top + window.scrollY, size: parseFloat(style.fontSize),
         brightness: style.color.match(/\\d+/g).slice(0, 3).map(Number).reduce((a, b) => a + b)};"""
+# The requests the page has made to Gradio's queue (each event's), so far.
+JOINS = "return performance.getEntriesByType('resource').filter(entry => entry.name.includes('/queue/join')).length"
+# The files the page links or plays, as written in it (not resolved against the page).
+LINKED = """return [...document.querySelectorAll(arguments[0])].map(
+  element => element.getAttribute('href') || element.getAttribute('src'))"""
 # Whether the waveform has anything drawn on it.
 DRAWN = """const canvas = document.querySelector('#speech-player canvas');
 return canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data.some(value => value > 0);"""
@@ -55,10 +63,15 @@ def open_page(browser, url: str):
 
 def type_text(browser, text: str) -> None:
     """Replaces the text box's text as a person would (selenium's clear() leaves the page's copy as it was)."""
+    type_into(browser, "#speech-text textarea", text)
+
+
+def type_into(browser, css: str, text: str) -> None:
+    """Replaces what the box `css` selects holds, as a person would."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    box = browser.find_element(By.CSS_SELECTOR, "#speech-text textarea")
+    box = browser.find_element(By.CSS_SELECTOR, css)
     box.send_keys(Keys.CONTROL, "a")
     box.send_keys(Keys.DELETE)
     if text:
@@ -76,16 +89,40 @@ def synthesize(browser, wait, text: str) -> dict:
     return browser.execute_script(STATE)
 
 
+def failed_requests(browser) -> list[str]:
+    """What the browser's console said since it was last read of requests answered 4xx or 5xx."""
+    return [entry["message"] for entry in browser.get_log("browser")
+            if re.search(r"status of [45]\d\d|\b(4\d\d|5\d\d) \(", entry["message"])]
+
+
+def check_links(browser, server: str, css: str, data_dir: Path) -> list[httpx.Response]:
+    """The files linked by the elements `css` selects: each by a take's id and a file's name under ui/files/
+    (relative to the page), naming no folder of the server's; fetched, each answers 200 as an attachment."""
+    urls = browser.execute_script(LINKED, css)
+    assert urls, css
+    answers = []
+    for url in urls:
+        assert re.fullmatch(r"ui/files/[0-9a-f]{12}/[\w%-]+\.[a-z0-9]{2,4}", url), url
+        assert str(data_dir) not in url and "/tmp" not in url and "file=" not in url, url
+        answers.append(httpx.get(f"{server}/{url}", timeout=30))
+        assert answers[-1].status_code == 200 and answers[-1].headers["content-disposition"].startswith("attachment")
+    assert str(data_dir) not in browser.page_source and "gradio_api/file=" not in browser.page_source
+    return answers
+
+
 def save_screenshot(browser, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / name))
 
 
-def test_synthesis_plays_as_it_arrives_marks_the_spoken_word_and_keeps_a_history(browser, ui_server):
+def test_synthesis_plays_as_it_arrives_marks_the_spoken_word_and_keeps_a_history(browser, ui_server,
+                                                                                 tmp_path_factory):
     """Type (the counter shows the tier's limit), synthesize: the player plays the pieces as they come,
     drawing their waveform, the word being spoken is marked as the player's time moves, the file is
-    offered under a name from the voice and the first words; the take is in the history, which a reload
-    keeps, and from which it plays again and is deleted."""
+    offered under a name from the voice and the first words, linked by the take's id and the file's name
+    (no path of the server's), and downloads as the take's audio and subtitles; the take is in the history,
+    which a reload keeps, and from which it plays again and is deleted. An empty text is answered at the
+    text box without a request (nothing failed in the console)."""
     from selenium.webdriver.common.by import By
 
     wait = open_page(browser, ui_server + "/")
@@ -105,6 +142,13 @@ def test_synthesis_plays_as_it_arrives_marks_the_spoken_word_and_keeps_a_history
     assert [link.get_attribute("download") for link in links] == [name[:-3] + kind for kind in ("mp3", "srt", "vtt")]
     assert [link.text for link in links] == ["Download MP3", "SRT", "VTT"]
     wait.until(lambda driver: driver.find_elements(By.CSS_SELECTOR, "#speech-history li"))
+    data_dir = tmp_path_factory.getbasetemp()  # the servers' data folders are in it
+    audio, srt, vtt = check_links(browser, ui_server, "#speech-player a.chorus-download", data_dir)
+    samples, rate = decode(audio.content, "mp3")
+    assert abs(samples.size / rate - state["total"]) < 0.15  # the take the player played (mp3 pads its ends)
+    assert "Chorus reads this" in srt.text and vtt.text.startswith("WEBVTT") and name in audio.headers[
+        "content-disposition"]
+    check_links(browser, ui_server, "#speech-history a", data_dir)
     # the file is offered twice: beside the player and in the history (no file box besides)
     assert len(browser.find_elements(By.CSS_SELECTOR, f"a[download='{name}']")) == 2
     assert not browser.find_elements(By.CSS_SELECTOR, "[data-testid='file'], .file-preview")
@@ -119,12 +163,16 @@ def test_synthesis_plays_as_it_arrives_marks_the_spoken_word_and_keeps_a_history
     assert len(entries) == 1 and TEXT[:40] in entries[0].text and "Joe (medium)" in entries[0].text
     save_screenshot(browser, "ui.png")
 
-    # An empty text: one message at the text box; no toast, no error badges, the take stays in the player.
+    # An empty text: one message at the text box, the API's; no toast, no error badges, the take stays in the
+    # player; and no request: none sent to the queue, no failed one in the console.
+    failed_requests(browser)
+    joins = browser.execute_script(JOINS)
     type_text(browser, "")
     browser.find_element(By.ID, "synthesize").click()
     message = wait.until(lambda driver: driver.find_element(By.CSS_SELECTOR, "#speech-text div.validation-error"))
-    assert message.text and message.is_displayed()
+    assert message.text == "input is empty" and message.is_displayed()
     assert browser.execute_script(FAILED) == 0 and browser.execute_script(STATE)["take"] == state["take"]
+    assert browser.execute_script(JOINS) == joins and failed_requests(browser) == []
     assert len(browser.find_elements(By.CSS_SELECTOR, "#speech-history li")) == 1
     save_screenshot(browser, "ui-empty-text.png")
 
@@ -206,9 +254,10 @@ def icon_offset(png: bytes) -> tuple[float, float, float]:
 
 
 @pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)])
-def test_the_pause_button_draws_a_centred_icon(browser, ui_server, width, height):
+def test_the_pause_button_draws_a_centred_icon(browser, ui_server, tmp_path_factory, width, height):
     """While playing, the round button shows two bars drawn in CSS (the '❚❚' glyph sat off-centre and was cut
-    by the circle), centred and well inside it, at a desktop's size and a phone's."""
+    by the circle), centred and well inside it, at a desktop's size and a phone's. At both, the take's links
+    name no path of the server's, and a blank text is answered at the box without a request."""
     from selenium.webdriver.common.by import By
 
     browser.set_window_size(width, height)
@@ -225,5 +274,16 @@ def test_the_pause_button_draws_a_centred_icon(browser, ui_server, width, height
         assert abs(x) <= 1 and abs(y) <= 1 and reach < 0.75, (x, y, reach)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         (ARTIFACTS / f"pause-button-{width}.png").write_bytes(shot)
+        check_links(browser, ui_server, "#speech-player a.chorus-download", tmp_path_factory.getbasetemp())
+        failed_requests(browser)
+        joins = browser.execute_script(JOINS)
+        type_text(browser, "   ")
+        browser.find_element(By.ID, "synthesize").click()
+        message = wait.until(lambda driver: driver.find_element(By.CSS_SELECTOR, "#speech-text div.validation-error"))
+        assert message.text == "input is empty" and message.is_displayed()
+        assert browser.execute_script(JOINS) == joins and failed_requests(browser) == []
+        save_screenshot(browser, f"ui-blank-text-{'phone' if width < 600 else 'desktop'}.png")
+        type_text(browser, "Typing takes the message away.")
+        assert not browser.find_elements(By.CSS_SELECTOR, "#speech-text div.validation-error")
     finally:
         browser.set_window_size(1400, 1900)

@@ -83,6 +83,18 @@ def test_the_history_keeps_only_takes_of_ours_whose_files_remain(tmp_path):
     assert takes.forget([entry], take.id, tmp_path) == [] and not take.folder.exists()
 
 
+def test_a_takes_files_are_linked_by_its_id_and_their_names_never_a_path(tmp_path):
+    """ui/files.py's route finds a take's file by what the link says: a take of ours and a file's name."""
+    take = takes.Take(tmp_path)
+    path = take.finish(b"audio", "libritts_12-hola-señor", "mp3", {"srt": "1"}, "")
+    assert takes.file_url(path) == f"ui/files/{take.id}/libritts_12-hola-se%C3%B1or.mp3"
+    assert str(tmp_path) not in json.dumps(takes.downloads(path)) and "file=" not in json.dumps(takes.downloads(path))
+    assert takes.kept_file(tmp_path, take.id, path.name) == path
+    (tmp_path / "secret.txt").write_text("not yours")
+    for forged in ((take.id, "../../secret.txt"), ("..", "secret.txt"), (take.id, "gone.mp3"), ("0" * 12, path.name)):
+        assert takes.kept_file(tmp_path, *forged) is None
+
+
 def test_a_take_offers_its_file_and_its_subtitles_once_each(tmp_path):
     """The player links the whole file and its subtitles (the history links the file again); a replay too."""
     take = takes.Take(tmp_path)
