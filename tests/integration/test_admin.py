@@ -1,5 +1,7 @@
 """Admin API on a real server process: auth, validation, and settings that survive a restart."""
 
+import re
+
 import httpx
 import pytest
 
@@ -109,14 +111,17 @@ def test_the_admin_tab_labels_every_setting_in_words_with_a_line_of_help(admin_s
 
     components = [component["props"] for component in httpx.get(f"{admin_server}/config").json()["components"]]
     labels = {props.get("label"): props for props in components if props.get("label")}
-    for name, field in OperatorSettings.model_fields.items():
+    fields = OperatorSettings.model_fields
+    for name, field in fields.items():
         shown = next(props for label, props in labels.items() if label.startswith(field.title))
         if name == "tiers":  # a table, a column per field, with the columns' help in words under it
             assert shown["headers"][:3] == ["tier", "rate limit (empty: none)", "priority"]
             assert any("One row per tier" in str(props.get("value")) and "*priority*: higher runs earlier" in
                        str(props.get("value")) for props in components)
             continue
-        assert field.description in (shown.get("info") or shown["label"]), name
+        other_as_label = re.sub(r"\b[a-z]+(?:_[a-z]+)+\b", lambda found: f"“{fields[found[0]].title}”"
+                                if found[0] in fields else found[0], field.description)  # #55: labels, not names
+        assert other_as_label in (shown.get("info") or shown["label"]), name
         assert name.replace("_", " ") not in labels, name
     assert "Hold before leaving (s)" in labels and "Audio cache size (MB)" in labels
     entry_id = labels["Entry id"]  # the lexicon form's: empty, for a new entry

@@ -110,7 +110,7 @@ def test_the_load_score_is_explained_part_by_part():
     assert "starts at 0.85" in text
     overloaded = load_markdown({"score": 0.75, "parts": {"queue_wait": 0.75}, "queue_wait_limit_s": 2.0},
                                OperatorSettings(), None)
-    assert "1.5 s" in overloaded and "2 s target, `overload_wait_target_s`" in overloaded
+    assert "1.5 s" in overloaded and "2 s target, “Longest queue wait in an overload (s)” in Settings" in overloaded
 
 
 def test_a_line_per_replica():
