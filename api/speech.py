@@ -19,7 +19,7 @@ from tts_core.audio.encoding import FORMATS
 from tts_core.errors import ClientGone, ErrorCode, InvalidRequest, error_responses
 from tts_core.request.access import Caller, RateLimitState
 from tts_core.request.ask import Ask
-from tts_core.request.captions import CaptionWord, caption_words, subtitles, word_timings
+from tts_core.request.captions import SUBTITLE_TYPES, CaptionWord, caption_words, subtitles, word_timings
 from tts_core.service import SpeechService, SpokenAudio
 
 from .errors import stream_failure
@@ -161,7 +161,6 @@ async def create_speech(body: SpeechRequest, request: Request,
 
 # --- captioned speech ----------------------------------------------------------------------------------
 
-SUBTITLE_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt"}
 NDJSON = "application/x-ndjson"
 CAPTIONED_RESPONSES = {
     200: {"content": {"application/json": {"schema": {"type": "object"}}, NDJSON: {"schema": {"type": "string"}},

@@ -13,10 +13,10 @@ from fastapi.responses import FileResponse
 
 from tts_core.audio.encoding import FORMATS
 from tts_core.errors import NotFound
+from tts_core.request.captions import SUBTITLE_TYPES
 
 from . import takes
 
-SUBTITLE_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt; charset=utf-8"}
 SERVED = {**{name: spec.content_type for name, spec in FORMATS.items() if name != "pcm"}, **SUBTITLE_TYPES}
 
 

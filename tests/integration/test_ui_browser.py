@@ -95,6 +95,20 @@ def failed_requests(browser) -> list[str]:
             if re.search(r"status of [45]\d\d|\b(4\d\d|5\d\d) \(", entry["message"])]
 
 
+def blank_text_is_refused_in_the_page(browser, wait, text: str) -> None:
+    """A blank text: one message at the text box, the API's, and no request (none sent to the queue, no failed one
+    in the console)."""
+    from selenium.webdriver.common.by import By
+
+    failed_requests(browser)
+    joins = browser.execute_script(JOINS)
+    type_text(browser, text)
+    browser.find_element(By.ID, "synthesize").click()
+    message = wait.until(lambda driver: driver.find_element(By.CSS_SELECTOR, "#speech-text div.validation-error"))
+    assert message.text == "input is empty" and message.is_displayed()
+    assert browser.execute_script(JOINS) == joins and failed_requests(browser) == []
+
+
 def check_links(browser, server: str, css: str, data_dir: Path) -> list[httpx.Response]:
     """The files linked by the elements `css` selects: each by a take's id and a file's name under ui/files/
     (relative to the page), naming no folder of the server's; fetched, each answers 200 as an attachment."""
@@ -163,16 +177,9 @@ def test_synthesis_plays_as_it_arrives_marks_the_spoken_word_and_keeps_a_history
     assert len(entries) == 1 and TEXT[:40] in entries[0].text and "Joe (medium)" in entries[0].text
     save_screenshot(browser, "ui.png")
 
-    # An empty text: one message at the text box, the API's; no toast, no error badges, the take stays in the
-    # player; and no request: none sent to the queue, no failed one in the console.
-    failed_requests(browser)
-    joins = browser.execute_script(JOINS)
-    type_text(browser, "")
-    browser.find_element(By.ID, "synthesize").click()
-    message = wait.until(lambda driver: driver.find_element(By.CSS_SELECTOR, "#speech-text div.validation-error"))
-    assert message.text == "input is empty" and message.is_displayed()
+    # An empty text: refused in the page, no toast, no error badges, the take stays in the player.
+    blank_text_is_refused_in_the_page(browser, wait, "")
     assert browser.execute_script(FAILED) == 0 and browser.execute_script(STATE)["take"] == state["take"]
-    assert browser.execute_script(JOINS) == joins and failed_requests(browser) == []
     assert len(browser.find_elements(By.CSS_SELECTOR, "#speech-history li")) == 1
     save_screenshot(browser, "ui-empty-text.png")
 
@@ -275,13 +282,7 @@ def test_the_pause_button_draws_a_centred_icon(browser, ui_server, tmp_path_fact
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         (ARTIFACTS / f"pause-button-{width}.png").write_bytes(shot)
         check_links(browser, ui_server, "#speech-player a.chorus-download", tmp_path_factory.getbasetemp())
-        failed_requests(browser)
-        joins = browser.execute_script(JOINS)
-        type_text(browser, "   ")
-        browser.find_element(By.ID, "synthesize").click()
-        message = wait.until(lambda driver: driver.find_element(By.CSS_SELECTOR, "#speech-text div.validation-error"))
-        assert message.text == "input is empty" and message.is_displayed()
-        assert browser.execute_script(JOINS) == joins and failed_requests(browser) == []
+        blank_text_is_refused_in_the_page(browser, wait, "   ")
         save_screenshot(browser, f"ui-blank-text-{'phone' if width < 600 else 'desktop'}.png")
         type_text(browser, "Typing takes the message away.")
         assert not browser.find_elements(By.CSS_SELECTOR, "#speech-text div.validation-error")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..text.lexicon import language_code
 from .encoding import int16
 from .playable import resample
 
@@ -69,7 +70,7 @@ class Timing:
 
 
 def is_english(language: str | None) -> bool:
-    return bool(language) and language.lower().replace("_", "-").split("-")[0] == "en"
+    return bool(language) and language_code(language) == "en"
 
 
 def voiced_frames(audio: np.ndarray, sample_rate: int) -> np.ndarray:

@@ -28,7 +28,8 @@ from ..text.frontend.pieces import PRONUNCIATION, TEXT
 from ..text.pronunciation import Pronounced
 from .script import Script
 
-SUBTITLE_FORMATS = ("srt", "vtt")
+SUBTITLE_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt"}  # their media types (text/: utf-8)
+SUBTITLE_FORMATS = tuple(SUBTITLE_TYPES)
 CUE_MAX_CHARS = 42  # a subtitle line, as broadcasters keep it
 CUE_MAX_S = 5.0
 CUE_GAP_S = 0.6  # a pause this long starts a new cue

@@ -33,7 +33,7 @@ from .faults import FaultCounts, Faults
 from .memory import MemoryBudget, release_heap
 from .policy import ItemCost
 from .precision import Precision, PrecisionState
-from .queue import QueueClosed, RequestQueue, WaitTarget
+from .queue import QueueClosed, RequestQueue, WaitTarget, tier_share
 from .records import QueuedItem
 
 T = TypeVar("T")
@@ -205,7 +205,7 @@ class EngineLoop:
 
     def tier_limit(self, queue_share: float) -> int | None:
         """The most pieces a tier with this share of the queue (a fraction) may hold here; None: no limit of its own."""
-        return None if queue_share >= 1 else max(1, int(queue_share * self.queue.max_size))
+        return tier_share(queue_share, self.queue.max_size)
 
     def most_per_text(self, caller: str, tier_limit: int | None) -> int:
         """The most pieces one text of this caller's may be cut into now."""

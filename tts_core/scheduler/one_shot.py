@@ -230,8 +230,8 @@ class OneShotStrategy:
             self._execute([item])
 
     def _deliver(self, batch: list[QueuedItem], outputs: list[EngineOutput], lowered: bool = False) -> None:
-        unsound = next((fault for output in outputs if (fault := audio_fault(output.audio))), None)
-        if unsound is not None and lowered:  # not audio at the lower precision: a failure of it (precision.py)
+        unsound = lowered and next((fault for output in outputs if (fault := audio_fault(output.audio))), None)
+        if unsound:  # not audio at the lower precision: a failure of it (precision.py); at full, resolve refuses it
             self._failed(batch, UnsoundAudio(unsound, self.engine.name), lowered)
             return
         self.serving.memory.succeeded()
