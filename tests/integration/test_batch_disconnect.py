@@ -62,4 +62,6 @@ def test_a_zip_batch_whose_client_hangs_up_has_its_items_dropped(server):
 
     # every item queued at the hang-up ends, dropped or (the few the engine took before it heard) synthesized
     assert wait_until(lambda: dropped() + synthesized() >= queued, HANG_S), (queued, dropped(), synthesized())
-    assert dropped() > synthesized(), f"of {queued} queued, {dropped()} dropped and {synthesized()} synthesized"
+    # most of them dropped (synthesized counts the batches in flight at the hang-up too, and under load the ones taken
+    # before the server heard it: a CI run saw 14 queued, 14 dropped, 16 synthesized; with no drops it is 0)
+    assert dropped() > queued / 2, f"of {queued} queued, {dropped()} dropped and {synthesized()} synthesized"

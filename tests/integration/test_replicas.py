@@ -92,7 +92,7 @@ def test_replicas_share_the_database_the_jobs_their_results_and_the_keys(tmp_pat
     try:
         assert all(replicas), "a replica did not start"
         storage = Storage(database_url)
-        assert storage.revision() == "0010"
+        assert storage.revision() == "0011"
         ids = [httpx.post(f"{replicas[number % 3].base_url}/v1/audio/jobs", json=job_body(number), timeout=30)
                .json()["id"] for number in range(JOBS)]
 

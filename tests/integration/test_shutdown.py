@@ -16,6 +16,10 @@ from tests.serve import wait_until
 
 pytestmark = pytest.mark.slow  # a server process of its own
 
+# A bound on a wait for audio or an event (each ends as soon as it is seen): met only where the server hangs, so the
+# suite on a busy machine (a CI run at 2.5x the quiet time) is slower but still passes
+HANG_S = 300
+
 
 def test_sigterm_ends_the_server_though_a_client_holds_its_heartbeat_stream(tmp_path):
     from gradio_client import Client
@@ -49,7 +53,7 @@ def stalled_stream(server) -> socket.socket:
                        "stream": True}).encode()
     client.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                    b"content-length: %d\r\n\r\n" % len(body) + body)
-    client.settimeout(60)
+    client.settimeout(HANG_S)
     assert client.recv(4096).startswith(b"HTTP/1.1 200")
     return client
 
@@ -60,7 +64,7 @@ def test_a_websocket_utterance_begun_finishes_on_sigterm_and_a_client_that_stops
     try:
         stalled = stalled_stream(server)  # cut off once it has taken nothing for 1 s (TTS_WRITE_TIMEOUT_S)
         assert wait_until(lambda: "cut off: it took nothing sent to it for 1.0 s" in server.log_path.read_text(),
-                          timeout_s=60)  # before: it waited on the client for ever
+                          timeout_s=HANG_S)  # before: it waited on the client for ever
         stalled.settimeout(30)
         last = b""
         with suppress(ConnectionResetError):
@@ -70,11 +74,11 @@ def test_a_websocket_utterance_begun_finishes_on_sigterm_and_a_client_that_stops
         with connect(server.base_url.replace("http", "ws") + "/v1/audio/speech/stream") as websocket:
             websocket.send(json.dumps({"text": " ".join(LONG_TEXT.split(".")[:6]) + ".", "voice": "alloy"}))
             events = []
-            while not isinstance(message := websocket.recv(timeout=60), bytes):  # its first audio
+            while not isinstance(message := websocket.recv(timeout=HANG_S), bytes):  # its first audio
                 events.append(json.loads(message))
             server.process.send_signal(signal.SIGTERM)
             audio = len(message)
-            while (message := websocket.recv(timeout=60)) and isinstance(message, bytes) or \
+            while (message := websocket.recv(timeout=HANG_S)) and isinstance(message, bytes) or \
                     json.loads(message)["type"] == "progress":
                 audio += len(message) if isinstance(message, bytes) else 0
             assert json.loads(message)["type"] == "done"  # before: closed 1012 at once, no done event

@@ -76,6 +76,18 @@ def test_cancelled_items_are_dropped_and_expired_items_fail(clock):
     assert len(queue) == 1
 
 
+def test_an_item_put_back_running_still_expires_and_the_queue_goes_on(clock):
+    queue = RequestQueue(10, clock=clock)
+    put_back, later = make_item(10, tag=1, deadline=clock.now() + 1.0), make_item(10, tag=2)
+    queue.put_many([put_back, later])
+    queue.take([put_back], 0.0)
+    put_back.future.set_running_or_notify_cancel()  # taken, then back (its engine ran out of memory)
+    queue.put_back(put_back)
+    clock.sleep(2.0)
+    assert queue.next_candidates(10) == [later]  # (before: RuntimeError, which ended the deadline watcher)
+    assert isinstance(put_back.future.exception(), DeadlineExceeded)
+
+
 class Flooded(FakeEngine):
     """Each call queues one more short item, for its first `flood` calls after `loop` is set: the queue never
     empties while the flood lasts. At the `long_at`-th call a long item is queued too."""

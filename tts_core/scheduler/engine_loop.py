@@ -183,8 +183,8 @@ class EngineLoop:
         has ended within `timeout` (said in the log where not: it still uses the engine until its turn ends)."""
         left = self.queue.close()
         for item in left:
-            if item.future.set_running_or_notify_cancel():
-                item.future.set_exception(stopped_error(self.engine.name))
+            if item.claim():
+                item.resolve(stopped_error(self.engine.name))
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         if not self._thread.is_alive():  # its loop has ended (its errands ran), or it never started

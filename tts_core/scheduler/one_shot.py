@@ -183,7 +183,7 @@ class OneShotStrategy:
         in_flight = 0  # items left on the device: done once landed
         try:
             # (not one that expired in the queue since it was planned: its future is done)
-            live = [item for item in batch if not item.future.done() and item.future.set_running_or_notify_cancel()]
+            live = [item for item in batch if item.claim()]
             self.metrics.dropped.labels("cancelled").inc(len(batch) - len(live))
             if live:
                 self.serving.worked = True

@@ -386,10 +386,9 @@ class RequestQueue:
             if item.future.cancelled():
                 cancelled += 1
             elif now > item.deadline:
-                # claims the future first: a cancel landing now cannot make set_exception fail
-                if item.future.set_running_or_notify_cancel():
+                if item.claim():  # (a cancel landing now cannot make its answer fail)
                     expired += 1
-                    item.future.set_exception(DeadlineExceeded(
+                    item.resolve(DeadlineExceeded(
                         f"request timed out: waited {now - item.enqueued_at:.1f} s in the queue, past its deadline"))
                 else:
                     cancelled += 1

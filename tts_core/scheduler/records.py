@@ -67,6 +67,15 @@ class QueuedItem:
         except InvalidStateError:
             pass
 
+    def claim(self) -> bool:
+        """Whether its answer is still to be given, made so that no cancel can land before it: False where its
+        caller cancelled it or it has its answer. (A future already running, one taken and put back, is claimed:
+        asking again would raise and end the thread that asked.)"""
+        try:
+            return self.future.set_running_or_notify_cancel()
+        except RuntimeError:  # not pending: running (claimed already) or done
+            return not self.future.done()
+
     def abandon(self) -> None:
         """The caller no longer wants it: dropped from the queue, or stopped if it is running."""
         self.abandoned = True
