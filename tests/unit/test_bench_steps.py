@@ -11,4 +11,5 @@ def test_the_steps_benchmark_prints_eager_and_compiled_side_by_side(tmp_path, ca
         assert row["step_wall_ms"] > 0 and row["aten_ops_per_step"] > 10 and row["host_reads_per_step"] == 1
     assert rows[1]["host_syncs_per_step"] <= 1  # (at one running, transformers' sdpa mask check reads the host)
     assert rows[1]["compile_s"] > 0 and rows[0]["compile_s"] == 0
+    assert rows[1]["steps_compiled"] > 0 and rows[1]["steps_eager"] == 0  # (before: its requests outgrew the graphs)
     assert "compiled/eager step wall" in capsys.readouterr().out and (tmp_path / "steps.json").is_file()
