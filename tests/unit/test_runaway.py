@@ -133,6 +133,19 @@ def test_a_runaway_made_again_that_ends_well_is_served(clock, guarded):
     assert admits(engine) == 2 and stopped(metrics, Reason.LENGTH) == 1
 
 
+def test_a_runaway_leaves_the_requests_running_beside_it_as_they_were(clock, guarded):
+    engine = RunawaySteppedEngine(clock=clock, step_cost=lambda running: 0.01)
+    loop, _, metrics = guarded(engine)
+    engine.events.clear()
+    engine.way, engine.runaways = "endless", 1
+    endless = submit(loop, 20)
+    beside = [submit(loop, 60 + number) for number in range(3)]  # (they join while it runs)
+    for number, item in enumerate(beside):
+        assert item.future.result(WAIT_S).audio.size == (60 + number) * FRAME
+    assert endless.future.result(WAIT_S).audio.size == 20 * FRAME  # made again: the second run ended well
+    assert max(engine.steps_run) > 1 and stopped(metrics, Reason.LENGTH) == 1
+
+
 def test_a_normal_long_text_is_never_stopped_and_teaches_its_voice_its_rate(clock, guarded):
     engine = RunawaySteppedEngine(clock=clock, step_cost=lambda running: 0.01)
     loop, guard, metrics = guarded(engine)

@@ -384,13 +384,13 @@ class SteppedStrategy:
 
     def _runaway(self, progress: Progress) -> None:
         """On the codec stage, after the pieces handed over before: a request the guard stopped is counted, and made
-        again once (queued again as it was: it samples anew) unless a stream has sent some of its audio; else
-        refused (a stream's error event)."""
+        again once (queued again as it was: it samples anew) unless a stream has sent some of its audio (or the loop
+        is stopping); else refused (a stream's error event)."""
         item, watch = progress.item, progress.watch
         self.serving.runaway.stopped(self.engine.name, item.input.voice, watch.reason)
         log.warning("%s ran away on a text of %d characters (voice %s): %s; %s", self.engine.name, item.chars,
                     item.input.voice, watch.why, "refused" if item.remade else "made again")
-        if item.remade or (progress.streaming and progress.taken) or _gone(item):
+        if item.remade or (progress.streaming and progress.taken) or _gone(item) or self.queue.closed:
             self._close(item, watch.error(self.engine.name))
             return
         item.remade = True

@@ -305,7 +305,8 @@ class UpstreamStrategy:
         self.serving.runaway.stopped(self.engine.name, item.input.voice, watch.reason)
         log.warning("upstream %s ran away on a text of %d characters (voice %s): %s; %s", self.engine.name,
                     item.chars, item.input.voice, watch.why, "refused" if item.remade else "sent again")
-        if item.remade or (item.pieces is not None and flight.pieces) or item.abandoned or item.future.done():
+        if item.remade or (item.pieces is not None and flight.pieces) or item.abandoned or item.future.done() \
+                or self.queue.closed:
             return False
         item.remade, flight.settled = True, True
         if flight.probe:
