@@ -428,13 +428,13 @@ class RequestQueue:
     def refuse(self, matches: Callable[[QueuedItem], bool], error: Callable[[], BaseException]) -> int:
         """Fail the queued items that `matches` now, each with its own `error()` (the running ones are not here):
         how many."""
-        with self._changed:
+        with self._changed:  # (answered with the lock held, as _drop_dead answers: a candidate taken is then done)
             refused = {id(item): item for item in self._items if matches(item)}
             self._items = [item for item in self._items if id(item) not in refused]
+            for item in refused.values():
+                if item.claim():
+                    item.resolve(error())
             self._changed.notify_all()
-        for item in refused.values():
-            if item.claim():
-                item.resolve(error())
         return len(refused)
 
     def take(self, items: Iterable[QueuedItem], predicted_s: float) -> None:
