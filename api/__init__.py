@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from pathlib import Path
 
@@ -66,6 +67,7 @@ def build_api(service: SpeechService, settings: Settings, access: AccessControl,
     app.state.open_sockets = OpenSockets("WebSockets", settings.ws_max_per_caller, settings.ws_max_connections)
     app.state.speech_sockets = speech_socket.SpeechSockets()  # what a stop waits for (finish_utterances)
     install_error_handlers(app)
+    logging.getLogger("uvicorn.error").addFilter(speech.CUT_ON_PURPOSE)  # a raw stream cut on purpose: one line
     # the routes count their callers with slowapi's Limiter (access.counted), the store the WebSocket,
     # Wyoming and the UI count against too; what it refuses answers in the error table's shape
     app.state.limiter = access.limiter

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable
@@ -13,7 +14,7 @@ from typing import TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
-from starlette.types import Send
+from starlette.types import Receive, Scope, Send
 
 from tts_core.audio.encoding import FORMATS
 from tts_core.errors import ClientGone, ErrorCode, InvalidRequest, error_responses
@@ -86,15 +87,36 @@ async def audio_bytes(encoded: AsyncIterator[tuple[bytes, float, list]], details
         await encoded.aclose()
 
 
+_CUT = contextvars.ContextVar("stream_cut_on_purpose", default=False)  # set in the request's task: CutOnFailure
+UNFINISHED = "ASGI callable returned without completing response."  # what uvicorn logs (as an error) of a cut
+
+
+class CutOnPurpose(logging.Filter):
+    """On uvicorn's error log: drops its line for a response that ended unfinished where CutOnFailure cut it on
+    purpose (and logged the failure as its one line); that line of any other response stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_CUT.get() and record.getMessage() == UNFINISHED)
+
+
+CUT_ON_PURPOSE = CutOnPurpose()  # one, so that each app built adds it once (build_api)
+
+
 class CutOnFailure(StreamingResponse):
     """A raw audio stream. Audio has no place for an error, so a stream that fails after its headers is cut: its
     body ends without the chunked end, which every HTTP client reads as an incomplete answer (a clean end would
-    pass a part of the speech off as all of it). Logged as one line; the request log records the error's status
-    (`details` is the request's)."""
+    pass a part of the speech off as all of it). Logged as one line (uvicorn's own line for it is dropped:
+    CutOnPurpose); the request log records the error's status (`details` is the request's)."""
 
     def __init__(self, chunks: AsyncIterator[bytes], details: dict, media_type: str, headers: dict):
         super().__init__(chunks, media_type=media_type, headers=headers)
         self.details = details
+        self.cut = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+        if self.cut:  # here, in the request's task, which uvicorn logs from (the stream may run in another)
+            _CUT.set(True)
 
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -103,6 +125,7 @@ class CutOnFailure(StreamingResponse):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except Exception as error:
             self.details["status"] = stream_failure(error).status
+            self.cut = True
             return  # (the server closes the connection: the answer was not completed)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -184,6 +184,14 @@ class InvalidRequest(ChorusError):
     status, default_code = 400, None
 
 
+def voice_deleted(model: str, voice: str) -> InvalidRequest:
+    """A request's piece in a cloned voice deleted after the request was accepted, before the piece started (the
+    pieces already running finish in it): refused as soon as the voice is deleted, or where its engine finds it
+    gone."""
+    return InvalidRequest(f"{model} has no voice {voice!r}: it was deleted while this request ran; choose another "
+                          "voice", "voice", ErrorCode.VOICE_NOT_FOUND)
+
+
 class InvalidSetting(ChorusError):
     """An operator value that cannot be used (the admin API answers 422 for these)."""
 

@@ -18,7 +18,7 @@ from websockets.sync.client import connect
 
 from app import create_app
 from tests.fakes import POISON, SAMPLES_PER_TOKEN, FakeEngine
-from tests.serve import metric, serve_in_thread
+from tests.serve import metric, serve_in_thread, wait_until
 from tts_core.config import Settings
 from tts_core.engines.contract import Capabilities, EngineInput, EngineOutput
 
@@ -53,11 +53,14 @@ class Records(logging.Handler):
         self.records.append(record)
 
 
+ENGINE = FailsOnBoom()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     settings = Settings(data_dir=tmp_path_factory.mktemp("stream-failures"), batch_policy="sequential",
                         calibration_sizes=[1], model_aliases={}, voice_aliases={})
-    with serve_in_thread(create_app(settings, engines=[FailsOnBoom()])) as base:
+    with serve_in_thread(create_app(settings, engines=[ENGINE])) as base:
         yield base
 
 
@@ -80,6 +83,9 @@ def assert_one_line(records: list[logging.LogRecord]) -> None:
     # surfaces add no traceback of their own
     assert [record.name for record in records if record.exc_info] == ["tts_core.scheduler.one_shot"]
     assert not [record for record in records if "unhandled error" in record.getMessage()]
+    # nor the server a line of its own (a raw stream cut on purpose: "ASGI callable returned without completing")
+    assert not [record.getMessage() for record in records if record.name.startswith("uvicorn")
+                and record.levelno >= logging.WARNING]
 
 
 def failed_streams(base: str) -> float:
@@ -104,6 +110,22 @@ def test_a_raw_audio_stream_is_cut_so_the_client_knows_it_is_incomplete(server, 
     assert len(received) > 0  # the first sentence's audio came before the cut
     assert_one_line(logged)
     assert failed_streams(server) == failed + 1
+
+
+def test_a_client_that_hangs_up_mid_stream_is_no_error(server, logged):
+    """A client that leaves mid-stream is normal: counted as gone (499), and no line above info, no traceback (issue
+    52: a cut stream logged an ASGI error line)."""
+    gone = metric(server, r'tts_requests_total\{source="api",status="499"\}')
+    ENGINE.cost = lambda size, padded: 0.05  # 40 sentences, 2 s: the client is gone long before the last
+    try:
+        body = {"model": "fake", "voice": "fake-voice", "input": "This one is fine. " * 40, "stream": True,
+                "response_format": "pcm"}
+        with httpx.stream("POST", server + "/v1/audio/speech", json=body, timeout=30) as response:
+            assert response.status_code == 200 and next(response.iter_bytes())  # the first audio; then hang up
+        assert wait_until(lambda: metric(server, r'tts_requests_total\{source="api",status="499"\}') == gone + 1)
+    finally:
+        ENGINE.cost = lambda size, padded: 0.0
+    assert not [record.getMessage() for record in logged if record.levelno >= logging.WARNING or record.exc_info]
 
 
 def test_server_sent_events_end_with_an_error_event(server, logged):

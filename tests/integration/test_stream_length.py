@@ -1,5 +1,6 @@
-"""A streamed answer is as long as the file of the same text (within 2%), plain and as server-sent events, on the
-bundled Piper voice (its durations made deterministic, so that two syntheses of one text can be compared). A stream
+"""A streamed answer is as long as the file of the same text (within 1%: a file is cut where its stream is), plain and
+as server-sent events, on the bundled Piper voice (its durations made deterministic, so that two syntheses of one text
+can be compared). A stream
 of three sentences was 6% longer: its ramp cut the first sentence between words, and a voice says the words that end
 an utterance slower. And a text in a script the voice cannot read is refused over HTTP, whatever the script."""
 
@@ -49,7 +50,9 @@ def test_file_stream_and_events_are_the_same_length(server, text, response_forma
     streamed = duration(speak(server, text, response_format, stream=True).content, response_format)
     events = duration(sse_audio(speak(server, text, response_format, stream_format="sse")), response_format)
     assert whole > 4
-    assert streamed == pytest.approx(whole, rel=0.02) and events == pytest.approx(whole, rel=0.02), (
+    # a streamed mp3 has no header that tells its decoder the encoder's delay and padding to trim (about 68 ms)
+    within = {"rel": 0.01, "abs": 0.1 if response_format == "mp3" else 0.0}
+    assert streamed == pytest.approx(whole, **within) and events == pytest.approx(whole, **within), (
         whole, streamed, events)
 
 

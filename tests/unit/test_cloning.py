@@ -3,6 +3,7 @@ cloned voice to its owner only until it is public, names are held while voices a
 voice prompt given to an engine as it loads speaks as the clip does."""
 
 import asyncio
+import threading
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -14,7 +15,7 @@ from tts_core.audio.encoding import encode
 from tts_core.config import Settings
 from tts_core.engines import ModelSpec
 from tts_core.engines.contract import Capabilities, Shape
-from tts_core.errors import Conflict, InvalidRequest
+from tts_core.errors import Conflict, ErrorCode, InvalidRequest, voice_deleted
 from tts_core.request.access import Caller, Tier
 from tts_core.scheduler.stepped import synthesize_whole
 from tts_core.voices.catalogue import Catalogue
@@ -139,8 +140,8 @@ class CloningEngine(FakeSteppedEngine):
 
     kind_capabilities = Capabilities(shape=Shape.STEPPED, clones=True)
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, **fake):
+        super().__init__(**fake)
         self.prompts: dict[str, np.ndarray] = {}
 
     def voice_prompt_from_audio(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
@@ -151,6 +152,12 @@ class CloningEngine(FakeSteppedEngine):
 
     def remove_voice(self, name: str) -> None:
         self.prompts = {known: prompt for known, prompt in self.prompts.items() if known != name}
+
+    def context_tokens(self, item) -> int:
+        """As the real engines: a voice deleted while the item waited refuses it as it would start."""
+        if item.voice not in [*self.prompts, "fake-ar-voice"]:
+            raise voice_deleted(self.name, item.voice)
+        return super().context_tokens(item)
 
 
 @pytest.fixture
@@ -273,3 +280,46 @@ def test_a_process_that_makes_no_clones_refuses_them_and_still_follows_the_store
     asyncio.run(here.create(OWNER, encode(tone(4.0), RATE, "wav"), "alice", "fake-ar", True))
     there.refresh()
     assert offered_to(there, "key:1") == ["alice"] and "alice" in there_engine.prompts
+
+
+def test_a_voice_deleted_mid_dialogue_refuses_its_waiting_turns_at_once(tmp_path):
+    """Issue 52: a dialogue's later turn in a cloned voice deleted while its first turn runs. The turn still queued is
+    refused as the voice is deleted, naming it deleted while the request ran, not when it would have started (after
+    15.5 s on Pocket TTS, "deleted before this request started"); the running turn is not waited for."""
+    from clones import VoiceClones
+    from storage import Storage, sqlite_url
+    from tts_core.ops.metrics import Metrics
+    from tts_core.request.ask import Ask
+    from tts_core.service import SpeechService
+
+    url = sqlite_url(tmp_path / "voices.db")
+    Storage(url).migrate()
+    engine = CloningEngine(step_cost=lambda running: 0.01, max_running=1)  # one turn at a time, a step each token
+    service = SpeechService(Settings(data_dir=tmp_path, calibration_sizes=[1]), [engine], Metrics())
+    service.start()
+    try:
+        assert service.loops["fake-ar"].calibrated.wait(30)
+        clones = VoiceClones(Storage(url), service)
+        asyncio.run(clones.create(OWNER, encode(tone(4.0), RATE, "wav"), "alice", "fake-ar", True))
+        long_turn = "and so it goes on " * 20  # 360 tokens: 360 steps, 3.6 s at least
+        script = f"Ann: {long_turn}\nBob: Hello there.\nAnn: And a last word."
+        engine.steps_run.clear()
+        running = threading.Event()
+        engine.on_step = running.set
+
+        async def deleted_mid_dialogue() -> InvalidRequest:
+            cast = {"Ann": "alice", "Bob": "fake-ar-voice"}
+            answer = asyncio.ensure_future(service.answer(Ask(script=script, voices=cast, response_format="pcm",
+                                                              caller=OWNER)))
+            assert await asyncio.to_thread(running.wait, 30)  # the first turn runs; the others wait
+            await clones.delete("alice", "ops")
+            with pytest.raises(InvalidRequest) as refused:
+                await answer
+            return refused.value
+
+        refused = asyncio.run(deleted_mid_dialogue())
+        assert len(engine.steps_run) < len(long_turn) / 2  # answered long before the first turn could have ended
+        assert refused.param == "voice" and refused.code == ErrorCode.VOICE_NOT_FOUND
+        assert "'alice'" in refused.message and "deleted while this request ran" in refused.message
+    finally:
+        service.stop()

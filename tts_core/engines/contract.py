@@ -29,12 +29,13 @@ if TYPE_CHECKING:
     import httpx
 
 _input_ids = itertools.count()
+CAST_SEPARATOR = "\x1f"  # between a cast's voice names (VibeVoice's): no voice name has a control character
 
 
 @dataclass(frozen=True, eq=False)
 class EngineInput:
-    """What an engine reads of one piece: its model input ids, voice and speaking rate. A stepped engine keeps
-    a running input's state under its `id`."""
+    """What an engine reads of one piece: its model input ids, voice (or a conversation's cast of voices, joined
+    by CAST_SEPARATOR) and speaking rate. A stepped engine keeps a running input's state under its `id`."""
 
     tokens: np.ndarray  # int64 model input ids
     voice: str
@@ -45,6 +46,11 @@ class EngineInput:
     @property
     def length(self) -> int:
         return int(self.tokens.shape[0])
+
+    @property
+    def voices(self) -> list[str]:
+        """The voices it speaks in: its voice, or each of its cast."""
+        return self.voice.split(CAST_SEPARATOR)
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import GenerationConfig
 
-from ..errors import ErrorCode, InvalidRequest
+from ..errors import voice_deleted
 from .base import EngineUnavailable, SteppedEngine, Voice, VoiceSpec
 from .contract import Capabilities, EngineInput, Shape, WholeBatch
 from .pocket_codec import read_clip
@@ -246,8 +246,7 @@ class TorchSteppedEngine(SteppedEngine):
             return run.voice
         prompt = self._prompts.get(item.voice)
         if prompt is None:
-            raise InvalidRequest(f"{self.name} has no voice {item.voice!r} (deleted before this request started); "
-                                 "choose another voice", "voice", ErrorCode.VOICE_NOT_FOUND)
+            raise voice_deleted(self.name, item.voice)
         return prompt
 
     # --- running --------------------------------------------------------------------------------

@@ -51,10 +51,10 @@ from transformers import (
     VibeVoiceProcessor,
 )
 
-from ..errors import ErrorCode, InvalidRequest
+from ..errors import voice_deleted
 from ..text.pronunciation import as_text
 from .base import DEFAULT_MAX_RUNNING, Voice, VoiceSpec
-from .contract import EngineInput
+from .contract import CAST_SEPARATOR, EngineInput
 from .static_step import StepRunner
 from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
 from .vibevoice_parts import DPMSolver, StreamCaches, encode_voice
@@ -70,7 +70,6 @@ SYSTEM_PROMPT = (" Transform the text provided by various speakers into speech o
 GENERATION_DEFAULTS = {"guidance_scale": 1.3, "num_diffusion_steps": 10}
 DESCRIBE_FILES = ["*.json", "voices/*"]  # what describing a hub model reads
 MAX_SPEAKERS = 4  # the original VibeVoice's conversations: up to four speakers in one context
-CAST_SEPARATOR = "\x1f"  # between a cast's voice names: no voice name has a control character
 CONVERSATION_LINE = re.compile(r"^Speaker (\d+): (.*)$")
 
 
@@ -201,14 +200,13 @@ class VibeVoiceEngine(TorchSteppedEngine):
 
     def _cast(self, item: EngineInput) -> list[torch.Tensor]:
         """The voice prompts of the input's speakers: its voice's, or each of a cast's."""
-        names = item.voice.split(CAST_SEPARATOR)
+        names = item.voices
         if len(names) > MAX_SPEAKERS:
             raise ValueError(f"{self.name}: a conversation of {len(names)} voices; VibeVoice takes {MAX_SPEAKERS}")
         known = self._prompts  # one table: add_voice swaps it whole
         missing = [name for name in names if name not in known]
         if missing:
-            raise InvalidRequest(f"{self.name} has no voice {missing[0]!r} (deleted before this request started); "
-                                 "choose another voice", "voice", ErrorCode.VOICE_NOT_FOUND)
+            raise voice_deleted(self.name, missing[0])
         return [known[name] for name in names]
 
     def _voice_layout(self, voices: list[torch.Tensor]) -> tuple[list[int], list[int]]:

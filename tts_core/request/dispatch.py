@@ -1,9 +1,9 @@
 """Scheduling: a text becomes queued pieces on its model's engine loop, and their audio comes back.
 
-A text is cut into sentences, short ones packed together where there are many (a stream's first
-pieces shorter, so its first audio comes sooner), tokenized, and queued as `QueuedItem`s with
-the caller's identity, priority and deadline; a stream's later pieces are due when their audio will
-be needed. The queue refuses the whole text at once if its predicted wait is past the operator's target
+A text is cut into sentences, short ones packed together where there are many (its first pieces shorter, so a
+stream's first audio comes sooner; a file is cut where its stream is, so the two are the same audio), tokenized,
+and queued as `QueuedItem`s with the caller's identity, priority and deadline; a stream's later pieces are due when
+their audio will be needed. The queue refuses the whole text at once if its predicted wait is past the operator's target
 (or its deadline), or as invalid if it has more pieces than could ever wait at once. A stream's first piece may
 be queued ahead of the rest, from its first sentence read alone (`read_ahead`): the rest follows it once the whole
 text is read, if it is still the whole text's first piece (else the text is queued anew). Every piece ends:
@@ -169,7 +169,9 @@ class Scheduler:
         speed = passage.speed * voice.speed  # the voice's default speed, times the request's
         share = loop.tier_limit(tier.max_queue_share)
         most = loop.most_per_text(identity, share)
-        ramped = streaming and first and not loop.engine.capabilities.makes_frames
+        # the first passage's opening pieces, whole or streamed: a voice lengthens the clause ends where a stream's
+        # first pieces are cut, so a file cut elsewhere is other audio (Piper, noise off: up to 3.3% apart)
+        ramped = first and not loop.engine.capabilities.makes_frames
         chunks, cuts, first_word = await self._chunks(passage, most, ramped, words)
         tier_name = caller.tier_name if caller else ""
         loop.check(len(chunks), tier_name, identity, tier.priority, share, target, timeout_s)
@@ -214,7 +216,7 @@ class Scheduler:
 
     def _pieces(self, text: str, most: int, ramped: bool) -> tuple[list[str], list[bool]]:
         """The text's chunks, at most `most`, and whether each continues a chunk cut before it (where `ramped`,
-        a stream's first, the first sentence is cut into short pieces where they fit)."""
+        a request's first passage, whole or streamed, the first sentence is cut into short pieces where they fit)."""
         chunks = split_chunks(text, self.settings.max_chunk_chars, min(PIECES_PER_PASSAGE, most))
         if ramped and self.settings.stream_first_chunk_chars:
             pieces = ramp_up(chunks, self.settings.stream_first_chunk_chars, self.settings.max_chunk_chars)

@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..engines.base import Engine
 from ..engines.contract import EngineInput, EngineOutput
-from ..errors import ErrorCode, Overloaded
+from ..errors import ErrorCode, Overloaded, voice_deleted
 from ..ops.metrics import Metrics
 from .calibration import CalibrationStore, Row, calibration_key
 from .faults import FaultCounts, Faults
@@ -290,6 +290,11 @@ class EngineLoop:
         anew at its next tick). False where lower precision was not off."""
         self._precision_asked = Precision.FULL
         return self.serving.precision.reset()
+
+    def refuse_voice(self, name: str) -> int:
+        """A cloned voice deleted (and off its engine): its queued pieces are refused now (voice_deleted), not when
+        each would have started; the running ones finish in it. How many."""
+        return self.queue.refuse(lambda item: name in item.input.voices, lambda: voice_deleted(self.engine.name, name))
 
     def run_on_engine(self, call: Callable[[], T]) -> Future[T]:
         """Run call on the engine's thread between two turns (never beside a batch or a step),

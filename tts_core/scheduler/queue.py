@@ -425,6 +425,18 @@ class RequestQueue:
                 dropped = self._drop_dead()
             self._tell_dropped(*dropped)
 
+    def refuse(self, matches: Callable[[QueuedItem], bool], error: Callable[[], BaseException]) -> int:
+        """Fail the queued items that `matches` now, each with its own `error()` (the running ones are not here):
+        how many."""
+        with self._changed:  # (answered with the lock held, as _drop_dead answers: a candidate taken is then done)
+            refused = {id(item): item for item in self._items if matches(item)}
+            self._items = [item for item in self._items if id(item) not in refused]
+            for item in refused.values():
+                if item.claim():
+                    item.resolve(error())
+            self._changed.notify_all()
+        return len(refused)
+
     def take(self, items: Iterable[QueuedItem], predicted_s: float) -> None:
         """Items leave the queue to run (for about predicted_s seconds); `done` when they have. (One may have
         expired since it was a candidate: its future is done, and it runs for nobody.)"""

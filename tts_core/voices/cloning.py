@@ -359,12 +359,20 @@ class Cloner:
 
     async def remove(self, name: str) -> None:
         """Out of the catalogue first (no new request names it), then off its engine if it is loaded.
-        Requests already running keep their voice."""
+        Pieces already running in it finish in it; the queued ones are refused at once (_refuse_queued)."""
         voice = self.voices.drop(name)
         await asyncio.to_thread(self.publish)
         self.cache.drop_voice(name)  # a new voice may take the name: it must not get this one's audio
         if voice is not None:
             await self._on_engine(voice.model, lambda engine: engine.remove_voice(name), load=False)
+            self._refuse_queued(voice)
+
+    def _refuse_queued(self, voice: ClonedVoice) -> None:
+        """A deleted voice's queued pieces refused now, off its engine (a request in it, a dialogue's later turns,
+        answers at once that the voice was deleted while it ran), not each as it would have started."""
+        loop = self.pool.loaded().get(voice.model)
+        if loop is not None:
+            loop.refuse_voice(voice.name)
 
     async def set_public(self, name: str, public: bool) -> None:
         voice = self.voices.all().get(name)
@@ -420,6 +428,8 @@ class Cloner:
         removing = [self._on_loaded(voice.model, lambda engine, name=voice.name: engine.remove_voice(name))
                     for voice in gone]
         wait([future for future in removing if future is not None], FOLLOW_WAIT_S)
+        for voice in gone:
+            self._refuse_queued(voice)
         return refused
 
     def _give(self, voice: ClonedVoice) -> Future | None:
