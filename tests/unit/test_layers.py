@@ -130,6 +130,15 @@ def test_no_import_runs_up_a_layer_or_across_the_surfaces():
     assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
 
 
+def test_no_module_imports_another_s_private_names():
+    """What two modules share is public where it lives (the torch engines' helpers: tts_core/engines/torch_support.py),
+    never a private name of one imported by the other."""
+    found = [f"{path.relative_to(ROOT)}:{node.lineno} -> {node.module}.{alias.name}" for path in checked_files()
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+             if isinstance(node, ast.ImportFrom) for alias in node.names if alias.name.startswith("_")]
+    assert not found, "private names imported:\n" + "\n".join(found)
+
+
 def test_the_settings_name_the_scheduler_s_policies_and_queue_orders():
     """The settings, a leaf, name what the scheduler above them holds (config cannot import it)."""
     from tts_core.config import BATCH_POLICIES, QUEUE_ORDERS

@@ -40,8 +40,7 @@ from .alignment import unit_words
 from .base import EngineUnavailable, OneShotEngine, Voice, VoiceSpec, peak_normalize, voice_mix
 from .contract import Capabilities, EngineInput, EngineOutput
 from .instances import Instances, copy_counts, threads_per_copy
-from .stepped_torch import model_folder
-from .vits import DeviceMemory, _loading, resolve_device
+from .torch_support import DeviceMemory, loading_model, model_folder, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +93,7 @@ def pack_names(source: str) -> list[str]:
     """The voice packs a model ships (voices/*.pt) named as released (`af_heart`) in a language Chorus reads: what a
     registry name with a star stands for. The others are left out, with a warning (one of them can still be named
     in the registry, with its `language`)."""
-    with _loading(source):
+    with loading_model(source):
         folder = model_folder(source, CONFIG_FILES)
     names = sorted(path.stem for path in (folder / "voices").glob("*.pt"))
     readable = [name for name in names if _named_as_released(name) and name[0].lower() in LANGUAGES]
@@ -134,7 +133,7 @@ def _model_files(source: str, specs: Sequence[VoiceSpec]) -> tuple[Path, Path, d
     """The model's folder, its weights and its voices' packs; EngineUnavailable naming what is missing."""
     if not specs:
         raise EngineUnavailable(f"kokoro model {source!r}: the registry names none of its voices (`NAME:` or `*:`)")
-    with _loading(source):
+    with loading_model(source):
         folder = model_folder(source, CONFIG_FILES)
         json.loads((folder / "config.json").read_text(encoding="utf-8"))["vocab"]
         return folder, _weights(folder), _pack_files(folder, specs)
@@ -349,7 +348,7 @@ class KokoroEngine(DeviceMemory, OneShotEngine):
         self.device = resolve_device(device)
         folder, weights, files = _model_files(source, voices)
         self._voices = _voices(voices, files)
-        with _loading(source):
+        with loading_model(source):
             self.model = kmodel(source, folder / "config.json", weights)
             self._packs = {name: torch.load(path, map_location="cpu", weights_only=True).reshape(MAX_PHONEMES, -1)
                            for name, path in files.items()}

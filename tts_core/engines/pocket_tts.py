@@ -45,8 +45,8 @@ from .base import DEFAULT_MAX_RUNNING, Voice, VoiceSpec
 from .contract import EngineInput
 from .pocket_codec import DecoderState, StreamingDecoder, encode_voice
 from .static_step import CHECK_STEPS, StepRunner, StepState, bucket_of, buckets
-from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
-from .vits import _loading
+from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, prompted_voices, voice_files
+from .torch_support import loading_model, model_folder
 
 MODEL_KIND = "pocket_tts"
 MODEL_LANGUAGE = "en"  # Pocket TTS speaks English
@@ -69,7 +69,7 @@ def _sample_rate(folder: Path) -> int:
 def describe_pocket_tts(source: str, specs: Sequence[VoiceSpec]) -> list[Voice]:
     """A model's voices from its configs and voice files alone (no weights loaded): this also checks,
     at start-up, that the model and every voice prompt are there."""
-    with _loading(source):
+    with loading_model(source):
         folder = model_folder(source, DESCRIBE_FILES)
         PocketTTSConfig.from_pretrained(folder)
         return prompted_voices(MODEL_KIND, MODEL_LANGUAGE, list(voice_files(folder, specs)), specs,
@@ -135,7 +135,7 @@ class PocketTTSEngine(TorchSteppedEngine):
         self.step_context, self._compiled_buckets = step_context, step_buckets
         self._prefixes: dict[str, tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]] = {}  # _prefix
         self.max_running, self.fixed_length, self.temperature = max_running, fixed_length, temperature
-        with _loading(source):
+        with loading_model(source):
             folder = model_folder(source)
             files = voice_files(folder, voices)
             self._load_models(folder)

@@ -69,13 +69,6 @@ class StepState:
         for name, tensor in self.tensors.items():
             tensor[rows] = self._specs[name][2]
 
-    def snapshot(self) -> dict[str, torch.Tensor]:
-        return {name: tensor.clone() for name, tensor in self.tensors.items()}
-
-    def restore(self, saved: dict[str, torch.Tensor]) -> None:
-        for name, tensor in self.tensors.items():
-            tensor.copy_(saved[name])
-
 
 def compile_step(body: Callable, device: str, backend: str = "inductor") -> Callable:
     """The step compiled whole: one graph per (bucket, shapes), no graph breaks; CUDA graphs on CUDA (inductor).
@@ -84,13 +77,6 @@ def compile_step(body: Callable, device: str, backend: str = "inductor") -> Call
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 1024)
     mode = "reduce-overhead" if device == "cuda" and backend == "inductor" else None
     return torch.compile(body, fullgraph=True, dynamic=False, backend=backend, mode=mode)
-
-
-def pin(tensors: list[torch.Tensor], device: str) -> None:
-    """On CUDA, tensors a compiled step mutates keep their addresses, so CUDA graphs replay over them."""
-    if device == "cuda":
-        for tensor in tensors:
-            torch._dynamo.mark_static_address(tensor)
 
 
 @dataclass

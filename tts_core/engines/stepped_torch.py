@@ -1,4 +1,4 @@
-"""What the torch stepped engines (Pocket TTS, VibeVoice) share: where a model and its voice prompts are,
+"""What the torch stepped engines (Pocket TTS, VibeVoice) share: where their voice prompts are,
 the slot cache of their backbones, their voice tables, their noise generator, and device memory."""
 
 from __future__ import annotations
@@ -16,24 +16,12 @@ from .base import EngineUnavailable, SteppedEngine, Voice, VoiceSpec
 from .contract import Capabilities, EngineInput, Shape, WholeBatch
 from .pocket_codec import read_clip
 from .static_step import StepRunner
-from .vits import DTYPES, _offline, resolve_device
+from .torch_support import DTYPES, resolve_device
 
 DEFAULT_VOICE = "default"  # the shipped voice a registry voice without a prompt speaks with
 
 
-# --- where a model and its voices are -------------------------------------------------------------
-
-
-def model_folder(source: str, patterns: list[str] | None = None) -> Path:
-    """A local folder as is; a hub id from the local cache (or the hub, unless HF_HUB_OFFLINE)."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    if path.is_absolute() or source.startswith((".", "~")):
-        raise FileNotFoundError(f"no folder {source}")
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(source, allow_patterns=patterns, local_files_only=_offline()))
+# --- where a model's voices are -------------------------------------------------------------------
 
 
 def voice_files(folder: Path, specs: Sequence[VoiceSpec]) -> dict[str, Path]:

@@ -56,9 +56,9 @@ from ..text.pronunciation import as_text
 from .base import DEFAULT_MAX_RUNNING, Voice, VoiceSpec
 from .contract import CAST_SEPARATOR, EngineInput
 from .static_step import StepRunner
-from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, model_folder, prompted_voices, voice_files
+from .stepped_torch import SlotCache, TorchSteppedEngine, generation_values, prompted_voices, voice_files
+from .torch_support import loading_model, model_folder
 from .vibevoice_parts import DPMSolver, StreamCaches, encode_voice
-from .vits import _loading
 
 MODEL_KIND = "vibevoice"
 MODEL_LANGUAGE = "en"  # VibeVoice speaks English and Chinese; English unless the registry says zh
@@ -86,7 +86,7 @@ def conversation_text(lines: Sequence[tuple[int, str]]) -> str:
 def describe_vibevoice(source: str, specs: Sequence[VoiceSpec]) -> list[Voice]:
     """A model's voices from its configs and voice files alone (no weights loaded): this also checks,
     at start-up, that the model and every voice prompt are there."""
-    with _loading(source):
+    with loading_model(source):
         folder = model_folder(source, DESCRIBE_FILES)
         VibeVoiceConfig.from_pretrained(folder)
         rate = VibeVoiceAcousticTokenizerFeatureExtractor.from_pretrained(folder).sampling_rate
@@ -124,7 +124,7 @@ class VibeVoiceEngine(TorchSteppedEngine):
         if self._runner.mode == "compiled":
             self._runner.mode, self._runner.reason = "eager", "VibeVoice's step has no compiled form yet"
         self.max_running, self.fixed_length, self.temperature = max_running, fixed_length, temperature
-        with _loading(source):
+        with loading_model(source):
             folder = model_folder(source)
             files = voice_files(folder, voices)
             self.processor = VibeVoiceProcessor.from_pretrained(folder, local_files_only=True)

@@ -17,9 +17,7 @@ and starts it while the device still runs this one, whose audio comes back by a 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,29 +30,15 @@ from ..text.pronunciation import as_text
 from .alignment import unit_words
 from .base import EngineUnavailable, OneShotEngine, Voice, VoiceSpec, peak_normalize
 from .contract import Capabilities, EngineInput, EngineOutput
+from .torch_support import DTYPES, DeviceMemory, hub_offline, loading_model, resolve_device
 
 log = logging.getLogger(__name__)
 
 LOW_PRECISION = {"cuda": "fp16"}  # what the degrade mode's precision action switches to, by device (none on a CPU)
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # The parts that run at a lower precision (TTS_DTYPE, or degrade mode's action); the rest stays at fp32. In fp16 the
 # duration predictor's spline flow raised "Discriminant has negative values" on an H200, and a duration rounded
 # differently changes an item's length: the duration predictor, the flow and the speaker embedding stay at fp32.
 LOWER_PARTS = ("text_encoder.encoder", "decoder")
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-
-
-@contextmanager
-def _loading(source: str) -> Iterator[None]:
-    """Any failure to read a model becomes one clear error that names it."""
-    try:
-        yield
-    except Exception as error:  # missing files, a wrong folder, a hub id not in the cache when offline
-        hint = " (HF_HUB_OFFLINE is set: only the local cache is searched)" if _offline() else ""
-        raise EngineUnavailable(f"model {source!r} could not be loaded{hint}: {error}") from None
 
 
 def _vits_voices(specs: Sequence[VoiceSpec], sample_rate: int) -> list[Voice]:
@@ -65,17 +49,9 @@ def _vits_voices(specs: Sequence[VoiceSpec], sample_rate: int) -> list[Voice]:
 def describe_vits(source: str, specs: Sequence[VoiceSpec]) -> list[Voice]:
     """A model's voices from its config alone (no weights loaded): this also checks, at start-up,
     that every configured model is there."""
-    with _loading(source):
-        config = VitsConfig.from_pretrained(source, local_files_only=_offline())
+    with loading_model(source):
+        config = VitsConfig.from_pretrained(source, local_files_only=hub_offline())
     return _vits_voices(specs, int(config.sampling_rate))
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise EngineUnavailable("TTS_DEVICE=cuda, but CUDA is not available on this machine")
-    return device
 
 
 class _VocoderMask:
@@ -170,46 +146,6 @@ class _Running:
     dtype: torch.dtype  # the lowered parts' precision it ran at
 
 
-class DeviceMemory:
-    """Device memory of a torch one-shot engine (VITS, Kokoro) with `device`, `model`, `_voices` and `synthesize`:
-    on CUDA a memory model (peak bytes per padded token, measured at warm-up) that the batcher asks for a token
-    budget."""
-
-    out_of_memory_errors = (MemoryError, torch.cuda.OutOfMemoryError)
-    device: str
-    model: nn.Module
-    bytes_per_padded_token: float | None = None
-
-    def measure_memory(self, tokens: np.ndarray, sizes: Sequence[int] = (1, 4)) -> None:
-        """Peak bytes per padded token over a few batch sizes (CUDA only): the memory model."""
-        if self.device != "cuda":
-            return
-        per_token = []
-        for size in sizes:
-            items = [EngineInput(tokens, self._voices[0].name) for _ in range(size)]
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            self.synthesize(items)
-            torch.cuda.synchronize()
-            per_token.append((torch.cuda.max_memory_allocated() - before) / (size * tokens.size))
-        self.bytes_per_padded_token = max(per_token)
-
-    def free_memory_bytes(self) -> int | None:
-        if self.device != "cuda":
-            return None
-        free, _ = torch.cuda.mem_get_info()
-        return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()  # the cache is ours to reuse
-
-    def release_memory(self) -> None:
-        if self.device == "cuda":
-            torch.cuda.empty_cache()
-
-    def memory_bytes(self) -> int:
-        tensors = [*self.model.parameters(), *self.model.buffers()]
-        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
-
-
 class VitsEngine(DeviceMemory, OneShotEngine):
     capabilities = Capabilities(times_words=True)
     lower_precision_parts = LOWER_PARTS
@@ -228,9 +164,9 @@ class VitsEngine(DeviceMemory, OneShotEngine):
             raise EngineUnavailable(f"{self.name}: {dtype} needs CUDA; use fp32 on the CPU")
         low_dtype = low_dtype or LOW_PRECISION.get(self.device)
         self.low_dtype = DTYPES[low_dtype] if low_dtype and DTYPES[low_dtype] != self.dtype else None
-        with _loading(source):
-            self.tokenizer = VitsTokenizer.from_pretrained(source, local_files_only=_offline())
-            self.model = VitsModel.from_pretrained(source, local_files_only=_offline())
+        with loading_model(source):
+            self.tokenizer = VitsTokenizer.from_pretrained(source, local_files_only=hub_offline())
+            self.model = VitsModel.from_pretrained(source, local_files_only=hub_offline())
         self.model.to(self.device).eval()
         _VocoderMask(self.model.decoder)
         self._parts = [_PartPrecision(self.model.get_submodule(path), self.dtype) for path in LOWER_PARTS]

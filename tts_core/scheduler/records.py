@@ -1,8 +1,8 @@
 """The queue's record of scheduled work: `QueuedItem`, what the queue orders and the answer is assembled from.
 
 It holds the caller, tier, priority, deadline and due time, where its audio goes in the answer, the timings, and
-how its audio comes back; the engine reads only its `input` (an EngineInput) and returns an EngineOutput
-(tts_core/request/records.py), and never sees the queued item.
+how its audio comes back; the engine reads only its `input` (an EngineInput) and returns an EngineOutput (both
+records of the engine contract, tts_core/engines/contract.py), and never sees the queued item.
 
 Its audio comes back on its `future` (an EngineOutput), and as it is made on its `pieces` where a caller plays it
 so (a stepped engine's frames: AudioPieces).

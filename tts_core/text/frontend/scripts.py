@@ -76,12 +76,6 @@ def script_of(char: str) -> str | None:
 
 
 @cache
-def _own_letters(scripts: frozenset[str]):
-    """A test for the letters of these scripts, or shared with one of them (Script_Extensions)."""
-    return regex.compile("[" + "".join(rf"\p{{scx={script}}}" for script in sorted(scripts)) + "]").match
-
-
-@cache
 def scripts_of(language: str) -> frozenset[str] | None:
     """The scripts a language is written in, Latin included; None when the table does not know it."""
     code = language_code(language)
