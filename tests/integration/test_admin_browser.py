@@ -238,6 +238,7 @@ def save_settings_and_wait(browser, wait, said: str) -> None:
     wait.until(lambda driver: said in message.text)
 
 
+@pytest.mark.timeout(900)  # some 40 steps in a browser, each waited on: 208 s in a CI run, 300+ on a busier machine
 def test_tier_table_saves_and_reloads(browser, admin_server):
     """The tiers are a table (a row per tier) and the anonymous tier a choice among them: a changed cell and a
     new row are saved to the running server, and a fresh page shows them; a refusal names the column."""

@@ -136,7 +136,9 @@ def test_sigkill_with_jobs_queued_and_running_loses_and_duplicates_nothing(tmp_p
     settings = dict(calibration_sizes="1", piper_noise_scale="0", piper_noise_w="0", job_concurrency="2",
                     replica_id="crash-test")
     process = start_server(tmp_path, **settings)
-    ids = [httpx.post(f"{process.base_url}/v1/audio/jobs", json=body(text)).json()["id"] for text in texts]
+    submitted = [httpx.post(f"{process.base_url}/v1/audio/jobs", json=body(text)) for text in texts]
+    assert all(answer.status_code == 202 for answer in submitted), [answer.text for answer in submitted]
+    ids = [answer.json()["id"] for answer in submitted]
     assert wait_until(lambda: any(job["status"] == "running" for job in
                                   httpx.get(f"{process.base_url}/v1/audio/jobs").json()["data"]), 30)
     process.process.kill()  # SIGKILL: no shutdown, jobs left queued and running

@@ -12,6 +12,7 @@ import pytest
 from websockets.sync.client import connect
 
 from bench.server import start_server
+from tests.integration.conftest import OPERATOR_DEFAULTS
 from tests.serve import wait_until
 
 pytestmark = pytest.mark.slow  # a server process of its own
@@ -59,8 +60,9 @@ def stalled_stream(server) -> socket.socket:
 
 
 def test_a_websocket_utterance_begun_finishes_on_sigterm_and_a_client_that_stops_reading_is_cut_off(tmp_path):
+    # degrade off: under load, the stalled stream turned it on and its text cap refused the utterance (an error event)
     server = start_server(tmp_path, calibration_sizes="1", write_timeout_s="1", shutdown_grace_s="30",
-                          log_level="info")
+                          log_level="info", operator_defaults=json.dumps(OPERATOR_DEFAULTS))
     try:
         stalled = stalled_stream(server)  # cut off once it has taken nothing for 1 s (TTS_WRITE_TIMEOUT_S)
         assert wait_until(lambda: "cut off: it took nothing sent to it for 1.0 s" in server.log_path.read_text(),
@@ -76,6 +78,7 @@ def test_a_websocket_utterance_begun_finishes_on_sigterm_and_a_client_that_stops
             events = []
             while not isinstance(message := websocket.recv(timeout=HANG_S), bytes):  # its first audio
                 events.append(json.loads(message))
+                assert events[-1]["type"] != "error", events[-1]  # (the socket stays open for the next utterance)
             server.process.send_signal(signal.SIGTERM)
             audio = len(message)
             while (message := websocket.recv(timeout=HANG_S)) and isinstance(message, bytes) or \
