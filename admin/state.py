@@ -10,7 +10,6 @@ from sqlalchemy.exc import ArgumentError
 
 from tts_core.request.operating import OperatorSettings
 from tts_core.scheduler.in_flight import BreakerState
-from tts_core.scheduler.runaway import LEARNED_AFTER
 from tts_core.scheduler.upstream import UpstreamStatus
 
 
@@ -76,23 +75,6 @@ def upstream_policies(status: dict) -> dict[str, UpstreamStatus]:
             if (upstream := UpstreamStatus.from_json(model)) is not None}
 
 
-def runaway_markdown(runaway: dict) -> str | None:
-    """The runaway guard's line: each voice it has seen, the speech it expects a character to take, and the
-    generations it stopped by reason (None before it has seen any)."""
-    voices = []
-    for model, by_voice in runaway.items():
-        for voice, figures in by_voice.items():
-            stopped = ", ".join(f"{count} {reason}" for reason, count in sorted(figures["stopped"].items()))
-            learned = f"learned from {figures['learned_from']}" if figures["learned_from"] >= LEARNED_AFTER else \
-                "the prior"
-            voices.append(f"`{model}` {voice}: {figures['s_per_char']:.3f} s a character ({learned}), "
-                          + (f"**stopped {stopped}**" if stopped else "none stopped"))
-    if not voices:
-        return None
-    return ("**Runaway guard** (a generation far longer than its text, repeating or silent is stopped, made again "
-            "once, then refused): " + "; ".join(voices))
-
-
 def _database(url: str) -> str:
     """A SQLite database as its file's full path: `sqlite:///data/chorus.db` is data/chorus.db beside where the
     server runs, but reads like /data."""
@@ -122,8 +104,6 @@ def state_markdown(stats: dict, settings: OperatorSettings) -> str:
                      "kind): " + "; ".join(faults))
     if upstreams := upstream_policies(stats["status"]):
         lines.append("**Upstreams:** " + "; ".join(_upstream(name, upstream) for name, upstream in upstreams.items()))
-    if runaway := runaway_markdown(stats["status"].get("runaway", {})):
-        lines.append(runaway)
     if len(stats["replicas"]) > 1:  # a deployment of several: each as it last reported
         lines.append("**Replicas:** " + "; ".join(_replica(row) for row in stats["replicas"]))
     errors = [error for error in (storage["settings_error"], storage["request_log_error"]) if error]

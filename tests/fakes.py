@@ -3,17 +3,13 @@ FakeClock in unit tests, which that cost advances; the system's, sleeping, in in
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import math
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tts_core.engines.base import OneShotEngine, SteppedEngine, UpstreamOptions, Voice, VoiceSpec
+from tts_core.engines.base import OneShotEngine, SteppedEngine, Voice
 from tts_core.engines.contract import EngineInput, EngineOutput
-from tts_core.engines.upstream import UpstreamEngine
 from tts_core.scheduler.clock import SYSTEM_CLOCK, Clock
 
 POISON = 999  # a token that makes the fake engine raise
@@ -154,74 +150,3 @@ class FakeSteppedEngine(SteppedEngine):
 
 
 FRAME = 100  # samples per frame of FakeSteppedEngine (1000 Hz, 10 frames/s)
-
-
-class RunawaySteppedEngine(FakeSteppedEngine):
-    """FakeSteppedEngine whose requests run away once `way` is set (after its warm-up, which runs to each input's
-    end): "endless" (it never ends), "repeat" (it never ends, each frame the same vector), "silent" (it never ends,
-    its audio zeros); None: a normal request, one frame a character, then its end. Only the first `runaways` joiners
-    from then on run away (the rest are normal). Each frame's vector (frame_vectors) is a random one of its own,
-    but for "repeat"'s."""
-
-    def __init__(self, **options):
-        super().__init__(**options)
-        self.way: str | None = None
-        self.runaways = math.inf
-        self._ways: dict[int, str] = {}  # the running items that run away
-
-    def admit(self, items: Sequence[EngineInput]) -> list[int]:
-        for item in items:
-            if self.way is not None and self.runaways > 0:
-                self.runaways -= 1
-                self._ways[item.id] = self.way
-        return super().admit(items)
-
-    def frames_needed(self, item) -> int:
-        return 10_000 if item.id in self._ways else item.length
-
-    def step(self) -> list[int]:
-        return [item_id for item_id in super().step() if item_id not in self._ways]
-
-    def take_frames(self, item_id: int, final: bool = False) -> np.ndarray | None:
-        frames = super().take_frames(item_id, final)
-        if frames is not None and self._ways.get(item_id) == "silent":
-            frames[:] = 0.0
-        return frames
-
-    def frame_vectors(self, item_id: int, count: int) -> np.ndarray:
-        made = self._made[item_id]
-        if self._ways.get(item_id) == "repeat":
-            return np.ones((min(count, made), 4), dtype=np.float32)
-        return np.stack([np.random.default_rng(index).standard_normal(4) for index in range(max(0, made - count),
-                                                                                              made)])
-
-    def release(self, item_id: int) -> None:
-        super().release(item_id)
-        self._ways.pop(item_id, None)
-
-
-class _NoClient:
-    async def aclose(self) -> None:
-        pass
-
-
-class FakeUpstream(UpstreamEngine):
-    """An upstream model whose answers are made here, with no server: a tone (1000 Hz samples, a tenth of a second a
-    character, in half-second pieces), or once `endless` is set, a tone that never ends (it reads no bound of its
-    own: the strategy's runaway guard is what stops it). `requests` counts the answers begun."""
-
-    def __init__(self):
-        options = UpstreamOptions("http://fake.invalid", sample_rate=1000, max_in_flight=4)
-        super().__init__("far", [VoiceSpec("far-voice")], "far", options)
-        self.endless = False
-        self.requests = 0
-
-    def client(self) -> _NoClient:
-        return _NoClient()
-
-    async def audio(self, client, item: EngineInput, capped: bool = True) -> AsyncIterator[np.ndarray]:
-        self.requests += 1
-        pieces = itertools.count() if self.endless else range(math.ceil(item.length * 0.1 / 0.5))
-        for _ in pieces:
-            yield np.full(500, 0.1, dtype=np.float32)
-            await asyncio.sleep(0)

@@ -96,7 +96,6 @@ class ErrorCode(StrEnum):
     # 500 ChorusError, SynthesisError
     INTERNAL_ERROR = "internal_error"  # a bug: logged
     SYNTHESIS_FAILED = "synthesis_failed"  # the engine failed on this item, alone
-    RUNAWAY_SPEECH = "runaway_speech"  # the model ran away on this text (too long, repeating, silent) twice
     # 503 Overloaded: refused for now, Retry-After says when
     QUEUE_FULL = "queue_full"  # the queue holds as much as it may
     QUEUE_WAIT = "queue_wait"  # the predicted wait is over the server's target
@@ -244,18 +243,6 @@ class SynthesisError(ChorusError):
         """What a caller is told of an exception raised inside a model: the model and the exception's class. Its
         text stays in the server's log (it can hold raw tensors, `tensor([nan, nan, ...])`, paths, internals)."""
         return cls(f"synthesis failed in model {model} ({type(error).__name__}); retry, or report it if it repeats")
-
-
-class RunawaySpeech(SynthesisError):
-    """A model's generation ran away (missed its end of speech: far longer than its text, repeating, or silent) and
-    was stopped by the runaway guard (tts_core.scheduler.runaway): a whole answer after it was made again once, a
-    stream where its audio stops. Retryable: the next run samples anew."""
-
-    default_code = ErrorCode.RUNAWAY_SPEECH
-
-    def __init__(self, model: str, why: str):
-        super().__init__(f"model {model} ran away on this text and was stopped ({why}); retry, or report it if it "
-                         "repeats")
 
 
 class Overloaded(ChorusError):

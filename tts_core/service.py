@@ -57,7 +57,6 @@ from .scheduler.engine_loop import EngineLoop, LoopStatus
 from .scheduler.pool import ModelPool
 from .scheduler.queue import RequestQueue, WaitTarget
 from .scheduler.records import QueuedItem
-from .scheduler.runaway import RunawayGuard
 from .scheduler.strategies import make_engine_loop
 from .voices.catalogue import Catalogue
 from .voices.cloning import ClonedVoice, ClonedVoices, Cloner
@@ -198,7 +197,6 @@ class SpeechService:
         self.calibrations = calibrations
         self.degrade = degrade or DegradeController()
         self.cache = cache or AudioCache(int(self.degrade.settings.cache_max_mb * 2**20))
-        self.runaway = RunawayGuard(metrics, lambda: self.degrade.settings.runaway_limits())  # the operator's, live
         specs = [model if isinstance(model, ModelSpec) else ModelSpec.loaded(model) for model in models]
         self.clones = ClonedVoices(clones)  # before the pool: pinned models load (and get theirs) in it
         self.pool = ModelPool(specs, self._make_loop, metrics, settings.max_loaded_models,
@@ -221,7 +219,7 @@ class SpeechService:
         return make_engine_loop(engine, queue, metrics, settings.batch_policy, settings.max_batch_size,
                                 settings.max_batch_tokens, settings.calibration_sizes, settings.min_free_mem_mb,
                                 settings.empty_cache_every, settings.cpu_cache_mb, settings.engine_instances,
-                                settings.codec_stage, self.degrade.precision_off, self.calibrations, self.runaway)
+                                settings.codec_stage, self.degrade.precision_off, self.calibrations)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -369,7 +367,6 @@ class SpeechService:
                         for name, slot in self.pool.slots().items() if not slot.retired},
             "models_loaded": len(self.loops),
             "model_memory_mb": round(self.pool.memory_bytes() / 2**20, 1),
-            "runaway": self.runaway.status(),
         }
 
     @staticmethod

@@ -21,7 +21,6 @@ GROUPS = {  # a field in none of them is shown under "Other settings", so that n
                      "cap_text_chars", "cache_first_enabled", "lower_precision_enabled", "shed_enabled"],
     "Queue": ["queue_wait_target_s", "overload_wait_target_s"],
     "Cache and request log": ["cache_enabled", "cache_max_mb", "request_log_max_rows"],
-    "Runaway guard": ["runaway_length_factor", "runaway_floor_s", "runaway_repeat_s", "runaway_silence_s"],
 }
 TIERS_GROUP = "Caller tiers"  # the tiers table and the anonymous tier
 

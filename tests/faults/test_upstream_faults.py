@@ -1,8 +1,7 @@
 """A replay of the upstream faults of issue 44 against a real Chorus process in front of a hostile upstream
 (tests/faults/hostile_upstream.py): a Retry-After of infinity, nonsense or a year, an answer that never ends, an
 error body that never ends, a byte of audio, a WAV. Each is answered in our error shape (or, for a WAV, with its
-samples), and the server serves normally after each; the endless answer (stopped by the runaway guard: sent again
-once, then a 500 runaway_speech) has its memory measured. The model "brief" is
+samples), and the server serves normally after each; the endless answer's memory is measured. The model "brief" is
 the same upstream with a breaker that stays open 3 s at most (max_cool_down_s), so that a year's Retry-After is
 seen to open it and a healthy upstream to be used again within the test."""
 
@@ -119,10 +118,10 @@ def test_an_endless_answer_is_cut_off_and_memory_stays_bounded(fronted):
         with ThreadPoolExecutor(4) as pool:
             wholes = [pool.submit(speak, server, f"{number} {LONG_TEXT}") for number in range(3)]
             stream = pool.submit(streamed, 3)
-            for whole in wholes:  # the runaway guard's rule (issue 54): sent again once, then a 500
-                assert whole.result().status_code == 500, whole.result().text
-                assert whole.result().json()["error"]["code"] == "runaway_speech"
-            stream_bytes = stream.result()  # (cut)
+            for whole in wholes:  # (three failures at once open the breaker: a request may be refused by it)
+                refused_for_now(whole.result())
+            assert any("of audio that" in whole.result().json()["error"]["message"] for whole in wholes)
+            stream_bytes = stream.result()  # (refused by the open breaker, or cut)
         assert wait_until(lambda: upstream.streaming == 0, 10)  # every connection closed: it stopped sending
     finally:
         done.set()
@@ -135,8 +134,7 @@ def test_an_endless_answer_is_cut_off_and_memory_stays_bounded(fronted):
     upstream.answer = Answer("endless")  # a stream alone: its audio passes on up to the bound, then it is cut
     stream_bytes = streamed(4)
     print(f"endless upstream, a stream alone: {stream_bytes / 2**20:.2f} MB passed on")
-    # at most one piece's bound (the runaway guard's: 3 x 0.12 s a character at most), as 16-bit PCM
-    assert 0 < stream_bytes <= 3 * 0.12 * len(f"4 {LONG_TEXT}") * 24000 * 2
+    assert 0 < stream_bytes <= (len(LONG_TEXT) / 3 + 5) * 24000 * 2  # at most one piece's bound, as 16-bit PCM
     serves_normally(server, upstream)
 
 

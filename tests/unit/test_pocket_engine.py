@@ -241,16 +241,3 @@ def test_a_voice_given_a_new_prompt_speaks_with_it_not_with_its_cached_prefix(en
         assert torch.abs(latents[item] - generate_alone(dense, engine, "Hi.", new)).max() < 1e-5
     finally:
         engine.add_voice("other", prompt_of(engine, model, "other"))
-
-
-def test_its_frames_as_vectors_are_the_latents_it_made_for_the_runaway_guard(engine):
-    first, second = request(engine, "One two three.", "tiny"), request(engine, "Four.", "other")
-    engine.admit([first, second])
-    for _ in range(4):
-        engine.step()
-    for item in (first, second):
-        made = engine.latents(item.id)  # all five frames, in the codec's space
-        vectors = engine.frame_vectors(item.id, 3)
-        assert vectors.shape == (3, made.shape[1]) and isinstance(vectors, np.ndarray)
-        assert torch.allclose(engine.model.denormalize_latents(torch.from_numpy(vectors)), made[-3:], atol=1e-6)
-        assert engine.frame_vectors(item.id, 100).shape[0] == made.shape[0] == 5

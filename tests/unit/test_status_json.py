@@ -26,15 +26,13 @@ def test_the_status_page_answers_the_same_fields_in_the_same_order():
     service = SpeechService(Settings(voice_aliases={}, model_aliases={}), [FakeEngine(), FakeSteppedEngine()],
                             Metrics())
     try:
-        status = service.status()
-        engines = status["engines"]
+        engines = service.status()["engines"]
         running = service.loops["fake-ar"].status().strategy
     finally:
         service.stop()
     assert list(engines["fake"]) == ["loaded", "pinned", *LOOP, *ONE_SHOT, *AFTER]
     assert list(engines["fake-ar"]) == ["loaded", "pinned", *LOOP, *STEPPED, *AFTER]
     assert isinstance(running, SteppedStatus) and running.running == engines["fake-ar"]["running"] == 0
-    assert status["runaway"] == {}  # the runaway guard's voices (none has run yet)
     json.dumps(engines)  # as the API writes it
 
 

@@ -298,12 +298,6 @@ class SteppedEngine(Engine):
         were taken, join seamlessly). Safe beside `step` and `release`: it reads only what `take_frames`
         gave it. With `decodes_apart`, it runs on a codec thread of its own, one piece at a time."""
 
-    def frame_vectors(self, item_id: int, count: int) -> np.ndarray | None:
-        """The last `count` frames a running input made (fewer where it has made fewer), one vector each, oldest
-        first, for the runaway guard to see them repeat (tts_core.scheduler.runaway); None: this engine does not
-        give them (its requests are checked by length and silence only)."""
-        return None
-
     def take_audio(self, item_id: int, final: bool = False) -> np.ndarray:
         """The audio of the input's frames not taken yet; empty when there is nothing new."""
         frames = self.take_frames(item_id, final)

@@ -235,13 +235,6 @@ class PocketTTSEngine(TorchSteppedEngine):
         return self.model.denormalize_latents(frames).cpu()
 
     @torch.inference_mode()
-    def frame_vectors(self, item_id: int, count: int) -> np.ndarray | None:
-        """Its last `count` latents (normalised), for the runaway guard: one small copy from the device a piece."""
-        run = self._running[item_id]
-        row = self._rows.index(run)
-        return self._state["frames"][row, max(0, run.made - count): run.made].cpu().numpy()
-
-    @torch.inference_mode()
     def admit(self, items: Sequence[EngineInput]) -> list[int]:
         if not items:
             return []

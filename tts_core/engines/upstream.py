@@ -167,12 +167,9 @@ class UpstreamEngine(Engine):
         seconds = (item.length * MOST_S_PER_CHARACTER + MOST_S_MORE) / min(1.0, item.speed)
         return math.ceil(seconds * self.sample_rate)
 
-    async def audio(self, client: httpx.AsyncClient, item: EngineInput, capped: bool = True
-                    ) -> AsyncIterator[np.ndarray]:
-        """The input's audio as it arrives (float32 pieces); raises UpstreamFailed or UpstreamRejected. capped: cut at
-        most_samples; False where the caller stops it itself (the strategy's runaway guard, by the voice's learned
-        length)."""
-        most, received = self.most_samples(item) if capped else math.inf, 0
+    async def audio(self, client: httpx.AsyncClient, item: EngineInput) -> AsyncIterator[np.ndarray]:
+        """The input's audio as it arrives (float32 pieces); raises UpstreamFailed or UpstreamRejected."""
+        most, received = self.most_samples(item), 0
         try:
             async with client.stream("POST", SPEECH_PATH, json=self.request_body(item)) as response:
                 if response.status_code != 200:

@@ -67,9 +67,6 @@ class Metrics:
         self.item_errors = Counter("tts_item_errors", "Items the engine failed on", ["engine"], registry=r)
         self.batch_retries = Counter("tts_batch_retries", "Batches retried item by item", ["engine"],
                                      registry=r)
-        self.runaway_stopped = Counter("tts_runaway_stopped", "Generations the runaway guard stopped (too long, "
-                                       "repeating, silent), by voice and reason", ["model", "voice", "reason"],
-                                       registry=r)
         self.out_of_memory = Counter("tts_out_of_memory", "Batches that ran out of device memory (run again in halves)",
                                      ["engine"], registry=r)
         # Registered at the first reading: without a GPU there is no reading, and a 0 would say "none free"

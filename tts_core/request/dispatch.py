@@ -185,9 +185,8 @@ class Scheduler:
         items = [QueuedItem(EngineInput(tokens, voice.name, speed, passage.instructions), key=key, deadline=deadline,
                             priority=tier.priority, tier=tier_name, caller=identity, sample_rate=engine.sample_rate,
                             pause_s=0.0 if cut else JOIN_PAUSE_S, cut=cut, passage=index, word_ids=word_ids,
-                            said=None if said is None else SaidWords(*said, voice.language, self.word_timer),
-                            chars=chars)
-                 for tokens, word_ids, cut, said, chars in tokenized]
+                            said=None if said is None else SaidWords(*said, voice.language, self.word_timer))
+                 for tokens, word_ids, cut, said in tokenized]
         first_pause = passage.pause_before_s
         if passage.after_lead_of is None:  # (else its first item follows the piece read ahead: its pause stands)
             items[0].pause_s = (0.0 if first else JOIN_PAUSE_S) if first_pause is None else first_pause
@@ -251,23 +250,20 @@ class Scheduler:
 
 
 def _tokenized(engine: Engine, chunks: list[str], cuts: list[bool], voice: str, words: bool, first: int = 0
-               ) -> list[tuple[np.ndarray, np.ndarray | None, bool, tuple[int, tuple[str, ...]] | None, int]]:
+               ) -> list[tuple[np.ndarray, np.ndarray | None, bool, tuple[int, tuple[str, ...]] | None]]:
     """Each sentence's model input (an engine may read a chunk as several), with `words` the word of the passage
     each token says (the chunks' words, in order, are the passage's from its `first` on), and whether it
     continues a chunk cut before it (its chunk's first input only). With `words` from an engine that does not
     time them: the words each input says instead (the number of its first, and the words), to be timed in its
-    audio (a chunk read as several inputs shares its words out by their lengths). Last, the characters of the
-    chunk each input says (shared out by their lengths too), for the runaway guard."""
+    audio (a chunk read as several inputs shares its words out by their lengths)."""
     tokenized = []
     native = words and engine.capabilities.times_words
     for chunk, cut in zip(chunks, cuts, strict=True):
         inputs = engine.tokenize_words(chunk, voice) if native else [(tokens, None)
                                                                       for tokens in engine.tokenize(chunk, voice)]
         said = _said(text_words(chunk), [tokens.size for tokens, _ in inputs], first) if words and not native else None
-        total = max(1, sum(tokens.size for tokens, _ in inputs))
         tokenized += [(tokens, None if word_ids is None else np.where(word_ids >= 0, word_ids + first, -1),
-                       cut and index == 0, said[index] if said else None,
-                       max(1, round(len(chunk) * tokens.size / total)))
+                       cut and index == 0, said[index] if said else None)
                       for index, (tokens, word_ids) in enumerate(inputs)]
         first += len(text_words(chunk)) if words else 0
     return tokenized

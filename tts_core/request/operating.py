@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from pydantic.fields import FieldInfo
 
 from ..errors import InvalidSetting
-from ..scheduler.runaway import RunawayLimits
 from ..validation import plain_message
 from .access import DEFAULT_TIERS, Tier
 
@@ -75,26 +74,10 @@ class OperatorSettings(BaseModel):
                                 description="memory the audio cache may hold")
     request_log_max_rows: int = Field(100_000, ge=0, le=100_000_000, title="Request log kept (rows)",
                                       description="request log rows kept")
-    runaway_length_factor: float = Field(3.0, ge=1.5, le=100, title="Runaway: times the expected length",
-                                         description="a generation is stopped once its audio is this many times "
-                                         "the length its text is expected to take (learned per voice), and at "
-                                         "least runaway_floor_s past it")
-    runaway_floor_s: float = Field(4.0, ge=0, le=600, title="Runaway: seconds past the expected length",
-                                   description="the least audio past the expected length a generation may make "
-                                   "(short texts' pauses)")
-    runaway_repeat_s: float = Field(2.0, ge=0, le=60, title="Runaway: repeating for (s)",
-                                    description="a generation whose frames repeat for this long is stopped "
-                                    "(0: not checked)")
-    runaway_silence_s: float = Field(5.0, ge=0, le=600, title="Runaway: silent for (s)",
-                                     description="a generation silent for this long is stopped (0: not checked)")
     tiers: dict[TierName, Tier] = Field(default_factory=lambda: dict(DEFAULT_TIERS), min_length=1, max_length=64,
                                         title="Caller tiers", description="caller tiers: rate limit, priority, limits")
     anonymous_tier: TierName = Field("personal", title="Tier of callers without a key",
                                      description="tier of callers without an API key")
-
-    def runaway_limits(self) -> RunawayLimits:
-        return RunawayLimits(self.runaway_length_factor, self.runaway_floor_s, self.runaway_repeat_s,
-                             self.runaway_silence_s)
 
     def merged(self, changes: dict[str, Any]) -> OperatorSettings:
         """These settings with changes applied, or InvalidSetting naming the first bad field."""

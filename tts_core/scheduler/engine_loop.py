@@ -35,7 +35,6 @@ from .policy import ItemCost
 from .precision import Precision, PrecisionState
 from .queue import QueueClosed, RequestQueue, WaitTarget, tier_share
 from .records import QueuedItem
-from .runaway import RunawayGuard
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -62,11 +61,8 @@ class Serving:
     stepped engine's codec stage, which delivers its requests (the item cost and the audio rate)."""
 
     def __init__(self, engine: Engine, queue: RequestQueue, metrics: Metrics, min_free_memory_mb: int = 2048,
-                 precision_off: dict[str, str] | None = None, runaway: RunawayGuard | None = None):
-        """runaway: the guard that stops a stepped or upstream generation that runs away (None: none is stopped but
-        by the engine's own bound)."""
+                 precision_off: dict[str, str] | None = None):
         self.engine, self.queue, self.metrics = engine, queue, metrics
-        self.runaway = runaway
         self.clock = queue.clock  # plans, batch and step times, on the clock the queue's items were timed by
         self.memory = MemoryBudget(engine, min_free_memory_mb * 2**20)
         self.item_cost = ItemCost()  # engine time per item as the work runs now, for the queue's predictions

@@ -38,8 +38,6 @@ class QueuedItem:
     cut: bool = False  # a stream's piece cut from the chunk before it: joined with no pause and no quiet edges
     passage: int = 0  # which passage of its script it speaks (tts_core.request.script)
     word_ids: np.ndarray | None = None  # asked for word timestamps: each input token's word of the passage, or -1
-    chars: int = 0  # characters of text its input says (0: not known, as a benchmark's: no runaway guard)
-    remade: bool = False  # the runaway guard stopped it once and it runs again (a second stop refuses it)
     said: SaidWords | None = None  # asked for word timestamps of an engine that does not time words: its words
     enqueued_at: float = 0.0
     rank: float = 0.0  # the queue's virtual start for it, when the next batch was last chosen

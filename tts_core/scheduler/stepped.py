@@ -22,12 +22,6 @@ A deferred piece is decoded at a later turn, longer (which costs less per frame)
 starts while the others run gets its first audio sooner, and as much audio is served a second as
 without the deferral (measured in docs/batching.md#first-audio-first).
 
-Runaways. Where the loop has a runaway guard (tts_core.scheduler.runaway), each running request's length is checked
-at every step, its frames' repeats at every piece (an engine that gives its frames as vectors: `frame_vectors`) and
-its silence as its pieces are decoded; one that ran away leaves the steps at once, and after the pieces handed over
-before it is made again once (queued again as it was: it samples anew), unless a stream has sent some of its audio,
-else refused with a 500 runaway_speech (a stream's error event).
-
 vLLM v1's split at a smaller scale: the policy plans (pure), the engine steps, this strategy delivers.
 
 The same code runs a whole batch at once (`synthesize_whole`, a stepped engine's only whole-batch run: its
@@ -57,7 +51,6 @@ from .engine_loop import CALIBRATION_TEXT, Serving, stopped_error
 from .faults import FaultCounts, turn_failed
 from .queue import RequestQueue
 from .records import QueuedItem
-from .runaway import RunawayWatch
 from .step_policy import FillPolicy, StepPolicy, StepView
 
 log = logging.getLogger(__name__)
@@ -82,7 +75,6 @@ class Progress:
     pieces: list[np.ndarray] = field(default_factory=list)
     decode_s: float = 0.0  # its pieces' decoding
     error: ChorusError | None = None  # a piece failed to decode: it ends with this
-    watch: RunawayWatch | None = None  # the runaway guard's check (its silence is heard on the codec stage)
 
     @property
     def starting(self) -> bool:
@@ -323,7 +315,7 @@ class SteppedStrategy:
             self._progress[item.input.id] = Progress(item, running_with,
                                                      max(1, math.ceil(piece_s * self.engine.frame_rate)),
                                                      engine_s=seconds / len(live), streaming=streaming,
-                                                     opens=streaming and item.due_s == 0, watch=self._watch(item))
+                                                     opens=streaming and item.due_s == 0)
         self._joining = []
         self._finish(finished)
 
@@ -348,53 +340,11 @@ class SteppedStrategy:
             progress = self._progress[item_id]
             progress.frames += 1
             progress.engine_s += seconds / len(running)
-        self._look_for_runaways([item_id for item_id in running if item_id not in finished])
-        running = self.engine.running()
         due = [item_id for item_id in running if item_id not in finished
                and self._progress[item_id].behind >= self._progress[item_id].decode_every]
         for item_id in due if self.codec.threaded else self._first_audio_first(due):
             self._take([item_id], final=False)
         self._finish(finished)
-
-    # --- the runaway guard (tts_core.scheduler.runaway) --------------------------------------------------
-
-    def _watch(self, item: QueuedItem) -> RunawayWatch | None:
-        guard = self.serving.runaway
-        return guard and guard.watch(self.engine.name, item.input.voice, item.chars, item.input.speed,
-                                     self.engine.sample_rate)
-
-    def _look_for_runaways(self, item_ids: list[int]) -> None:
-        """After a step: each running request's length at every frame, its frames' repeats at every piece (where
-        the engine gives its frames as vectors), and its silence (heard as its pieces are decoded, _decode); one
-        that ran away leaves the steps at once, to be made again or refused after its pieces (_runaway)."""
-        frame_rate = self.engine.frame_rate
-        for item_id in item_ids:
-            progress = self._progress[item_id]
-            if (watch := progress.watch) is None:
-                continue
-            watch.made(progress.frames / frame_rate)
-            if watch.limits.repeat_s > 0 and progress.frames % progress.decode_every == 0:
-                vectors = self.engine.frame_vectors(item_id, math.ceil(watch.limits.repeat_s * frame_rate))
-                if vectors is not None:
-                    watch.frames(vectors, frame_rate)
-            if watch.reason is not None:
-                self.engine.release(item_id)
-                self._progress.pop(item_id)
-                self.codec.submit(lambda progress=progress: self._runaway(progress))
-
-    def _runaway(self, progress: Progress) -> None:
-        """On the codec stage, after the pieces handed over before: a request the guard stopped is counted, and made
-        again once (queued again as it was: it samples anew) unless a stream has sent some of its audio (or the loop
-        is stopping); else refused (a stream's error event)."""
-        item, watch = progress.item, progress.watch
-        self.serving.runaway.stopped(self.engine.name, item.input.voice, watch.reason)
-        log.warning("%s ran away on a text of %d characters (voice %s): %s; %s", self.engine.name, item.chars,
-                    item.input.voice, watch.why, "refused" if item.remade else "made again")
-        if item.remade or (progress.streaming and progress.taken) or _gone(item) or self.queue.closed:
-            self._close(item, watch.error(self.engine.name))
-            return
-        item.remade = True
-        self.queue.put_back(item)
 
     def _first_audio_first(self, due: list[int]) -> Iterator[int]:
         """The due pieces to decode at this turn, when they are decoded on the engine's thread (see the module's
@@ -439,8 +389,6 @@ class SteppedStrategy:
         if not audio.size:
             return
         progress.pieces.append(audio)
-        if progress.watch is not None:
-            progress.watch.heard(audio)
         self.policy.cost.observe_decode(max(1, round(audio.size / self.engine.sample_rate * self.engine.frame_rate)),
                                         seconds)
         if progress.streaming:
@@ -460,18 +408,12 @@ class SteppedStrategy:
         if progress.error:
             self._close(item, progress.error)
             return
-        if progress.watch is not None and progress.watch.reason is not None:  # (silent at its end)
-            self._runaway(progress)
-            return
         try:
             output = EngineOutput(np.concatenate(progress.pieces) if progress.pieces else np.zeros(0, np.float32))
             # its time as the queue's predictions count it: the stages overlap, one after the other on one thread
             engine_s = (max if self.codec.threaded else sum)((progress.engine_s, progress.decode_s))
             self.serving.item_cost.add(1, item.length, engine_s)
             self.serving.learn_audio_rate([item.input], [output])
-            if self.serving.runaway is not None:
-                self.serving.runaway.learn(self.engine.name, item.input.voice, item.chars, item.input.speed,
-                                           output.audio.size / self.engine.sample_rate)
         except Exception as error:  # a bug: it ends with a clear error, never unanswered
             self.codec.faults.failed(error)
             self._close(item, turn_failed(self.engine.name, error))

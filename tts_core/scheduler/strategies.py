@@ -19,7 +19,6 @@ from .engine_loop import EngineLoop, Serving
 from .one_shot import OneShotStrategy
 from .policy import make_policy
 from .queue import RequestQueue
-from .runaway import RunawayGuard
 from .step_policy import ContinuousPolicy
 from .stepped import SteppedStrategy, synthesize_whole
 from .upstream import UpstreamStrategy
@@ -33,16 +32,15 @@ def make_engine_loop(engine: OneShot, queue: RequestQueue, metrics: Metrics, pol
                      calibration_sizes: Sequence[int] = (1, 2, 4, 8, 16), min_free_memory_mb: int = 2048,
                      empty_cache_every: int = 100, cpu_cache_mb: int = 1024, instances: int = 1,
                      codec_stage: str = "auto", precision_off: dict[str, str] | None = None,
-                     calibrations: CalibrationStore | None = None, runaway: RunawayGuard | None = None) -> EngineLoop:
+                     calibrations: CalibrationStore | None = None) -> EngineLoop:
     """The engine's loop, not started. max_batch_size is a one-shot engine's; a stepped engine's is the
     most it runs at once (its max_running). instances: copies of a one-shot engine's model (0: measured).
     codec_stage (TTS_CODEC_STAGE): whether a stepped engine that decodes apart does so on a thread of its own:
     "on", "off", or "auto": where it runs on CUDA. On a CPU the codec's torch work beside the steps' made a second
     OpenMP team in the process, and a lone request 20% slower (docs/batching.md#the-codec-as-a-stage).
     precision_off: the models whose lower precision is off, shared by the service's loops (scheduler/precision.py).
-    calibrations: where calibration sweeps are kept across restarts (tts_core.scheduler.calibration).
-    runaway: the guard of stepped and upstream generations (tts_core.scheduler.runaway), shared by the loops."""
-    serving = Serving(engine, queue, metrics, min_free_memory_mb, precision_off, runaway)
+    calibrations: where calibration sweeps are kept across restarts (tts_core.scheduler.calibration)."""
+    serving = Serving(engine, queue, metrics, min_free_memory_mb, precision_off)
     shape = engine.capabilities.shape
     if shape is Shape.UPSTREAM:  # another server batches: only how many are in flight is ours
         strategy = UpstreamStrategy(serving)

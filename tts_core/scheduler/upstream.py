@@ -9,16 +9,12 @@ arrives. The I/O thread only reads the upstream and hands pieces out; everything
 books, what the limit and the breaker learn) happens on the engine loop's thread, which an ended request wakes.
 
 While the circuit breaker is open, queued items fail at once with a 503 upstream_unavailable and the
-Retry-After of the breaker's cool-down; every request is bounded by its caller's deadline. An answer that runs away
-(longer than its voice's learned length allows, or silent: tts_core.scheduler.runaway) is stopped as it arrives,
-sent again once where none of its audio has been passed on, then refused with a 500 runaway_speech; a request
-whose text's length is not known (a benchmark's) is cut at the engine's fixed bound instead (most_samples).
+Retry-After of the breaker's cool-down; every request is bounded by its caller's deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import threading
@@ -41,7 +37,6 @@ from .in_flight import (
     bounded_retry_after,
 )
 from .records import QueuedItem
-from .runaway import RunawayWatch
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +59,6 @@ class Flight:
     error: BaseException | None = None  # how it ended (None: with its audio)
     settled: bool = False
     probe: bool = False  # sent as the half-open breaker's probe: its slot is given back however it ends
-    watch: RunawayWatch | None = None  # the runaway guard's check of its audio (None: the engine's fixed bound)
 
 
 POLICY = "upstream"  # its policy's name on the status page
@@ -215,28 +209,19 @@ class UpstreamStrategy:
                 self.breaker.probe_ended()
             return
         self._count_in_flight(now)
-        guard = self.serving.runaway
-        watch = guard and guard.watch(self.engine.name, item.input.voice, item.chars, item.input.speed,
-                                      self.engine.sample_rate)
-        flight = Flight(item, now, self._area, probe=probe, watch=watch)
+        flight = Flight(item, now, self._area, probe=probe)
         item.queue_s = now - item.enqueued_at
         self._flights[item.input.id] = flight
         self.serving.worked = True
         flight.task = self._on_io(self._fly(flight))
 
     async def _fly(self, flight: Flight) -> None:
-        """On the I/O thread: the request, its pieces handed out as they arrive, bounded by the caller's deadline and
-        stopped where it runs away (leaving the answer closes it: the upstream stops)."""
-        item, watch, received = flight.item, flight.watch, 0
+        """On the I/O thread: the request, its pieces handed out as they arrive, bounded by the caller's deadline."""
+        item = flight.item
         left_s = item.deadline - self.clock.now()
         try:
-            async with (asyncio.timeout(None if math.isinf(left_s) else max(0.0, left_s)),
-                        contextlib.aclosing(self.engine.audio(self._client, item.input, capped=watch is None))
-                        as pieces):
-                async for piece in pieces:
-                    received += piece.size
-                    if watch is not None and (watch.made(received / self.engine.sample_rate) or watch.heard(piece)):
-                        break
+            async with asyncio.timeout(None if math.isinf(left_s) else max(0.0, left_s)):
+                async for piece in self.engine.audio(self._client, item.input):
                     flight.pieces.append(piece)
                     self._received += piece.size
                     if item.pieces is not None:
@@ -259,8 +244,6 @@ class UpstreamStrategy:
             if flight.settled:
                 continue
             try:
-                if self._made_again(flight):
-                    continue
                 outcome = self._outcome(flight)
             except Exception as error:  # a bug in reading its end must not leave its caller waiting for good
                 log.exception("upstream %s: settling a request failed", self.engine.name)
@@ -271,9 +254,6 @@ class UpstreamStrategy:
     def _outcome(self, flight: Flight) -> EngineOutput | ChorusError:
         """What the request's end means for its caller, the breaker and the limit."""
         error, name, now = flight.error, self.engine.name, self.clock.now()
-        if flight.watch is not None and flight.watch.reason is not None:  # it answered: the text ran away
-            self.breaker.succeeded()
-            return flight.watch.error(name)
         if error is None:
             self.breaker.succeeded()
             return EngineOutput(np.concatenate(flight.pieces) if flight.pieces else np.zeros(0, np.float32))
@@ -295,26 +275,6 @@ class UpstreamStrategy:
             self.breaker.failed(now, getattr(error, "retry_after_s", None))
             self._count_error("failed")
         return self._unavailable(str(error), now, getattr(error, "retry_after_s", None), failed=not busy)
-
-    def _made_again(self, flight: Flight) -> bool:
-        """A request the runaway guard stopped is counted, and sent again once (queued again as it was) where none of
-        its audio has been passed on. False where it was not stopped, or is refused (_outcome)."""
-        item, watch = flight.item, flight.watch
-        if watch is None or watch.reason is None:
-            return False
-        self.serving.runaway.stopped(self.engine.name, item.input.voice, watch.reason)
-        log.warning("upstream %s ran away on a text of %d characters (voice %s): %s; %s", self.engine.name,
-                    item.chars, item.input.voice, watch.why, "refused" if item.remade else "sent again")
-        if item.remade or (item.pieces is not None and flight.pieces) or item.abandoned or item.future.done() \
-                or self.queue.closed:
-            return False
-        item.remade, flight.settled = True, True
-        if flight.probe:
-            self.breaker.probe_ended()
-        self._count_in_flight(self.clock.now())
-        self._flights.pop(item.input.id, None)
-        self.queue.put_back(item)
-        return True
 
     def _count_error(self, kind: str) -> None:
         self._errors[kind] = self._errors.get(kind, 0) + 1
@@ -346,9 +306,6 @@ class UpstreamStrategy:
         if isinstance(outcome, EngineOutput):
             self.serving.item_cost.add(1, item.length, seconds / in_flight)
             self.serving.learn_audio_rate([item.input], [outcome])
-            if self.serving.runaway is not None:
-                self.serving.runaway.learn(self.engine.name, item.input.voice, item.chars, item.input.speed,
-                                           outcome.audio.size / self.engine.sample_rate)
             self._latency_s = seconds if not self._latency_s else 0.8 * self._latency_s + 0.2 * seconds
         elif not isinstance(outcome, ClientGone):
             self.metrics.item_errors.labels(self.engine.name).inc()
